@@ -1,0 +1,42 @@
+//! The shardfeed dataset contract.
+//!
+//! A dataset is a URL prefix holding zstd-compressed Parquet shards and one
+//! `manifest.json`, written last: a dataset exists only once its manifest does.
+//! This crate owns everything both halves of shardfeed must agree on:
+//!
+//! * [`Manifest`]: the versioned JSON document listing shards, their row
+//!   counts, sizes, row groups, footer lengths and checksums;
+//! * [`checksum`]: CRC-32 checksums for whole shards, footers and each column
+//!   chunk, so a reader detects corruption in exactly the ranges it fetches;
+//! * [`Location`]: a dataset URL (`/local/path`, `file://`, `memory://`, ...)
+//!   resolved to an [`object_store::ObjectStore`] and a path prefix.
+//!
+//! ```
+//! use shardfeed_format::{Manifest, ShardEntry, shard_path};
+//! let shard = ShardEntry {
+//!     path: shard_path(0),
+//!     rows: 10,
+//!     bytes: 1234,
+//!     row_groups: vec![6, 4],
+//!     footer_len: 300,
+//!     footer_crc32: shardfeed_format::Crc32(7),
+//!     crc32: shardfeed_format::Crc32(9),
+//! };
+//! assert_eq!(shard.path, "shards/part-000000.parquet");
+//! assert!(shardfeed_format::validate_shard_path(&shard.path).is_ok());
+//! ```
+
+pub mod checksum;
+mod error;
+pub mod location;
+pub mod permute;
+mod manifest;
+pub mod size;
+
+pub use checksum::{ChunkChecksums, Crc32};
+pub use error::{FormatError, Result};
+pub use location::Location;
+pub use manifest::{
+    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, Manifest, ShardEntry, WriteOptions, shard_path,
+    task_shard_path, validate_shard_path,
+};

@@ -1,0 +1,270 @@
+use arrow_schema::Schema;
+use serde::{Deserialize, Serialize};
+
+use crate::{Crc32, FormatError, Result};
+
+/// The format name written in every manifest.
+pub const FORMAT_NAME: &str = "shardfeed";
+/// The manifest version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// The manifest's file name at the dataset root.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// The relative path of shard `index` of a single-task run.
+pub fn shard_path(index: usize) -> String {
+    format!("shards/part-{index:06}.parquet")
+}
+
+/// The relative path of shard `index` written by task `task` of a split run.
+pub fn task_shard_path(task: usize, index: usize) -> String {
+    format!("shards/task-{task:05}-part-{index:06}.parquet")
+}
+
+/// Refuse shard paths that are absolute, escape the dataset, or are not plain
+/// relative paths with `/` separators.
+pub fn validate_shard_path(path: &str) -> Result<()> {
+    let bad = |reason| {
+        Err(FormatError::BadShardPath {
+            path: path.to_string(),
+            reason,
+        })
+    };
+    if path.is_empty() {
+        return bad("empty");
+    }
+    if path.starts_with('/') || path.contains(':') {
+        return bad("must be relative to the dataset");
+    }
+    if path.contains('\\') {
+        return bad("must use '/' separators");
+    }
+    if path
+        .split('/')
+        .any(|part| part.is_empty() || part == "." || part == "..")
+    {
+        return bad("must not contain empty, '.' or '..' components");
+    }
+    Ok(())
+}
+
+/// How a dataset's shards were written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteOptions {
+    /// Always `"zstd"` for shards written by shardfeed.
+    pub compression: String,
+    /// The zstd level.
+    pub zstd_level: i32,
+    /// Target compressed bytes per shard.
+    pub shard_size: u64,
+    /// Rows per row group, when fixed by the user.
+    pub row_group_rows: Option<u64>,
+    /// Target uncompressed bytes per row group, when rows were not fixed.
+    pub row_group_bytes: Option<u64>,
+    /// Seed of the global row shuffle, if the rows were shuffled.
+    pub shuffle_seed: Option<u64>,
+}
+
+/// One shard of a dataset.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    /// Path relative to the dataset root, e.g. `shards/part-000000.parquet`.
+    pub path: String,
+    /// Rows in the shard.
+    pub rows: u64,
+    /// Size of the shard file in bytes.
+    pub bytes: u64,
+    /// Rows of each row group, in file order.
+    pub row_groups: Vec<u64>,
+    /// Length of the footer: the Thrift `FileMetaData`, its 4-byte length and
+    /// the `PAR1` magic, i.e. the last `footer_len` bytes of the file.
+    pub footer_len: u64,
+    /// CRC-32 of the last `footer_len` bytes.
+    pub footer_crc32: Crc32,
+    /// CRC-32 of the whole file.
+    pub crc32: Crc32,
+}
+
+/// A dataset's manifest: the only file a reader needs to plan an epoch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always [`FORMAT_NAME`].
+    pub format: String,
+    /// [`FORMAT_VERSION`] when written by this build.
+    pub format_version: u32,
+    /// The shardfeed version that wrote the dataset.
+    pub tool_version: String,
+    /// The exact Arrow schema of every shard.
+    pub schema: Schema,
+    /// Total rows over all shards.
+    pub total_rows: u64,
+    /// Total bytes over all shards.
+    pub total_bytes: u64,
+    /// Uncompressed Arrow bytes of the input, as estimated while writing.
+    pub input_bytes: u64,
+    /// The options the shards were written with.
+    pub options: WriteOptions,
+    /// The shards, in order.
+    pub shards: Vec<ShardEntry>,
+}
+
+impl Manifest {
+    /// A new manifest for `shards`, totals computed.
+    pub fn new(
+        schema: Schema,
+        options: WriteOptions,
+        shards: Vec<ShardEntry>,
+        input_bytes: u64,
+    ) -> Self {
+        Manifest {
+            format: FORMAT_NAME.to_string(),
+            format_version: FORMAT_VERSION,
+            tool_version: env!("CARGO_PKG_VERSION").to_string(),
+            schema,
+            total_rows: shards.iter().map(|s| s.rows).sum(),
+            total_bytes: shards.iter().map(|s| s.bytes).sum(),
+            input_bytes,
+            options,
+            shards,
+        }
+    }
+
+    /// Serialize to pretty JSON with a trailing newline.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec_pretty(self).expect("a manifest always serializes");
+        out.push(b'\n');
+        out
+    }
+
+    /// Parse and validate a manifest read from `url` (used in error messages).
+    pub fn from_json(bytes: &[u8], url: &str) -> Result<Self> {
+        let manifest: Manifest =
+            serde_json::from_slice(bytes).map_err(|source| FormatError::ManifestParse {
+                url: url.to_string(),
+                source,
+            })?;
+        manifest.validate(url)?;
+        Ok(manifest)
+    }
+
+    /// Check the manifest's invariants: format and version, shard paths,
+    /// row counts that add up, sizes that can hold a footer.
+    pub fn validate(&self, url: &str) -> Result<()> {
+        if self.format != FORMAT_NAME || self.format_version != FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                url: url.to_string(),
+                format: self.format.clone(),
+                version: self.format_version,
+                expected: FORMAT_NAME,
+                expected_version: FORMAT_VERSION,
+            });
+        }
+        let invalid = |reason: String| FormatError::ManifestInvalid {
+            url: url.to_string(),
+            reason,
+        };
+        let mut seen = std::collections::HashSet::with_capacity(self.shards.len());
+        for shard in &self.shards {
+            validate_shard_path(&shard.path)?;
+            if !seen.insert(shard.path.as_str()) {
+                return Err(invalid(format!("shard {} is listed twice", shard.path)));
+            }
+            let group_rows: u64 = shard.row_groups.iter().sum();
+            if group_rows != shard.rows {
+                return Err(invalid(format!(
+                    "shard {} has {} rows but its row groups hold {group_rows}",
+                    shard.path, shard.rows
+                )));
+            }
+            if shard.footer_len < 8 || shard.footer_len + 4 > shard.bytes {
+                return Err(invalid(format!(
+                    "shard {} has footer_len {} for {} bytes",
+                    shard.path, shard.footer_len, shard.bytes
+                )));
+            }
+        }
+        let rows: u64 = self.shards.iter().map(|s| s.rows).sum();
+        if rows != self.total_rows {
+            return Err(invalid(format!(
+                "total_rows is {} but the shards hold {rows}",
+                self.total_rows
+            )));
+        }
+        Ok(())
+    }
+
+    /// Number of row groups over all shards.
+    pub fn row_group_count(&self) -> usize {
+        self.shards.iter().map(|s| s.row_groups.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_schema::{DataType, Field};
+
+    fn sample() -> Manifest {
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new(
+                "tokens",
+                DataType::List(std::sync::Arc::new(Field::new("item", DataType::Int32, true))),
+                true,
+            ),
+        ]);
+        let shard = |i: usize, rows: Vec<u64>| ShardEntry {
+            path: shard_path(i),
+            rows: rows.iter().sum(),
+            bytes: 1000,
+            row_groups: rows,
+            footer_len: 200,
+            footer_crc32: Crc32(1),
+            crc32: Crc32(2),
+        };
+        Manifest::new(
+            schema,
+            WriteOptions {
+                compression: "zstd".into(),
+                zstd_level: 3,
+                shard_size: 128 << 20,
+                row_group_rows: Some(4),
+                row_group_bytes: None,
+                shuffle_seed: None,
+            },
+            vec![shard(0, vec![4, 4]), shard(1, vec![3])],
+            5000,
+        )
+    }
+
+    #[test]
+    fn manifest_round_trips_exactly() {
+        let m = sample();
+        let back = Manifest::from_json(&m.to_json(), "mem").unwrap();
+        assert_eq!(back, m);
+        assert_eq!(back.total_rows, 11);
+        assert_eq!(back.row_group_count(), 3);
+    }
+
+    #[test]
+    fn rejects_escaping_paths_and_bad_counts() {
+        for bad in ["/etc/passwd", "../x.parquet", "a//b", "shards/./x", "s3://b/x", "a\\b", ""] {
+            assert!(validate_shard_path(bad).is_err(), "{bad} accepted");
+        }
+        let mut m = sample();
+        m.shards[0].path = "../../secret".into();
+        let err = Manifest::from_json(&m.to_json(), "mem://ds/manifest.json").unwrap_err();
+        assert!(err.to_string().contains("../../secret"), "{err}");
+
+        let mut m = sample();
+        m.shards[1].rows = 9;
+        let err = Manifest::from_json(&m.to_json(), "mem").unwrap_err();
+        assert!(err.to_string().contains("part-000001"), "{err}");
+
+        let mut m = sample();
+        m.format_version = 99;
+        assert!(matches!(
+            Manifest::from_json(&m.to_json(), "mem"),
+            Err(FormatError::UnsupportedVersion { version: 99, .. })
+        ));
+    }
+}

@@ -1,0 +1,164 @@
+//! Seeded, stateless randomness shared by both halves of shardfeed.
+//!
+//! Orders are computed by arithmetic rather than by buffers: [`Permutation`]
+//! maps position `k` of a sequence to an index with no history (a Feistel
+//! network over the index bits, cycle-walked into range), so a shuffled order
+//! takes O(1) state and position `k` can be found without visiting `0..k`.
+
+/// The SplitMix64 finaliser: a bijective 64-bit mixer.
+pub fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Hash several words into one, order-sensitive.
+pub fn hash_words(words: &[u64]) -> u64 {
+    words
+        .iter()
+        .fold(0x243f_6a88_85a3_08d3, |acc, &w| mix64(acc ^ mix64(w)))
+}
+
+/// A small, fast seeded generator (SplitMix64) for Fisher-Yates shuffles.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A generator whose stream is a pure function of `seed`.
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        mix64(self.0.wrapping_sub(0x9e37_79b9_7f4a_7c15))
+    }
+
+    /// A uniform integer in `0..bound` (`bound > 0`), without modulo bias.
+    pub fn below(&mut self, bound: u64) -> u64 {
+        debug_assert!(bound > 0);
+        // Lemire's multiply-shift with rejection.
+        loop {
+            let r = self.next_u64();
+            let m = (r as u128) * (bound as u128);
+            let low = m as u64;
+            if low >= bound.wrapping_neg() % bound {
+                return (m >> 64) as u64;
+            }
+        }
+    }
+
+    /// Shuffle `items` in place (Fisher-Yates).
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            items.swap(i, j);
+        }
+    }
+}
+
+/// A seeded bijection on `0..len`, evaluated one position at a time.
+///
+/// A balanced Feistel network on the smallest even number of bits covering
+/// `len`, with cycle walking to stay inside `0..len`. Each evaluation costs a
+/// few rounds of [`mix64`]; walking needs fewer than 4 steps on average.
+#[derive(Clone, Debug)]
+pub struct Permutation {
+    len: u64,
+    half_bits: u32,
+    keys: [u64; 4],
+}
+
+impl Permutation {
+    /// The permutation of `0..len` selected by `seed`.
+    pub fn new(len: u64, seed: u64) -> Self {
+        let bits = 64 - len.saturating_sub(1).leading_zeros();
+        let half_bits = bits.div_ceil(2).max(1);
+        let mut rng = SplitMix64::new(seed);
+        let keys = [rng.next_u64(), rng.next_u64(), rng.next_u64(), rng.next_u64()];
+        Permutation {
+            len,
+            half_bits,
+            keys,
+        }
+    }
+
+    /// Number of elements permuted.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the permutation is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The element at position `index` (`index < len`).
+    pub fn apply(&self, index: u64) -> u64 {
+        debug_assert!(index < self.len);
+        let mut x = index;
+        loop {
+            x = self.feistel(x);
+            if x < self.len {
+                return x;
+            }
+        }
+    }
+
+    fn feistel(&self, x: u64) -> u64 {
+        let mask = (1u64 << self.half_bits) - 1;
+        let mut left = x >> self.half_bits;
+        let mut right = x & mask;
+        for key in self.keys {
+            let f = mix64(right ^ key) & mask;
+            (left, right) = (right, left ^ f);
+        }
+        (left << self.half_bits) | right
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permutation_is_a_bijection_for_many_sizes() {
+        for len in [0u64, 1, 2, 3, 7, 8, 9, 100, 1000, 4097] {
+            for seed in [0, 1, 42] {
+                let p = Permutation::new(len, seed);
+                let mut seen = vec![false; len as usize];
+                for i in 0..len {
+                    let j = p.apply(i) as usize;
+                    assert!(!seen[j], "len {len} seed {seed}: {j} twice");
+                    seen[j] = true;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn seeds_give_different_orders() {
+        let a: Vec<u64> = (0..100).map(|i| Permutation::new(100, 1).apply(i)).collect();
+        let b: Vec<u64> = (0..100).map(|i| Permutation::new(100, 2).apply(i)).collect();
+        assert_ne!(a, b);
+        assert_ne!(a, (0..100).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn below_is_in_range_and_shuffle_permutes() {
+        let mut rng = SplitMix64::new(7);
+        for bound in [1u64, 2, 3, 10, 1 << 40] {
+            for _ in 0..100 {
+                assert!(rng.below(bound) < bound);
+            }
+        }
+        let mut v: Vec<u32> = (0..1000).collect();
+        rng.shuffle(&mut v);
+        let mut sorted = v.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..1000).collect::<Vec<_>>());
+        assert_ne!(v, sorted);
+    }
+}
