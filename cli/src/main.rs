@@ -1,1 +1,300 @@
-fn main() {}
+//! The `shardfeed` command.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use shardfeed_format::Location;
+use shardfeed_format::size::{format_size, parse_size};
+use shardfeed_preprocess::{InputFormat, ShardOptions};
+
+mod generate;
+mod inspect;
+mod progress;
+
+/// shardfeed: shard datasets into zstd Parquet, then stream them to GPUs.
+#[derive(Parser)]
+#[command(name = "shardfeed", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Turn inputs (files, folders, globs) into zstd Parquet shards plus a manifest.
+    ///
+    /// Inputs: Parquet (any codec), Arrow IPC (file or stream), JSON Lines, CSV
+    /// with a header, or a folder of files (one row per file: path, label from
+    /// the parent folder, bytes). Formats are detected by extension.
+    ///
+    /// Memory: bounded by --memory-budget, whatever the input size. Readers hold
+    /// at most two batches (~8 MiB each) per thread; row groups in flight between
+    /// reading, encoding and writing are capped to a quarter of the budget; a
+    /// --shuffle spills rows to buckets on disk, each sized to a quarter of the
+    /// budget, and permutes one bucket at a time.
+    Shard(ShardArgs),
+    /// Print a dataset's summary: rows, shards, sizes, compression ratio, schema.
+    Inspect {
+        /// Dataset URL or path.
+        dataset: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read every shard fully; check sizes, checksums and row counts against the manifest.
+    Verify {
+        /// Dataset URL or path.
+        dataset: String,
+        /// Threads (0: all cores).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a seeded synthetic dataset (tokens, tabular, images, kitchen-sink, text).
+    Generate(generate::GenerateArgs),
+    /// The main job on a built-in default: generate a token dataset, shard it, verify it.
+    Demo {
+        /// Work folder (a temporary folder by default).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Rows to generate.
+        #[arg(long, default_value_t = 20_000)]
+        rows: u64,
+    },
+}
+
+#[derive(Args)]
+struct ShardArgs {
+    /// Input files, folders or globs.
+    #[arg(required = true)]
+    inputs: Vec<String>,
+    /// The dataset to write (path or URL).
+    #[arg(long, short)]
+    output: String,
+    /// Target compressed bytes per shard (e.g. 64MiB, 1GB).
+    #[arg(long, default_value = "128MiB")]
+    shard_size: String,
+    /// Rows per row group (default: sized by --row-group-size).
+    #[arg(long)]
+    row_group_rows: Option<u64>,
+    /// Target uncompressed bytes per row group, when --row-group-rows is not given.
+    #[arg(long, default_value = "8MiB")]
+    row_group_size: String,
+    /// zstd compression level (1-22).
+    #[arg(long, default_value_t = shardfeed_preprocess::DEFAULT_ZSTD_LEVEL)]
+    zstd_level: i32,
+    /// Shuffle all rows globally (works for inputs larger than memory).
+    #[arg(long)]
+    shuffle: bool,
+    /// Seed of --shuffle.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Memory budget for in-flight data.
+    #[arg(long, default_value = "1GiB")]
+    memory_budget: String,
+    /// Threads for reading, encoding and compression (0: all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Replace an existing dataset.
+    #[arg(long)]
+    overwrite: bool,
+    /// Input format, instead of detecting it: parquet, arrow, jsonl, csv, files.
+    #[arg(long)]
+    format: Option<String>,
+    /// Arrow schema (JSON, as in a manifest's "schema") for JSON Lines and CSV inputs.
+    #[arg(long)]
+    schema: Option<PathBuf>,
+    /// Folder for shuffle spill files.
+    #[arg(long)]
+    temp_dir: Option<PathBuf>,
+    /// Print a JSON summary on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+fn size_arg(option: &str, value: &str) -> Result<u64> {
+    parse_size(value).with_context(|| format!("invalid {option}"))
+}
+
+fn shard_options(args: &ShardArgs) -> Result<ShardOptions> {
+    let mut options = ShardOptions::default()
+        .with_shard_size(size_arg("--shard-size", &args.shard_size)?)
+        .with_row_group_bytes(size_arg("--row-group-size", &args.row_group_size)?)
+        .with_zstd_level(args.zstd_level)
+        .with_memory_budget(size_arg("--memory-budget", &args.memory_budget)?)
+        .with_threads(args.threads)
+        .with_overwrite(args.overwrite);
+    if let Some(rows) = args.row_group_rows {
+        options = options.with_row_group_rows(rows);
+    }
+    if args.shuffle {
+        options = options.with_shuffle(args.seed);
+    }
+    if let Some(format) = &args.format {
+        options = options.with_format(format.parse::<InputFormat>()?);
+    }
+    if let Some(path) = &args.schema {
+        let text = std::fs::read(path)
+            .with_context(|| format!("cannot read --schema {}", path.display()))?;
+        let schema: arrow_schema::Schema = serde_json::from_slice(&text).with_context(|| {
+            format!("--schema {} is not an Arrow schema in JSON", path.display())
+        })?;
+        options = options.with_schema(Arc::new(schema));
+    }
+    if let Some(dir) = &args.temp_dir {
+        options = options.with_temp_dir(dir);
+    }
+    options.validate()?;
+    Ok(options)
+}
+
+fn run_shard(args: &ShardArgs) -> Result<()> {
+    let mut options = shard_options(args)?;
+    let bar = progress::Bar::new_if_terminal();
+    if let Some(bar) = &bar {
+        options = options.with_progress(bar.clone());
+    }
+    let summary = shardfeed_preprocess::shard(&args.inputs, &args.output, &options);
+    if let Some(bar) = &bar {
+        bar.finish();
+    }
+    let summary = summary?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        println!(
+            "wrote {} rows in {} shards ({} row groups) to {}\n  input {} -> output {} (ratio {:.2}) in {:.2} s: {:.1} MB/s with {} threads",
+            summary.rows,
+            summary.shards,
+            summary.row_groups,
+            summary.dataset,
+            format_size(summary.input_bytes),
+            format_size(summary.output_bytes),
+            summary.compression_ratio,
+            summary.seconds,
+            summary.input_mb_per_s,
+            summary.threads,
+        );
+    }
+    Ok(())
+}
+
+fn run_verify(dataset: &str, threads: usize, json: bool) -> Result<bool> {
+    let location = Location::parse(dataset)?;
+    let report = shardfeed_loader::verify_dataset(&location, threads)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if report.ok() {
+        println!(
+            "ok: {} shards, {} rows, {} verified",
+            report.shards,
+            report.rows,
+            format_size(report.bytes)
+        );
+    } else {
+        for p in &report.problems {
+            eprintln!("bad shard {}: {}", p.shard, p.problem);
+        }
+        eprintln!(
+            "{} of {} shards failed verification",
+            report.problems.len(),
+            report.shards
+        );
+    }
+    Ok(report.ok())
+}
+
+fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
+    let temp;
+    let dir = match dir {
+        Some(d) => d,
+        None => {
+            temp = tempfile_dir()?;
+            temp.clone()
+        }
+    };
+    let raw = dir.join("raw");
+    let dataset = dir.join("dataset");
+    println!("generating {rows} token rows under {}", raw.display());
+    let files = shardfeed_fixtures::write_dataset(
+        &raw,
+        shardfeed_fixtures::Kind::Tokens,
+        rows,
+        4,
+        0,
+        shardfeed_fixtures::FileFormat::Parquet(parquet::basic::Compression::SNAPPY),
+    )?;
+    let options = ShardOptions::default()
+        .with_shard_size(32 << 20)
+        .with_shuffle(0)
+        .with_overwrite(true);
+    let inputs: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+    let summary = shardfeed_preprocess::shard(&inputs, &dataset.display().to_string(), &options)?;
+    println!(
+        "shard: {} rows -> {} shards, {} -> {} (ratio {:.2}), {:.1} MB/s",
+        summary.rows,
+        summary.shards,
+        format_size(summary.input_bytes),
+        format_size(summary.output_bytes),
+        summary.compression_ratio,
+        summary.input_mb_per_s
+    );
+    if !run_verify(&dataset.display().to_string(), 0, false)? {
+        bail!("the demo dataset failed verification");
+    }
+    println!("dataset: {}", dataset.display());
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("shardfeed-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(dir)
+}
+
+fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`shardfeed inspect | head`) like other tools.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    // Large buffers (row groups, decoded batches) come and go all the time;
+    // glibc's dynamic mmap threshold would otherwise keep ~100 MB of freed
+    // heap mapped, so the process would not stay near --memory-budget.
+    // SAFETY: mallopt only tunes the allocator; called before any thread starts.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Shard(args) => run_shard(&args).map(|()| true),
+        Command::Inspect { dataset, json } => inspect::run(&dataset, json).map(|()| true),
+        Command::Verify {
+            dataset,
+            threads,
+            json,
+        } => run_verify(&dataset, threads, json),
+        Command::Generate(args) => generate::run(&args).map(|()| true),
+        Command::Demo { dir, rows } => run_demo(dir, rows).map(|()| true),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Whether progress bars should be drawn: only when a person is watching.
+pub(crate) fn interactive() -> bool {
+    std::io::stdout().is_terminal() && std::io::stderr().is_terminal()
+}

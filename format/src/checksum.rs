@@ -130,7 +130,10 @@ mod tests {
 
     #[test]
     fn chunk_checksums_round_trip() {
-        let c = ChunkChecksums(vec![vec![Crc32(1), Crc32(2)], vec![Crc32(0xffff_ffff), Crc32(0)]]);
+        let c = ChunkChecksums(vec![
+            vec![Crc32(1), Crc32(2)],
+            vec![Crc32(0xffff_ffff), Crc32(0)],
+        ]);
         let s = c.encode();
         assert_eq!(s, "00000001,00000002;ffffffff,00000000");
         assert_eq!(ChunkChecksums::decode(&s).unwrap(), c);

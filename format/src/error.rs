@@ -24,7 +24,9 @@ pub enum FormatError {
         reason: String,
     },
     /// The manifest was written by a newer, incompatible version.
-    #[error("manifest {url} has format {format} version {version}; this build reads {expected} version {expected_version}")]
+    #[error(
+        "manifest {url} has format {format} version {version}; this build reads {expected} version {expected_version}"
+    )]
     UnsupportedVersion {
         /// Where the manifest was read from.
         url: String,

@@ -29,8 +29,8 @@
 pub mod checksum;
 mod error;
 pub mod location;
-pub mod permute;
 mod manifest;
+pub mod permute;
 pub mod size;
 
 pub use checksum::{ChunkChecksums, Crc32};

@@ -208,7 +208,11 @@ mod tests {
             Field::new("id", DataType::Int64, false),
             Field::new(
                 "tokens",
-                DataType::List(std::sync::Arc::new(Field::new("item", DataType::Int32, true))),
+                DataType::List(std::sync::Arc::new(Field::new(
+                    "item",
+                    DataType::Int32,
+                    true,
+                ))),
                 true,
             ),
         ]);
@@ -247,7 +251,15 @@ mod tests {
 
     #[test]
     fn rejects_escaping_paths_and_bad_counts() {
-        for bad in ["/etc/passwd", "../x.parquet", "a//b", "shards/./x", "s3://b/x", "a\\b", ""] {
+        for bad in [
+            "/etc/passwd",
+            "../x.parquet",
+            "a//b",
+            "shards/./x",
+            "s3://b/x",
+            "a\\b",
+            "",
+        ] {
             assert!(validate_shard_path(bad).is_err(), "{bad} accepted");
         }
         let mut m = sample();

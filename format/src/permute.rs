@@ -77,7 +77,12 @@ impl Permutation {
         let bits = 64 - len.saturating_sub(1).leading_zeros();
         let half_bits = bits.div_ceil(2).max(1);
         let mut rng = SplitMix64::new(seed);
-        let keys = [rng.next_u64(), rng.next_u64(), rng.next_u64(), rng.next_u64()];
+        let keys = [
+            rng.next_u64(),
+            rng.next_u64(),
+            rng.next_u64(),
+            rng.next_u64(),
+        ];
         Permutation {
             len,
             half_bits,
@@ -140,8 +145,12 @@ mod tests {
 
     #[test]
     fn seeds_give_different_orders() {
-        let a: Vec<u64> = (0..100).map(|i| Permutation::new(100, 1).apply(i)).collect();
-        let b: Vec<u64> = (0..100).map(|i| Permutation::new(100, 2).apply(i)).collect();
+        let a: Vec<u64> = (0..100)
+            .map(|i| Permutation::new(100, 1).apply(i))
+            .collect();
+        let b: Vec<u64> = (0..100)
+            .map(|i| Permutation::new(100, 2).apply(i))
+            .collect();
         assert_ne!(a, b);
         assert_ne!(a, (0..100).collect::<Vec<_>>());
     }

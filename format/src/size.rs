@@ -17,7 +17,9 @@ pub fn parse_size(input: &str) -> Result<u64, FormatError> {
     if number.is_empty() {
         return Err(bad("expected a number, e.g. 128MiB"));
     }
-    let value: f64 = number.parse().map_err(|_| bad("expected a number, e.g. 128MiB"))?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| bad("expected a number, e.g. 128MiB"))?;
     let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" => 1_000,
@@ -28,7 +30,11 @@ pub fn parse_size(input: &str) -> Result<u64, FormatError> {
         "gib" => 1 << 30,
         "t" | "tb" => 1_000_000_000_000,
         "tib" => 1 << 40,
-        _ => return Err(bad("unknown unit; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB")),
+        _ => {
+            return Err(bad(
+                "unknown unit; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB",
+            ));
+        }
     };
     let bytes = value * multiplier as f64;
     if !bytes.is_finite() || bytes >= u64::MAX as f64 {

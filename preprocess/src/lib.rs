@@ -1,1 +1,37 @@
-//! placeholder
+//! shardfeed's offline half: turn a dataset into zstd-compressed Parquet
+//! shards plus one manifest.
+//!
+//! Inputs are Parquet (any codec), Arrow IPC (file or stream), JSON Lines,
+//! CSV with a header row, or a folder of files (one row per file, labelled by
+//! its parent folder). All inputs must share one schema. Reading, encoding and
+//! compression run on all cores; memory is bounded by the options. Shards and
+//! manifest are byte-identical for the same inputs and options, whatever the
+//! thread count.
+//!
+//! ```no_run
+//! use shardfeed_preprocess::{ShardOptions, shard};
+//! let summary = shard(
+//!     &["raw/*.parquet".to_string()],
+//!     "/data/ds",
+//!     &ShardOptions::default().with_shard_size(64 << 20).with_shuffle(0),
+//! )?;
+//! println!("{} rows in {} shards", summary.rows, summary.shards);
+//! # Ok::<(), shardfeed_preprocess::PreprocessError>(())
+//! ```
+
+mod encode;
+mod error;
+mod input;
+mod options;
+mod output;
+mod pipeline;
+mod shuffle;
+mod writer;
+
+pub use error::{BoxError, PreprocessError, Result};
+pub use input::{InputFormat, files_schema};
+pub use options::{
+    DEFAULT_MEMORY_BUDGET, DEFAULT_ROW_GROUP_BYTES, DEFAULT_SHARD_SIZE, DEFAULT_ZSTD_LEVEL,
+    Progress, READ_BATCH_ROWS, ShardOptions,
+};
+pub use pipeline::{ShardSummary, peak_rss_bytes, shard};

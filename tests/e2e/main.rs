@@ -1,1 +1,5 @@
+//! End-to-end tests of the `shardfeed` binary and libraries.
 
+mod support;
+
+mod shard;

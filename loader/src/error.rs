@@ -1,0 +1,73 @@
+/// Result alias for this crate.
+pub type Result<T, E = LoaderError> = std::result::Result<T, E>;
+
+/// Everything that can go wrong loading a dataset. Each variant names the
+/// shard (and row group) or option involved.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoaderError {
+    /// The manifest or dataset location is unusable.
+    #[error(transparent)]
+    Format(#[from] shardfeed_format::FormatError),
+    /// A shard listed in the manifest is missing.
+    #[error("shard {url} is missing: {source}")]
+    MissingShard {
+        /// The shard's URL.
+        url: String,
+        /// The store's error.
+        source: object_store::Error,
+    },
+    /// Reading from the store failed.
+    #[error("reading {url}: {source}")]
+    Store {
+        /// The object's URL.
+        url: String,
+        /// The store's error.
+        source: object_store::Error,
+    },
+    /// Bytes of a shard do not match their checksum or the manifest.
+    #[error("shard {shard}{}: corrupted: {detail}", row_group.map(|r| format!(" row group {r}")).unwrap_or_default())]
+    Corrupt {
+        /// The shard's relative path.
+        shard: String,
+        /// The row group, when the damage is inside one.
+        row_group: Option<usize>,
+        /// What does not match.
+        detail: String,
+    },
+    /// Parquet decoding failed.
+    #[error("shard {shard}{}: {source}", row_group.map(|r| format!(" row group {r}")).unwrap_or_default())]
+    Decode {
+        /// The shard's relative path.
+        shard: String,
+        /// The row group, when known.
+        row_group: Option<usize>,
+        /// The Parquet error.
+        source: parquet::errors::ParquetError,
+    },
+    /// A loader option is invalid.
+    #[error("invalid option {option}: {reason}")]
+    BadOption {
+        /// The option's name.
+        option: &'static str,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// A resume state does not belong to this loader.
+    #[error("cannot resume: {reason}")]
+    BadState {
+        /// Why the state is refused.
+        reason: String,
+    },
+    /// Local I/O failed.
+    #[error("{op}: {source}")]
+    Io {
+        /// What was being done.
+        op: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The loader was shut down while a call waited.
+    #[error("the loader was closed")]
+    Closed,
+}

@@ -1,0 +1,178 @@
+//! Reading one shard safely: footers and column chunks checked against the
+//! checksums anchored in the manifest before any byte is decoded.
+
+use bytes::Bytes;
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use shardfeed_format::checksum::CHUNK_CRC_KEY;
+use shardfeed_format::{ChunkChecksums, Crc32, ShardEntry};
+
+use crate::{LoaderError, Result};
+
+/// A shard's footer, checked and decoded.
+#[derive(Debug, Clone)]
+pub struct ShardFooter {
+    /// The Parquet metadata.
+    pub metadata: ParquetMetaData,
+    /// Checksums of every column chunk, `[row_group][leaf]`.
+    pub checksums: ChunkChecksums,
+}
+
+fn corrupt(entry: &ShardEntry, row_group: Option<usize>, detail: String) -> LoaderError {
+    LoaderError::Corrupt {
+        shard: entry.path.clone(),
+        row_group,
+        detail,
+    }
+}
+
+/// Check `footer` (the last `footer_len` bytes of the shard) against the
+/// manifest, decode it, and check that it agrees with the manifest entry.
+pub fn decode_footer(entry: &ShardEntry, footer: &[u8]) -> Result<ShardFooter> {
+    if footer.len() as u64 != entry.footer_len {
+        return Err(corrupt(
+            entry,
+            None,
+            format!(
+                "footer is {} bytes, the manifest says {}",
+                footer.len(),
+                entry.footer_len
+            ),
+        ));
+    }
+    let crc = Crc32::of(footer);
+    if crc != entry.footer_crc32 {
+        return Err(corrupt(
+            entry,
+            None,
+            format!(
+                "footer checksum {crc} does not match the manifest's {}",
+                entry.footer_crc32
+            ),
+        ));
+    }
+    let metadata =
+        ParquetMetaDataReader::decode_metadata(&footer[..footer.len() - 8]).map_err(|source| {
+            LoaderError::Decode {
+                shard: entry.path.clone(),
+                row_group: None,
+                source,
+            }
+        })?;
+    let groups: Vec<u64> = metadata
+        .row_groups()
+        .iter()
+        .map(|rg| rg.num_rows() as u64)
+        .collect();
+    if groups != entry.row_groups {
+        return Err(corrupt(
+            entry,
+            None,
+            format!(
+                "row groups hold {groups:?} rows, the manifest says {:?}",
+                entry.row_groups
+            ),
+        ));
+    }
+    let encoded = metadata
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|k| k.key == CHUNK_CRC_KEY))
+        .and_then(|k| k.value.as_deref())
+        .ok_or_else(|| corrupt(entry, None, format!("footer has no {CHUNK_CRC_KEY} entry")))?;
+    let checksums =
+        ChunkChecksums::decode(encoded).map_err(|e| corrupt(entry, None, e.to_string()))?;
+    for (i, rg) in metadata.row_groups().iter().enumerate() {
+        if checksums.0.get(i).map(Vec::len) != Some(rg.num_columns()) {
+            return Err(corrupt(
+                entry,
+                Some(i),
+                "column chunk checksums are missing".into(),
+            ));
+        }
+    }
+    Ok(ShardFooter {
+        metadata,
+        checksums,
+    })
+}
+
+/// Check one column chunk's bytes against its checksum.
+pub fn check_chunk(
+    entry: &ShardEntry,
+    footer: &ShardFooter,
+    row_group: usize,
+    column: usize,
+    bytes: &[u8],
+) -> Result<()> {
+    let expected = footer.checksums.get(row_group, column).ok_or_else(|| {
+        corrupt(
+            entry,
+            Some(row_group),
+            format!("no checksum for column {column}"),
+        )
+    })?;
+    let found = Crc32::of(bytes);
+    if found != expected {
+        let name = footer
+            .metadata
+            .row_group(row_group)
+            .column(column)
+            .column_path()
+            .string();
+        return Err(corrupt(
+            entry,
+            Some(row_group),
+            format!("column `{name}` checksum {found} does not match {expected}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Check a whole shard file held in memory: size, file and footer checksums,
+/// footer contents, and every column chunk.
+pub fn check_file(entry: &ShardEntry, file: &Bytes) -> Result<ShardFooter> {
+    if file.len() as u64 != entry.bytes {
+        return Err(corrupt(
+            entry,
+            None,
+            format!(
+                "file is {} bytes, the manifest says {}",
+                file.len(),
+                entry.bytes
+            ),
+        ));
+    }
+    let crc = Crc32::of(file);
+    if crc != entry.crc32 {
+        // Locate the damage for the message: footer first, then each chunk.
+        let footer_start = file.len() - entry.footer_len as usize;
+        let footer = decode_footer(entry, &file[footer_start..])?;
+        check_chunks(entry, &footer, file)?;
+        return Err(corrupt(
+            entry,
+            None,
+            format!(
+                "file checksum {crc} does not match the manifest's {}",
+                entry.crc32
+            ),
+        ));
+    }
+    let footer_start = file.len() - entry.footer_len as usize;
+    let footer = decode_footer(entry, &file[footer_start..])?;
+    check_chunks(entry, &footer, file)?;
+    Ok(footer)
+}
+
+fn check_chunks(entry: &ShardEntry, footer: &ShardFooter, file: &Bytes) -> Result<()> {
+    for (i, rg) in footer.metadata.row_groups().iter().enumerate() {
+        for (j, column) in rg.columns().iter().enumerate() {
+            let (start, len) = column.byte_range();
+            let range = start as usize..(start + len) as usize;
+            let bytes = file.get(range).ok_or_else(|| {
+                corrupt(entry, Some(i), format!("column {j} lies outside the file"))
+            })?;
+            check_chunk(entry, footer, i, j, bytes)?;
+        }
+    }
+    Ok(())
+}

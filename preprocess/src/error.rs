@@ -1,0 +1,130 @@
+use std::path::PathBuf;
+
+/// Result alias for this crate.
+pub type Result<T, E = PreprocessError> = std::result::Result<T, E>;
+
+/// A boxed error from a reader (Arrow, Parquet, JSON, CSV, I/O).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Everything that can go wrong turning inputs into a dataset.
+///
+/// Each variant names the file, option or location involved.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PreprocessError {
+    /// No inputs were given.
+    #[error("no inputs given")]
+    NoInputs,
+    /// An input path does not exist.
+    #[error("input {path} does not exist")]
+    InputNotFound {
+        /// The missing path.
+        path: PathBuf,
+    },
+    /// A glob matched nothing.
+    #[error("input pattern {pattern:?} matches no files")]
+    NoMatch {
+        /// The pattern.
+        pattern: String,
+    },
+    /// The format of an input could not be told from its name.
+    #[error("cannot tell the format of {path} from its extension; pass --format")]
+    UnknownFormat {
+        /// The input.
+        path: PathBuf,
+    },
+    /// Reading an input failed; `location` names the line, row or batch when known.
+    #[error("{path}{}: {source}", location.as_deref().map(|l| format!(": {l}")).unwrap_or_default())]
+    Read {
+        /// The input file.
+        path: PathBuf,
+        /// Where in the file, e.g. `line 17`.
+        location: Option<String>,
+        /// What went wrong.
+        source: BoxError,
+    },
+    /// An input file is empty (zero bytes).
+    #[error("input {path} is empty (0 bytes)")]
+    EmptyFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Two inputs have different schemas.
+    #[error("schema of {other} differs from {first}: {detail}")]
+    SchemaMismatch {
+        /// The input whose schema the dataset takes.
+        first: PathBuf,
+        /// The input that differs.
+        other: PathBuf,
+        /// The first differing field.
+        detail: String,
+    },
+    /// All inputs together hold no rows.
+    #[error("the inputs hold no rows: {inputs}")]
+    NoRows {
+        /// The inputs, comma separated.
+        inputs: String,
+    },
+    /// An option has an invalid value.
+    #[error("invalid option {option}: {reason}")]
+    BadOption {
+        /// The option, as spelled on the command line.
+        option: &'static str,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// The output already holds a dataset.
+    #[error(
+        "a dataset already exists at {url} (it has a manifest.json); pass --overwrite to replace it"
+    )]
+    DatasetExists {
+        /// The dataset URL.
+        url: String,
+    },
+    /// Local file I/O failed.
+    #[error("cannot {op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Encoding a row group or finishing a shard failed.
+    #[error("writing shard {shard}: {source}")]
+    Encode {
+        /// The shard's relative path.
+        shard: String,
+        /// The Parquet error.
+        source: parquet::errors::ParquetError,
+    },
+    /// The dataset store failed (manifest, uploads).
+    #[error(transparent)]
+    Format(#[from] shardfeed_format::FormatError),
+    /// A pipeline thread stopped because another one failed first.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl PreprocessError {
+    pub(crate) fn read(
+        path: impl Into<PathBuf>,
+        location: Option<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        PreprocessError::Read {
+            path: path.into(),
+            location,
+            source: source.into(),
+        }
+    }
+
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        PreprocessError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,706 @@
+//! Inputs: resolving paths, folders and globs; detecting formats; probing
+//! schemas; and opening each input as a stream of record batches.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, BinaryArray, Int32Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+use crate::options::READ_BATCH_ROWS;
+use crate::{PreprocessError, Result, ShardOptions};
+
+/// Target in-memory bytes of one batch read from an input.
+const READ_BATCH_BYTES: u64 = 2 << 20;
+/// Files of a folder input read as one unit of work.
+const FILES_PER_UNIT: usize = 512;
+
+/// The format of an input file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InputFormat {
+    /// Apache Parquet, any codec.
+    Parquet,
+    /// Arrow IPC, file or stream.
+    Ipc,
+    /// JSON Lines: one JSON object per line.
+    JsonLines,
+    /// CSV with a header row.
+    Csv,
+    /// A folder of arbitrary files, ImageFolder-style: one row per file with
+    /// its relative `path`, its `bytes`, and a `label` (with `label_index`)
+    /// from the parent folder's name.
+    Files,
+}
+
+impl InputFormat {
+    /// The format implied by a file name's extension.
+    pub fn from_path(path: &Path) -> Option<Self> {
+        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+        Some(match ext.as_str() {
+            "parquet" | "pq" | "parq" => InputFormat::Parquet,
+            "arrow" | "arrows" | "ipc" | "feather" => InputFormat::Ipc,
+            "jsonl" | "ndjson" | "json" => InputFormat::JsonLines,
+            "csv" => InputFormat::Csv,
+            _ => return None,
+        })
+    }
+
+    /// The name used by `--format`.
+    pub fn name(self) -> &'static str {
+        match self {
+            InputFormat::Parquet => "parquet",
+            InputFormat::Ipc => "arrow",
+            InputFormat::JsonLines => "jsonl",
+            InputFormat::Csv => "csv",
+            InputFormat::Files => "files",
+        }
+    }
+}
+
+impl FromStr for InputFormat {
+    type Err = PreprocessError;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "parquet" => InputFormat::Parquet,
+            "arrow" | "ipc" | "feather" => InputFormat::Ipc,
+            "jsonl" | "json" | "ndjson" => InputFormat::JsonLines,
+            "csv" => InputFormat::Csv,
+            "files" | "imagefolder" => InputFormat::Files,
+            other => {
+                return Err(PreprocessError::BadOption {
+                    option: "--format",
+                    reason: format!(
+                        "unknown format {other:?}; use parquet, arrow, jsonl, csv or files"
+                    ),
+                });
+            }
+        })
+    }
+}
+
+/// One unit of reading work, in dataset order.
+#[derive(Clone, Debug)]
+pub(crate) enum Source {
+    /// A single file of a tabular format.
+    File { path: PathBuf, format: InputFormat },
+    /// Some files of a folder input, read as one row each.
+    Files {
+        root: PathBuf,
+        files: Vec<(String, i32)>,
+        labels: Arc<Vec<String>>,
+    },
+}
+
+impl Source {
+    /// The path used in messages.
+    pub(crate) fn display_path(&self) -> PathBuf {
+        match self {
+            Source::File { path, .. } => path.clone(),
+            Source::Files { root, files, .. } => files
+                .first()
+                .map_or_else(|| root.clone(), |(f, _)| root.join(f)),
+        }
+    }
+}
+
+/// All inputs of a run, resolved and checked.
+#[derive(Debug)]
+pub(crate) struct Inputs {
+    pub sources: Vec<Source>,
+    pub schema: SchemaRef,
+    /// Estimated uncompressed bytes of all inputs.
+    pub estimated_bytes: u64,
+    /// The inputs as given, for messages.
+    pub given: Vec<String>,
+}
+
+/// The schema of folder inputs.
+pub fn files_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("path", DataType::Utf8, false),
+        Field::new("label", DataType::Utf8, false),
+        Field::new("label_index", DataType::Int32, false),
+        Field::new("bytes", DataType::Binary, false),
+    ]))
+}
+
+fn is_glob(s: &str) -> bool {
+    s.contains(['*', '?', '['])
+}
+
+/// Files under `dir`, recursively, as sorted relative paths.
+fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let abs = dir.join(&rel);
+        let entries = std::fs::read_dir(&abs).map_err(|e| PreprocessError::io("list", &abs, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| PreprocessError::io("list", &abs, e))?;
+            let kind = entry
+                .file_type()
+                .map_err(|e| PreprocessError::io("stat", entry.path(), e))?;
+            let child = rel.join(entry.file_name());
+            if kind.is_dir() {
+                stack.push(child);
+            } else {
+                out.push(child);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Hadoop/Spark side files (`_SUCCESS`, `.crc`, hidden files) are not data.
+fn is_side_file(rel: &Path) -> bool {
+    rel.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with('_') || n.starts_with('.'))
+}
+
+fn expand_folder(dir: &Path, forced: Option<InputFormat>, sources: &mut Vec<Source>) -> Result<()> {
+    let files = walk(dir)?;
+    let tabular = match forced {
+        Some(InputFormat::Files) => false,
+        Some(_) => true,
+        None => files.iter().any(|f| InputFormat::from_path(f).is_some()),
+    };
+    if tabular {
+        for rel in files {
+            if is_side_file(&rel) {
+                continue;
+            }
+            let path = dir.join(&rel);
+            let format = match forced.or_else(|| InputFormat::from_path(&rel)) {
+                Some(f) => f,
+                None => return Err(PreprocessError::UnknownFormat { path }),
+            };
+            sources.push(Source::File { path, format });
+        }
+        return Ok(());
+    }
+    // ImageFolder: the label is the parent folder's name, indexed in sorted order.
+    let label_of = |rel: &Path| {
+        rel.parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let mut labels: Vec<String> = files.iter().map(|f| label_of(f)).collect();
+    labels.sort();
+    labels.dedup();
+    let labels = Arc::new(labels);
+    let rows: Vec<(String, i32)> = files
+        .iter()
+        .map(|f| {
+            let label = label_of(f);
+            let index = labels.binary_search(&label).expect("label was collected") as i32;
+            (f.to_string_lossy().replace('\\', "/"), index)
+        })
+        .collect();
+    for chunk in rows.chunks(FILES_PER_UNIT) {
+        sources.push(Source::Files {
+            root: dir.to_path_buf(),
+            files: chunk.to_vec(),
+            labels: labels.clone(),
+        });
+    }
+    Ok(())
+}
+
+fn push_file(path: PathBuf, forced: Option<InputFormat>, sources: &mut Vec<Source>) -> Result<()> {
+    let format = match forced.or_else(|| InputFormat::from_path(&path)) {
+        Some(InputFormat::Files) | None => return Err(PreprocessError::UnknownFormat { path }),
+        Some(f) => f,
+    };
+    sources.push(Source::File { path, format });
+    Ok(())
+}
+
+/// Resolve the inputs into sources in a deterministic order, check that they
+/// share one schema, and estimate their size.
+pub(crate) fn resolve(given: &[String], options: &ShardOptions) -> Result<Inputs> {
+    if given.is_empty() {
+        return Err(PreprocessError::NoInputs);
+    }
+    let forced = options.format;
+    let mut sources = Vec::new();
+    for input in given {
+        let path = PathBuf::from(input);
+        if path.is_dir() {
+            expand_folder(&path, forced, &mut sources)?;
+        } else if path.is_file() {
+            push_file(path, forced, &mut sources)?;
+        } else if is_glob(input) {
+            let mut matched: Vec<PathBuf> = glob::glob(input)
+                .map_err(|e| PreprocessError::BadOption {
+                    option: "INPUT",
+                    reason: format!("bad pattern {input:?}: {e}"),
+                })?
+                .filter_map(|r| r.ok())
+                .filter(|p| p.is_file())
+                .collect();
+            matched.sort();
+            if matched.is_empty() {
+                return Err(PreprocessError::NoMatch {
+                    pattern: input.clone(),
+                });
+            }
+            for p in matched {
+                push_file(p, forced, &mut sources)?;
+            }
+        } else {
+            return Err(PreprocessError::InputNotFound { path });
+        }
+    }
+    if sources.is_empty() {
+        return Err(PreprocessError::NoRows {
+            inputs: given.join(", "),
+        });
+    }
+    let (schema, estimated_bytes) = probe(&sources, options)?;
+    Ok(Inputs {
+        sources,
+        schema,
+        estimated_bytes,
+        given: given.to_vec(),
+    })
+}
+
+fn open_file(path: &Path) -> Result<File> {
+    let file = File::open(path).map_err(|e| PreprocessError::io("open", path, e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| PreprocessError::io("stat", path, e))?
+        .len();
+    if len == 0 {
+        return Err(PreprocessError::EmptyFile {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(file)
+}
+
+fn file_len(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+/// Infer the schema of all text inputs of `format` together, unless given.
+fn text_schema(
+    sources: &[Source],
+    format: InputFormat,
+    options: &ShardOptions,
+) -> Result<Option<SchemaRef>> {
+    if let Some(schema) = &options.schema {
+        return Ok(Some(schema.clone()));
+    }
+    let mut merged: Option<(Schema, PathBuf)> = None;
+    for source in sources {
+        let Source::File { path, format: f } = source else {
+            continue;
+        };
+        if *f != format {
+            continue;
+        }
+        let file = open_file(path)?;
+        let schema = match format {
+            InputFormat::JsonLines => {
+                arrow_json::reader::infer_json_schema(BufReader::new(file), None)
+                    .map_err(|e| json_error_location(path, e))?
+                    .0
+            }
+            InputFormat::Csv => {
+                arrow_csv::reader::Format::default()
+                    .with_header(true)
+                    .infer_schema(file, None)
+                    .map_err(|e| PreprocessError::read(path, None, e))?
+                    .0
+            }
+            _ => unreachable!("only text formats are inferred"),
+        };
+        merged = Some(match merged {
+            None => (schema, path.clone()),
+            Some((acc, first)) => {
+                let m = Schema::try_merge([acc, schema]).map_err(|e| {
+                    PreprocessError::SchemaMismatch {
+                        first: first.clone(),
+                        other: path.clone(),
+                        detail: e.to_string(),
+                    }
+                })?;
+                (m, first)
+            }
+        });
+    }
+    Ok(merged.map(|(s, _)| Arc::new(s)))
+}
+
+/// On an inference error, find the first line that is not valid JSON.
+fn json_error_location(path: &Path, error: arrow_schema::ArrowError) -> PreprocessError {
+    if let Ok(file) = File::open(path) {
+        let mut reader = BufReader::new(file);
+        let mut line = Vec::new();
+        let mut number = 0u64;
+        while reader.read_until(b'\n', &mut line).unwrap_or(0) > 0 {
+            number += 1;
+            let text = trim_line(&line);
+            if !text.is_empty()
+                && let Err(e) = serde_json::from_slice::<serde_json::Value>(text)
+            {
+                return PreprocessError::read(path, Some(format!("line {number}")), e);
+            }
+            line.clear();
+        }
+    }
+    PreprocessError::read(path, None, error)
+}
+
+fn trim_line(line: &[u8]) -> &[u8] {
+    line.trim_ascii()
+}
+
+/// The schema of every source (the first one's, others must equal it) and
+/// the estimated input bytes.
+fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)> {
+    let json = text_schema(sources, InputFormat::JsonLines, options)?;
+    let csv = text_schema(sources, InputFormat::Csv, options)?;
+    let mut first: Option<(SchemaRef, PathBuf)> = None;
+    let mut bytes = 0u64;
+    for source in sources {
+        let (schema, estimate) = match source {
+            Source::File { path, format } => match format {
+                InputFormat::Parquet => {
+                    let builder = ParquetRecordBatchReaderBuilder::try_new(open_file(path)?)
+                        .map_err(|e| PreprocessError::read(path, None, e))?;
+                    let uncompressed: i64 = builder
+                        .metadata()
+                        .row_groups()
+                        .iter()
+                        .map(|rg| rg.total_byte_size())
+                        .sum();
+                    (builder.schema().clone(), uncompressed.max(0) as u64)
+                }
+                InputFormat::Ipc => (ipc_schema(path)?, file_len(path)),
+                InputFormat::JsonLines => (json.clone().expect("inferred above"), file_len(path)),
+                InputFormat::Csv => (csv.clone().expect("inferred above"), file_len(path)),
+                InputFormat::Files => unreachable!("folders become Source::Files"),
+            },
+            Source::Files { root, files, .. } => (
+                files_schema(),
+                files
+                    .iter()
+                    .map(|(f, _)| file_len(&root.join(f)) + 64)
+                    .sum(),
+            ),
+        };
+        bytes += estimate;
+        match &first {
+            None => first = Some((schema, source.display_path())),
+            Some((expected, first_path)) => {
+                if let Some(detail) = schema_difference(expected, &schema) {
+                    return Err(PreprocessError::SchemaMismatch {
+                        first: first_path.clone(),
+                        other: source.display_path(),
+                        detail,
+                    });
+                }
+            }
+        }
+    }
+    let (schema, _) = first.expect("at least one source");
+    Ok((schema, bytes))
+}
+
+/// The first difference between two schemas' fields, ignoring schema-level metadata.
+pub(crate) fn schema_difference(expected: &Schema, found: &Schema) -> Option<String> {
+    for (i, field) in expected.fields().iter().enumerate() {
+        let Some(other) = found.fields().get(i) else {
+            return Some(format!("field {i} `{}` is missing", field.name()));
+        };
+        if field.name() != other.name() {
+            return Some(format!(
+                "field {i} is `{}` in one and `{}` in the other",
+                field.name(),
+                other.name()
+            ));
+        }
+        if field.data_type() != other.data_type() {
+            return Some(format!(
+                "field `{}` has type {} in one and {} in the other",
+                field.name(),
+                field.data_type(),
+                other.data_type()
+            ));
+        }
+        if field.is_nullable() != other.is_nullable() {
+            return Some(format!(
+                "field `{}` is nullable in only one of them",
+                field.name()
+            ));
+        }
+    }
+    if found.fields().len() > expected.fields().len() {
+        let extra = &found.fields()[expected.fields().len()];
+        return Some(format!("field `{}` is extra", extra.name()));
+    }
+    None
+}
+
+fn is_ipc_file(file: &mut File) -> std::io::Result<bool> {
+    let mut magic = [0u8; 6];
+    let n = file.read(&mut magic)?;
+    file.seek(SeekFrom::Start(0))?;
+    Ok(n == 6 && &magic == b"ARROW1")
+}
+
+fn ipc_schema(path: &Path) -> Result<SchemaRef> {
+    let mut file = open_file(path)?;
+    let is_file = is_ipc_file(&mut file).map_err(|e| PreprocessError::io("read", path, e))?;
+    let schema = if is_file {
+        arrow_ipc::reader::FileReader::try_new(file, None).map(|r| r.schema())
+    } else {
+        arrow_ipc::reader::StreamReader::try_new(BufReader::new(file), None).map(|r| r.schema())
+    };
+    schema.map_err(|e| PreprocessError::read(path, None, e))
+}
+
+/// A stream of batches from one source.
+pub(crate) type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
+
+/// Open `source` as a stream of batches in `schema`.
+pub(crate) fn open(source: &Source, schema: &SchemaRef) -> Result<BatchIter> {
+    match source {
+        Source::File { path, format } => {
+            let path = path.clone();
+            match format {
+                InputFormat::Parquet => {
+                    let builder = ParquetRecordBatchReaderBuilder::try_new(open_file(&path)?)
+                        .map_err(|e| PreprocessError::read(&path, None, e))?;
+                    let meta = builder.metadata();
+                    let rows = meta.file_metadata().num_rows().max(1) as u64;
+                    let bytes: i64 = meta
+                        .row_groups()
+                        .iter()
+                        .map(|rg| rg.total_byte_size())
+                        .sum();
+                    let per_row = (bytes.max(1) as u64).div_ceil(rows).max(1);
+                    let batch_rows = (READ_BATCH_BYTES / per_row).clamp(1, 65536) as usize;
+                    let reader = builder
+                        .with_batch_size(batch_rows)
+                        .build()
+                        .map_err(|e| PreprocessError::read(&path, None, e))?;
+                    Ok(Box::new(reader.map(move |r| {
+                        r.map_err(|e| PreprocessError::read(&path, None, e))
+                    })))
+                }
+                InputFormat::Ipc => {
+                    let mut file = open_file(&path)?;
+                    let is_file = is_ipc_file(&mut file)
+                        .map_err(|e| PreprocessError::io("read", &path, e))?;
+                    let p = path.clone();
+                    let wrap =
+                        move |r: std::result::Result<RecordBatch, arrow_schema::ArrowError>| {
+                            r.map_err(|e| PreprocessError::read(&p, None, e))
+                        };
+                    if is_file {
+                        let reader = arrow_ipc::reader::FileReader::try_new(file, None)
+                            .map_err(|e| PreprocessError::read(&path, None, e))?;
+                        Ok(Box::new(reader.map(wrap)))
+                    } else {
+                        let reader =
+                            arrow_ipc::reader::StreamReader::try_new(BufReader::new(file), None)
+                                .map_err(|e| PreprocessError::read(&path, None, e))?;
+                        Ok(Box::new(reader.map(wrap)))
+                    }
+                }
+                InputFormat::Csv => {
+                    let file = open_file(&path)?;
+                    let reader = arrow_csv::ReaderBuilder::new(schema.clone())
+                        .with_header(true)
+                        .with_batch_size(READ_BATCH_ROWS)
+                        .build(file)
+                        .map_err(|e| PreprocessError::read(&path, None, e))?;
+                    Ok(Box::new(reader.map(move |r| {
+                        r.map_err(|e| PreprocessError::read(&path, None, e))
+                    })))
+                }
+                InputFormat::JsonLines => Ok(Box::new(JsonLines::open(path, schema.clone())?)),
+                InputFormat::Files => unreachable!("folders become Source::Files"),
+            }
+        }
+        Source::Files {
+            root,
+            files,
+            labels,
+        } => Ok(Box::new(FilesReader {
+            root: root.clone(),
+            files: files.clone().into_iter(),
+            labels: labels.clone(),
+            schema: schema.clone(),
+        })),
+    }
+}
+
+/// JSON Lines, decoded in chunks of lines so that errors name the line.
+struct JsonLines {
+    path: PathBuf,
+    reader: BufReader<File>,
+    schema: SchemaRef,
+    decoder: arrow_json::reader::Decoder,
+    line_number: u64,
+    line: Vec<u8>,
+}
+
+impl JsonLines {
+    fn open(path: PathBuf, schema: SchemaRef) -> Result<Self> {
+        let reader = BufReader::with_capacity(1 << 20, open_file(&path)?);
+        let decoder = Self::decoder(&schema).map_err(|e| PreprocessError::read(&path, None, e))?;
+        Ok(JsonLines {
+            path,
+            reader,
+            schema,
+            decoder,
+            line_number: 0,
+            line: Vec::new(),
+        })
+    }
+
+    fn decoder(
+        schema: &SchemaRef,
+    ) -> std::result::Result<arrow_json::reader::Decoder, arrow_schema::ArrowError> {
+        // Strict: a field missing from the schema is an error, never silently dropped.
+        arrow_json::ReaderBuilder::new(schema.clone())
+            .with_batch_size(READ_BATCH_ROWS + 1)
+            .with_strict_mode(true)
+            .build_decoder()
+    }
+
+    /// Read up to a batch of non-blank lines: the bytes and each line's number.
+    fn read_chunk(&mut self) -> Result<(Vec<u8>, Vec<(u64, std::ops::Range<usize>)>)> {
+        let mut chunk = Vec::new();
+        let mut lines = Vec::new();
+        while lines.len() < READ_BATCH_ROWS {
+            self.line.clear();
+            let n = self
+                .reader
+                .read_until(b'\n', &mut self.line)
+                .map_err(|e| PreprocessError::io("read", &self.path, e))?;
+            if n == 0 {
+                break;
+            }
+            self.line_number += 1;
+            let text = trim_line(&self.line);
+            if text.is_empty() {
+                continue;
+            }
+            let start = chunk.len();
+            chunk.extend_from_slice(text);
+            lines.push((self.line_number, start..chunk.len()));
+            chunk.push(b'\n');
+        }
+        Ok((chunk, lines))
+    }
+
+    /// Find which line of a failed chunk is at fault.
+    fn locate(
+        &self,
+        chunk: &[u8],
+        lines: &[(u64, std::ops::Range<usize>)],
+        error: arrow_schema::ArrowError,
+    ) -> PreprocessError {
+        for (number, range) in lines {
+            let text = &chunk[range.clone()];
+            if let Err(e) = serde_json::from_slice::<serde_json::Value>(text) {
+                return PreprocessError::read(&self.path, Some(format!("line {number}")), e);
+            }
+            let decoded = Self::decoder(&self.schema).and_then(|mut d| {
+                d.decode(text)?;
+                d.flush()
+            });
+            if let Err(e) = decoded {
+                return PreprocessError::read(&self.path, Some(format!("line {number}")), e);
+            }
+        }
+        let location = lines
+            .first()
+            .map(|(first, _)| format!("lines {first}..={}", lines.last().map_or(*first, |l| l.0)));
+        PreprocessError::read(&self.path, location, error)
+    }
+}
+
+impl Iterator for JsonLines {
+    type Item = Result<RecordBatch>;
+    fn next(&mut self) -> Option<Self::Item> {
+        let (chunk, lines) = match self.read_chunk() {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
+        if lines.is_empty() {
+            return None;
+        }
+        let decoded = self
+            .decoder
+            .decode(&chunk)
+            .and_then(|_| self.decoder.flush());
+        match decoded {
+            Ok(Some(batch)) => Some(Ok(batch)),
+            Ok(None) => None,
+            Err(e) => {
+                let err = self.locate(&chunk, &lines, e);
+                Some(Err(err))
+            }
+        }
+    }
+}
+
+/// Rows of a folder input: one per file.
+struct FilesReader {
+    root: PathBuf,
+    files: std::vec::IntoIter<(String, i32)>,
+    labels: Arc<Vec<String>>,
+    schema: SchemaRef,
+}
+
+impl Iterator for FilesReader {
+    type Item = Result<RecordBatch>;
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut paths = Vec::new();
+        let mut labels = Vec::new();
+        let mut indices = Vec::new();
+        let mut contents = Vec::new();
+        let mut bytes = 0u64;
+        for (rel, label) in self.files.by_ref() {
+            let full = self.root.join(&rel);
+            let data = match std::fs::read(&full) {
+                Ok(d) => d,
+                Err(e) => return Some(Err(PreprocessError::io("read", full, e))),
+            };
+            bytes += data.len() as u64;
+            paths.push(rel);
+            labels.push(self.labels[label as usize].clone());
+            indices.push(label);
+            contents.push(data);
+            if bytes >= READ_BATCH_BYTES || paths.len() >= 1024 {
+                break;
+            }
+        }
+        if paths.is_empty() {
+            return None;
+        }
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from(paths)),
+            Arc::new(StringArray::from(labels)),
+            Arc::new(Int32Array::from(indices)),
+            Arc::new(BinaryArray::from_iter_values(contents.iter())),
+        ];
+        Some(
+            RecordBatch::try_new(self.schema.clone(), columns)
+                .map_err(|e| PreprocessError::read(&self.root, None, e)),
+        )
+    }
+}

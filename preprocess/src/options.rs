@@ -1,0 +1,205 @@
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arrow_schema::SchemaRef;
+
+use crate::input::InputFormat;
+use crate::{PreprocessError, Result};
+
+/// Default target compressed bytes per shard: 128 MiB.
+pub const DEFAULT_SHARD_SIZE: u64 = 128 << 20;
+/// Default target uncompressed (Arrow) bytes per row group: 8 MiB, a few MiB
+/// once compressed, small enough for fine-grained shuffles in the loader.
+pub const DEFAULT_ROW_GROUP_BYTES: u64 = 8 << 20;
+/// Default zstd level.
+pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
+/// Default memory budget for the whole run: 1 GiB.
+pub const DEFAULT_MEMORY_BUDGET: u64 = 1 << 30;
+/// Rows per batch read from CSV and JSON Lines inputs.
+pub const READ_BATCH_ROWS: usize = 8192;
+
+/// Told about progress while a dataset is written. Called from pipeline threads.
+pub trait Progress: Send + Sync {
+    /// Work is starting; `input_bytes` estimates the total input size.
+    fn start(&self, input_bytes: u64);
+    /// `rows` more rows, `bytes` more estimated input bytes were written.
+    fn advance(&self, rows: u64, bytes: u64);
+    /// A phase changed, e.g. `"scatter"` then `"gather"` for a shuffle.
+    fn phase(&self, _name: &str) {}
+}
+
+/// Options of a `shard` run. Build with [`ShardOptions::default`] and the `with_*` setters.
+///
+/// ```
+/// use shardfeed_preprocess::ShardOptions;
+/// let opts = ShardOptions::default().with_shard_size(64 << 20).with_shuffle(7).with_threads(2);
+/// assert_eq!(opts.shard_size, 64 << 20);
+/// assert!(opts.validate().is_ok());
+/// ```
+#[derive(Clone)]
+pub struct ShardOptions {
+    /// Target compressed bytes per shard; a shard closes at the first row
+    /// group boundary at or past it.
+    pub shard_size: u64,
+    /// Fixed rows per row group; when `None`, row groups target `row_group_bytes`.
+    pub row_group_rows: Option<u64>,
+    /// Target uncompressed bytes per row group.
+    pub row_group_bytes: u64,
+    /// zstd level (1 to 22).
+    pub zstd_level: i32,
+    /// Seed of a global row shuffle; `None` keeps input order.
+    pub shuffle_seed: Option<u64>,
+    /// Bytes of memory the run may use for in-flight data.
+    pub memory_budget: u64,
+    /// Threads for reading, encoding and compressing; 0 means all cores.
+    pub threads: usize,
+    /// Replace an existing dataset.
+    pub overwrite: bool,
+    /// Force the input format instead of detecting it from extensions.
+    pub format: Option<InputFormat>,
+    /// Schema for JSON Lines and CSV inputs instead of inferring one.
+    pub schema: Option<SchemaRef>,
+    /// Folder for shuffle spill files; the system temporary folder by default.
+    pub temp_dir: Option<PathBuf>,
+    /// Progress reporting.
+    pub progress: Option<Arc<dyn Progress>>,
+}
+
+impl Default for ShardOptions {
+    fn default() -> Self {
+        ShardOptions {
+            shard_size: DEFAULT_SHARD_SIZE,
+            row_group_rows: None,
+            row_group_bytes: DEFAULT_ROW_GROUP_BYTES,
+            zstd_level: DEFAULT_ZSTD_LEVEL,
+            shuffle_seed: None,
+            memory_budget: DEFAULT_MEMORY_BUDGET,
+            threads: 0,
+            overwrite: false,
+            format: None,
+            schema: None,
+            temp_dir: None,
+            progress: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ShardOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardOptions")
+            .field("shard_size", &self.shard_size)
+            .field("row_group_rows", &self.row_group_rows)
+            .field("row_group_bytes", &self.row_group_bytes)
+            .field("zstd_level", &self.zstd_level)
+            .field("shuffle_seed", &self.shuffle_seed)
+            .field("memory_budget", &self.memory_budget)
+            .field("threads", &self.threads)
+            .field("overwrite", &self.overwrite)
+            .field("format", &self.format)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShardOptions {
+    /// Set the target compressed shard size in bytes.
+    pub fn with_shard_size(mut self, bytes: u64) -> Self {
+        self.shard_size = bytes;
+        self
+    }
+    /// Fix the rows per row group.
+    pub fn with_row_group_rows(mut self, rows: u64) -> Self {
+        self.row_group_rows = Some(rows);
+        self
+    }
+    /// Set the target uncompressed bytes per row group.
+    pub fn with_row_group_bytes(mut self, bytes: u64) -> Self {
+        self.row_group_bytes = bytes;
+        self
+    }
+    /// Set the zstd level.
+    pub fn with_zstd_level(mut self, level: i32) -> Self {
+        self.zstd_level = level;
+        self
+    }
+    /// Shuffle all rows globally with `seed`.
+    pub fn with_shuffle(mut self, seed: u64) -> Self {
+        self.shuffle_seed = Some(seed);
+        self
+    }
+    /// Set the memory budget in bytes.
+    pub fn with_memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget = bytes;
+        self
+    }
+    /// Set the number of threads (0: all cores).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+    /// Replace an existing dataset.
+    pub fn with_overwrite(mut self, overwrite: bool) -> Self {
+        self.overwrite = overwrite;
+        self
+    }
+    /// Force the input format.
+    pub fn with_format(mut self, format: InputFormat) -> Self {
+        self.format = Some(format);
+        self
+    }
+    /// Use `schema` for JSON Lines and CSV inputs.
+    pub fn with_schema(mut self, schema: SchemaRef) -> Self {
+        self.schema = Some(schema);
+        self
+    }
+    /// Spill shuffle buckets under `dir`.
+    pub fn with_temp_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.temp_dir = Some(dir.into());
+        self
+    }
+    /// Report progress to `progress`.
+    pub fn with_progress(mut self, progress: Arc<dyn Progress>) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+
+    /// Check every option, naming the bad one.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |option, reason: &str| {
+            Err(PreprocessError::BadOption {
+                option,
+                reason: reason.to_string(),
+            })
+        };
+        if self.shard_size == 0 {
+            return bad("--shard-size", "must be greater than 0");
+        }
+        if self.row_group_rows == Some(0) {
+            return bad("--row-group-rows", "must be greater than 0");
+        }
+        if self.row_group_bytes == 0 {
+            return bad("--row-group-bytes", "must be greater than 0");
+        }
+        if !(1..=22).contains(&self.zstd_level) {
+            return bad("--zstd-level", "must be between 1 and 22");
+        }
+        if self.memory_budget < 16 << 20 {
+            return bad("--memory-budget", "must be at least 16MiB");
+        }
+        Ok(())
+    }
+
+    /// Target bytes per row group actually used: `row_group_bytes`, capped to
+    /// an eighth of the memory budget so that the row groups in flight fit it.
+    pub fn effective_row_group_bytes(&self) -> u64 {
+        self.row_group_bytes.min(self.memory_budget / 8)
+    }
+
+    /// Threads to use: the option, or all cores.
+    pub fn effective_threads(&self) -> usize {
+        if self.threads > 0 {
+            self.threads
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        }
+    }
+}

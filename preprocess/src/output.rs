@@ -1,0 +1,211 @@
+//! Preparing the output location and publishing shards into it.
+
+use std::path::{Path, PathBuf};
+
+use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
+use shardfeed_format::{Location, MANIFEST_FILE, ShardEntry};
+use tokio::runtime::Handle;
+
+use crate::writer::Publish;
+use crate::{PreprocessError, Result};
+
+/// Bytes per part of a multipart upload.
+const UPLOAD_PART_BYTES: usize = 16 << 20;
+/// Parts of one upload in flight at once.
+const UPLOAD_CONCURRENCY: usize = 4;
+
+/// Refuse to replace a dataset unless asked; when asked, remove its manifest
+/// first so that no reader sees the old manifest over new shards.
+pub(crate) fn prepare(location: &Location, overwrite: bool, runtime: &Handle) -> Result<()> {
+    if runtime.block_on(location.has_manifest())? {
+        if !overwrite {
+            return Err(PreprocessError::DatasetExists {
+                url: location.url().to_string(),
+            });
+        }
+        runtime
+            .block_on(location.store().delete(&location.child(MANIFEST_FILE)))
+            .map_err(|source| shardfeed_format::FormatError::Store {
+                op: "delete",
+                url: location.url_of(MANIFEST_FILE),
+                source,
+            })?;
+    }
+    Ok(())
+}
+
+/// Whether `name` is a file shardfeed writes under `shards/` (final or staged).
+fn is_ours(name: &str) -> bool {
+    let name = name.trim_start_matches('.');
+    (name.starts_with("part-") || name.starts_with("task-"))
+        && (name.ends_with(".parquet") || name.ends_with(".tmp"))
+}
+
+/// Delete shard files under `shards/` that the new manifest does not list,
+/// left by an earlier, interrupted or larger run.
+pub(crate) fn remove_stale(
+    location: &Location,
+    keep: &[ShardEntry],
+    runtime: &Handle,
+) -> Result<()> {
+    let keep: std::collections::HashSet<&str> = keep.iter().map(|s| s.path.as_str()).collect();
+    if let Some(root) = location.local_root() {
+        let dir = root.join("shards");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if is_ours(&name) && !keep.contains(format!("shards/{name}").as_str()) {
+                std::fs::remove_file(entry.path())
+                    .map_err(|e| PreprocessError::io("remove", entry.path(), e))?;
+            }
+        }
+        return Ok(());
+    }
+    use futures::TryStreamExt;
+    let store = location.store().clone();
+    let prefix = location.child("shards");
+    let listed: Vec<_> = runtime
+        .block_on(store.list(Some(&prefix)).try_collect::<Vec<_>>())
+        .map_err(|source| shardfeed_format::FormatError::Store {
+            op: "list",
+            url: location.url_of("shards"),
+            source,
+        })?;
+    for meta in listed {
+        let name = meta.location.filename().unwrap_or_default().to_string();
+        if is_ours(&name) && !keep.contains(format!("shards/{name}").as_str()) {
+            runtime
+                .block_on(store.delete(&meta.location))
+                .map_err(|source| shardfeed_format::FormatError::Store {
+                    op: "delete",
+                    url: location.url_of(&format!("shards/{name}")),
+                    source,
+                })?;
+        }
+    }
+    Ok(())
+}
+
+/// Shards on the local file system: written beside their final name, renamed
+/// into place (atomic), so a killed run never leaves a partial shard under a
+/// final name.
+pub(crate) struct LocalPublish {
+    root: PathBuf,
+}
+
+impl LocalPublish {
+    pub(crate) fn new(root: &Path) -> Result<Self> {
+        let shards = root.join("shards");
+        std::fs::create_dir_all(&shards)
+            .map_err(|e| PreprocessError::io("create output folder", &shards, e))?;
+        Ok(LocalPublish {
+            root: root.to_path_buf(),
+        })
+    }
+}
+
+impl Publish for LocalPublish {
+    fn staging_path(&self, relative: &str) -> PathBuf {
+        let final_path = self.root.join(relative);
+        let name = final_path
+            .file_name()
+            .expect("shard paths name a file")
+            .to_string_lossy();
+        final_path.with_file_name(format!(".{name}.tmp"))
+    }
+
+    fn publish(&self, staged: &Path, relative: &str) -> Result<()> {
+        let final_path = self.root.join(relative);
+        std::fs::rename(staged, &final_path)
+            .map_err(|e| PreprocessError::io("rename into place", &final_path, e))
+    }
+}
+
+/// Shards in an object store: staged in a local temporary folder, then sent
+/// with a concurrent multipart upload (which becomes visible only when complete).
+pub(crate) struct StorePublish {
+    location: Location,
+    staging: tempfile::TempDir,
+    runtime: Handle,
+}
+
+impl StorePublish {
+    pub(crate) fn new(
+        location: Location,
+        runtime: Handle,
+        temp_dir: Option<&Path>,
+    ) -> Result<Self> {
+        let staging = match temp_dir {
+            Some(dir) => tempfile::Builder::new()
+                .prefix("shardfeed-stage")
+                .tempdir_in(dir),
+            None => tempfile::Builder::new().prefix("shardfeed-stage").tempdir(),
+        }
+        .map_err(|e| {
+            PreprocessError::io(
+                "create staging folder in",
+                temp_dir.unwrap_or(Path::new("$TMPDIR")),
+                e,
+            )
+        })?;
+        Ok(StorePublish {
+            location,
+            staging,
+            runtime,
+        })
+    }
+
+    async fn upload(
+        &self,
+        staged: &Path,
+        relative: &str,
+    ) -> std::result::Result<(), PreprocessError> {
+        use tokio::io::AsyncReadExt;
+        let store_err = |source| shardfeed_format::FormatError::Store {
+            op: "upload",
+            url: self.location.url_of(relative),
+            source,
+        };
+        let upload = self
+            .location
+            .store()
+            .put_multipart(&self.location.child(relative))
+            .await
+            .map_err(store_err)?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, UPLOAD_PART_BYTES);
+        let mut file = tokio::fs::File::open(staged)
+            .await
+            .map_err(|e| PreprocessError::io("open", staged, e))?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = file
+                .read(&mut buf)
+                .await
+                .map_err(|e| PreprocessError::io("read", staged, e))?;
+            if n == 0 {
+                break;
+            }
+            writer
+                .wait_for_capacity(UPLOAD_CONCURRENCY)
+                .await
+                .map_err(store_err)?;
+            writer.write(&buf[..n]);
+        }
+        writer.finish().await.map_err(store_err)?;
+        Ok(())
+    }
+}
+
+impl Publish for StorePublish {
+    fn staging_path(&self, relative: &str) -> PathBuf {
+        self.staging.path().join(relative.replace('/', "_"))
+    }
+
+    fn publish(&self, staged: &Path, relative: &str) -> Result<()> {
+        let result = self.runtime.block_on(self.upload(staged, relative));
+        let _ = std::fs::remove_file(staged);
+        result
+    }
+}

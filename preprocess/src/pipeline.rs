@@ -1,0 +1,567 @@
+//! The `shard` pipeline.
+//!
+//! ```text
+//! reader threads ──(one bounded channel per input, consumed in input order)──▶ producer
+//!   producer: [optional scatter/gather shuffle] ─▶ row groups (N rows or ~B bytes)
+//!   ──(bounded, in-flight tokens)──▶ encoder threads (Parquet + zstd, any order)
+//!   ──▶ writer thread: reorders, appends row groups to shards, closes a shard at
+//!       the first row group boundary past the target size, publishes it.
+//! ```
+//! Every queue is bounded, so memory is set by the options (threads, row
+//! group size, memory budget), never by the input size. Shard contents depend
+//! only on the inputs and options: not on thread count or timing.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::DataType;
+use arrow_schema::SchemaRef;
+use arrow_select::concat::concat_batches;
+use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use serde::Serialize;
+use shardfeed_format::{Location, Manifest, ShardEntry, WriteOptions, shard_path};
+
+use crate::encode::{EncodedRowGroup, Encoder, writer_properties};
+use crate::input::{self, Inputs, Source};
+use crate::output::{self, LocalPublish, StorePublish};
+use crate::writer::{OpenShard, Publish};
+use crate::{PreprocessError, Progress, Result, ShardOptions, shuffle};
+
+/// What a finished `shard` run did.
+#[derive(Clone, Debug, Serialize)]
+pub struct ShardSummary {
+    /// The dataset written.
+    pub dataset: String,
+    /// Rows written.
+    pub rows: u64,
+    /// Shard files written.
+    pub shards: usize,
+    /// Row groups over all shards.
+    pub row_groups: usize,
+    /// Uncompressed Arrow bytes of the rows.
+    pub input_bytes: u64,
+    /// Bytes of all shards.
+    pub output_bytes: u64,
+    /// `input_bytes / output_bytes`.
+    pub compression_ratio: f64,
+    /// Wall time of the run.
+    pub seconds: f64,
+    /// Input MB (10^6 bytes) per second.
+    pub input_mb_per_s: f64,
+    /// Whether rows were globally shuffled.
+    pub shuffled: bool,
+    /// Threads used.
+    pub threads: usize,
+    /// Peak resident memory of this process, when the OS tells it.
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// The in-memory bytes of a batch's rows (slices count only what they cover).
+pub(crate) fn batch_bytes(batch: &RecordBatch) -> u64 {
+    batch
+        .columns()
+        .iter()
+        .map(|c| array_bytes(c.as_ref()))
+        .sum()
+}
+
+/// The bytes of the rows an array covers, following list offsets so that a
+/// slice of a list column is not charged for its parent's whole child array.
+fn array_bytes(array: &dyn Array) -> u64 {
+    let nulls = array
+        .logical_nulls()
+        .map_or(0, |_| array.len().div_ceil(8) as u64);
+    match array.data_type() {
+        DataType::List(_) => {
+            let list = array.as_list::<i32>();
+            let o = list.value_offsets();
+            let (start, end) = (o[0] as usize, o[o.len() - 1] as usize);
+            nulls
+                + 4 * o.len() as u64
+                + array_bytes(list.values().slice(start, end - start).as_ref())
+        }
+        DataType::LargeList(_) => {
+            let list = array.as_list::<i64>();
+            let o = list.value_offsets();
+            let (start, end) = (o[0] as usize, o[o.len() - 1] as usize);
+            nulls
+                + 8 * o.len() as u64
+                + array_bytes(list.values().slice(start, end - start).as_ref())
+        }
+        DataType::Map(_, _) => {
+            let map = array.as_map();
+            let o = map.value_offsets();
+            let (start, end) = (o[0] as usize, o[o.len() - 1] as usize);
+            let entries: ArrayRef = Arc::new(map.entries().clone());
+            nulls + 4 * o.len() as u64 + array_bytes(entries.slice(start, end - start).as_ref())
+        }
+        DataType::FixedSizeList(_, size) => {
+            let list = array.as_fixed_size_list();
+            let size = *size as usize;
+            let values = list.values().slice(list.offset() * size, list.len() * size);
+            nulls + array_bytes(values.as_ref())
+        }
+        DataType::Struct(_) => {
+            nulls
+                + array
+                    .as_struct()
+                    .columns()
+                    .iter()
+                    .map(|c| array_bytes(c.as_ref()))
+                    .sum::<u64>()
+        }
+        _ => array.to_data().get_slice_memory_size().unwrap_or(0) as u64,
+    }
+}
+
+/// Peak resident set size of this process (Linux), in bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Turn `inputs` (files, folders, globs) into a dataset at `output`.
+///
+/// The manifest is written last, after every shard is in place; an error or
+/// a kill at any point leaves no manifest (and so no dataset), and running
+/// the same call again completes it.
+pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<ShardSummary> {
+    let started = Instant::now();
+    options.validate()?;
+    let inputs = input::resolve(inputs, options)?;
+    let location = Location::parse(output)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("shardfeed-io")
+        .enable_all()
+        .build()
+        .map_err(|e| PreprocessError::io("start I/O runtime for", output, e))?;
+    let handle = runtime.handle();
+    output::prepare(&location, options.overwrite, handle)?;
+    let publish: Box<dyn Publish> = match location.local_root() {
+        Some(root) => Box::new(LocalPublish::new(root)?),
+        None => Box::new(StorePublish::new(
+            location.clone(),
+            handle.clone(),
+            options.temp_dir.as_deref(),
+        )?),
+    };
+    let threads = options.effective_threads();
+    let (shards, input_bytes) = run(&inputs, options, threads, publish.as_ref())?;
+    output::remove_stale(&location, &shards, handle)?;
+    let rows: u64 = shards.iter().map(|s| s.rows).sum();
+    if rows == 0 {
+        return Err(PreprocessError::NoRows {
+            inputs: inputs.given.join(", "),
+        });
+    }
+    let write_options = WriteOptions {
+        compression: "zstd".into(),
+        zstd_level: options.zstd_level,
+        shard_size: options.shard_size,
+        row_group_rows: options.row_group_rows,
+        row_group_bytes: options
+            .row_group_rows
+            .is_none()
+            .then_some(options.effective_row_group_bytes()),
+        shuffle_seed: options.shuffle_seed,
+    };
+    let manifest = Manifest::new((*inputs.schema).clone(), write_options, shards, input_bytes);
+    handle.block_on(location.write_manifest(&manifest))?;
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(ShardSummary {
+        dataset: location.url().to_string(),
+        rows,
+        shards: manifest.shards.len(),
+        row_groups: manifest.row_group_count(),
+        input_bytes,
+        output_bytes: manifest.total_bytes,
+        compression_ratio: input_bytes as f64 / manifest.total_bytes.max(1) as f64,
+        seconds,
+        input_mb_per_s: input_bytes as f64 / 1e6 / seconds.max(1e-9),
+        shuffled: options.shuffle_seed.is_some(),
+        threads,
+        peak_rss_bytes: peak_rss_bytes(),
+    })
+}
+
+enum ReadMsg {
+    Batch(RecordBatch),
+    End,
+    Failed(PreprocessError),
+}
+
+/// Run the threads; return the shards written and the uncompressed bytes.
+fn run(
+    inputs: &Inputs,
+    options: &ShardOptions,
+    threads: usize,
+    publish: &dyn Publish,
+) -> Result<(Vec<ShardEntry>, u64)> {
+    let schema = inputs.schema.clone();
+    let props =
+        writer_properties(options.zstd_level).map_err(|source| PreprocessError::Encode {
+            shard: "(all)".into(),
+            source,
+        })?;
+    let encoder =
+        Encoder::new(schema.clone(), props.clone()).map_err(|source| PreprocessError::Encode {
+            shard: "(all)".into(),
+            source,
+        })?;
+    // Row groups in flight (queued, encoding, or waiting for their turn to be
+    // written) are bounded by tokens; a quarter of the budget holds them.
+    let group_bytes = options.effective_row_group_bytes();
+    let tokens =
+        (options.memory_budget / 4 / group_bytes.max(1)).clamp(2, 4 * threads as u64) as usize;
+    let (job_tx, job_rx) = bounded::<(u64, RecordBatch, u64)>(threads);
+    let (done_tx, done_rx) = unbounded::<Result<EncodedRowGroup>>();
+    let (token_tx, token_rx) = bounded::<()>(tokens);
+    for _ in 0..tokens {
+        token_tx.send(()).expect("capacity for every token");
+    }
+    let (read_tx, read_rx): (Vec<Sender<ReadMsg>>, Vec<Receiver<ReadMsg>>) =
+        (0..inputs.sources.len()).map(|_| bounded(1)).unzip();
+    let next_source = AtomicUsize::new(0);
+    let cancelled = AtomicBool::new(false);
+    let readers = threads.min(inputs.sources.len()).max(1);
+
+    std::thread::scope(|scope| {
+        for _ in 0..readers {
+            scope.spawn(|| {
+                read_sources(&inputs.sources, &schema, &read_tx, &next_source, &cancelled)
+            });
+        }
+        for _ in 0..threads {
+            let jobs = job_rx.clone();
+            let done = done_tx.clone();
+            let encoder = &encoder;
+            scope.spawn(move || {
+                for (seq, batch, raw) in jobs {
+                    let result = encoder.encode(seq, &batch, raw).map_err(|source| {
+                        PreprocessError::Encode {
+                            shard: format!("(row group {seq})"),
+                            source,
+                        }
+                    });
+                    if done.send(result).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(job_rx);
+        drop(done_tx);
+        let writer = scope.spawn(|| {
+            write_shards(
+                done_rx,
+                token_tx,
+                options.shard_size,
+                &schema,
+                &props,
+                publish,
+                &cancelled,
+                options.progress.as_deref(),
+            )
+        });
+        let produced = produce(inputs, options, read_rx, job_tx, token_rx);
+        if produced.is_err() {
+            cancelled.store(true, Ordering::SeqCst);
+        }
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(PreprocessError::Cancelled));
+        match (produced, written) {
+            (Err(e), _) if !matches!(e, PreprocessError::Cancelled) => Err(e),
+            (_, Err(e)) => Err(e),
+            (Err(e), Ok(_)) => Err(e),
+            (Ok(()), Ok(result)) => Ok(result),
+        }
+    })
+}
+
+/// Reader thread: take the next unread source, send its batches in order.
+fn read_sources(
+    sources: &[Source],
+    schema: &SchemaRef,
+    senders: &[Sender<ReadMsg>],
+    next: &AtomicUsize,
+    cancelled: &AtomicBool,
+) {
+    loop {
+        if cancelled.load(Ordering::Relaxed) {
+            return;
+        }
+        let i = next.fetch_add(1, Ordering::SeqCst);
+        let Some(source) = sources.get(i) else {
+            return;
+        };
+        let tx = &senders[i];
+        let batches = match input::open(source, schema) {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = tx.send(ReadMsg::Failed(e));
+                continue;
+            }
+        };
+        let mut failed = false;
+        for batch in batches {
+            let msg = match batch {
+                Ok(b) if b.num_rows() == 0 => continue,
+                Ok(b) => ReadMsg::Batch(b),
+                Err(e) => {
+                    failed = true;
+                    ReadMsg::Failed(e)
+                }
+            };
+            if tx.send(msg).is_err() {
+                return;
+            }
+            if failed {
+                break;
+            }
+        }
+        if !failed && tx.send(ReadMsg::End).is_err() {
+            return;
+        }
+    }
+}
+
+/// The batches of every source, in input order, in the dataset's schema.
+struct OrderedBatches<'a> {
+    sources: &'a [Source],
+    receivers: std::vec::IntoIter<Receiver<ReadMsg>>,
+    current: Option<(usize, Receiver<ReadMsg>)>,
+    index: usize,
+    schema: SchemaRef,
+}
+
+impl Iterator for OrderedBatches<'_> {
+    type Item = Result<RecordBatch>;
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.current.is_none() {
+                let rx = self.receivers.next()?;
+                self.current = Some((self.index, rx));
+                self.index += 1;
+            }
+            let (i, rx) = self.current.as_ref().expect("set above");
+            match rx.recv() {
+                Ok(ReadMsg::Batch(batch)) => {
+                    let source = &self.sources[*i];
+                    return Some(
+                        RecordBatch::try_new(self.schema.clone(), batch.columns().to_vec())
+                            .map_err(|e| PreprocessError::read(source.display_path(), None, e)),
+                    );
+                }
+                Ok(ReadMsg::End) => self.current = None,
+                Ok(ReadMsg::Failed(e)) => return Some(Err(e)),
+                Err(_) => return Some(Err(PreprocessError::Cancelled)),
+            }
+        }
+    }
+}
+
+/// Producer: read in order, optionally shuffle, cut row groups, queue them.
+fn produce(
+    inputs: &Inputs,
+    options: &ShardOptions,
+    receivers: Vec<Receiver<ReadMsg>>,
+    jobs: Sender<(u64, RecordBatch, u64)>,
+    tokens: Receiver<()>,
+) -> Result<()> {
+    let batches = OrderedBatches {
+        sources: &inputs.sources,
+        receivers: receivers.into_iter(),
+        current: None,
+        index: 0,
+        schema: inputs.schema.clone(),
+    };
+    let mut assembler = Assembler::new(inputs.schema.clone(), options);
+    let mut seq = 0u64;
+    let mut emit = |batch: RecordBatch, raw: u64| -> Result<()> {
+        tokens.recv().map_err(|_| PreprocessError::Cancelled)?;
+        jobs.send((seq, batch, raw))
+            .map_err(|_| PreprocessError::Cancelled)?;
+        seq += 1;
+        Ok(())
+    };
+    match options.shuffle_seed {
+        None => {
+            for batch in batches {
+                assembler.push(batch?, &mut emit)?;
+            }
+        }
+        Some(seed) => {
+            let count = shuffle::bucket_count(inputs.estimated_bytes, options.memory_budget);
+            if let Some(p) = &options.progress {
+                p.phase("scatter");
+            }
+            let spilled = shuffle::scatter(
+                batches,
+                &inputs.schema,
+                seed,
+                count,
+                options.memory_budget,
+                options.temp_dir.as_deref(),
+            )?;
+            if let Some(p) = &options.progress {
+                p.phase("gather");
+            }
+            for batch in spilled.gather() {
+                assembler.push(batch?, &mut emit)?;
+            }
+        }
+    }
+    assembler.finish(&mut emit)
+}
+
+/// Cuts the row stream into row groups of a fixed row count or a target size.
+struct Assembler {
+    schema: SchemaRef,
+    rows_target: Option<u64>,
+    bytes_target: u64,
+    pending: Vec<RecordBatch>,
+    rows: u64,
+    bytes: u64,
+}
+
+impl Assembler {
+    fn new(schema: SchemaRef, options: &ShardOptions) -> Self {
+        Assembler {
+            schema,
+            rows_target: options.row_group_rows,
+            bytes_target: options.effective_row_group_bytes(),
+            pending: Vec::new(),
+            rows: 0,
+            bytes: 0,
+        }
+    }
+
+    fn is_full(&self) -> bool {
+        match self.rows_target {
+            Some(rows) => self.rows >= rows,
+            None => self.bytes >= self.bytes_target,
+        }
+    }
+
+    fn push(
+        &mut self,
+        mut batch: RecordBatch,
+        emit: &mut impl FnMut(RecordBatch, u64) -> Result<()>,
+    ) -> Result<()> {
+        while batch.num_rows() > 0 {
+            let n = batch.num_rows() as u64;
+            let take = match self.rows_target {
+                Some(target) => (target - self.rows).min(n),
+                None => {
+                    let per_row = batch_bytes(&batch).max(1) as f64 / n as f64;
+                    let missing = self.bytes_target.saturating_sub(self.bytes) as f64;
+                    ((missing / per_row).ceil() as u64).clamp(1, n)
+                }
+            };
+            let head = batch.slice(0, take as usize);
+            batch = batch.slice(take as usize, (n - take) as usize);
+            self.bytes += batch_bytes(&head);
+            self.rows += take;
+            self.pending.push(head);
+            if self.is_full() {
+                self.flush(emit)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, emit: &mut impl FnMut(RecordBatch, u64) -> Result<()>) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = if self.pending.len() == 1 {
+            self.pending.pop().expect("one batch")
+        } else {
+            let b = concat_batches(&self.schema, &self.pending).map_err(|e| {
+                PreprocessError::Encode {
+                    shard: "(row group)".into(),
+                    source: e.into(),
+                }
+            })?;
+            self.pending.clear();
+            b
+        };
+        let bytes = std::mem::take(&mut self.bytes);
+        self.rows = 0;
+        emit(batch, bytes)
+    }
+
+    fn finish(mut self, emit: &mut impl FnMut(RecordBatch, u64) -> Result<()>) -> Result<()> {
+        self.flush(emit)
+    }
+}
+
+/// Writer thread: append encoded row groups in sequence, rolling shards.
+#[allow(clippy::too_many_arguments)]
+fn write_shards(
+    done: Receiver<Result<EncodedRowGroup>>,
+    tokens: Sender<()>,
+    shard_size: u64,
+    schema: &SchemaRef,
+    props: &parquet::file::properties::WriterPropertiesPtr,
+    publish: &dyn Publish,
+    cancelled: &AtomicBool,
+    progress: Option<&dyn Progress>,
+) -> Result<(Vec<ShardEntry>, u64)> {
+    let mut waiting: BTreeMap<u64, EncodedRowGroup> = BTreeMap::new();
+    let mut next_seq = 0u64;
+    let mut open: Option<OpenShard> = None;
+    let mut shards = Vec::new();
+    let mut raw_bytes = 0u64;
+    let result = (|| {
+        for group in done.iter() {
+            let group = group?;
+            waiting.insert(group.seq, group);
+            while let Some(group) = waiting.remove(&next_seq) {
+                next_seq += 1;
+                let (rows, raw) = (group.rows, group.raw_bytes);
+                if open.is_none() {
+                    open = Some(OpenShard::create(
+                        shard_path(shards.len()),
+                        publish,
+                        schema,
+                        props,
+                    )?);
+                }
+                let shard = open.as_mut().expect("opened above");
+                shard.append(group)?;
+                raw_bytes += raw;
+                let _ = tokens.send(());
+                if let Some(p) = progress {
+                    p.advance(rows, raw);
+                }
+                if shard.bytes() >= shard_size {
+                    shards.push(open.take().expect("open").finish(publish)?);
+                }
+            }
+        }
+        if cancelled.load(Ordering::SeqCst) {
+            return Err(PreprocessError::Cancelled);
+        }
+        if let Some(shard) = open.take() {
+            shards.push(shard.finish(publish)?);
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        if let Some(shard) = open.take() {
+            shard.abandon();
+        }
+        return Err(e);
+    }
+    Ok((shards, raw_bytes))
+}

@@ -1,0 +1,594 @@
+//! `shardfeed shard`, `inspect` and `verify` on local files.
+
+use std::path::Path;
+
+use arrow_array::RecordBatch;
+use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
+use shardfeed_fixtures::{FileFormat, Kind, batch, write_dataset};
+
+use crate::support::*;
+
+/// Shard `inputs` into `out` with small shards and row groups so that every
+/// run exercises several of each.
+fn shard_small(inputs: &[String], out: &Path, extra: &[&str]) -> Run {
+    let mut args: Vec<String> = vec!["shard".into()];
+    args.extend(inputs.iter().cloned());
+    args.extend(
+        [
+            "--output",
+            &s(out),
+            "--shard-size",
+            "32KiB",
+            "--row-group-rows",
+            "300",
+            "--json",
+        ]
+        .map(String::from),
+    );
+    args.extend(extra.iter().map(|a| a.to_string()));
+    shardfeed(&args)
+}
+
+fn generated(dir: &Path, kind: Kind, rows: u64, files: usize, format: FileFormat) -> Vec<String> {
+    write_dataset(dir, kind, rows, files, 7, format)
+        .unwrap()
+        .iter()
+        .map(|p| s(p))
+        .collect()
+}
+
+#[test]
+fn parquet_inputs_of_every_codec_round_trip_every_type() {
+    let rows = 1000;
+    let expected = batch(Kind::KitchenSink, 0, rows as usize, 7);
+    for codec in [
+        Compression::UNCOMPRESSED,
+        Compression::SNAPPY,
+        Compression::GZIP(GzipLevel::default()),
+        Compression::LZ4_RAW,
+        Compression::LZ4,
+        Compression::BROTLI(BrotliLevel::default()),
+        Compression::ZSTD(ZstdLevel::default()),
+    ] {
+        let tmp = tempdir();
+        let inputs = generated(
+            &tmp.path().join("in"),
+            Kind::KitchenSink,
+            rows,
+            3,
+            FileFormat::Parquet(codec),
+        );
+        let out = tmp.path().join("ds");
+        let summary = shard_small(&inputs, &out, &[]).success().json();
+        assert_eq!(summary["rows"], rows, "{codec:?}");
+        let (manifest, shards) = read_dataset(&out);
+        assert!(shards.len() > 1, "{codec:?}: expected several shards");
+        assert_same_rows(&concat(&shards), &expected);
+        assert_eq!(manifest.schema.fields(), expected.schema().fields());
+    }
+}
+
+#[test]
+fn arrow_ipc_file_and_stream_inputs_round_trip() {
+    let rows = 900;
+    let expected = batch(Kind::KitchenSink, 0, rows as usize, 7);
+    for format in [FileFormat::IpcFile, FileFormat::IpcStream] {
+        let tmp = tempdir();
+        let inputs = generated(&tmp.path().join("in"), Kind::KitchenSink, rows, 2, format);
+        let out = tmp.path().join("ds");
+        shard_small(&inputs, &out, &[]).success();
+        assert_same_rows(&read_all(&out), &expected);
+    }
+}
+
+/// Read JSON Lines or CSV inputs with the reference Arrow readers.
+fn read_text_inputs(inputs: &[String], schema: arrow_schema::SchemaRef, csv: bool) -> RecordBatch {
+    let mut batches = Vec::new();
+    for input in inputs {
+        let file = std::fs::File::open(input).unwrap();
+        if csv {
+            let reader = arrow_csv::ReaderBuilder::new(schema.clone())
+                .with_header(true)
+                .build(file)
+                .unwrap();
+            batches.extend(reader.map(|b| b.unwrap()));
+        } else {
+            let reader = arrow_json::ReaderBuilder::new(schema.clone())
+                .build(std::io::BufReader::new(file))
+                .unwrap();
+            batches.extend(reader.map(|b| b.unwrap()));
+        }
+    }
+    concat(&batches)
+}
+
+#[test]
+fn json_lines_and_csv_inputs_round_trip_with_inferred_schemas() {
+    for (format, csv) in [(FileFormat::JsonLines, false), (FileFormat::Csv, true)] {
+        let tmp = tempdir();
+        let inputs = generated(&tmp.path().join("in"), Kind::Text, 2000, 3, format);
+        let out = tmp.path().join("ds");
+        shard_small(&inputs, &out, &[]).success();
+        let actual = read_all(&out);
+        let expected = read_text_inputs(&inputs, actual.schema(), csv);
+        assert_eq!(actual.num_rows(), 2000);
+        assert_same_rows(&actual, &expected);
+        // Ids survive inference as integers, in input order.
+        assert_eq!(ids(&actual), (0..2000).collect::<Vec<i64>>());
+    }
+}
+
+#[test]
+fn json_lines_with_a_given_schema_keeps_it() {
+    let tmp = tempdir();
+    let inputs = generated(
+        &tmp.path().join("in"),
+        Kind::Text,
+        500,
+        1,
+        FileFormat::JsonLines,
+    );
+    let schema = Kind::Text.schema();
+    let schema_file = tmp.path().join("schema.json");
+    std::fs::write(&schema_file, serde_json::to_vec(schema.as_ref()).unwrap()).unwrap();
+    let out = tmp.path().join("ds");
+    shard_small(&inputs, &out, &["--schema", &s(&schema_file)]).success();
+    assert_same_rows(&read_all(&out), &batch(Kind::Text, 0, 500, 7));
+}
+
+#[test]
+fn a_folder_of_files_becomes_one_row_per_file_with_labels() {
+    let tmp = tempdir();
+    let root = tmp.path().join("images");
+    let files = shardfeed_fixtures::write_image_folder(&root, 120, 4, 3).unwrap();
+    let out = tmp.path().join("ds");
+    shard_small(&[s(&root)], &out, &[]).success();
+    let all = read_all(&out);
+    assert_eq!(all.num_rows(), files.len());
+    let col = |name: &str| all.column_by_name(name).unwrap().clone();
+    let paths = col("path");
+    let paths = paths
+        .as_any()
+        .downcast_ref::<arrow_array::StringArray>()
+        .unwrap();
+    let labels = col("label");
+    let labels = labels
+        .as_any()
+        .downcast_ref::<arrow_array::StringArray>()
+        .unwrap();
+    let bytes = col("bytes");
+    let bytes = bytes
+        .as_any()
+        .downcast_ref::<arrow_array::BinaryArray>()
+        .unwrap();
+    let mut sorted: Vec<_> = files
+        .iter()
+        .map(|p| p.strip_prefix(&root).unwrap().to_path_buf())
+        .collect();
+    sorted.sort();
+    for (i, rel) in sorted.iter().enumerate() {
+        assert_eq!(paths.value(i), rel.to_str().unwrap());
+        assert_eq!(labels.value(i), rel.parent().unwrap().to_str().unwrap());
+        assert_eq!(
+            bytes.value(i),
+            std::fs::read(root.join(rel)).unwrap().as_slice()
+        );
+    }
+}
+
+#[test]
+fn globs_and_folders_of_parquet_files_expand_in_sorted_order() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("in");
+    generated(
+        &dir,
+        Kind::Text,
+        600,
+        3,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    std::fs::write(dir.join("_SUCCESS"), b"").unwrap();
+    let expected = batch(Kind::Text, 0, 600, 7);
+    let by_glob = tmp.path().join("glob");
+    shard_small(&[format!("{}/*.parquet", s(&dir))], &by_glob, &[]).success();
+    assert_same_rows(&read_all(&by_glob), &expected);
+    let by_folder = tmp.path().join("folder");
+    shard_small(&[s(&dir)], &by_folder, &[]).success();
+    assert_same_rows(&read_all(&by_folder), &expected);
+}
+
+#[test]
+fn pyarrow_reads_the_shards() {
+    let tmp = tempdir();
+    let inputs = generated(
+        &tmp.path().join("in"),
+        Kind::KitchenSink,
+        800,
+        2,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    let out = tmp.path().join("ds");
+    shard_small(&inputs, &out, &[]).success();
+    let script = r#"
+import json, sys, pyarrow.parquet as pq
+m = json.load(open(sys.argv[1] + "/manifest.json"))
+ids, groups = [], 0
+for shard in m["shards"]:
+    f = pq.ParquetFile(sys.argv[1] + "/" + shard["path"])
+    assert f.metadata.num_rows == shard["rows"], shard
+    assert [f.metadata.row_group(i).num_rows for i in range(f.num_row_groups)] == shard["row_groups"]
+    t = f.read()
+    ids += t.column("id").to_pylist()
+    groups += f.num_row_groups
+    # Values pyarrow decodes itself: a nested list, a struct, a map, a zoned timestamp.
+    assert str(t.schema.field("ts").type) == "timestamp[us, tz=Europe/Paris]", t.schema.field("ts").type
+    assert str(t.schema.field("dec").type) == "decimal128(38, 4)"
+print(json.dumps({"ids": ids, "groups": groups, "first_s": t.column("s").to_pylist()[:3]}))
+"#;
+    let output = python()
+        .arg("-c")
+        .arg(script)
+        .arg(s(&out))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        output.status.success(),
+        "pyarrow (a standard reader) failed to read the shards; .ci/run installs it:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let got: Vec<i64> = result["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    assert_eq!(got, (0..800).collect::<Vec<i64>>());
+    assert_eq!(
+        result["groups"].as_u64().unwrap() as usize,
+        manifest(&out).row_group_count()
+    );
+}
+
+#[test]
+fn output_is_byte_identical_across_runs_and_thread_counts() {
+    let tmp = tempdir();
+    let inputs = generated(
+        &tmp.path().join("in"),
+        Kind::Tokens,
+        600,
+        5,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    for shuffle in [false, true] {
+        let mut snapshots = Vec::new();
+        for threads in ["1", "3", "3"] {
+            let out = tmp
+                .path()
+                .join(format!("ds-{shuffle}-{threads}-{}", snapshots.len()));
+            let mut extra = vec![
+                "--threads",
+                threads,
+                "--shard-size",
+                "256KiB",
+                "--row-group-rows",
+                "50",
+            ];
+            if shuffle {
+                extra.extend(["--shuffle", "--seed", "11", "--memory-budget", "16MiB"]);
+            }
+            let mut args: Vec<String> = vec!["shard".into()];
+            args.extend(inputs.iter().cloned());
+            args.extend(["--output".to_string(), s(&out)]);
+            args.extend(extra.iter().map(|a| a.to_string()));
+            shardfeed(&args).success();
+            snapshots.push(snapshot(&out));
+        }
+        assert!(snapshots[0].len() > 3, "expected several shards");
+        assert!(
+            snapshots.windows(2).all(|w| w[0] == w[1]),
+            "shuffle={shuffle}: outputs differ"
+        );
+    }
+}
+
+#[test]
+fn verify_and_inspect_report_and_catch_corruption() {
+    let tmp = tempdir();
+    let inputs = generated(
+        &tmp.path().join("in"),
+        Kind::Tokens,
+        400,
+        2,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    let out = tmp.path().join("ds");
+    shardfeed(&[
+        "shard".to_string(),
+        inputs[0].clone(),
+        inputs[1].clone(),
+        "-o".into(),
+        s(&out),
+        "--shard-size".into(),
+        "512KiB".into(),
+        "--row-group-rows".into(),
+        "40".into(),
+    ])
+    .success();
+    let verified = shardfeed(&["verify", &s(&out), "--json"]).success().json();
+    assert_eq!(verified["rows"], 400);
+    assert_eq!(verified["problems"].as_array().unwrap().len(), 0);
+    let inspected = shardfeed(&["inspect", &s(&out), "--json"]).success().json();
+    let m = manifest(&out);
+    assert_eq!(inspected["rows"], 400);
+    assert_eq!(inspected["shards"], m.shards.len());
+    assert!(inspected["compression_ratio"].as_f64().unwrap() > 1.0);
+    let text = shardfeed(&["inspect", &s(&out)]).success().stdout;
+    assert!(text.contains("input_ids: List"), "{text}");
+
+    // Flip one byte in the middle of the second shard: verify names it and fails.
+    let victim = &m.shards[1];
+    let path = out.join(&victim.path);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x5a;
+    std::fs::write(&path, &bytes).unwrap();
+    let run = shardfeed(&["verify", &s(&out)]);
+    assert!(!run.ok);
+    assert!(run.stderr.contains(&victim.path), "{}", run.stderr);
+    assert!(run.stderr.contains("row group"), "{}", run.stderr);
+    assert!(!run.stderr.contains(&m.shards[0].path), "{}", run.stderr);
+
+    // A missing shard is named too.
+    std::fs::remove_file(out.join(&m.shards[0].path)).unwrap();
+    let run = shardfeed(&["verify", &s(&out)]);
+    assert!(!run.ok);
+    assert!(
+        run.stderr.contains(&m.shards[0].path) && run.stderr.contains("missing"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn killing_shard_never_leaves_a_broken_dataset_and_a_rerun_completes() {
+    let tmp = tempdir();
+    let inputs = generated(
+        &tmp.path().join("in"),
+        Kind::Tokens,
+        3000,
+        6,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    let out = tmp.path().join("ds");
+    let mut args: Vec<String> = vec!["shard".into()];
+    args.extend(inputs.iter().cloned());
+    args.extend(
+        [
+            "--output",
+            &s(&out),
+            "--shard-size",
+            "256KiB",
+            "--row-group-rows",
+            "64",
+            "--threads",
+            "2",
+        ]
+        .map(String::from),
+    );
+    // Time a full run, then kill runs at points spread across it.
+    let started = std::time::Instant::now();
+    shardfeed(&args).success();
+    let full = started.elapsed();
+    std::fs::remove_dir_all(&out).unwrap();
+    let mut killed_mid_run = 0;
+    for fraction in [0.05, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95] {
+        let mut child = bin().args(&args).spawn().unwrap();
+        std::thread::sleep(full.mul_f64(fraction));
+        let finished = child.try_wait().unwrap().is_some();
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        if !finished {
+            killed_mid_run += 1;
+        }
+        if out.join("manifest.json").exists() {
+            shardfeed(&["verify", &s(&out)]).success();
+            std::fs::remove_file(out.join("manifest.json")).unwrap();
+        }
+    }
+    assert!(
+        killed_mid_run >= 3,
+        "runs ended before they could be killed"
+    );
+    // The interrupted output holds no manifest; the same command completes it.
+    assert!(!out.join("manifest.json").exists());
+    shardfeed(&args).success();
+    shardfeed(&["verify", &s(&out)]).success();
+    let all = read_all(&out);
+    assert_eq!(ids(&all), (0..3000).collect::<Vec<i64>>());
+    // No leftovers from the killed runs: every file under shards/ is listed.
+    let listed: std::collections::HashSet<String> = manifest(&out)
+        .shards
+        .iter()
+        .map(|s| s.path.clone())
+        .collect();
+    for entry in std::fs::read_dir(out.join("shards")).unwrap() {
+        let name = format!("shards/{}", entry.unwrap().file_name().to_string_lossy());
+        assert!(listed.contains(&name), "stale file {name}");
+    }
+}
+
+#[test]
+fn bad_inputs_fail_cleanly_naming_the_file_and_leave_no_manifest() {
+    let tmp = tempdir();
+    let dir = tmp.path();
+    let out = dir.join("ds");
+    let check = |inputs: Vec<String>, extra: &[&str], expect: &[&str]| {
+        let mut args: Vec<String> = vec!["shard".into()];
+        args.extend(inputs);
+        args.extend(["--output".to_string(), s(&out)]);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let run = shardfeed(&args).failure();
+        for needle in expect {
+            assert!(
+                run.stderr.contains(needle),
+                "expected {needle:?} in:\n{}",
+                run.stderr
+            );
+        }
+        assert!(!out.join("manifest.json").exists());
+    };
+
+    // A malformed JSON line: named with its line number.
+    let good = dir.join("good.jsonl");
+    std::fs::write(&good, "{\"a\": 1}\n{\"a\": 2}\n").unwrap();
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"a\": 1}\n{\"a\": 2}\n{\"a\": 3\n{\"a\": 4}\n").unwrap();
+    check(vec![s(&good), s(&bad)], &[], &["bad.jsonl", "line 3"]);
+
+    // A truncated Parquet file.
+    let pq = generated(
+        &dir.join("pq"),
+        Kind::Text,
+        100,
+        1,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    let bytes = std::fs::read(&pq[0]).unwrap();
+    let truncated = dir.join("truncated.parquet");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    check(
+        vec![pq[0].clone(), s(&truncated)],
+        &[],
+        &["truncated.parquet"],
+    );
+
+    // A CSV row with the wrong number of fields.
+    let csv = dir.join("rows.csv");
+    std::fs::write(&csv, "a,b,c\n1,2,3\n4,5\n6,7,8\n").unwrap();
+    check(vec![s(&csv)], &[], &["rows.csv", "line 3"]);
+
+    // A missing input.
+    check(
+        vec![s(&dir.join("nope.parquet"))],
+        &[],
+        &["nope.parquet", "does not exist"],
+    );
+
+    // An unwritable output (a path under a regular file).
+    let blocker = dir.join("file");
+    std::fs::write(&blocker, b"x").unwrap();
+    let run = shardfeed(&["shard", &pq[0], "--output", &s(&blocker.join("ds"))]).failure();
+    assert!(run.stderr.contains(&s(&blocker)), "{}", run.stderr);
+
+    // An empty input: a zero-byte file, and a file with a header but no rows.
+    let empty = dir.join("empty.csv");
+    std::fs::write(&empty, b"").unwrap();
+    check(vec![s(&empty)], &[], &["empty.csv", "empty"]);
+    let header_only = dir.join("header.csv");
+    std::fs::write(&header_only, "a,b\n").unwrap();
+    check(vec![s(&header_only)], &[], &["header.csv", "no rows"]);
+
+    // Two inputs whose schemas differ: both named, with the first differing field.
+    let other = generated(
+        &dir.join("other"),
+        Kind::Tabular,
+        10,
+        1,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    check(
+        vec![pq[0].clone(), other[0].clone()],
+        &[],
+        &[&pq[0], &other[0], "field"],
+    );
+
+    // An existing dataset without --overwrite; with it, the run replaces it.
+    shardfeed(&["shard", &pq[0], "--output", &s(&out)]).success();
+    let run = shardfeed(&["shard", &pq[0], "--output", &s(&out)]).failure();
+    assert!(run.stderr.contains("--overwrite"), "{}", run.stderr);
+    shardfeed(&["shard", &pq[0], "--output", &s(&out), "--overwrite"]).success();
+    shardfeed(&["verify", &s(&out)]).success();
+
+    // A bad option is named.
+    let run = shardfeed(&[
+        "shard",
+        &pq[0],
+        "--output",
+        &s(&dir.join("x")),
+        "--zstd-level",
+        "40",
+    ])
+    .failure();
+    assert!(run.stderr.contains("--zstd-level"), "{}", run.stderr);
+}
+
+#[test]
+fn shuffle_larger_than_the_memory_budget_is_a_mixing_permutation_in_bounded_memory() {
+    let tmp = tempdir();
+    // ~135 MB of tokens in 4 files against a 32 MiB budget.
+    let rows = 16_000u64;
+    let inputs = generated(
+        &tmp.path().join("in"),
+        Kind::Tokens,
+        rows,
+        4,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    let out = tmp.path().join("ds");
+    let budget = 32u64 << 20;
+    let mut args: Vec<String> = vec!["shard".into()];
+    args.extend(inputs.iter().cloned());
+    args.extend(
+        [
+            "--output",
+            &s(&out),
+            "--shuffle",
+            "--seed",
+            "5",
+            "--memory-budget",
+            "32MiB",
+            "--shard-size",
+            "8MiB",
+            "--json",
+        ]
+        .map(String::from),
+    );
+    let summary = shardfeed(&args).success().json();
+    let input_bytes = summary["input_bytes"].as_u64().unwrap();
+    assert!(
+        input_bytes >= 4 * budget,
+        "input {input_bytes} is not 4x the budget"
+    );
+    let (_, shards) = read_dataset(&out);
+    assert!(shards.len() >= 4);
+    let mut all: Vec<i64> = shards.iter().flat_map(ids).collect();
+    assert_ne!(all, (0..rows as i64).collect::<Vec<_>>(), "not shuffled");
+    all.sort();
+    assert_eq!(
+        all,
+        (0..rows as i64).collect::<Vec<_>>(),
+        "not a permutation"
+    );
+    // Input file f holds ids [f*rows/4, (f+1)*rows/4): every shard mixes all four.
+    for (i, shard) in shards.iter().enumerate() {
+        let mut files: Vec<i64> = ids(shard).iter().map(|id| id * 4 / rows as i64).collect();
+        files.sort();
+        files.dedup();
+        assert_eq!(
+            files,
+            vec![0, 1, 2, 3],
+            "shard {i} mixes only files {files:?}"
+        );
+    }
+    // Peak memory stays near the budget: the budget plus a fixed allowance for
+    // the (debug) binary, the I/O runtime, reader batches and encoder buffers.
+    let peak = summary["peak_rss_bytes"].as_u64().unwrap();
+    assert!(peak < budget + (128 << 20), "peak RSS {} MiB", peak >> 20);
+    eprintln!(
+        "shuffle: input {} MiB, budget {} MiB, peak RSS {} MiB",
+        input_bytes >> 20,
+        budget >> 20,
+        peak >> 20
+    );
+}
