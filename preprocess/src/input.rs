@@ -546,6 +546,9 @@ pub(crate) fn open(source: &Source, schema: &SchemaRef) -> Result<BatchIter> {
     }
 }
 
+/// A line's number and its byte range in a chunk.
+type LineSpan = (u64, std::ops::Range<usize>);
+
 /// JSON Lines, decoded in chunks of lines so that errors name the line.
 struct JsonLines {
     path: PathBuf,
@@ -581,7 +584,7 @@ impl JsonLines {
     }
 
     /// Read up to a batch of non-blank lines: the bytes and each line's number.
-    fn read_chunk(&mut self) -> Result<(Vec<u8>, Vec<(u64, std::ops::Range<usize>)>)> {
+    fn read_chunk(&mut self) -> Result<(Vec<u8>, Vec<LineSpan>)> {
         let mut chunk = Vec::new();
         let mut lines = Vec::new();
         while lines.len() < READ_BATCH_ROWS {
