@@ -5,6 +5,7 @@
 //! and `verify`.)
 
 mod error;
+pub mod plan;
 pub mod shard;
 mod verify;
 

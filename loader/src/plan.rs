@@ -1,0 +1,363 @@
+//! The plan: which rows a rank sees in an epoch, and in which order.
+//!
+//! A pure function of (manifest, seed, epoch, rank, world size, options):
+//!
+//! 1. The epoch's units, one per (shard, row group), are permuted with a
+//!    seeded bijection (or kept in order without shuffling). Concatenating their
+//!    rows gives the epoch sequence of `N` rows.
+//! 2. Rank `r` of `W` takes the contiguous block `[r*q, (r+1)*q)` of that
+//!    sequence. With `drop_last`, `q = N / W` and the last `N mod W` rows of the
+//!    sequence are dropped; without it, `q = ceil(N / W)` and positions past `N`
+//!    wrap around to the start (those rows appear twice), as PyTorch's
+//!    `DistributedSampler` pads. Every rank therefore sees exactly `q` rows.
+//! 3. The block is a list of segments (row ranges of units, clipped at the
+//!    block's ends), cut into windows of `window` segments. Rows are permuted
+//!    inside each window with a seeded bijection.
+//! 4. Batches are consecutive runs of `batch_size` positions; with `drop_last`
+//!    the final partial batch is dropped.
+//!
+//! Position `k` of a rank's epoch maps to a row with arithmetic only, so a
+//! resume state is just `k`, and resuming decodes nothing before `k`'s window.
+
+use shardfeed_format::Manifest;
+use shardfeed_format::permute::{Permutation, hash_words};
+
+/// A row range of one row group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// Index of the shard in the manifest.
+    pub shard: u32,
+    /// Row group within the shard.
+    pub row_group: u32,
+    /// First row (within the row group).
+    pub start: u32,
+    /// One past the last row.
+    pub end: u32,
+}
+
+impl Segment {
+    /// Rows in the segment.
+    pub fn rows(&self) -> u64 {
+        (self.end - self.start) as u64
+    }
+}
+
+/// What a plan is computed from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// Seed of every shuffle.
+    pub seed: u64,
+    /// Epoch number (changes the order).
+    pub epoch: u64,
+    /// This rank.
+    pub rank: u64,
+    /// Number of ranks.
+    pub world_size: u64,
+    /// Permute units and rows.
+    pub shuffle: bool,
+    /// Segments per shuffle window.
+    pub window: usize,
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// Drop the cross-rank remainder and the final partial batch.
+    pub drop_last: bool,
+}
+
+/// One rank's epoch.
+#[derive(Clone, Debug)]
+pub struct EpochPlan {
+    options: PlanOptions,
+    segments: Vec<Segment>,
+    /// Start position of each window, plus the total.
+    window_starts: Vec<u64>,
+    /// Positions this rank yields (rows in batches).
+    positions: u64,
+}
+
+/// A window: its segments and where its rows start in the rank's sequence.
+#[derive(Clone, Debug)]
+pub struct Window<'a> {
+    /// Index of the window.
+    pub index: usize,
+    /// Its segments, in order.
+    pub segments: &'a [Segment],
+    /// Position of its first row in the rank's sequence.
+    pub start: u64,
+    /// Rows in the window.
+    pub rows: u64,
+    permutation: Option<Permutation>,
+}
+
+impl Window<'_> {
+    /// The window-local row (in segment order) emitted at window offset `offset`.
+    pub fn row_at(&self, offset: u64) -> u64 {
+        match &self.permutation {
+            Some(p) => p.apply(offset),
+            None => offset,
+        }
+    }
+}
+
+impl EpochPlan {
+    /// Plan rank `options.rank`'s epoch over `manifest`.
+    pub fn new(manifest: &Manifest, options: PlanOptions) -> Self {
+        let units: Vec<(u32, u32, u64)> = manifest
+            .shards
+            .iter()
+            .enumerate()
+            .flat_map(|(s, shard)| {
+                shard
+                    .row_groups
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, rows)| **rows > 0)
+                    .map(move |(g, rows)| (s as u32, g as u32, *rows))
+            })
+            .collect();
+        let n_units = units.len() as u64;
+        let order = options
+            .shuffle
+            .then(|| Permutation::new(n_units, hash_words(&[options.seed, options.epoch, 0x756e_6974])));
+        let unit_at = |i: u64| units[order.as_ref().map_or(i, |p| p.apply(i)) as usize];
+        let total: u64 = units.iter().map(|u| u.2).sum();
+        let world = options.world_size.max(1);
+        let per_rank = if options.drop_last { total / world } else { total.div_ceil(world) };
+        let start = options.rank * per_rank;
+        let end = start + per_rank;
+
+        // Walk the epoch sequence (wrapping past `total`) from `start` to `end`.
+        let mut segments = Vec::new();
+        if total > 0 && per_rank > 0 {
+            let mut pos = 0u64;
+            let mut i = 0u64;
+            // Skip whole units before the block; cycles when wrapping.
+            let mut remaining_start = start;
+            while pos < end {
+                let (shard, row_group, rows) = unit_at(i % n_units);
+                let (lo, hi) = (pos, pos + rows);
+                if hi > remaining_start {
+                    let a = remaining_start.max(lo) - lo;
+                    let b = end.min(hi) - lo;
+                    segments.push(Segment {
+                        shard,
+                        row_group,
+                        start: a as u32,
+                        end: b as u32,
+                    });
+                    remaining_start = hi;
+                }
+                pos = hi;
+                i += 1;
+            }
+        }
+        let window = options.window.max(1);
+        let mut window_starts = Vec::with_capacity(segments.len().div_ceil(window) + 1);
+        let mut acc = 0u64;
+        for chunk in segments.chunks(window) {
+            window_starts.push(acc);
+            acc += chunk.iter().map(Segment::rows).sum::<u64>();
+        }
+        window_starts.push(acc);
+        debug_assert_eq!(acc, per_rank);
+        let positions = if options.drop_last {
+            per_rank / options.batch_size as u64 * options.batch_size as u64
+        } else {
+            per_rank
+        };
+        EpochPlan {
+            options,
+            segments,
+            window_starts,
+            positions,
+        }
+    }
+
+    /// The options the plan was made with.
+    pub fn options(&self) -> &PlanOptions {
+        &self.options
+    }
+
+    /// Positions (rows) this rank yields in the epoch.
+    pub fn positions(&self) -> u64 {
+        self.positions
+    }
+
+    /// Batches this rank yields in the epoch.
+    pub fn batches(&self) -> u64 {
+        self.positions.div_ceil(self.options.batch_size as u64)
+    }
+
+    /// Number of windows.
+    pub fn window_count(&self) -> usize {
+        self.window_starts.len() - 1
+    }
+
+    /// All segments, in order.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// Window `index`.
+    pub fn window(&self, index: usize) -> Window<'_> {
+        let w = self.options.window.max(1);
+        let lo = index * w;
+        let hi = (lo + w).min(self.segments.len());
+        let start = self.window_starts[index];
+        let rows = self.window_starts[index + 1] - start;
+        let permutation = self.options.shuffle.then(|| {
+            Permutation::new(
+                rows,
+                hash_words(&[self.options.seed, self.options.epoch, self.options.rank, index as u64, 0x726f_7773]),
+            )
+        });
+        Window {
+            index,
+            segments: &self.segments[lo..hi],
+            start,
+            rows,
+            permutation,
+        }
+    }
+
+    /// The window holding position `position`.
+    pub fn window_of(&self, position: u64) -> usize {
+        self.window_starts.partition_point(|&s| s <= position) - 1
+    }
+
+    /// The (segment index, row within the segment's row group) of position `position`.
+    pub fn locate(&self, position: u64) -> (usize, u32) {
+        let w = self.window_of(position);
+        let window = self.window(w);
+        let mut row = window.row_at(position - window.start);
+        let first = w * self.options.window.max(1);
+        for (i, seg) in window.segments.iter().enumerate() {
+            if row < seg.rows() {
+                return (first + i, seg.start + row as u32);
+            }
+            row -= seg.rows();
+        }
+        unreachable!("position {position} lies in window {w}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use shardfeed_format::{Crc32, ShardEntry, WriteOptions};
+
+    fn manifest(layout: &[Vec<u64>]) -> Manifest {
+        let shards = layout
+            .iter()
+            .enumerate()
+            .map(|(i, groups)| ShardEntry {
+                path: shardfeed_format::shard_path(i),
+                rows: groups.iter().sum(),
+                bytes: 1000,
+                row_groups: groups.clone(),
+                footer_len: 100,
+                footer_crc32: Crc32(0),
+                crc32: Crc32(0),
+            })
+            .collect();
+        Manifest::new(
+            arrow_schema::Schema::empty(),
+            WriteOptions {
+                compression: "zstd".into(),
+                zstd_level: 3,
+                shard_size: 1,
+                row_group_rows: None,
+                row_group_bytes: None,
+                shuffle_seed: None,
+            },
+            shards,
+            0,
+        )
+    }
+
+    /// Global row ids (shard, row group, row) -> a single number.
+    fn row_ids(m: &Manifest, plan: &EpochPlan) -> Vec<u64> {
+        let mut base = vec![];
+        let mut acc = 0;
+        for s in &m.shards {
+            let mut groups = vec![];
+            for g in &s.row_groups {
+                groups.push(acc);
+                acc += g;
+            }
+            base.push(groups);
+        }
+        (0..plan.positions())
+            .map(|p| {
+                let (seg, row) = plan.locate(p);
+                let s = plan.segments()[seg];
+                base[s.shard as usize][s.row_group as usize] + row as u64
+            })
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn ranks_partition_each_epoch_exactly(
+            layout in prop::collection::vec(prop::collection::vec(0u64..40, 1..4), 1..6),
+            world in 1u64..9,
+            batch in 1usize..17,
+            window in 1usize..5,
+            shuffle: bool,
+            drop_last: bool,
+            seed in 0u64..1000,
+        ) {
+            let m = manifest(&layout);
+            let total = m.total_rows;
+            let mut seen = vec![0u32; total as usize];
+            let mut batches = None;
+            for rank in 0..world {
+                let plan = EpochPlan::new(&m, PlanOptions { seed, epoch: 1, rank, world_size: world, shuffle, window, batch_size: batch, drop_last });
+                // Every rank yields the same number of batches.
+                prop_assert_eq!(*batches.get_or_insert(plan.batches()), plan.batches());
+                for id in row_ids(&m, &plan) {
+                    seen[id as usize] += 1;
+                }
+            }
+            if drop_last {
+                // Dropped: the cross-rank remainder, then each rank's partial batch.
+                let per_rank = total / world;
+                let kept = per_rank / batch as u64 * batch as u64 * world;
+                prop_assert!(seen.iter().all(|&c| c <= 1));
+                prop_assert_eq!(seen.iter().filter(|&&c| c == 1).count() as u64, kept);
+            } else {
+                // Padded: every row at least once; wrapping repeats rows evenly.
+                let padded_total = total.div_ceil(world) * world;
+                prop_assert_eq!(seen.iter().map(|&c| c as u64).sum::<u64>(), padded_total);
+                let (min, max) = (seen.iter().min().unwrap(), seen.iter().max().unwrap());
+                prop_assert!(*min >= 1 && max - min <= 1);
+            }
+        }
+
+        #[test]
+        fn the_same_inputs_give_the_same_order(
+            layout in prop::collection::vec(prop::collection::vec(1u64..50, 1..4), 1..5),
+            seed in 0u64..100,
+        ) {
+            let m = manifest(&layout);
+            let opts = PlanOptions { seed, epoch: 3, rank: 0, world_size: 1, shuffle: true, window: 2, batch_size: 4, drop_last: false };
+            let a = row_ids(&m, &EpochPlan::new(&m, opts.clone()));
+            let b = row_ids(&m, &EpochPlan::new(&m, opts));
+            prop_assert_eq!(a, b);
+        }
+    }
+
+    #[test]
+    fn epochs_change_the_order_and_no_shuffle_keeps_input_order() {
+        let m = manifest(&[vec![100, 100], vec![100, 50]]);
+        let opts = |epoch, shuffle| PlanOptions { seed: 9, epoch, rank: 0, world_size: 1, shuffle, window: 2, batch_size: 10, drop_last: false };
+        let e0 = row_ids(&m, &EpochPlan::new(&m, opts(0, true)));
+        let e1 = row_ids(&m, &EpochPlan::new(&m, opts(1, true)));
+        assert_ne!(e0, e1);
+        let mut sorted = e0.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..350).collect::<Vec<_>>());
+        let plain = row_ids(&m, &EpochPlan::new(&m, opts(0, false)));
+        assert_eq!(plain, (0..350).collect::<Vec<_>>());
+    }
+}
