@@ -67,6 +67,14 @@ pub enum LoaderError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// Every slab of the pool is held by batches the caller keeps alive.
+    #[error(
+        "all {slabs} slabs of the pool are held by batches still alive; drop batches you no longer need (or build with a larger prefetch)"
+    )]
+    PoolExhausted {
+        /// Slabs in the pool.
+        slabs: usize,
+    },
     /// The loader was shut down while a call waited.
     #[error("the loader was closed")]
     Closed,

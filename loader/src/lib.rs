@@ -1,13 +1,52 @@
-//! shardfeed's loader: stream a dataset's rows as shuffled, collated batches.
+//! shardfeed's loader: stream a dataset's rows as shuffled, collated batches
+//! in pinned host memory, so the trainer never waits.
 //!
-//! (The streaming pipeline lands in its own issue; this crate currently holds
-//! the read side of the dataset contract: checked footers and column chunks,
-//! and `verify`.)
+//! ```text
+//! plan (pure) -> fetch (tokio + object_store) -> decode (threads) -> shuffle + collate (thread) -> slab pool -> consumer
+//! ```
+//!
+//! * The order a rank sees is a pure function of (manifest, seed, epoch,
+//!   rank, world size): see [`plan`].
+//! * Fetching reads only the projected column chunks of each row group, with
+//!   footers sized by the manifest; decode threads check every chunk's
+//!   checksum before decoding; one collator gathers rows into slabs.
+//! * Memory is bounded by configuration: row groups in flight (`byte_budget`,
+//!   `window`), batches ahead (`prefetch`) and a fixed pool of slabs.
+//!
+//! ```no_run
+//! use shardfeed_loader::Loader;
+//! let mut loader = Loader::builder("/data/ds").batch_size(128).seed(1).build()?;
+//! for epoch in 0..2 {
+//!     loader.set_epoch(epoch);
+//!     for batch in &mut loader {
+//!         let batch = batch?;
+//!         let ids: &[i64] = batch.values("id").unwrap();
+//!         assert_eq!(ids.len(), batch.rows());
+//!     }
+//! }
+//! println!("{:?}", loader.stats());
+//! # Ok::<(), shardfeed_loader::LoaderError>(())
+//! ```
 
+mod batch;
+mod collate;
+mod decode;
 mod error;
+mod fetch;
+mod loader;
+mod pinned;
 pub mod plan;
 pub mod shard;
+mod stats;
 mod verify;
 
+pub use batch::{Batch, Buffer, Column, ColumnLayout, DType, Element};
+pub use collate::ListMode;
 pub use error::{LoaderError, Result};
+pub use loader::{
+    DEFAULT_BATCH_SIZE, DEFAULT_BYTE_BUDGET, DEFAULT_IO_CONCURRENCY, DEFAULT_PREFETCH_BATCHES,
+    DEFAULT_WINDOW, Loader, LoaderBuilder, LoaderState,
+};
+pub use pinned::{Pinning, PinningMode, SlabLease};
+pub use stats::Stats;
 pub use verify::{ShardProblem, VerifyReport, verify_dataset};

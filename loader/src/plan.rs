@@ -115,13 +115,20 @@ impl EpochPlan {
             })
             .collect();
         let n_units = units.len() as u64;
-        let order = options
-            .shuffle
-            .then(|| Permutation::new(n_units, hash_words(&[options.seed, options.epoch, 0x756e_6974])));
+        let order = options.shuffle.then(|| {
+            Permutation::new(
+                n_units,
+                hash_words(&[options.seed, options.epoch, 0x756e_6974]),
+            )
+        });
         let unit_at = |i: u64| units[order.as_ref().map_or(i, |p| p.apply(i)) as usize];
         let total: u64 = units.iter().map(|u| u.2).sum();
         let world = options.world_size.max(1);
-        let per_rank = if options.drop_last { total / world } else { total.div_ceil(world) };
+        let per_rank = if options.drop_last {
+            total / world
+        } else {
+            total.div_ceil(world)
+        };
         let start = options.rank * per_rank;
         let end = start + per_rank;
 
@@ -207,7 +214,13 @@ impl EpochPlan {
         let permutation = self.options.shuffle.then(|| {
             Permutation::new(
                 rows,
-                hash_words(&[self.options.seed, self.options.epoch, self.options.rank, index as u64, 0x726f_7773]),
+                hash_words(&[
+                    self.options.seed,
+                    self.options.epoch,
+                    self.options.rank,
+                    index as u64,
+                    0x726f_7773,
+                ]),
             )
         });
         Window {
@@ -350,7 +363,16 @@ mod tests {
     #[test]
     fn epochs_change_the_order_and_no_shuffle_keeps_input_order() {
         let m = manifest(&[vec![100, 100], vec![100, 50]]);
-        let opts = |epoch, shuffle| PlanOptions { seed: 9, epoch, rank: 0, world_size: 1, shuffle, window: 2, batch_size: 10, drop_last: false };
+        let opts = |epoch, shuffle| PlanOptions {
+            seed: 9,
+            epoch,
+            rank: 0,
+            world_size: 1,
+            shuffle,
+            window: 2,
+            batch_size: 10,
+            drop_last: false,
+        };
         let e0 = row_ids(&m, &EpochPlan::new(&m, opts(0, true)));
         let e1 = row_ids(&m, &EpochPlan::new(&m, opts(1, true)));
         assert_ne!(e0, e1);

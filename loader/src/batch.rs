@@ -1,0 +1,281 @@
+//! Batches: typed column views over one leased slab.
+
+use std::sync::Arc;
+
+use crate::pinned::SlabLease;
+
+/// The element type of a collated buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// `bool`, one byte per value (0 or 1).
+    Bool,
+    /// `i8`.
+    I8,
+    /// `i16`.
+    I16,
+    /// `i32`.
+    I32,
+    /// `i64`.
+    I64,
+    /// `u8`.
+    U8,
+    /// `u16`.
+    U16,
+    /// `u32`.
+    U32,
+    /// `u64`.
+    U64,
+    /// IEEE half precision, as raw `u16` bits.
+    F16,
+    /// `f32`.
+    F32,
+    /// `f64`.
+    F64,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::Bool | DType::I8 | DType::U8 => 1,
+            DType::I16 | DType::U16 | DType::F16 => 2,
+            DType::I32 | DType::U32 | DType::F32 => 4,
+            DType::I64 | DType::U64 | DType::F64 => 8,
+        }
+    }
+
+    /// The numpy type string, e.g. `"<i4"`.
+    pub fn numpy(self) -> &'static str {
+        match self {
+            DType::Bool => "|b1",
+            DType::I8 => "|i1",
+            DType::I16 => "<i2",
+            DType::I32 => "<i4",
+            DType::I64 => "<i8",
+            DType::U8 => "|u1",
+            DType::U16 => "<u2",
+            DType::U32 => "<u4",
+            DType::U64 => "<u8",
+            DType::F16 => "<f2",
+            DType::F32 => "<f4",
+            DType::F64 => "<f8",
+        }
+    }
+}
+
+/// Rust types a buffer can be viewed as.
+pub trait Element: Copy + Send + Sync + 'static {
+    /// The matching [`DType`].
+    const DTYPE: DType;
+}
+
+macro_rules! element {
+    ($($t:ty => $d:ident),*) => {$(impl Element for $t { const DTYPE: DType = DType::$d; })*};
+}
+element!(i8 => I8, i16 => I16, i32 => I32, i64 => I64, u8 => U8, u16 => U16, u32 => U32, u64 => U64, f32 => F32, f64 => F64);
+
+/// A typed buffer inside a batch's slab.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Buffer {
+    /// Element type.
+    pub dtype: DType,
+    /// Shape, e.g. `[batch]`, `[batch, n]`, `[values]` or `[batch + 1]`.
+    pub shape: Vec<usize>,
+    /// Byte offset in the slab (64-byte aligned).
+    pub offset: usize,
+}
+
+impl Buffer {
+    /// Elements in the buffer.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes in the buffer.
+    pub fn bytes(&self) -> usize {
+        self.len() * self.dtype.size()
+    }
+}
+
+/// How a column was collated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ColumnLayout {
+    /// Fixed width: `values` of shape `[batch]` or `[batch, n]` (fixed-size lists).
+    Dense {
+        /// The values.
+        values: Buffer,
+    },
+    /// Variable-length lists as `values` (`[total]`) and `offsets` (`i64`,
+    /// `[batch + 1]`, starting at 0): row `i` is `values[offsets[i]..offsets[i + 1]]`.
+    Ragged {
+        /// Concatenated list elements.
+        values: Buffer,
+        /// Row boundaries.
+        offsets: Buffer,
+    },
+    /// Variable-length lists padded (or truncated) to `[batch, pad_to]`, with
+    /// `lengths` (`i64`, `[batch]`) counting the real elements of each row.
+    Padded {
+        /// The padded values.
+        values: Buffer,
+        /// Elements per row, at most `pad_to`.
+        lengths: Buffer,
+    },
+    /// Binary or string values (`u8`, `[total]`) with `offsets` (`i64`, `[batch + 1]`).
+    Bytes {
+        /// Concatenated bytes.
+        values: Buffer,
+        /// Row boundaries.
+        offsets: Buffer,
+        /// Whether the bytes are UTF-8 strings.
+        utf8: bool,
+    },
+}
+
+/// One collated column.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Column {
+    /// The column's name.
+    pub name: String,
+    /// Its buffers.
+    pub layout: ColumnLayout,
+    /// For nullable columns: `u8` `[batch]`, 1 where the row holds a value.
+    pub validity: Option<Buffer>,
+}
+
+impl Column {
+    /// Every buffer of the column with a role name: `values`, `offsets`,
+    /// `lengths`, `validity`.
+    pub fn buffers(&self) -> Vec<(&'static str, &Buffer)> {
+        let mut out = match &self.layout {
+            ColumnLayout::Dense { values } => vec![("values", values)],
+            ColumnLayout::Ragged { values, offsets }
+            | ColumnLayout::Bytes {
+                values, offsets, ..
+            } => {
+                vec![("values", values), ("offsets", offsets)]
+            }
+            ColumnLayout::Padded { values, lengths } => {
+                vec![("values", values), ("lengths", lengths)]
+            }
+        };
+        if let Some(v) = &self.validity {
+            out.push(("validity", v));
+        }
+        out
+    }
+}
+
+/// A batch of rows, collated into one slab of the pool. Dropping the batch
+/// (and every clone of its slab handle) returns the slab.
+pub struct Batch {
+    pub(crate) lease: Arc<SlabLease>,
+    pub(crate) rows: usize,
+    pub(crate) columns: Vec<Column>,
+    pub(crate) index: u64,
+    pub(crate) held: Option<Arc<std::sync::atomic::AtomicUsize>>,
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("index", &self.index)
+            .field("rows", &self.rows)
+            .field("columns", &self.columns)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        if let Some(held) = &self.held {
+            held.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+impl Batch {
+    /// Rows in the batch.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The batch's index in its epoch (for this rank).
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// The columns, in projection order.
+    pub fn columns(&self) -> &[Column] {
+        &self.columns
+    }
+
+    /// The column named `name`.
+    pub fn column(&self, name: &str) -> Option<&Column> {
+        self.columns.iter().find(|c| c.name == name)
+    }
+
+    /// The slab behind the batch; keeping a clone keeps the slab leased.
+    pub fn slab(&self) -> &Arc<SlabLease> {
+        &self.lease
+    }
+
+    /// The raw bytes of `buffer`.
+    pub fn bytes(&self, buffer: &Buffer) -> &[u8] {
+        &self.lease.slab().as_slice()[buffer.offset..buffer.offset + buffer.bytes()]
+    }
+
+    /// `buffer` viewed as `T`; `None` if the types differ.
+    pub fn typed<T: Element>(&self, buffer: &Buffer) -> Option<&[T]> {
+        if buffer.dtype != T::DTYPE && !(buffer.dtype == DType::Bool && T::DTYPE == DType::U8) {
+            return None;
+        }
+        let bytes = self.bytes(buffer);
+        // SAFETY: regions are 64-byte aligned in a page-aligned slab, hold
+        // `len` initialised elements of `T`, and live as long as `self`.
+        Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), buffer.len()) })
+    }
+
+    /// The values buffer of column `name` as `T`.
+    pub fn values<T: Element>(&self, name: &str) -> Option<&[T]> {
+        let column = self.column(name)?;
+        let values = match &column.layout {
+            ColumnLayout::Dense { values }
+            | ColumnLayout::Ragged { values, .. }
+            | ColumnLayout::Padded { values, .. }
+            | ColumnLayout::Bytes { values, .. } => values,
+        };
+        self.typed(values)
+    }
+
+    /// The offsets of a ragged or bytes column.
+    pub fn offsets(&self, name: &str) -> Option<&[i64]> {
+        match &self.column(name)?.layout {
+            ColumnLayout::Ragged { offsets, .. } | ColumnLayout::Bytes { offsets, .. } => {
+                self.typed(offsets)
+            }
+            _ => None,
+        }
+    }
+
+    /// The lengths of a padded column.
+    pub fn lengths(&self, name: &str) -> Option<&[i64]> {
+        match &self.column(name)?.layout {
+            ColumnLayout::Padded { lengths, .. } => self.typed(lengths),
+            _ => None,
+        }
+    }
+
+    /// The validity mask of a nullable column.
+    pub fn validity(&self, name: &str) -> Option<&[u8]> {
+        self.column(name)?
+            .validity
+            .as_ref()
+            .and_then(|v| self.typed(v))
+    }
+}

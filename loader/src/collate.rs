@@ -1,0 +1,480 @@
+//! Collation: gather the rows of a batch, in order, straight into a slab.
+//!
+//! Fixed-width columns become contiguous `[batch]` or `[batch, n]` buffers;
+//! variable-length lists become values + offsets, or are padded to a length
+//! with the lengths alongside; binary and string columns become bytes +
+//! offsets. Nullable columns get a `u8` validity mask (null rows hold zeros,
+//! or empty lists and strings).
+
+use arrow_array::RecordBatch;
+use arrow_buffer::NullBuffer;
+use arrow_data::ArrayData;
+use arrow_schema::{DataType, Schema};
+
+use crate::batch::{Buffer, Column, ColumnLayout, DType};
+use crate::{LoaderError, Result};
+
+/// Alignment of each buffer inside a slab.
+const ALIGN: usize = 64;
+
+/// How variable-length list columns are collated.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub enum ListMode {
+    /// Values + offsets.
+    #[default]
+    Ragged,
+    /// Padded or truncated to `to` elements per row, filled with `value`, with lengths.
+    Padded {
+        /// Elements per row.
+        to: usize,
+        /// Fill value (converted to the element type).
+        value: f64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Primitive(DType),
+    Bool,
+    FixedList(DType, usize),
+    List { dtype: DType, large: bool },
+    Bytes { large: bool, utf8: bool },
+}
+
+/// How one projected column is collated.
+#[derive(Clone, Debug)]
+pub(crate) struct ColumnPlan {
+    name: String,
+    /// Index of the column in decoded batches.
+    source: usize,
+    kind: Kind,
+    nullable: bool,
+}
+
+fn primitive(dt: &DataType) -> Option<DType> {
+    Some(match dt {
+        DataType::Int8 => DType::I8,
+        DataType::Int16 => DType::I16,
+        DataType::Int32 | DataType::Date32 | DataType::Time32(_) => DType::I32,
+        DataType::Int64
+        | DataType::Date64
+        | DataType::Time64(_)
+        | DataType::Timestamp(_, _)
+        | DataType::Duration(_) => DType::I64,
+        DataType::UInt8 => DType::U8,
+        DataType::UInt16 => DType::U16,
+        DataType::UInt32 => DType::U32,
+        DataType::UInt64 => DType::U64,
+        DataType::Float16 => DType::F16,
+        DataType::Float32 => DType::F32,
+        DataType::Float64 => DType::F64,
+        _ => return None,
+    })
+}
+
+/// Plan the columns `names` (in that order) of decoded batches with `schema`,
+/// or name the first one that cannot be collated.
+pub(crate) fn plan_columns(schema: &Schema, names: &[String]) -> Result<Vec<ColumnPlan>> {
+    names
+        .iter()
+        .map(|name| {
+            let (source, field) = schema.column_with_name(name).ok_or_else(|| LoaderError::BadOption {
+                option: "columns",
+                reason: format!("no column named `{name}`"),
+            })?;
+            let element = |dt: &DataType| primitive(dt);
+            let kind = match field.data_type() {
+                DataType::Boolean => Some(Kind::Bool),
+                DataType::FixedSizeList(child, n) => element(child.data_type()).map(|d| Kind::FixedList(d, *n as usize)),
+                DataType::List(child) => element(child.data_type()).map(|dtype| Kind::List { dtype, large: false }),
+                DataType::LargeList(child) => element(child.data_type()).map(|dtype| Kind::List { dtype, large: true }),
+                DataType::Binary => Some(Kind::Bytes { large: false, utf8: false }),
+                DataType::Utf8 => Some(Kind::Bytes { large: false, utf8: true }),
+                DataType::LargeBinary => Some(Kind::Bytes { large: true, utf8: false }),
+                DataType::LargeUtf8 => Some(Kind::Bytes { large: true, utf8: true }),
+                dt => element(dt).map(Kind::Primitive),
+            };
+            let kind = kind.ok_or_else(|| LoaderError::BadOption {
+                option: "columns",
+                reason: format!(
+                    "column `{}` has type {} which the collator does not support \
+                     (fixed-width values, fixed-size lists and lists of them, binary and strings are); \
+                     leave it out of `columns`",
+                    field.name(),
+                    field.data_type()
+                ),
+            })?;
+            Ok(ColumnPlan {
+                name: field.name().clone(),
+                source,
+                kind,
+                nullable: field.is_nullable(),
+            })
+        })
+        .collect()
+}
+
+/// Where the rows of a batch come from: `(source batch, row)` per output row.
+pub(crate) type RowRefs = [(u32, u32)];
+
+struct Layout {
+    buffers: Vec<Buffer>,
+    total: usize,
+}
+
+impl Layout {
+    fn push(&mut self, dtype: DType, shape: Vec<usize>) -> Buffer {
+        let offset = self.total.next_multiple_of(ALIGN);
+        let buffer = Buffer {
+            dtype,
+            shape,
+            offset,
+        };
+        self.total = offset + buffer.bytes();
+        self.buffers.push(buffer.clone());
+        buffer
+    }
+}
+
+/// A source column's data, for one source batch.
+struct SourceColumn {
+    data: ArrayData,
+}
+
+impl SourceColumn {
+    fn nulls(&self) -> Option<&NullBuffer> {
+        self.data.nulls()
+    }
+
+    /// Bytes of a fixed-width buffer from the array's offset on.
+    fn fixed(data: &ArrayData, width: usize) -> &[u8] {
+        &data.buffers()[0].as_slice()[data.offset() * width..]
+    }
+
+    fn offsets(&self, large: bool, row: usize) -> (usize, usize) {
+        let i = self.data.offset() + row;
+        let raw = self.data.buffers()[0].as_slice();
+        if large {
+            let at = |k: usize| {
+                i64::from_le_bytes(raw[k * 8..k * 8 + 8].try_into().expect("8 bytes")) as usize
+            };
+            (at(i), at(i + 1))
+        } else {
+            let at = |k: usize| {
+                i32::from_le_bytes(raw[k * 4..k * 4 + 4].try_into().expect("4 bytes")) as usize
+            };
+            (at(i), at(i + 1))
+        }
+    }
+}
+
+fn row_valid(col: &SourceColumn, row: usize) -> bool {
+    col.nulls().is_none_or(|n| n.is_valid(row))
+}
+
+/// Sizes of every buffer, computed before writing so the batch fits one slab.
+pub(crate) struct Collation<'a> {
+    plans: &'a [ColumnPlan],
+    list_mode: ListMode,
+    sources: Vec<Vec<SourceColumn>>,
+}
+
+impl<'a> Collation<'a> {
+    /// Prepare to gather from `batches` (each holding the projected columns in plan order).
+    pub(crate) fn new(
+        plans: &'a [ColumnPlan],
+        list_mode: ListMode,
+        batches: &[&RecordBatch],
+    ) -> Self {
+        let sources = batches
+            .iter()
+            .map(|b| {
+                plans
+                    .iter()
+                    .map(|p| SourceColumn {
+                        data: b.column(p.source).to_data(),
+                    })
+                    .collect()
+            })
+            .collect();
+        Collation {
+            plans,
+            list_mode,
+            sources,
+        }
+    }
+
+    /// Lay out the batch of `rows`; returns the columns and the bytes needed.
+    pub(crate) fn layout(&self, rows: &RowRefs) -> (Vec<Column>, usize) {
+        let n = rows.len();
+        let mut layout = Layout {
+            buffers: Vec::new(),
+            total: 0,
+        };
+        let mut columns = Vec::with_capacity(self.plans.len());
+        for (c, plan) in self.plans.iter().enumerate() {
+            let col = |s: u32| &self.sources[s as usize][c];
+            let column_layout = match plan.kind {
+                Kind::Primitive(d) => ColumnLayout::Dense {
+                    values: layout.push(d, vec![n]),
+                },
+                Kind::Bool => ColumnLayout::Dense {
+                    values: layout.push(DType::Bool, vec![n]),
+                },
+                Kind::FixedList(d, k) => ColumnLayout::Dense {
+                    values: layout.push(d, vec![n, k]),
+                },
+                Kind::List { dtype, large } => match self.list_mode {
+                    ListMode::Ragged => {
+                        let total: usize = rows
+                            .iter()
+                            .filter(|(s, r)| row_valid(col(*s), *r as usize))
+                            .map(|(s, r)| {
+                                let (a, b) = col(*s).offsets(large, *r as usize);
+                                b - a
+                            })
+                            .sum();
+                        ColumnLayout::Ragged {
+                            values: layout.push(dtype, vec![total]),
+                            offsets: layout.push(DType::I64, vec![n + 1]),
+                        }
+                    }
+                    ListMode::Padded { to, .. } => ColumnLayout::Padded {
+                        values: layout.push(dtype, vec![n, to]),
+                        lengths: layout.push(DType::I64, vec![n]),
+                    },
+                },
+                Kind::Bytes { large, utf8 } => {
+                    let total: usize = rows
+                        .iter()
+                        .filter(|(s, r)| row_valid(col(*s), *r as usize))
+                        .map(|(s, r)| {
+                            let (a, b) = col(*s).offsets(large, *r as usize);
+                            b - a
+                        })
+                        .sum();
+                    ColumnLayout::Bytes {
+                        values: layout.push(DType::U8, vec![total]),
+                        offsets: layout.push(DType::I64, vec![n + 1]),
+                        utf8,
+                    }
+                }
+            };
+            let validity = plan.nullable.then(|| layout.push(DType::U8, vec![n]));
+            columns.push(Column {
+                name: plan.name.clone(),
+                layout: column_layout,
+                validity,
+            });
+        }
+        (columns, layout.total)
+    }
+
+    /// Write `rows` into `slab` following `columns` (from [`Collation::layout`]).
+    /// Returns the number of list rows truncated by padding.
+    pub(crate) fn write(&self, rows: &RowRefs, columns: &[Column], slab: &mut [u8]) -> u64 {
+        let mut truncated = 0;
+        for (c, (plan, column)) in self.plans.iter().zip(columns).enumerate() {
+            let cols: Vec<&SourceColumn> = self.sources.iter().map(|s| &s[c]).collect();
+            if let Some(validity) = &column.validity {
+                let out = &mut slab[validity.offset..validity.offset + rows.len()];
+                for (o, (s, r)) in out.iter_mut().zip(rows) {
+                    *o = row_valid(cols[*s as usize], *r as usize) as u8;
+                }
+            }
+            match (&plan.kind, &column.layout) {
+                (Kind::Primitive(d), ColumnLayout::Dense { values }) => {
+                    gather_fixed(
+                        d.size(),
+                        1,
+                        &cols,
+                        rows,
+                        &mut slab[values.offset..values.offset + values.bytes()],
+                    );
+                }
+                (Kind::Bool, ColumnLayout::Dense { values }) => {
+                    let out = &mut slab[values.offset..values.offset + rows.len()];
+                    for (o, (s, r)) in out.iter_mut().zip(rows) {
+                        let data = &cols[*s as usize].data;
+                        let bits = data.buffers()[0].as_slice();
+                        let i = data.offset() + *r as usize;
+                        *o = (bits[i / 8] >> (i % 8)) & 1;
+                    }
+                }
+                (Kind::FixedList(d, k), ColumnLayout::Dense { values }) => {
+                    let children: Vec<SourceColumn> = cols
+                        .iter()
+                        .map(|col| SourceColumn {
+                            data: col.data.child_data()[0].clone(),
+                        })
+                        .collect();
+                    let out = &mut slab[values.offset..values.offset + values.bytes()];
+                    let width = d.size() * k;
+                    for (o, (s, r)) in out.chunks_exact_mut(width.max(1)).zip(rows) {
+                        let parent = &cols[*s as usize].data;
+                        let child = &children[*s as usize].data;
+                        let row = parent.offset() + *r as usize;
+                        let src = SourceColumn::fixed(child, d.size());
+                        o.copy_from_slice(&src[row * width..row * width + width]);
+                    }
+                }
+                (Kind::List { dtype, large }, layout) => {
+                    let w = dtype.size();
+                    let children: Vec<ArrayData> = cols
+                        .iter()
+                        .map(|col| col.data.child_data()[0].clone())
+                        .collect();
+                    let span = |s: u32, r: u32| {
+                        let col = cols[s as usize];
+                        if row_valid(col, r as usize) {
+                            col.offsets(*large, r as usize)
+                        } else {
+                            (0, 0)
+                        }
+                    };
+                    match layout {
+                        ColumnLayout::Ragged { values, offsets } => {
+                            let mut at = 0usize;
+                            let mut offs = Vec::with_capacity(rows.len() + 1);
+                            offs.push(0i64);
+                            for (s, r) in rows {
+                                let (a, b) = span(*s, *r);
+                                let src = SourceColumn::fixed(&children[*s as usize], w);
+                                let dst = values.offset + at * w;
+                                slab[dst..dst + (b - a) * w].copy_from_slice(&src[a * w..b * w]);
+                                at += b - a;
+                                offs.push(at as i64);
+                            }
+                            write_i64(slab, offsets, &offs);
+                        }
+                        ColumnLayout::Padded { values, lengths } => {
+                            let ListMode::Padded { to, value } = self.list_mode else {
+                                unreachable!("padded layout only in padded mode")
+                            };
+                            let pad = pad_bytes(*dtype, value);
+                            let mut lens = Vec::with_capacity(rows.len());
+                            for (i, (s, r)) in rows.iter().enumerate() {
+                                let (a, b) = span(*s, *r);
+                                let len = (b - a).min(to);
+                                if b - a > to {
+                                    truncated += 1;
+                                }
+                                let src = SourceColumn::fixed(&children[*s as usize], w);
+                                let row_start = values.offset + i * to * w;
+                                slab[row_start..row_start + len * w]
+                                    .copy_from_slice(&src[a * w..(a + len) * w]);
+                                for p in slab[row_start + len * w..row_start + to * w]
+                                    .chunks_exact_mut(w)
+                                {
+                                    p.copy_from_slice(&pad[..w]);
+                                }
+                                lens.push(len as i64);
+                            }
+                            write_i64(slab, lengths, &lens);
+                        }
+                        _ => unreachable!("list layouts are ragged or padded"),
+                    }
+                }
+                (
+                    Kind::Bytes { large, .. },
+                    ColumnLayout::Bytes {
+                        values, offsets, ..
+                    },
+                ) => {
+                    let mut at = 0usize;
+                    let mut offs = Vec::with_capacity(rows.len() + 1);
+                    offs.push(0i64);
+                    for (s, r) in rows {
+                        let col = cols[*s as usize];
+                        if row_valid(col, *r as usize) {
+                            let (a, b) = col.offsets(*large, *r as usize);
+                            let data = col.data.buffers()[1].as_slice();
+                            let dst = values.offset + at;
+                            slab[dst..dst + (b - a)].copy_from_slice(&data[a..b]);
+                            at += b - a;
+                        }
+                        offs.push(at as i64);
+                    }
+                    write_i64(slab, offsets, &offs);
+                }
+                _ => unreachable!("layout follows the plan"),
+            }
+            // Null rows of fixed-width columns hold zeros, not whatever the
+            // decoder left in the value slot.
+            if let (Some(validity), ColumnLayout::Dense { values }) =
+                (&column.validity, &column.layout)
+            {
+                let row_bytes = values.bytes() / rows.len().max(1);
+                for i in 0..rows.len() {
+                    if slab[validity.offset + i] == 0 {
+                        let at = values.offset + i * row_bytes;
+                        slab[at..at + row_bytes].fill(0);
+                    }
+                }
+            }
+        }
+        truncated
+    }
+}
+
+fn write_i64(slab: &mut [u8], buffer: &Buffer, values: &[i64]) {
+    let out = &mut slab[buffer.offset..buffer.offset + values.len() * 8];
+    for (o, v) in out.chunks_exact_mut(8).zip(values) {
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn pad_bytes(dtype: DType, value: f64) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    let bytes: Vec<u8> = match dtype {
+        DType::Bool => vec![(value != 0.0) as u8],
+        DType::I8 => (value as i8).to_le_bytes().to_vec(),
+        DType::I16 => (value as i16).to_le_bytes().to_vec(),
+        DType::I32 => (value as i32).to_le_bytes().to_vec(),
+        DType::I64 => (value as i64).to_le_bytes().to_vec(),
+        DType::U8 => (value as u8).to_le_bytes().to_vec(),
+        DType::U16 | DType::F16 => (value as u16).to_le_bytes().to_vec(),
+        DType::U32 => (value as u32).to_le_bytes().to_vec(),
+        DType::U64 => (value as u64).to_le_bytes().to_vec(),
+        DType::F32 => (value as f32).to_le_bytes().to_vec(),
+        DType::F64 => value.to_le_bytes().to_vec(),
+    };
+    out[..bytes.len()].copy_from_slice(&bytes);
+    out
+}
+
+/// Copy `elements` values of `width` bytes per row.
+fn gather_fixed(
+    width: usize,
+    elements: usize,
+    cols: &[&SourceColumn],
+    rows: &RowRefs,
+    out: &mut [u8],
+) {
+    fn go<const W: usize>(cols: &[&SourceColumn], rows: &RowRefs, out: &mut [u8]) {
+        let srcs: Vec<&[u8]> = cols
+            .iter()
+            .map(|c| SourceColumn::fixed(&c.data, W))
+            .collect();
+        for (o, (s, r)) in out.chunks_exact_mut(W).zip(rows) {
+            let i = *r as usize * W;
+            o.copy_from_slice(&srcs[*s as usize][i..i + W]);
+        }
+    }
+    match width * elements {
+        1 => go::<1>(cols, rows, out),
+        2 => go::<2>(cols, rows, out),
+        4 => go::<4>(cols, rows, out),
+        8 => go::<8>(cols, rows, out),
+        w => {
+            let srcs: Vec<&[u8]> = cols
+                .iter()
+                .map(|c| SourceColumn::fixed(&c.data, w))
+                .collect();
+            for (o, (s, r)) in out.chunks_exact_mut(w).zip(rows) {
+                let i = *r as usize * w;
+                o.copy_from_slice(&srcs[*s as usize][i..i + w]);
+            }
+        }
+    }
+}

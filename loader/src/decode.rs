@@ -1,0 +1,153 @@
+//! Decoding on threads: check each fetched column chunk against its checksum,
+//! then decode the row group's projected columns (Parquet + zstd to Arrow).
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use bytes::{Buf, Bytes};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
+use parquet::errors::ParquetError;
+use parquet::file::reader::{ChunkReader, Length};
+use shardfeed_format::ShardEntry;
+
+use crate::plan::Segment;
+use crate::shard::{ShardFooter, check_chunk};
+use crate::{LoaderError, Result};
+
+/// A shard's checked footer, ready for decoding.
+pub(crate) struct FooterInfo {
+    pub footer: ShardFooter,
+    pub arrow: ArrowReaderMetadata,
+}
+
+/// The fetched column chunks of one segment's row group.
+pub(crate) struct Fetched {
+    pub seq: u64,
+    pub segment: Segment,
+    pub footer: Arc<FooterInfo>,
+    /// `(leaf column, file offset, bytes)`, one per projected column chunk.
+    pub chunks: Vec<(usize, u64, Bytes)>,
+}
+
+/// The byte ranges of a file that were fetched; reads outside them are errors.
+struct SparseFile {
+    len: u64,
+    chunks: Vec<(u64, Bytes)>,
+}
+
+impl SparseFile {
+    fn find(&self, start: u64, length: u64) -> parquet::errors::Result<Bytes> {
+        let i = self.chunks.partition_point(|(s, _)| *s <= start);
+        if i > 0 {
+            let (s, bytes) = &self.chunks[i - 1];
+            let offset = (start - s) as usize;
+            if offset as u64 + length <= bytes.len() as u64 {
+                return Ok(bytes.slice(offset..offset + length as usize));
+            }
+        }
+        Err(ParquetError::General(format!(
+            "bytes {start}..{} were not fetched",
+            start + length
+        )))
+    }
+}
+
+impl Length for SparseFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl ChunkReader for SparseFile {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        let i = self.chunks.partition_point(|(s, _)| *s <= start);
+        if i == 0 {
+            return Err(ParquetError::General(format!(
+                "byte {start} was not fetched"
+            )));
+        }
+        let (s, bytes) = &self.chunks[i - 1];
+        let offset = (start - s) as usize;
+        if offset >= bytes.len() {
+            return Err(ParquetError::General(format!(
+                "byte {start} was not fetched"
+            )));
+        }
+        Ok(bytes.slice(offset..).reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.find(start, length as u64)
+    }
+}
+
+/// Leaf columns under the projected top-level `roots`, and the mask.
+pub(crate) fn projection(
+    arrow: &ArrowReaderMetadata,
+    roots: &[usize],
+) -> (Vec<usize>, ProjectionMask) {
+    let descr = arrow.metadata().file_metadata().schema_descr();
+    let leaves = (0..descr.num_columns())
+        .filter(|&i| roots.contains(&descr.get_column_root_idx(i)))
+        .collect();
+    (leaves, ProjectionMask::roots(descr, roots.iter().copied()))
+}
+
+/// Check and decode one fetched segment into a batch of its rows.
+pub(crate) fn decode(fetched: Fetched, entry: &ShardEntry, roots: &[usize]) -> Result<RecordBatch> {
+    let Fetched {
+        segment,
+        footer,
+        chunks,
+        ..
+    } = fetched;
+    let rg = segment.row_group as usize;
+    for (leaf, _, bytes) in &chunks {
+        check_chunk(entry, &footer.footer, rg, *leaf, bytes)?;
+    }
+    let decode_err = |source| LoaderError::Decode {
+        shard: entry.path.clone(),
+        row_group: Some(rg),
+        source,
+    };
+    let (_, mask) = projection(&footer.arrow, roots);
+    let mut sorted: Vec<(u64, Bytes)> =
+        chunks.into_iter().map(|(_, start, b)| (start, b)).collect();
+    sorted.sort_by_key(|(s, _)| *s);
+    let file = SparseFile {
+        len: entry.bytes,
+        chunks: sorted,
+    };
+    let rows = footer.footer.metadata.row_group(rg).num_rows() as usize;
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, footer.arrow.clone())
+        .with_projection(mask)
+        .with_row_groups(vec![rg])
+        .with_batch_size(rows.max(1))
+        .build()
+        .map_err(decode_err)?;
+    let mut batches = Vec::with_capacity(1);
+    for batch in reader {
+        batches.push(batch.map_err(|e| decode_err(e.into()))?);
+    }
+    let batch = match batches.len() {
+        1 => batches.pop().expect("one batch"),
+        _ => {
+            let schema = batches.first().map(|b| b.schema()).ok_or_else(|| {
+                decode_err(ParquetError::General("row group decoded to nothing".into()))
+            })?;
+            arrow_select::concat::concat_batches(&schema, &batches)
+                .map_err(|e| decode_err(e.into()))?
+        }
+    };
+    if batch.num_rows() != rows {
+        return Err(LoaderError::Corrupt {
+            shard: entry.path.clone(),
+            row_group: Some(rg),
+            detail: format!("decoded {} rows, the footer says {rows}", batch.num_rows()),
+        });
+    }
+    Ok(batch.slice(segment.start as usize, segment.rows() as usize))
+}

@@ -1,0 +1,1003 @@
+//! The loader: builder, pipeline threads, iteration, state and resume.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use shardfeed_format::{Location, Manifest};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::batch::Batch;
+use crate::collate::{Collation, ColumnPlan, ListMode, plan_columns};
+use crate::decode::{Fetched, decode, projection};
+use crate::fetch::FetchContext;
+use crate::pinned::{Pinning, PinningMode, Pool};
+use crate::plan::{EpochPlan, PlanOptions};
+use crate::stats::{Counters, Stats};
+use crate::{LoaderError, Result};
+
+/// Default rows per batch.
+pub const DEFAULT_BATCH_SIZE: usize = 256;
+/// Default row groups per shuffle window.
+pub const DEFAULT_WINDOW: usize = 8;
+/// Default concurrent storage requests.
+pub const DEFAULT_IO_CONCURRENCY: usize = 8;
+/// Default batches collated ahead of the consumer.
+pub const DEFAULT_PREFETCH_BATCHES: usize = 4;
+/// Default bytes of fetched and decoded row groups held at once.
+pub const DEFAULT_BYTE_BUDGET: u64 = 1 << 30;
+
+/// Configures and builds a [`Loader`]. Every setter is optional.
+///
+/// ```no_run
+/// use shardfeed_loader::Loader;
+/// let mut loader = Loader::builder("/data/tokens")
+///     .batch_size(256)
+///     .columns(["input_ids"])
+///     .shuffle(true)
+///     .seed(0)
+///     .pad_to(2048, 0.0)
+///     .build()?;
+/// for batch in &mut loader {
+///     let batch = batch?;
+///     let ids: &[i32] = batch.values("input_ids").unwrap();
+///     assert_eq!(ids.len(), batch.rows() * 2048);
+/// }
+/// # Ok::<(), shardfeed_loader::LoaderError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct LoaderBuilder {
+    url: String,
+    location: Option<Location>,
+    storage_options: Vec<(String, String)>,
+    batch_size: usize,
+    columns: Option<Vec<String>>,
+    shuffle: bool,
+    seed: u64,
+    window: usize,
+    epoch: u64,
+    rank: Option<u64>,
+    world_size: Option<u64>,
+    drop_last: bool,
+    decode_threads: usize,
+    io_concurrency: usize,
+    io_threads: usize,
+    prefetch_batches: usize,
+    byte_budget: u64,
+    pinning: PinningMode,
+    list_mode: ListMode,
+    slab_bytes: Option<usize>,
+}
+
+fn env_u64(name: &str) -> Result<Option<u64>> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| LoaderError::BadOption {
+                option: if name == "RANK" { "rank" } else { "world_size" },
+                reason: format!("environment variable {name}={v:?} is not a number"),
+            }),
+        Err(_) => Ok(None),
+    }
+}
+
+impl LoaderBuilder {
+    fn new(url: &str) -> Self {
+        LoaderBuilder {
+            url: url.to_string(),
+            location: None,
+            storage_options: Vec::new(),
+            batch_size: DEFAULT_BATCH_SIZE,
+            columns: None,
+            shuffle: true,
+            seed: 0,
+            window: DEFAULT_WINDOW,
+            epoch: 0,
+            rank: None,
+            world_size: None,
+            drop_last: true,
+            decode_threads: 0,
+            io_concurrency: DEFAULT_IO_CONCURRENCY,
+            io_threads: 2,
+            prefetch_batches: DEFAULT_PREFETCH_BATCHES,
+            byte_budget: DEFAULT_BYTE_BUDGET,
+            pinning: PinningMode::Auto,
+            list_mode: ListMode::Ragged,
+            slab_bytes: None,
+        }
+    }
+
+    /// Read from an already resolved location (e.g. an in-memory store in tests).
+    pub fn location(mut self, location: Location) -> Self {
+        self.location = Some(location);
+        self
+    }
+    /// An option for the object store's builder (credentials, endpoint, ...).
+    pub fn storage_option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.storage_options.push((key.into(), value.into()));
+        self
+    }
+    /// Rows per batch (default 256).
+    pub fn batch_size(mut self, rows: usize) -> Self {
+        self.batch_size = rows;
+        self
+    }
+    /// Columns to read, in this order (default: all).
+    pub fn columns<I, S>(mut self, columns: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.columns = Some(columns.into_iter().map(Into::into).collect());
+        self
+    }
+    /// Shuffle row groups and rows (default true).
+    pub fn shuffle(mut self, shuffle: bool) -> Self {
+        self.shuffle = shuffle;
+        self
+    }
+    /// Seed of every shuffle (default 0).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+    /// Row groups per shuffle window (default 8): rows are permuted within a window.
+    pub fn window(mut self, row_groups: usize) -> Self {
+        self.window = row_groups;
+        self
+    }
+    /// The first epoch (default 0).
+    pub fn epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch;
+        self
+    }
+    /// This process's rank (default: `$RANK`, else 0).
+    pub fn rank(mut self, rank: u64) -> Self {
+        self.rank = Some(rank);
+        self
+    }
+    /// Number of ranks (default: `$WORLD_SIZE`, else 1).
+    pub fn world_size(mut self, world_size: u64) -> Self {
+        self.world_size = Some(world_size);
+        self
+    }
+    /// Drop the remainder rows (default true); see [`crate::plan`].
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.drop_last = drop_last;
+        self
+    }
+    /// Decode threads (default: all cores).
+    pub fn decode_threads(mut self, threads: usize) -> Self {
+        self.decode_threads = threads;
+        self
+    }
+    /// Storage requests in flight (default 8).
+    pub fn io_concurrency(mut self, requests: usize) -> Self {
+        self.io_concurrency = requests;
+        self
+    }
+    /// Worker threads of the I/O runtime (default 2).
+    pub fn io_threads(mut self, threads: usize) -> Self {
+        self.io_threads = threads;
+        self
+    }
+    /// Batches collated ahead of the consumer (default 4).
+    pub fn prefetch(mut self, batches: usize) -> Self {
+        self.prefetch_batches = batches;
+        self
+    }
+    /// Bytes of fetched and decoded row groups held at once (default 1 GiB).
+    pub fn byte_budget(mut self, bytes: u64) -> Self {
+        self.byte_budget = bytes;
+        self
+    }
+    /// How slabs are allocated (default auto).
+    pub fn pinning(mut self, mode: PinningMode) -> Self {
+        self.pinning = mode;
+        self
+    }
+    /// Pad (or truncate) list columns to `length` elements filled with `value`,
+    /// with a lengths buffer, instead of values + offsets.
+    pub fn pad_to(mut self, length: usize, value: f64) -> Self {
+        self.list_mode = ListMode::Padded { to: length, value };
+        self
+    }
+    /// Bytes per slab (default: estimated from the data and batch size).
+    pub fn slab_bytes(mut self, bytes: usize) -> Self {
+        self.slab_bytes = Some(bytes);
+        self
+    }
+
+    /// Check every option, read the manifest and the first footer, allocate
+    /// the pool. Errors name the bad option.
+    pub fn build(self) -> Result<Loader> {
+        let bad =
+            |option: &'static str, reason: String| Err(LoaderError::BadOption { option, reason });
+        if self.batch_size == 0 {
+            return bad("batch_size", "must be greater than 0".into());
+        }
+        if self.window == 0 {
+            return bad("window", "must be greater than 0".into());
+        }
+        if self.io_concurrency == 0 || self.io_threads == 0 {
+            return bad("io_concurrency", "must be greater than 0".into());
+        }
+        if let ListMode::Padded { to: 0, .. } = self.list_mode {
+            return bad("pad_to", "must be greater than 0".into());
+        }
+        let world_size = match self.world_size {
+            Some(w) => w,
+            None => env_u64("WORLD_SIZE")?.unwrap_or(1),
+        };
+        let rank = match self.rank {
+            Some(r) => r,
+            None => env_u64("RANK")?.unwrap_or(0),
+        };
+        if world_size == 0 {
+            return bad("world_size", "must be greater than 0".into());
+        }
+        if rank >= world_size {
+            return bad(
+                "rank",
+                format!("rank {rank} is not below world_size {world_size}"),
+            );
+        }
+        let decode_threads = if self.decode_threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            self.decode_threads
+        };
+        let location = match &self.location {
+            Some(l) => l.clone(),
+            None => Location::parse_with_options(&self.url, self.storage_options.iter().cloned())?,
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(self.io_threads)
+            .thread_name("shardfeed-io")
+            .enable_all()
+            .build()
+            .map_err(|source| LoaderError::Io {
+                op: "start the I/O runtime".into(),
+                source,
+            })?;
+        let manifest = Arc::new(runtime.block_on(location.read_manifest())?);
+        let schema = &manifest.schema;
+        let names: Vec<String> = match &self.columns {
+            Some(c) if c.is_empty() => {
+                return bad("columns", "must name at least one column".into());
+            }
+            Some(c) => c.clone(),
+            None => schema.fields().iter().map(|f| f.name().clone()).collect(),
+        };
+        let mut roots = Vec::with_capacity(names.len());
+        for name in &names {
+            match schema.index_of(name) {
+                Ok(i) => roots.push(i),
+                Err(_) => {
+                    let known: Vec<&str> =
+                        schema.fields().iter().map(|f| f.name().as_str()).collect();
+                    return bad(
+                        "columns",
+                        format!("no column named `{name}`; the dataset has {known:?}"),
+                    );
+                }
+            }
+        }
+        let mut sorted_roots = roots.clone();
+        sorted_roots.sort();
+        sorted_roots.dedup();
+        if sorted_roots.len() != roots.len() {
+            return bad("columns", "a column is named twice".into());
+        }
+        // Decoded batches hold the projected columns in schema order.
+        let projected = schema
+            .project(&sorted_roots)
+            .map_err(|e| LoaderError::BadOption {
+                option: "columns",
+                reason: e.to_string(),
+            })?;
+        let plans = plan_columns(&projected, &names)?;
+
+        // Memory: the permits bound row groups fetched or decoded but not yet
+        // collated. The collator holds at most two windows at once.
+        let units = manifest.row_group_count().max(1) as u64;
+        let unit_bytes = (manifest.input_bytes.max(manifest.total_bytes) / units).max(1);
+        let needed = 2 * self.window as u64;
+        let permits = (self.byte_budget / unit_bytes).min(needed + 2 * decode_threads as u64);
+        if permits < needed {
+            return bad(
+                "byte_budget",
+                format!(
+                    "{} bytes cannot hold two shuffle windows of {} row groups (~{} bytes each); raise it or lower window",
+                    self.byte_budget, self.window, unit_bytes
+                ),
+            );
+        }
+
+        let counters = Arc::new(Counters::default());
+        let fetch = Arc::new(FetchContext::new(
+            location.clone(),
+            manifest.clone(),
+            sorted_roots,
+            counters.clone(),
+        ));
+        let slab_bytes = match self.slab_bytes {
+            Some(b) => b,
+            None => estimate_slab_bytes(
+                &runtime,
+                &fetch,
+                &manifest,
+                self.batch_size,
+                &self.list_mode,
+                plans.len(),
+            )?,
+        };
+        let pool = Arc::new(Pool::new(
+            self.prefetch_batches + 3,
+            slab_bytes,
+            self.pinning,
+        )?);
+        Ok(Loader {
+            config: Arc::new(Config {
+                batch_size: self.batch_size,
+                shuffle: self.shuffle,
+                seed: self.seed,
+                window: self.window,
+                rank,
+                world_size,
+                drop_last: self.drop_last,
+                decode_threads,
+                io_concurrency: self.io_concurrency,
+                prefetch_batches: self.prefetch_batches,
+                permits: permits as usize,
+                list_mode: self.list_mode,
+                plans,
+            }),
+            manifest,
+            fetch,
+            runtime: Arc::new(runtime),
+            pool,
+            counters,
+            held: Arc::new(AtomicUsize::new(0)),
+            epoch: self.epoch,
+            position: 0,
+            running: None,
+            started: None,
+        })
+    }
+}
+
+/// Slab size: twice the expected bytes of a batch of the projected columns,
+/// from the first shard's footer.
+fn estimate_slab_bytes(
+    runtime: &tokio::runtime::Runtime,
+    fetch: &Arc<FetchContext>,
+    manifest: &Manifest,
+    batch_size: usize,
+    list_mode: &ListMode,
+    columns: usize,
+) -> Result<usize> {
+    let per_column_overhead = 4 * (batch_size + 1) * 8 + 4 * 64;
+    let Some(first) = manifest.shards.iter().position(|s| s.rows > 0) else {
+        return Ok(64 << 10);
+    };
+    let footer = runtime.block_on(fetch.footer(first as u32))?;
+    let (leaves, _) = projection(&footer.arrow, &fetch.roots);
+    let meta = &footer.footer.metadata;
+    let rows: i64 = meta.row_groups().iter().map(|g| g.num_rows()).sum();
+    let bytes: i64 = meta
+        .row_groups()
+        .iter()
+        .map(|g| {
+            leaves
+                .iter()
+                .map(|&l| g.column(l).uncompressed_size())
+                .sum::<i64>()
+        })
+        .sum();
+    let per_row = (bytes.max(0) as f64 / rows.max(1) as f64).ceil() as usize;
+    let padded = match list_mode {
+        ListMode::Padded { to, .. } => to * 8 * columns,
+        ListMode::Ragged => 0,
+    };
+    Ok((2 * batch_size * (per_row + padded) + columns * per_column_overhead).max(64 << 10))
+}
+
+/// The options every epoch of a loader shares.
+#[derive(Debug)]
+struct Config {
+    batch_size: usize,
+    shuffle: bool,
+    seed: u64,
+    window: usize,
+    rank: u64,
+    world_size: u64,
+    drop_last: bool,
+    decode_threads: usize,
+    io_concurrency: usize,
+    prefetch_batches: usize,
+    permits: usize,
+    list_mode: ListMode,
+    plans: Vec<ColumnPlan>,
+}
+
+/// Where a loader is: enough to continue exactly there in a new process.
+/// Serialized as JSON it is well under 1 KB.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoaderState {
+    /// State format version.
+    pub version: u32,
+    /// The shuffle seed.
+    pub seed: u64,
+    /// The epoch.
+    pub epoch: u64,
+    /// Rows of this epoch already yielded to the consumer.
+    pub position: u64,
+    /// The rank.
+    pub rank: u64,
+    /// The number of ranks.
+    pub world_size: u64,
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// Whether rows are shuffled.
+    pub shuffle: bool,
+    /// Row groups per shuffle window.
+    pub window: usize,
+    /// Identifies the dataset: total rows, shards, and the first shard's checksum.
+    pub dataset: String,
+}
+
+impl LoaderState {
+    /// JSON text.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a state always serializes")
+    }
+
+    /// Parse JSON written by [`LoaderState::to_json`].
+    pub fn from_json(text: &str) -> Result<Self> {
+        serde_json::from_str(text).map_err(|e| LoaderError::BadState {
+            reason: e.to_string(),
+        })
+    }
+}
+
+fn fingerprint(manifest: &Manifest) -> String {
+    format!(
+        "{}:{}:{}",
+        manifest.total_rows,
+        manifest.shards.len(),
+        manifest
+            .shards
+            .first()
+            .map(|s| s.crc32.to_string())
+            .unwrap_or_default()
+    )
+}
+
+/// A running epoch: the threads and channels of one pass.
+struct Running {
+    output: Receiver<Result<Batch>>,
+    cancel: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    fetch_task: tokio::task::JoinHandle<()>,
+    next_index: u64,
+    batches: u64,
+}
+
+impl Running {
+    fn stop(mut self) {
+        self.cancel.store(true, Ordering::SeqCst);
+        self.fetch_task.abort();
+        // Unblock a collator waiting to hand over a batch.
+        let output = std::mem::replace(&mut self.output, crossbeam_channel::never());
+        drop(output);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Streams a dataset as batches: see the crate documentation.
+pub struct Loader {
+    config: Arc<Config>,
+    manifest: Arc<Manifest>,
+    fetch: Arc<FetchContext>,
+    runtime: Arc<tokio::runtime::Runtime>,
+    pool: Arc<Pool>,
+    counters: Arc<Counters>,
+    held: Arc<AtomicUsize>,
+    epoch: u64,
+    /// Rows of the current epoch yielded so far (or to start from).
+    position: u64,
+    running: Option<Running>,
+    started: Option<Instant>,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("epoch", &self.epoch)
+            .field("position", &self.position)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Loader {
+    /// Start configuring a loader for the dataset at `url`.
+    pub fn builder(url: &str) -> LoaderBuilder {
+        LoaderBuilder::new(url)
+    }
+
+    /// The dataset's manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// How the pool's slabs were allocated.
+    pub fn pinning(&self) -> Pinning {
+        self.pool.pinning()
+    }
+
+    /// The current epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Move to `epoch`, from its start. Stops a pass in progress.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.stop();
+        self.epoch = epoch;
+        self.position = 0;
+    }
+
+    fn plan(&self, epoch: u64) -> EpochPlan {
+        let c = &self.config;
+        EpochPlan::new(
+            &self.manifest,
+            PlanOptions {
+                seed: c.seed,
+                epoch,
+                rank: c.rank,
+                world_size: c.world_size,
+                shuffle: c.shuffle,
+                window: c.window,
+                batch_size: c.batch_size,
+                drop_last: c.drop_last,
+            },
+        )
+    }
+
+    /// Batches per epoch for this rank (the same on every rank).
+    pub fn len(&self) -> u64 {
+        self.plan(self.epoch).batches()
+    }
+
+    /// Whether an epoch yields no batch.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the loader is now; pass it to [`Loader::resume`] to continue.
+    pub fn state(&self) -> LoaderState {
+        let c = &self.config;
+        LoaderState {
+            version: 1,
+            seed: c.seed,
+            epoch: self.epoch,
+            position: self.position,
+            rank: c.rank,
+            world_size: c.world_size,
+            batch_size: c.batch_size,
+            shuffle: c.shuffle,
+            window: c.window,
+            dataset: fingerprint(&self.manifest),
+        }
+    }
+
+    /// Continue exactly where `state` was taken: the next batch is the one
+    /// that followed it. Nothing before the state's shuffle window is read.
+    pub fn resume(&mut self, state: &LoaderState) -> Result<()> {
+        let c = &self.config;
+        let mismatch = |what: &str, a: String, b: String| {
+            Err(LoaderError::BadState {
+                reason: format!("the state has {what} {a} but this loader has {b}"),
+            })
+        };
+        if state.version != 1 {
+            return mismatch("version", state.version.to_string(), "1".into());
+        }
+        if state.dataset != fingerprint(&self.manifest) {
+            return mismatch(
+                "dataset",
+                state.dataset.clone(),
+                fingerprint(&self.manifest),
+            );
+        }
+        for (what, a, b) in [
+            ("seed", state.seed, c.seed),
+            ("rank", state.rank, c.rank),
+            ("world_size", state.world_size, c.world_size),
+            ("batch_size", state.batch_size as u64, c.batch_size as u64),
+            ("window", state.window as u64, c.window as u64),
+            ("shuffle", state.shuffle as u64, c.shuffle as u64),
+        ] {
+            if a != b {
+                return mismatch(what, a.to_string(), b.to_string());
+            }
+        }
+        self.stop();
+        self.epoch = state.epoch;
+        self.position = state.position;
+        Ok(())
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.counters.snapshot();
+        s.output_queue = self.running.as_ref().map_or(0, |r| r.output.len() as u64);
+        s.pinning = self.pool.pinning().name().to_string();
+        s.slabs = self.pool.size();
+        s.slab_bytes = self.pool.slab_bytes();
+        s
+    }
+
+    /// Stop the pass in progress: cancel I/O and join every thread.
+    pub fn stop(&mut self) {
+        if let Some(r) = self.running.take() {
+            r.stop();
+        }
+    }
+
+    fn start(&mut self) {
+        let plan = Arc::new(self.plan(self.epoch));
+        let config = self.config.clone();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let start_position = self.position.min(plan.positions());
+        let start_window = if plan.window_count() == 0 || start_position >= plan.positions() {
+            plan.window_count()
+        } else {
+            plan.window_of(start_position)
+        };
+        let first_seq = (start_window * config.window) as u64;
+        let segments: Vec<(u64, crate::plan::Segment)> = plan
+            .segments()
+            .iter()
+            .enumerate()
+            .skip(first_seq as usize)
+            .map(|(i, s)| (i as u64, *s))
+            .collect();
+
+        let (fetched_tx, fetched_rx) = tokio::sync::mpsc::channel::<
+            Result<(Fetched, OwnedSemaphorePermit)>,
+        >(2 * config.decode_threads);
+        let fetched_rx = Arc::new(Mutex::new(fetched_rx));
+        let (decoded_tx, decoded_rx) = unbounded::<Decoded>();
+        let (output_tx, output_rx) = bounded::<Result<Batch>>(config.prefetch_batches);
+
+        let fetch = self.fetch.clone();
+        let semaphore = Arc::new(Semaphore::new(config.permits));
+        let io_concurrency = config.io_concurrency;
+        let counters = self.counters.clone();
+        let fetch_task = self.runtime.spawn(async move {
+            let mut results = futures::stream::iter(segments)
+                .map(|(seq, segment)| {
+                    let fetch = fetch.clone();
+                    let semaphore = semaphore.clone();
+                    async move {
+                        let permit = semaphore.acquire_owned().await.expect("never closed");
+                        fetch.fetch(seq, segment).await.map(|f| (f, permit))
+                    }
+                })
+                .buffered(io_concurrency);
+            while let Some(result) = results.next().await {
+                let failed = result.is_err();
+                Counters::add(&counters.decode_queue, 1);
+                if fetched_tx.send(result).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+
+        let mut threads = Vec::new();
+        for i in 0..config.decode_threads {
+            let rx = fetched_rx.clone();
+            let tx = decoded_tx.clone();
+            let manifest = self.manifest.clone();
+            let roots = self.fetch.roots.clone();
+            let counters = self.counters.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("shardfeed-decode-{i}"))
+                    .spawn(move || decode_loop(rx, tx, manifest, roots, counters))
+                    .expect("spawn a decode thread"),
+            );
+        }
+        drop(decoded_tx);
+        {
+            let plan = plan.clone();
+            let pool = self.pool.clone();
+            let counters = self.counters.clone();
+            let cancel = cancel.clone();
+            let held = self.held.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("shardfeed-collate".into())
+                    .spawn(move || {
+                        let mut collator = Collator {
+                            config,
+                            plan,
+                            decoded: decoded_rx,
+                            waiting: BTreeMap::new(),
+                            windows: Vec::new(),
+                            pool,
+                            counters,
+                            cancel,
+                            held,
+                        };
+                        collator.run(start_position, output_tx);
+                    })
+                    .expect("spawn the collate thread"),
+            );
+        }
+        let batch_size = self.config.batch_size as u64;
+        self.running = Some(Running {
+            output: output_rx,
+            cancel,
+            threads,
+            fetch_task,
+            next_index: start_position / batch_size,
+            batches: plan.batches(),
+        });
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Result<Batch>;
+
+    /// The next batch of the current epoch; `None` at its end, after which
+    /// the next call starts the following epoch.
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if self.running.is_none() {
+            self.started.get_or_insert_with(Instant::now);
+            self.start();
+        }
+        let waited = Instant::now();
+        let running = self.running.as_mut().expect("started above");
+        let result = loop {
+            if running.next_index >= running.batches {
+                break None;
+            }
+            match running.output.recv_timeout(Duration::from_millis(100)) {
+                Ok(item) => break Some(item),
+                Err(RecvTimeoutError::Disconnected) => break None,
+                Err(RecvTimeoutError::Timeout) => {
+                    let held = self.held.load(Ordering::SeqCst);
+                    if held >= self.pool.size() {
+                        break Some(Err(LoaderError::PoolExhausted {
+                            slabs: self.pool.size(),
+                        }));
+                    }
+                }
+            }
+        };
+        Counters::add_time(&self.counters.wait_ns, waited.elapsed());
+        match result {
+            Some(Ok(batch)) => {
+                let running = self.running.as_mut().expect("running");
+                running.next_index += 1;
+                self.position = (self.position + batch.rows() as u64)
+                    .max(batch.index() * self.config.batch_size as u64 + batch.rows() as u64);
+                if self.counters.first_batch_ns.load(Ordering::Relaxed) == 0
+                    && let Some(t) = self.started
+                {
+                    Counters::add_time(&self.counters.first_batch_ns, t.elapsed());
+                }
+                Counters::add(&self.counters.batches, 1);
+                Counters::add(&self.counters.rows, batch.rows() as u64);
+                let bytes: usize = batch
+                    .columns()
+                    .iter()
+                    .flat_map(|c| c.buffers())
+                    .map(|(_, b)| b.bytes())
+                    .sum();
+                Counters::add(&self.counters.bytes, bytes as u64);
+                Some(Ok(batch))
+            }
+            Some(Err(e)) => {
+                if !matches!(e, LoaderError::PoolExhausted { .. }) {
+                    self.stop();
+                }
+                Some(Err(e))
+            }
+            None => {
+                // The epoch is over: the next call starts the following one.
+                self.stop();
+                self.epoch += 1;
+                self.position = 0;
+                None
+            }
+        }
+    }
+}
+
+/// A decoded segment, or the error that stopped the pipeline.
+type Decoded = (u64, Result<RecordBatch>, Option<OwnedSemaphorePermit>);
+
+type FetchedRx = Arc<Mutex<tokio::sync::mpsc::Receiver<Result<(Fetched, OwnedSemaphorePermit)>>>>;
+
+fn decode_loop(
+    rx: FetchedRx,
+    tx: Sender<Decoded>,
+    manifest: Arc<Manifest>,
+    roots: Vec<usize>,
+    counters: Arc<Counters>,
+) {
+    loop {
+        let next = rx.lock().expect("fetch receiver").blocking_recv();
+        let Some(item) = next else { return };
+        counters.decode_queue.fetch_sub(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let (seq, result, permit) = match item {
+            Ok((fetched, permit)) => {
+                let seq = fetched.seq;
+                let entry = &manifest.shards[fetched.segment.shard as usize];
+                (seq, decode(fetched, entry, &roots), Some(permit))
+            }
+            Err(e) => (u64::MAX, Err(e), None),
+        };
+        Counters::add_time(&counters.decode_busy_ns, started.elapsed());
+        let failed = result.is_err();
+        if tx.send((seq, result, permit)).is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// A window's decoded segments, held while its rows are collated.
+struct LoadedWindow {
+    index: usize,
+    batches: Vec<RecordBatch>,
+    /// Cumulative rows before each segment.
+    prefix: Vec<u64>,
+    _permits: Vec<OwnedSemaphorePermit>,
+}
+
+struct Collator {
+    config: Arc<Config>,
+    plan: Arc<EpochPlan>,
+    decoded: Receiver<Decoded>,
+    waiting: BTreeMap<u64, (RecordBatch, Option<OwnedSemaphorePermit>)>,
+    windows: Vec<LoadedWindow>,
+    pool: Arc<Pool>,
+    counters: Arc<Counters>,
+    cancel: Arc<AtomicBool>,
+    held: Arc<AtomicUsize>,
+}
+
+impl Collator {
+    /// Receive decoded segments until every segment of window `index` is here.
+    fn load(&mut self, index: usize) -> Result<()> {
+        if self.windows.iter().any(|w| w.index == index) {
+            return Ok(());
+        }
+        let window = self.plan.window(index);
+        let first = (index * self.config.window) as u64;
+        let count = window.segments.len() as u64;
+        let mut batches = Vec::with_capacity(count as usize);
+        let mut permits = Vec::with_capacity(count as usize);
+        let mut prefix = Vec::with_capacity(count as usize + 1);
+        prefix.push(0);
+        for seq in first..first + count {
+            let (batch, permit) = loop {
+                if let Some(found) = self.waiting.remove(&seq) {
+                    break found;
+                }
+                match self.decoded.recv() {
+                    Ok((_, Err(e), _)) => return Err(e),
+                    Ok((s, Ok(batch), permit)) => {
+                        self.waiting.insert(s, (batch, permit));
+                    }
+                    Err(_) => return Err(LoaderError::Closed),
+                }
+            };
+            prefix.push(prefix.last().expect("non-empty") + batch.num_rows() as u64);
+            batches.push(batch);
+            permits.extend(permit);
+        }
+        self.windows.push(LoadedWindow {
+            index,
+            batches,
+            prefix,
+            _permits: permits,
+        });
+        Ok(())
+    }
+
+    fn run(&mut self, start: u64, output: Sender<Result<Batch>>) {
+        let positions = self.plan.positions();
+        let batch_size = self.config.batch_size as u64;
+        let mut position = start;
+        while position < positions {
+            let index = position / batch_size;
+            let end = ((index + 1) * batch_size).min(positions);
+            let result = self.collate(index, position, end);
+            let failed = result.is_err();
+            if let Err(LoaderError::Closed) = result {
+                return;
+            }
+            if output.send(result).is_err() || failed {
+                return;
+            }
+            position = end;
+        }
+    }
+
+    fn collate(&mut self, index: u64, start: u64, end: u64) -> Result<Batch> {
+        // Row references: (source batch among the loaded windows, row).
+        let mut rows = Vec::with_capacity((end - start) as usize);
+        let first_window = self.plan.window_of(start);
+        // Windows before the batch's first one are done: release them.
+        self.windows.retain(|w| w.index >= first_window);
+        for position in start..end {
+            let w = self.plan.window_of(position);
+            self.load(w)?;
+            let window = self.plan.window(w);
+            let row = window.row_at(position - window.start);
+            let loaded_at = self
+                .windows
+                .iter()
+                .position(|l| l.index == w)
+                .expect("loaded above");
+            let base: usize = self.windows[..loaded_at]
+                .iter()
+                .map(|l| l.batches.len())
+                .sum();
+            let loaded = &self.windows[loaded_at];
+            let segment = loaded.prefix.partition_point(|&p| p <= row) - 1;
+            rows.push((
+                (base + segment) as u32,
+                (row - loaded.prefix[segment]) as u32,
+            ));
+        }
+        let started = Instant::now();
+        let sources: Vec<&RecordBatch> =
+            self.windows.iter().flat_map(|w| w.batches.iter()).collect();
+        let collation = Collation::new(&self.config.plans, self.config.list_mode, &sources);
+        let (columns, bytes) = collation.layout(&rows);
+        let mut lease = if bytes <= self.pool.slab_bytes() {
+            self.pool.acquire(&self.cancel).ok_or(LoaderError::Closed)?
+        } else {
+            Counters::add(&self.counters.oversize_batches, 1);
+            self.pool.oversize(bytes)?
+        };
+        let truncated = collation.write(&rows, &columns, lease.slab_mut().as_mut_slice());
+        Counters::add(&self.counters.truncated_rows, truncated);
+        Counters::add_time(&self.counters.collate_busy_ns, started.elapsed());
+        let held = (!lease.is_oversize()).then(|| {
+            self.held.fetch_add(1, Ordering::SeqCst);
+            self.held.clone()
+        });
+        Ok(Batch {
+            lease: Arc::new(lease),
+            rows: rows.len(),
+            columns,
+            index,
+            held,
+        })
+    }
+}

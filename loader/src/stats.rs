@@ -1,0 +1,105 @@
+//! Counters shared by the pipeline stages, and the snapshot users read.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Live counters; every stage adds to them.
+#[derive(Default, Debug)]
+pub(crate) struct Counters {
+    pub rows: AtomicU64,
+    pub bytes: AtomicU64,
+    pub batches: AtomicU64,
+    pub fetched_bytes: AtomicU64,
+    pub requests: AtomicU64,
+    pub retries: AtomicU64,
+    pub first_batch_ns: AtomicU64,
+    pub wait_ns: AtomicU64,
+    pub fetch_busy_ns: AtomicU64,
+    pub decode_busy_ns: AtomicU64,
+    pub collate_busy_ns: AtomicU64,
+    pub decode_queue: AtomicU64,
+    pub oversize_batches: AtomicU64,
+    pub truncated_rows: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, value: u64) {
+        counter.fetch_add(value, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_time(counter: &AtomicU64, elapsed: Duration) {
+        counter.fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of a loader's counters since it was built.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Rows yielded.
+    pub rows: u64,
+    /// Bytes of collated buffers yielded.
+    pub bytes: u64,
+    /// Batches yielded.
+    pub batches: u64,
+    /// Bytes read from storage (footers and column chunks).
+    pub fetched_bytes: u64,
+    /// Read requests made.
+    pub requests: u64,
+    /// Requests retried after a transient failure.
+    pub retries: u64,
+    /// Time from the first `next()` to the first batch, in milliseconds.
+    pub time_to_first_batch_ms: f64,
+    /// Total time the consumer waited inside `next()`, in milliseconds.
+    pub wait_ms: f64,
+    /// Time spent in storage reads (summed over concurrent requests), in milliseconds.
+    pub fetch_busy_ms: f64,
+    /// Time decode threads spent checking and decoding, in milliseconds.
+    pub decode_busy_ms: f64,
+    /// Time the collator spent gathering rows into slabs, in milliseconds.
+    pub collate_busy_ms: f64,
+    /// Row groups fetched but not yet decoded, now.
+    pub decode_queue: u64,
+    /// Batches collated but not yet taken by the consumer, now.
+    pub output_queue: u64,
+    /// Batches too large for a slab, given a one-off buffer.
+    pub oversize_batches: u64,
+    /// List rows truncated to `pad_to`.
+    pub truncated_rows: u64,
+    /// `"cuda"` or `"page-aligned"`.
+    pub pinning: String,
+    /// Slabs in the pool.
+    pub slabs: usize,
+    /// Bytes per slab.
+    pub slab_bytes: usize,
+}
+
+fn ms(ns: &AtomicU64) -> f64 {
+    ns.load(Ordering::Relaxed) as f64 / 1e6
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> Stats {
+        Stats {
+            rows: self.rows.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            batches: self.batches.load(Ordering::Relaxed),
+            fetched_bytes: self.fetched_bytes.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+            time_to_first_batch_ms: ms(&self.first_batch_ns),
+            wait_ms: ms(&self.wait_ns),
+            fetch_busy_ms: ms(&self.fetch_busy_ns),
+            decode_busy_ms: ms(&self.decode_busy_ns),
+            collate_busy_ms: ms(&self.collate_busy_ns),
+            decode_queue: self.decode_queue.load(Ordering::Relaxed),
+            output_queue: 0,
+            oversize_batches: self.oversize_batches.load(Ordering::Relaxed),
+            truncated_rows: self.truncated_rows.load(Ordering::Relaxed),
+            pinning: String::new(),
+            slabs: 0,
+            slab_bytes: 0,
+        }
+    }
+}

@@ -1,0 +1,536 @@
+//! The loader end to end: exactly once, determinism, resume, values, faults.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Float64Type, Int32Type, Int64Type};
+use arrow_array::{Array, RecordBatch};
+use parquet::basic::Compression;
+use shardfeed_fixtures::{FileFormat, Kind, write_dataset};
+use shardfeed_loader::{Batch, Loader, LoaderError, LoaderState, PinningMode};
+use shardfeed_preprocess::ShardOptions;
+
+use crate::support::*;
+
+/// Shard `rows` rows of `kind` into `dir/ds` with several shards of uneven row groups.
+fn dataset(dir: &Path, kind: Kind, rows: u64, row_group_rows: u64, shard_size: u64) -> String {
+    let inputs: Vec<String> = write_dataset(
+        &dir.join("in"),
+        kind,
+        rows,
+        3,
+        7,
+        FileFormat::Parquet(Compression::SNAPPY),
+    )
+    .unwrap()
+    .iter()
+    .map(|p| s(p))
+    .collect();
+    let out = dir.join("ds");
+    let options = ShardOptions::default()
+        .with_row_group_rows(row_group_rows)
+        .with_shard_size(shard_size);
+    shardfeed_preprocess::shard(&inputs, &s(&out), &options).unwrap();
+    s(&out)
+}
+
+fn id_batches(loader: &mut Loader) -> Vec<Vec<i64>> {
+    loader
+        .map(|b| b.unwrap().values::<i64>("id").unwrap().to_vec())
+        .collect()
+}
+
+#[test]
+fn every_row_exactly_once_per_epoch_across_ranks() {
+    let tmp = tempdir();
+    // 1003 rows: a prime-ish count so that most world and batch sizes leave remainders.
+    let url = dataset(tmp.path(), Kind::Text, 1003, 37, 8 << 10);
+    let total = 1003u64;
+    for world in [1u64, 2, 3, 8] {
+        for batch_size in [1usize, 7, 17] {
+            for shuffle in [false, true] {
+                for drop_last in [true, false] {
+                    let mut seen: HashMap<i64, u32> = HashMap::new();
+                    let mut counts = Vec::new();
+                    for rank in 0..world {
+                        let mut loader = Loader::builder(&url)
+                            .columns(["id"])
+                            .batch_size(batch_size)
+                            .shuffle(shuffle)
+                            .seed(3)
+                            .epoch(2)
+                            .rank(rank)
+                            .world_size(world)
+                            .drop_last(drop_last)
+                            .window(2)
+                            .decode_threads(2)
+                            .build()
+                            .unwrap();
+                        let batches = id_batches(&mut loader);
+                        assert_eq!(batches.len() as u64, loader.len());
+                        counts.push(batches.len());
+                        for id in batches.into_iter().flatten() {
+                            *seen.entry(id).or_default() += 1;
+                        }
+                    }
+                    let case = format!(
+                        "world {world} batch {batch_size} shuffle {shuffle} drop_last {drop_last}"
+                    );
+                    assert!(
+                        counts.windows(2).all(|w| w[0] == w[1]),
+                        "{case}: batches per rank {counts:?}"
+                    );
+                    if drop_last {
+                        // Documented remainder: N mod W rows across ranks, then each rank's partial batch.
+                        let per_rank = total / world;
+                        let kept = per_rank / batch_size as u64 * batch_size as u64 * world;
+                        assert!(seen.values().all(|&c| c == 1), "{case}: a row twice");
+                        assert_eq!(seen.len() as u64, kept, "{case}");
+                    } else {
+                        assert_eq!(seen.len() as u64, total, "{case}: rows missing");
+                        let extra: u64 = seen.values().map(|&c| c as u64 - 1).sum();
+                        assert_eq!(
+                            extra,
+                            total.div_ceil(world) * world - total,
+                            "{case}: padding"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn collect(url: &str, threads: usize, prefetch: usize, epoch: u64) -> Vec<Vec<i64>> {
+    let mut loader = Loader::builder(url)
+        .batch_size(64)
+        .seed(11)
+        .epoch(epoch)
+        .decode_threads(threads)
+        .prefetch(prefetch)
+        .io_concurrency(threads * 2)
+        .build()
+        .unwrap();
+    id_batches(&mut loader)
+}
+
+#[test]
+fn order_depends_only_on_seed_epoch_and_rank() {
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Text, 5000, 100, 16 << 10);
+    let a = collect(&url, 1, 1, 0);
+    let b = collect(&url, 4, 8, 0);
+    assert_eq!(a, b, "thread count or prefetch changed the order");
+    let c = collect(&url, 2, 2, 1);
+    assert_ne!(a, c, "epochs must differ");
+    let mut sorted: Vec<i64> = c.into_iter().flatten().collect();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 5000 / 64 * 64);
+}
+
+fn spearman(positions: &[i64]) -> f64 {
+    // positions[k] = input position of the row at output position k (a permutation).
+    let n = positions.len() as f64;
+    let d2: f64 = positions
+        .iter()
+        .enumerate()
+        .map(|(k, &p)| (k as f64 - p as f64).powi(2))
+        .sum();
+    1.0 - 6.0 * d2 / (n * (n * n - 1.0))
+}
+
+#[test]
+fn shuffled_positions_do_not_predict_input_positions() {
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Text, 100_000, 1000, 64 << 10);
+    let mut loader = Loader::builder(&url)
+        .columns(["id"])
+        .batch_size(1000)
+        .seed(5)
+        .build()
+        .unwrap();
+    let ids: Vec<i64> = id_batches(&mut loader).into_iter().flatten().collect();
+    assert_eq!(ids.len(), 100_000);
+    let rho = spearman(&ids);
+    assert!(rho.abs() < 0.05, "rank correlation {rho}");
+    // Without shuffling the order is the input order.
+    let mut plain = Loader::builder(&url)
+        .columns(["id"])
+        .batch_size(1000)
+        .shuffle(false)
+        .build()
+        .unwrap();
+    let ids: Vec<i64> = id_batches(&mut plain).into_iter().flatten().collect();
+    assert_eq!(ids, (0..100_000).collect::<Vec<_>>());
+}
+
+#[test]
+fn resume_continues_exactly_where_the_state_was_taken() {
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Text, 3000, 90, 16 << 10);
+    let build = || {
+        Loader::builder(&url)
+            .batch_size(50)
+            .seed(9)
+            .window(3)
+            .decode_threads(2)
+            .build()
+            .unwrap()
+    };
+    let mut full = build();
+    let epoch0 = id_batches(&mut full);
+    let epoch1 = id_batches(&mut full);
+    let all: Vec<Vec<i64>> = epoch0.iter().chain(&epoch1).cloned().collect();
+    let mut g = shardfeed_format::permute::SplitMix64::new(1);
+    for _ in 0..5 {
+        let stop = g.below(all.len() as u64) as usize;
+        let mut first = build();
+        let mut got = Vec::new();
+        while got.len() < stop {
+            match first.next() {
+                Some(b) => got.push(b.unwrap().values::<i64>("id").unwrap().to_vec()),
+                None => continue, // epoch boundary
+            }
+        }
+        let state = first.state().to_json();
+        assert!(state.len() < 1024, "state is {} bytes", state.len());
+        drop(first);
+        let mut second = build();
+        second
+            .resume(&LoaderState::from_json(&state).unwrap())
+            .unwrap();
+        while got.len() < all.len() {
+            match second.next() {
+                Some(b) => got.push(b.unwrap().values::<i64>("id").unwrap().to_vec()),
+                None => continue,
+            }
+        }
+        assert_eq!(got, all, "resumed after {stop} batches");
+    }
+    // A state from another configuration is refused, naming what differs.
+    let mut other = Loader::builder(&url)
+        .batch_size(50)
+        .seed(10)
+        .window(3)
+        .build()
+        .unwrap();
+    let err = other.resume(&build().state()).unwrap_err();
+    assert!(err.to_string().contains("seed"), "{err}");
+}
+
+/// The shards as pyarrow reads them, through an Arrow IPC file it writes.
+fn pyarrow_table(url: &str, out: &Path) -> RecordBatch {
+    let script = r#"
+import json, sys, pyarrow as pa, pyarrow.parquet as pq
+m = json.load(open(sys.argv[1] + "/manifest.json"))
+t = pa.concat_tables([pq.read_table(sys.argv[1] + "/" + s["path"]) for s in m["shards"]])
+with pa.ipc.new_stream(sys.argv[2], t.schema) as w:
+    w.write_table(t)
+"#;
+    let output = python()
+        .arg("-c")
+        .arg(script)
+        .arg(url)
+        .arg(s(out))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        output.status.success(),
+        "pyarrow failed (.ci/run installs it):\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let reader =
+        arrow_ipc::reader::StreamReader::try_new(std::fs::File::open(out).unwrap(), None).unwrap();
+    let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
+    concat(&batches)
+}
+
+fn check_batch_against(
+    batch: &Batch,
+    table: &RecordBatch,
+    index: &HashMap<i64, usize>,
+    padded: Option<usize>,
+) {
+    let ids = batch.values::<i64>("id").unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        let row = index[id];
+        // f: nullable float64.
+        let f = table
+            .column_by_name("f")
+            .unwrap()
+            .as_primitive::<Float64Type>();
+        assert_eq!(
+            batch.validity("f").unwrap()[i] == 1,
+            f.is_valid(row),
+            "f validity, id {id}"
+        );
+        if f.is_valid(row) {
+            assert_eq!(batch.values::<f64>("f").unwrap()[i], f.value(row));
+        } else {
+            assert_eq!(batch.values::<f64>("f").unwrap()[i], 0.0);
+        }
+        // date: int32 days.
+        let date = table
+            .column_by_name("date")
+            .unwrap()
+            .as_primitive::<arrow_array::types::Date32Type>();
+        assert_eq!(batch.values::<i32>("date").unwrap()[i], date.value(row));
+        // ts: zoned timestamp as int64 microseconds.
+        let ts = table
+            .column_by_name("ts")
+            .unwrap()
+            .as_primitive::<arrow_array::types::TimestampMicrosecondType>();
+        assert_eq!(batch.values::<i64>("ts").unwrap()[i], ts.value(row));
+        // flag: nullable bool as u8.
+        let flag = table.column_by_name("flag").unwrap().as_boolean();
+        assert_eq!(batch.validity("flag").unwrap()[i] == 1, flag.is_valid(row));
+        if flag.is_valid(row) {
+            assert_eq!(
+                batch.values::<u8>("flag").unwrap()[i],
+                flag.value(row) as u8
+            );
+        }
+        // s: nullable string; b: nullable binary.
+        let strings = table.column_by_name("s").unwrap().as_string::<i32>();
+        let (o, v) = (
+            batch.offsets("s").unwrap(),
+            batch.values::<u8>("s").unwrap(),
+        );
+        let got = &v[o[i] as usize..o[i + 1] as usize];
+        assert_eq!(batch.validity("s").unwrap()[i] == 1, strings.is_valid(row));
+        assert_eq!(
+            got,
+            if strings.is_valid(row) {
+                strings.value(row).as_bytes()
+            } else {
+                b""
+            }
+        );
+        let blobs = table.column_by_name("b").unwrap().as_binary::<i32>();
+        let (o, v) = (
+            batch.offsets("b").unwrap(),
+            batch.values::<u8>("b").unwrap(),
+        );
+        assert_eq!(
+            &v[o[i] as usize..o[i + 1] as usize],
+            if blobs.is_valid(row) {
+                blobs.value(row)
+            } else {
+                b""
+            }
+        );
+        // embedding: fixed-size list<float32, 4> as [batch, 4].
+        let emb = table
+            .column_by_name("embedding")
+            .unwrap()
+            .as_fixed_size_list();
+        let want = emb.value(row);
+        let want = want.as_primitive::<Float32Type>();
+        assert_eq!(
+            &batch.values::<f32>("embedding").unwrap()[i * 4..i * 4 + 4],
+            want.values().as_ref()
+        );
+        // tokens: nullable list<int32>, ragged or padded.
+        let tokens = table.column_by_name("tokens").unwrap().as_list::<i32>();
+        let want: Vec<i32> = if tokens.is_valid(row) {
+            tokens
+                .value(row)
+                .as_primitive::<Int32Type>()
+                .values()
+                .to_vec()
+        } else {
+            vec![]
+        };
+        match padded {
+            None => {
+                let (o, v) = (
+                    batch.offsets("tokens").unwrap(),
+                    batch.values::<i32>("tokens").unwrap(),
+                );
+                assert_eq!(
+                    &v[o[i] as usize..o[i + 1] as usize],
+                    want.as_slice(),
+                    "tokens of id {id}"
+                );
+            }
+            Some(pad) => {
+                let len = batch.lengths("tokens").unwrap()[i] as usize;
+                let row_values = &batch.values::<i32>("tokens").unwrap()[i * pad..(i + 1) * pad];
+                assert_eq!(len, want.len().min(pad));
+                assert_eq!(&row_values[..len], &want[..len]);
+                assert!(
+                    row_values[len..].iter().all(|&x| x == -1),
+                    "padding of id {id}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn collated_values_equal_what_pyarrow_reads() {
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::KitchenSink, 1500, 128, 32 << 10);
+    let table = pyarrow_table(&url, &tmp.path().join("table.arrow"));
+    let index: HashMap<i64, usize> = table
+        .column_by_name("id")
+        .unwrap()
+        .as_primitive::<Int64Type>()
+        .values()
+        .iter()
+        .enumerate()
+        .map(|(r, id)| (*id, r))
+        .collect();
+    let columns = [
+        "id",
+        "f",
+        "date",
+        "ts",
+        "flag",
+        "s",
+        "b",
+        "embedding",
+        "tokens",
+    ];
+    for padded in [None, Some(8)] {
+        let mut builder = Loader::builder(&url)
+            .columns(columns)
+            .batch_size(100)
+            .seed(2)
+            .drop_last(false);
+        if let Some(pad) = padded {
+            builder = builder.pad_to(pad, -1.0);
+        }
+        let mut loader = builder.build().unwrap();
+        let mut rows = 0;
+        for batch in &mut loader {
+            let batch = batch.unwrap();
+            check_batch_against(&batch, &table, &index, padded);
+            rows += batch.rows();
+        }
+        assert_eq!(rows, 1500);
+        if padded.is_some() {
+            assert!(
+                loader.stats().truncated_rows > 0,
+                "some token lists are longer than 8"
+            );
+        }
+    }
+    // Types the collator cannot lay out are refused, naming the column.
+    let err = Loader::builder(&url)
+        .columns(["id", "st"])
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("`st`"), "{err}");
+    let err = Loader::builder(&url).columns(["nope"]).build().unwrap_err();
+    assert!(err.to_string().contains("`nope`"), "{err}");
+}
+
+#[test]
+fn bad_options_are_named() {
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Text, 100, 10, 4 << 10);
+    let cases: Vec<(shardfeed_loader::LoaderBuilder, &str)> = vec![
+        (Loader::builder(&url).batch_size(0), "batch_size"),
+        (Loader::builder(&url).rank(2).world_size(2), "rank"),
+        (Loader::builder(&url).world_size(0), "world_size"),
+        (Loader::builder(&url).window(0), "window"),
+        (Loader::builder(&url).byte_budget(10), "byte_budget"),
+        (Loader::builder(&url).pad_to(0, 0.0), "pad_to"),
+    ];
+    for (builder, option) in cases {
+        let err = builder.build().unwrap_err();
+        assert!(matches!(err, LoaderError::BadOption { .. }), "{err}");
+        assert!(err.to_string().contains(option), "{err}");
+    }
+    let err = Loader::builder(&s(&tmp.path().join("missing")))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("manifest.json"), "{err}");
+}
+
+#[test]
+fn corrupted_and_missing_shards_are_named_never_decoded() {
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Tokens, 600, 10, 256 << 10);
+    let m = manifest(Path::new(&url));
+    assert!(m.shards.len() >= 3);
+    let victim = &m.shards[1];
+    assert!(victim.row_groups.len() >= 2, "{:?}", victim.row_groups);
+    let path = Path::new(&url).join(&victim.path);
+    let original = std::fs::read(&path).unwrap();
+    // Flip a byte inside the data of the second row group's first column chunk.
+    let footer =
+        shardfeed_loader::shard::check_file(victim, &bytes::Bytes::from(original.clone())).unwrap();
+    let (start, len) = footer.metadata.row_group(1).column(1).byte_range();
+    let mut bytes = original.clone();
+    bytes[(start + len / 2) as usize] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let mut loader = Loader::builder(&url)
+        .batch_size(10)
+        .shuffle(false)
+        .build()
+        .unwrap();
+    let mut good_rows = 0;
+    let err = loop {
+        match loader.next() {
+            Some(Ok(b)) => good_rows += b.rows(),
+            Some(Err(e)) => break e,
+            None => panic!("corruption went unnoticed"),
+        }
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains(&victim.path) && text.contains("row group 1"),
+        "{text}"
+    );
+    // Rows before the damage were delivered intact; none after it.
+    assert!(good_rows as u64 <= m.shards[0].rows + victim.row_groups[0]);
+    drop(loader);
+
+    std::fs::write(&path, &original).unwrap();
+    std::fs::remove_file(Path::new(&url).join(&m.shards[2].path)).unwrap();
+    let mut loader = Loader::builder(&url).batch_size(10).build().unwrap();
+    let err = loader.find_map(|b| b.err()).expect("a missing shard fails");
+    assert!(
+        err.to_string().contains(&m.shards[2].path) && err.to_string().contains("missing"),
+        "{err}"
+    );
+}
+
+#[test]
+fn dropping_a_loader_mid_epoch_stops_promptly_and_slabs_are_leased() {
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Tokens, 2000, 64, 256 << 10);
+    let mut loader = Loader::builder(&url)
+        .batch_size(32)
+        .prefetch(2)
+        .pinning(PinningMode::Auto)
+        .build()
+        .unwrap();
+    assert_eq!(loader.stats().pinning, loader.pinning().name());
+    let first = loader.next().unwrap().unwrap();
+    let second = loader.next().unwrap().unwrap();
+    assert_ne!(first.slab().as_ptr(), second.slab().as_ptr());
+    // Holding every slab: next() reports it instead of hanging.
+    let mut held = vec![first, second];
+    let err = loop {
+        match loader.next() {
+            Some(Ok(b)) => held.push(b),
+            Some(Err(e)) => break e,
+            None => panic!("epoch ended"),
+        }
+    };
+    assert!(matches!(err, LoaderError::PoolExhausted { .. }), "{err}");
+    held.clear();
+    assert!(loader.next().unwrap().is_ok(), "slabs came back");
+    let started = std::time::Instant::now();
+    drop(loader);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "drop took {:?}",
+        started.elapsed()
+    );
+}
