@@ -11,6 +11,7 @@ use shardfeed_format::Location;
 use shardfeed_format::size::{format_size, parse_size};
 use shardfeed_preprocess::{InputFormat, ShardOptions};
 
+mod bench;
 mod generate;
 mod inspect;
 mod progress;
@@ -56,9 +57,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Stream a dataset through the loader: rows/s, MB/s, time to first batch,
+    /// and with --step-ms the fraction of time a trainer would wait for data.
+    Bench(bench::BenchArgs),
     /// Write a seeded synthetic dataset (tokens, tabular, images, kitchen-sink, text).
     Generate(generate::GenerateArgs),
-    /// The main job on a built-in default: generate a token dataset, shard it, verify it.
+    /// The main job on a built-in default: generate a token dataset, shard it,
+    /// verify it, then stream it through the loader and report throughput.
     Demo {
         /// Work folder (a temporary folder by default).
         #[arg(long)]
@@ -248,6 +253,24 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
     if !run_verify(&dataset.display().to_string(), 0, false)? {
         bail!("the demo dataset failed verification");
     }
+    println!("stream: shuffled batches of 256 rows through the loader");
+    let args = bench::BenchArgs {
+        dataset: dataset.display().to_string(),
+        batch_size: 256,
+        columns: None,
+        threads: 0,
+        epochs: 1,
+        step_ms: None,
+        pad_to: None,
+        no_shuffle: false,
+        seed: 0,
+        window: shardfeed_loader::DEFAULT_WINDOW,
+        prefetch: shardfeed_loader::DEFAULT_PREFETCH_BATCHES,
+        byte_budget: "1GiB".into(),
+        pinning: "auto".into(),
+        json: false,
+    };
+    bench::print(&bench::measure(&args)?, false)?;
     println!("dataset: {}", dataset.display());
     Ok(())
 }
@@ -282,6 +305,7 @@ fn main() -> ExitCode {
             json,
         } => run_verify(&dataset, threads, json),
         Command::Generate(args) => generate::run(&args).map(|()| true),
+        Command::Bench(args) => bench::measure(&args).and_then(|r| bench::print(&r, args.json)).map(|()| true),
         Command::Demo { dir, rows } => run_demo(dir, rows).map(|()| true),
     };
     match result {

@@ -392,18 +392,19 @@ fn estimate_slab_bytes(
     let footer = runtime.block_on(fetch.footer(first as u32))?;
     let (leaves, _) = projection(&footer.arrow, &fetch.roots);
     let meta = &footer.footer.metadata;
-    let rows: i64 = meta.row_groups().iter().map(|g| g.num_rows()).sum();
-    let bytes: i64 = meta
-        .row_groups()
-        .iter()
-        .map(|g| {
-            leaves
-                .iter()
-                .map(|&l| g.column(l).uncompressed_size())
-                .sum::<i64>()
-        })
-        .sum();
-    let per_row = (bytes.max(0) as f64 / rows.max(1) as f64).ceil() as usize;
+    // Parquet's uncompressed sizes are of encoded pages (dictionaries, bit
+    // packing); scale the dataset's Arrow bytes per row by the projected share.
+    let (mut projected, mut all) = (0i64, 0i64);
+    for g in meta.row_groups() {
+        for (i, c) in g.columns().iter().enumerate() {
+            all += c.uncompressed_size();
+            if leaves.contains(&i) {
+                projected += c.uncompressed_size();
+            }
+        }
+    }
+    let arrow_per_row = manifest.input_bytes as f64 / manifest.total_rows.max(1) as f64;
+    let per_row = (arrow_per_row * projected.max(0) as f64 / all.max(1) as f64).ceil() as usize;
     let padded = match list_mode {
         ListMode::Padded { to, .. } => to * 8 * columns,
         ListMode::Ragged => 0,
@@ -953,26 +954,21 @@ impl Collator {
         let first_window = self.plan.window_of(start);
         // Windows before the batch's first one are done: release them.
         self.windows.retain(|w| w.index >= first_window);
-        for position in start..end {
+        let mut position = start;
+        while position < end {
             let w = self.plan.window_of(position);
             self.load(w)?;
             let window = self.plan.window(w);
-            let row = window.row_at(position - window.start);
-            let loaded_at = self
-                .windows
-                .iter()
-                .position(|l| l.index == w)
-                .expect("loaded above");
-            let base: usize = self.windows[..loaded_at]
-                .iter()
-                .map(|l| l.batches.len())
-                .sum();
+            let run_end = end.min(window.start + window.rows);
+            let loaded_at = self.windows.iter().position(|l| l.index == w).expect("loaded above");
+            let base: usize = self.windows[..loaded_at].iter().map(|l| l.batches.len()).sum();
             let loaded = &self.windows[loaded_at];
-            let segment = loaded.prefix.partition_point(|&p| p <= row) - 1;
-            rows.push((
-                (base + segment) as u32,
-                (row - loaded.prefix[segment]) as u32,
-            ));
+            for p in position..run_end {
+                let row = window.row_at(p - window.start);
+                let segment = loaded.prefix.partition_point(|&x| x <= row) - 1;
+                rows.push(((base + segment) as u32, (row - loaded.prefix[segment]) as u32));
+            }
+            position = run_end;
         }
         let started = Instant::now();
         let sources: Vec<&RecordBatch> =

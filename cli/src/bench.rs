@@ -1,0 +1,162 @@
+//! `shardfeed bench`: stream a dataset through the loader and report throughput.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde::Serialize;
+use shardfeed_format::size::parse_size;
+use shardfeed_loader::{Loader, PinningMode, Stats};
+
+/// Arguments of `bench`.
+#[derive(Args, Clone)]
+pub struct BenchArgs {
+    /// Dataset URL or path.
+    pub dataset: String,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 256)]
+    pub batch_size: usize,
+    /// Columns to read, comma separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub columns: Option<Vec<String>>,
+    /// Decode threads (0: all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Epochs to stream.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Simulated training step: sleep this many milliseconds after each batch,
+    /// and report the fraction of wall time spent waiting for data.
+    #[arg(long)]
+    pub step_ms: Option<f64>,
+    /// Pad list columns to this length (default: ragged values + offsets).
+    #[arg(long)]
+    pub pad_to: Option<usize>,
+    /// Read in order instead of shuffling.
+    #[arg(long)]
+    pub no_shuffle: bool,
+    /// Shuffle seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Row groups per shuffle window.
+    #[arg(long, default_value_t = shardfeed_loader::DEFAULT_WINDOW)]
+    pub window: usize,
+    /// Batches collated ahead.
+    #[arg(long, default_value_t = shardfeed_loader::DEFAULT_PREFETCH_BATCHES)]
+    pub prefetch: usize,
+    /// Bytes of row groups in flight, e.g. 256MiB.
+    #[arg(long, default_value = "1GiB")]
+    pub byte_budget: String,
+    /// Slab allocation: auto, cuda or off.
+    #[arg(long, default_value = "auto")]
+    pub pinning: String,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `bench` measured.
+#[derive(Serialize)]
+pub struct BenchReport {
+    /// Dataset streamed.
+    pub dataset: String,
+    /// Rows yielded.
+    pub rows: u64,
+    /// Bytes of collated batches yielded.
+    pub bytes: u64,
+    /// Batches yielded.
+    pub batches: u64,
+    /// Epochs streamed.
+    pub epochs: u64,
+    /// Wall time.
+    pub seconds: f64,
+    /// Rows per second.
+    pub rows_per_s: f64,
+    /// Collated MB (10^6 bytes) per second.
+    pub mb_per_s: f64,
+    /// From the first `next()` to the first batch.
+    pub time_to_first_batch_ms: f64,
+    /// Fraction of wall time spent waiting in `next()`.
+    pub wait_fraction: f64,
+    /// Simulated step, if any.
+    pub step_ms: Option<f64>,
+    /// Peak resident memory of the process.
+    pub peak_rss_bytes: Option<u64>,
+    /// The loader's counters.
+    pub stats: Stats,
+}
+
+/// Stream the dataset and measure.
+pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
+    let mut builder = Loader::builder(&args.dataset)
+        .batch_size(args.batch_size)
+        .shuffle(!args.no_shuffle)
+        .seed(args.seed)
+        .window(args.window)
+        .prefetch(args.prefetch)
+        .decode_threads(args.threads)
+        .byte_budget(parse_size(&args.byte_budget).context("invalid --byte-budget")?)
+        .pinning(args.pinning.parse::<PinningMode>()?)
+        .rank(0)
+        .world_size(1);
+    if let Some(columns) = &args.columns {
+        builder = builder.columns(columns.clone());
+    }
+    if let Some(pad) = args.pad_to {
+        builder = builder.pad_to(pad, 0.0);
+    }
+    let mut loader = builder.build()?;
+    let step = args.step_ms.map(|ms| Duration::from_secs_f64(ms / 1000.0));
+    let started = Instant::now();
+    for epoch in 0..args.epochs {
+        loader.set_epoch(epoch);
+        for batch in &mut loader {
+            let batch = batch?;
+            if let Some(step) = step {
+                // The GPU works on this batch; the loader keeps prefetching.
+                std::thread::sleep(step);
+            }
+            drop(batch);
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let stats = loader.stats();
+    Ok(BenchReport {
+        dataset: args.dataset.clone(),
+        rows: stats.rows,
+        bytes: stats.bytes,
+        batches: stats.batches,
+        epochs: args.epochs,
+        seconds,
+        rows_per_s: stats.rows as f64 / seconds,
+        mb_per_s: stats.bytes as f64 / 1e6 / seconds,
+        time_to_first_batch_ms: stats.time_to_first_batch_ms,
+        wait_fraction: stats.wait_ms / 1000.0 / seconds,
+        step_ms: args.step_ms,
+        peak_rss_bytes: shardfeed_preprocess::peak_rss_bytes(),
+        stats,
+    })
+}
+
+/// Print a report.
+pub fn print(report: &BenchReport, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        return Ok(());
+    }
+    println!(
+        "{} rows, {} batches in {:.2} s: {:.0} rows/s, {:.1} MB/s; first batch after {:.1} ms",
+        report.rows, report.batches, report.seconds, report.rows_per_s, report.mb_per_s, report.time_to_first_batch_ms
+    );
+    if let Some(step) = report.step_ms {
+        println!("with a {step} ms step the trainer waited {:.2}% of wall time", 100.0 * report.wait_fraction);
+    }
+    println!(
+        "slabs: {} x {} ({}), peak RSS {}",
+        report.stats.slabs,
+        shardfeed_format::size::format_size(report.stats.slab_bytes as u64),
+        report.stats.pinning,
+        report.peak_rss_bytes.map(shardfeed_format::size::format_size).unwrap_or_else(|| "unknown".into())
+    );
+    Ok(())
+}
