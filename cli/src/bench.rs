@@ -146,17 +146,28 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
     }
     println!(
         "{} rows, {} batches in {:.2} s: {:.0} rows/s, {:.1} MB/s; first batch after {:.1} ms",
-        report.rows, report.batches, report.seconds, report.rows_per_s, report.mb_per_s, report.time_to_first_batch_ms
+        report.rows,
+        report.batches,
+        report.seconds,
+        report.rows_per_s,
+        report.mb_per_s,
+        report.time_to_first_batch_ms
     );
     if let Some(step) = report.step_ms {
-        println!("with a {step} ms step the trainer waited {:.2}% of wall time", 100.0 * report.wait_fraction);
+        println!(
+            "with a {step} ms step the trainer waited {:.2}% of wall time",
+            100.0 * report.wait_fraction
+        );
     }
     println!(
         "slabs: {} x {} ({}), peak RSS {}",
         report.stats.slabs,
         shardfeed_format::size::format_size(report.stats.slab_bytes as u64),
         report.stats.pinning,
-        report.peak_rss_bytes.map(shardfeed_format::size::format_size).unwrap_or_else(|| "unknown".into())
+        report
+            .peak_rss_bytes
+            .map(shardfeed_format::size::format_size)
+            .unwrap_or_else(|| "unknown".into())
     );
     Ok(())
 }

@@ -960,13 +960,23 @@ impl Collator {
             self.load(w)?;
             let window = self.plan.window(w);
             let run_end = end.min(window.start + window.rows);
-            let loaded_at = self.windows.iter().position(|l| l.index == w).expect("loaded above");
-            let base: usize = self.windows[..loaded_at].iter().map(|l| l.batches.len()).sum();
+            let loaded_at = self
+                .windows
+                .iter()
+                .position(|l| l.index == w)
+                .expect("loaded above");
+            let base: usize = self.windows[..loaded_at]
+                .iter()
+                .map(|l| l.batches.len())
+                .sum();
             let loaded = &self.windows[loaded_at];
             for p in position..run_end {
                 let row = window.row_at(p - window.start);
                 let segment = loaded.prefix.partition_point(|&x| x <= row) - 1;
-                rows.push(((base + segment) as u32, (row - loaded.prefix[segment]) as u32));
+                rows.push((
+                    (base + segment) as u32,
+                    (row - loaded.prefix[segment]) as u32,
+                ));
             }
             position = run_end;
         }

@@ -6,6 +6,11 @@
 //! memory budget) is loaded, permuted with a seeded Fisher-Yates shuffle and
 //! emitted. The result is a uniformly random permutation of the whole input,
 //! a pure function of the inputs, the seed and the bucket count.
+//!
+//! Memory: pending rows of all buckets share a quarter of the budget (at least
+//! 32 KiB each, plus a 32 KiB write buffer), one bucket is loaded at a time.
+//! Buckets are capped at 4096, so inputs up to ~1000x the budget keep every
+//! bucket within a quarter of it; beyond that buckets grow past it.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter};
@@ -76,7 +81,7 @@ pub(crate) fn scatter(
     })?;
     // Rows wait in memory per bucket up to this many bytes before a write, so
     // the pending rows of all buckets together stay within a quarter of the budget.
-    let flush_bytes = (memory_budget / 4 / count).max(64 << 10);
+    let flush_bytes = (memory_budget / 4 / count).max(32 << 10);
     let mut buckets: Vec<Bucket> = (0..count)
         .map(|i| Bucket {
             path: dir.path().join(format!("bucket-{i:05}.arrows")),
@@ -139,7 +144,7 @@ fn flush(bucket: &mut Bucket, schema: &SchemaRef) -> Result<()> {
         let file = File::create(&bucket.path)
             .map_err(|e| PreprocessError::io("create", &bucket.path, e))?;
         bucket.writer = Some(
-            StreamWriter::try_new(BufWriter::with_capacity(1 << 20, file), schema).map_err(err)?,
+            StreamWriter::try_new(BufWriter::with_capacity(32 << 10, file), schema).map_err(err)?,
         );
     }
     let writer = bucket.writer.as_mut().expect("created above");
