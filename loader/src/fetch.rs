@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use object_store::ObjectStoreExt;
+use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use shardfeed_format::{Location, Manifest};
 
@@ -19,8 +19,24 @@ use crate::{LoaderError, Result};
 /// Footers kept decoded at once.
 const FOOTER_CACHE: usize = 256;
 
-/// Decoded footers by shard, and their insertion order for eviction.
-type FooterCache = (HashMap<u32, Arc<FooterInfo>>, VecDeque<u32>);
+/// Values by shard, and their insertion order for eviction.
+type Cache<T> = (HashMap<u32, T>, VecDeque<u32>);
+
+fn cache_get<T: Clone>(cache: &Mutex<Cache<T>>, shard: u32) -> Option<T> {
+    cache.lock().expect("cache lock").0.get(&shard).cloned()
+}
+
+fn cache_put<T>(cache: &Mutex<Cache<T>>, shard: u32, value: T) {
+    let mut cache = cache.lock().expect("cache lock");
+    if cache.0.insert(shard, value).is_none() {
+        cache.1.push_back(shard);
+        if cache.1.len() > FOOTER_CACHE
+            && let Some(old) = cache.1.pop_front()
+        {
+            cache.0.remove(&old);
+        }
+    }
+}
 
 /// What the fetch stage needs, shared by its concurrent requests.
 pub(crate) struct FetchContext {
@@ -29,7 +45,10 @@ pub(crate) struct FetchContext {
     /// Top-level columns to read.
     pub roots: Vec<usize>,
     pub counters: Arc<Counters>,
-    footers: Mutex<FooterCache>,
+    footers: Mutex<Cache<Arc<FooterInfo>>>,
+    /// Local datasets are memory-mapped: ranges are slices of the page cache,
+    /// with no copy and no trip through the runtime's blocking pool.
+    mapped: Mutex<Cache<Bytes>>,
 }
 
 impl FetchContext {
@@ -45,7 +64,85 @@ impl FetchContext {
             roots,
             counters,
             footers: Mutex::new((HashMap::new(), VecDeque::new())),
+            mapped: Mutex::new((HashMap::new(), VecDeque::new())),
         }
+    }
+
+    /// The whole shard, memory-mapped, when the dataset is on the local file system.
+    fn local(&self, shard: u32) -> Result<Option<Bytes>> {
+        let Some(root) = self.location.local_root() else {
+            return Ok(None);
+        };
+        if let Some(bytes) = cache_get(&self.mapped, shard) {
+            return Ok(Some(bytes));
+        }
+        let entry = &self.manifest.shards[shard as usize];
+        let path = root.join(&entry.path);
+        let file = std::fs::File::open(&path).map_err(|e| {
+            let source = if e.kind() == std::io::ErrorKind::NotFound {
+                object_store::Error::NotFound {
+                    path: path.display().to_string(),
+                    source: Box::new(e),
+                }
+            } else {
+                object_store::Error::Generic {
+                    store: "LocalFileSystem",
+                    source: Box::new(e),
+                }
+            };
+            self.store_error(shard, source)
+        })?;
+        // SAFETY: shards are immutable once published (written aside and
+        // renamed into place), so the mapping does not change under us.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| {
+            self.store_error(
+                shard,
+                object_store::Error::Generic {
+                    store: "LocalFileSystem",
+                    source: Box::new(e),
+                },
+            )
+        })?;
+        let bytes = Bytes::from_owner(map);
+        cache_put(&self.mapped, shard, bytes.clone());
+        Ok(Some(bytes))
+    }
+
+    /// Read `ranges` of `shard`: slices of the mapping for local datasets,
+    /// coalesced range requests otherwise.
+    async fn read_ranges(&self, shard: u32, ranges: &[std::ops::Range<u64>]) -> Result<Vec<Bytes>> {
+        let started = Instant::now();
+        let parts = match self.local(shard)? {
+            Some(file) => {
+                let len = file.len() as u64;
+                ranges
+                    .iter()
+                    .map(|r| {
+                        if r.end > len {
+                            return Err(LoaderError::Corrupt {
+                                shard: self.manifest.shards[shard as usize].path.clone(),
+                                row_group: None,
+                                detail: format!("file is {len} bytes, shorter than the manifest says"),
+                            });
+                        }
+                        Ok(file.slice(r.start as usize..r.end as usize))
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            }
+            None => {
+                let entry = &self.manifest.shards[shard as usize];
+                // `get_ranges` coalesces nearby ranges into fewer requests.
+                self.location
+                    .store()
+                    .get_ranges(&self.location.child(&entry.path), ranges)
+                    .await
+                    .map_err(|e| self.store_error(shard, e))?
+            }
+        };
+        Counters::add_time(&self.counters.fetch_busy_ns, started.elapsed());
+        Counters::add(&self.counters.requests, 1);
+        Counters::add(&self.counters.fetched_bytes, parts.iter().map(|b| b.len() as u64).sum());
+        Ok(parts)
     }
 
     fn store_error(&self, shard: u32, source: object_store::Error) -> LoaderError {
@@ -60,21 +157,12 @@ impl FetchContext {
 
     /// The checked, decoded footer of `shard` (cached).
     pub(crate) async fn footer(&self, shard: u32) -> Result<Arc<FooterInfo>> {
-        if let Some(f) = self.footers.lock().expect("footer cache").0.get(&shard) {
-            return Ok(f.clone());
+        if let Some(f) = cache_get(&self.footers, shard) {
+            return Ok(f);
         }
         let entry = &self.manifest.shards[shard as usize];
-        let started = Instant::now();
         let range = entry.bytes - entry.footer_len..entry.bytes;
-        let bytes = self
-            .location
-            .store()
-            .get_range(&self.location.child(&entry.path), range)
-            .await
-            .map_err(|e| self.store_error(shard, e))?;
-        Counters::add_time(&self.counters.fetch_busy_ns, started.elapsed());
-        Counters::add(&self.counters.requests, 1);
-        Counters::add(&self.counters.fetched_bytes, bytes.len() as u64);
+        let bytes = self.read_ranges(shard, &[range]).await?.pop().expect("one range");
         let entry = entry.clone();
         // Parsing is CPU work: keep it off the async workers.
         let info = tokio::task::spawn_blocking(move || -> Result<FooterInfo> {
@@ -96,15 +184,7 @@ impl FetchContext {
             source: std::io::Error::other(e.to_string()),
         })??;
         let info = Arc::new(info);
-        let mut cache = self.footers.lock().expect("footer cache");
-        if cache.0.insert(shard, info.clone()).is_none() {
-            cache.1.push_back(shard);
-            if cache.1.len() > FOOTER_CACHE
-                && let Some(old) = cache.1.pop_front()
-            {
-                cache.0.remove(&old);
-            }
-        }
+        cache_put(&self.footers, shard, info.clone());
         Ok(info)
     }
 
@@ -120,19 +200,7 @@ impl FetchContext {
                 start..start + len
             })
             .collect();
-        let entry = &self.manifest.shards[segment.shard as usize];
-        let started = Instant::now();
-        // `get_ranges` coalesces nearby ranges into fewer requests.
-        let parts = self
-            .location
-            .store()
-            .get_ranges(&self.location.child(&entry.path), &ranges)
-            .await
-            .map_err(|e| self.store_error(segment.shard, e))?;
-        Counters::add_time(&self.counters.fetch_busy_ns, started.elapsed());
-        Counters::add(&self.counters.requests, 1);
-        let fetched: u64 = parts.iter().map(|b| b.len() as u64).sum();
-        Counters::add(&self.counters.fetched_bytes, fetched);
+        let parts = self.read_ranges(segment.shard, &ranges).await?;
         let chunks = leaves
             .into_iter()
             .zip(ranges)
