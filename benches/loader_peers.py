@@ -139,8 +139,9 @@ def main():
         }
         # A trainer whose step takes 1.2x the loader's per-batch time.
         per_batch_ms = 1000.0 * batch / sf["rows_per_s"]
-        step = min((bench_shardfeed(args.bin, path, batch, ["--step-ms", f"{1.2 * per_batch_ms:.3f}"])
-                    for _ in range(args.repeat)), key=lambda r: r["wait_fraction"])
+        steps = sorted((bench_shardfeed(args.bin, path, batch, ["--step-ms", f"{1.2 * per_batch_ms:.3f}"])
+                        for _ in range(args.repeat)), key=lambda r: r["wait_fraction"])
+        step = steps[len(steps) // 2]  # the median run
         row["step_ms"] = round(1.2 * per_batch_ms, 3)
         row["wait_fraction_at_1_2x"] = round(step["wait_fraction"], 4)
         results.append(row)
