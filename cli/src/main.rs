@@ -305,6 +305,11 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // Decoded row groups are large buffers freed and reallocated all the time:
+    // keep freed memory for a second before returning it to the OS, so it is
+    // reused instead of page-faulted in again (this halves decode time).
+    // SAFETY: sets an allocator option; valid at any time.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 1000) };
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Shard(args) => run_shard(&args).map(|()| true),

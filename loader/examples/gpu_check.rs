@@ -25,7 +25,10 @@ fn used_bytes(batch: &Batch) -> usize {
 }
 
 fn host_rows_per_s(dataset: &str, batch_size: usize) -> Result<f64, Error> {
-    let mut loader = Loader::builder(dataset).batch_size(batch_size).pinning(PinningMode::Off).build()?;
+    let mut loader = Loader::builder(dataset)
+        .batch_size(batch_size)
+        .pinning(PinningMode::Off)
+        .build()?;
     let started = Instant::now();
     let mut rows = 0;
     for batch in &mut loader {
@@ -38,7 +41,10 @@ fn host_rows_per_s(dataset: &str, batch_size: usize) -> Result<f64, Error> {
 fn cuda_checks(dataset: &str, batch_size: usize) -> Result<serde_json::Value, Error> {
     use cudarc::driver::{CudaContext, result};
 
-    let mut loader = Loader::builder(dataset).batch_size(batch_size).pinning(PinningMode::Cuda).build()?;
+    let mut loader = Loader::builder(dataset)
+        .batch_size(batch_size)
+        .pinning(PinningMode::Cuda)
+        .build()?;
     assert_eq!(loader.pinning(), Pinning::Cuda);
     let ctx = CudaContext::new(0)?;
     let stream = ctx.new_stream()?;
@@ -50,7 +56,7 @@ fn cuda_checks(dataset: &str, batch_size: usize) -> Result<serde_json::Value, Er
     let pinned = unsafe { std::slice::from_raw_parts(first.slab().as_ptr(), bytes) };
     let pageable = vec![1u8; bytes];
     let copies = 50;
-    let mut rate = |src: &[u8]| -> Result<f64, Error> {
+    let rate = |src: &[u8]| -> Result<f64, Error> {
         let started = Instant::now();
         for _ in 0..copies {
             // SAFETY: `device` holds `bytes`; `src` outlives the synchronize below.

@@ -51,6 +51,16 @@ pub(crate) struct ColumnPlan {
     nullable: bool,
 }
 
+impl ColumnPlan {
+    /// Whether the column collates to a fixed number of bytes per row.
+    pub(crate) fn is_fixed_width(&self) -> bool {
+        matches!(
+            self.kind,
+            Kind::Primitive(_) | Kind::Bool | Kind::FixedList(..)
+        )
+    }
+}
+
 fn primitive(dt: &DataType) -> Option<DType> {
     Some(match dt {
         DataType::Int8 => DType::I8,
@@ -274,6 +284,12 @@ impl<'a> Collation<'a> {
     /// Returns the number of list rows truncated by padding.
     pub(crate) fn write(&self, rows: &RowRefs, columns: &[Column], slab: &mut [u8]) -> u64 {
         let mut truncated = 0;
+        // Visit rows in source order (each output row still lands at its own
+        // place): shuffled gathers then walk each source array forwards instead
+        // of jumping around a window's worth of memory.
+        let mut order: Vec<u32> = (0..rows.len() as u32).collect();
+        order.sort_unstable_by_key(|&i| rows[i as usize]);
+        let order = &order[..];
         for (c, (plan, column)) in self.plans.iter().zip(columns).enumerate() {
             let cols: Vec<&SourceColumn> = self.sources.iter().map(|s| &s[c]).collect();
             if let Some(validity) = &column.validity {
@@ -286,9 +302,9 @@ impl<'a> Collation<'a> {
                 (Kind::Primitive(d), ColumnLayout::Dense { values }) => {
                     gather_fixed(
                         d.size(),
-                        1,
                         &cols,
                         rows,
+                        order,
                         &mut slab[values.offset..values.offset + values.bytes()],
                     );
                 }
@@ -310,12 +326,14 @@ impl<'a> Collation<'a> {
                         .collect();
                     let out = &mut slab[values.offset..values.offset + values.bytes()];
                     let width = d.size() * k;
-                    for (o, (s, r)) in out.chunks_exact_mut(width.max(1)).zip(rows) {
-                        let parent = &cols[*s as usize].data;
-                        let child = &children[*s as usize].data;
-                        let row = parent.offset() + *r as usize;
+                    for &i in order {
+                        let (s, r) = rows[i as usize];
+                        let parent = &cols[s as usize].data;
+                        let child = &children[s as usize].data;
+                        let row = parent.offset() + r as usize;
                         let src = SourceColumn::fixed(child, d.size());
-                        o.copy_from_slice(&src[row * width..row * width + width]);
+                        let at = i as usize * width;
+                        out[at..at + width].copy_from_slice(&src[row * width..row * width + width]);
                     }
                 }
                 (Kind::List { dtype, large }, layout) => {
@@ -334,16 +352,18 @@ impl<'a> Collation<'a> {
                     };
                     match layout {
                         ColumnLayout::Ragged { values, offsets } => {
-                            let mut at = 0usize;
                             let mut offs = Vec::with_capacity(rows.len() + 1);
                             offs.push(0i64);
                             for (s, r) in rows {
                                 let (a, b) = span(*s, *r);
-                                let src = SourceColumn::fixed(&children[*s as usize], w);
-                                let dst = values.offset + at * w;
+                                offs.push(offs.last().expect("non-empty") + (b - a) as i64);
+                            }
+                            for &i in order {
+                                let (s, r) = rows[i as usize];
+                                let (a, b) = span(s, r);
+                                let src = SourceColumn::fixed(&children[s as usize], w);
+                                let dst = values.offset + offs[i as usize] as usize * w;
                                 slab[dst..dst + (b - a) * w].copy_from_slice(&src[a * w..b * w]);
-                                at += b - a;
-                                offs.push(at as i64);
                             }
                             write_i64(slab, offsets, &offs);
                         }
@@ -443,37 +463,41 @@ fn pad_bytes(dtype: DType, value: f64) -> [u8; 8] {
     out
 }
 
-/// Copy `elements` values of `width` bytes per row.
+/// Copy one `width`-byte value per row, visiting rows in `order`.
 fn gather_fixed(
     width: usize,
-    elements: usize,
     cols: &[&SourceColumn],
     rows: &RowRefs,
+    order: &[u32],
     out: &mut [u8],
 ) {
-    fn go<const W: usize>(cols: &[&SourceColumn], rows: &RowRefs, out: &mut [u8]) {
+    fn go<const W: usize>(cols: &[&SourceColumn], rows: &RowRefs, order: &[u32], out: &mut [u8]) {
         let srcs: Vec<&[u8]> = cols
             .iter()
             .map(|c| SourceColumn::fixed(&c.data, W))
             .collect();
-        for (o, (s, r)) in out.chunks_exact_mut(W).zip(rows) {
-            let i = *r as usize * W;
-            o.copy_from_slice(&srcs[*s as usize][i..i + W]);
+        for &i in order {
+            let (s, r) = rows[i as usize];
+            let from = r as usize * W;
+            let to = i as usize * W;
+            out[to..to + W].copy_from_slice(&srcs[s as usize][from..from + W]);
         }
     }
-    match width * elements {
-        1 => go::<1>(cols, rows, out),
-        2 => go::<2>(cols, rows, out),
-        4 => go::<4>(cols, rows, out),
-        8 => go::<8>(cols, rows, out),
+    match width {
+        1 => go::<1>(cols, rows, order, out),
+        2 => go::<2>(cols, rows, order, out),
+        4 => go::<4>(cols, rows, order, out),
+        8 => go::<8>(cols, rows, order, out),
         w => {
             let srcs: Vec<&[u8]> = cols
                 .iter()
                 .map(|c| SourceColumn::fixed(&c.data, w))
                 .collect();
-            for (o, (s, r)) in out.chunks_exact_mut(w).zip(rows) {
-                let i = *r as usize * w;
-                o.copy_from_slice(&srcs[*s as usize][i..i + w]);
+            for &i in order {
+                let (s, r) = rows[i as usize];
+                let from = r as usize * w;
+                let to = i as usize * w;
+                out[to..to + w].copy_from_slice(&srcs[s as usize][from..from + w]);
             }
         }
     }

@@ -122,7 +122,9 @@ impl FetchContext {
                             return Err(LoaderError::Corrupt {
                                 shard: self.manifest.shards[shard as usize].path.clone(),
                                 row_group: None,
-                                detail: format!("file is {len} bytes, shorter than the manifest says"),
+                                detail: format!(
+                                    "file is {len} bytes, shorter than the manifest says"
+                                ),
                             });
                         }
                         Ok(file.slice(r.start as usize..r.end as usize))
@@ -141,7 +143,10 @@ impl FetchContext {
         };
         Counters::add_time(&self.counters.fetch_busy_ns, started.elapsed());
         Counters::add(&self.counters.requests, 1);
-        Counters::add(&self.counters.fetched_bytes, parts.iter().map(|b| b.len() as u64).sum());
+        Counters::add(
+            &self.counters.fetched_bytes,
+            parts.iter().map(|b| b.len() as u64).sum(),
+        );
         Ok(parts)
     }
 
@@ -162,7 +167,11 @@ impl FetchContext {
         }
         let entry = &self.manifest.shards[shard as usize];
         let range = entry.bytes - entry.footer_len..entry.bytes;
-        let bytes = self.read_ranges(shard, &[range]).await?.pop().expect("one range");
+        let bytes = self
+            .read_ranges(shard, &[range])
+            .await?
+            .pop()
+            .expect("one range");
         let entry = entry.clone();
         // Parsing is CPU work: keep it off the async workers.
         let info = tokio::task::spawn_blocking(move || -> Result<FooterInfo> {

@@ -359,6 +359,7 @@ impl LoaderBuilder {
                 prefetch_batches: self.prefetch_batches,
                 permits: permits as usize,
                 list_mode: self.list_mode,
+                fixed_width: plans.iter().all(ColumnPlan::is_fixed_width),
                 plans,
             }),
             manifest,
@@ -428,6 +429,8 @@ struct Config {
     permits: usize,
     list_mode: ListMode,
     plans: Vec<ColumnPlan>,
+    /// Every projected column is fixed width.
+    fixed_width: bool,
 }
 
 /// Where a loader is: enough to continue exactly there in a new process.
@@ -668,7 +671,11 @@ impl Loader {
         } else {
             plan.window_of(start_position)
         };
-        let first_seq = (start_window * config.window) as u64;
+        let first_seq = if start_window < plan.window_count() {
+            plan.window(start_window).first_segment as u64
+        } else {
+            plan.segments().len() as u64
+        };
         let segments: Vec<(u64, crate::plan::Segment)> = plan
             .segments()
             .iter()
@@ -869,12 +876,14 @@ fn decode_loop(
     }
 }
 
-/// A window's decoded segments, held while its rows are collated.
+/// A window's decoded rows, held while they are collated.
 struct LoadedWindow {
     index: usize,
     batches: Vec<RecordBatch>,
-    /// Cumulative rows before each segment.
+    /// Cumulative rows before each batch.
     prefix: Vec<u64>,
+    /// Whether `batches` is one batch already in the window's shuffled order.
+    permuted: bool,
     _permits: Vec<OwnedSemaphorePermit>,
 }
 
@@ -897,7 +906,7 @@ impl Collator {
             return Ok(());
         }
         let window = self.plan.window(index);
-        let first = (index * self.config.window) as u64;
+        let first = window.first_segment as u64;
         let count = window.segments.len() as u64;
         let mut batches = Vec::with_capacity(count as usize);
         let mut permits = Vec::with_capacity(count as usize);
@@ -920,10 +929,45 @@ impl Collator {
             batches.push(batch);
             permits.extend(permit);
         }
+        if self.config.shuffle && self.config.fixed_width && window.rows > 0 {
+            // Fixed-width columns only (variable-length rows are large contiguous
+            // copies that gain nothing and would be copied twice):
+            // materialise the window in shuffled order, one column at a time:
+            // each column's random reads stay within that column's data
+            // (cache-resident), where gathering batch by batch would sweep
+            // every column of the whole window for each batch. Batches are
+            // then contiguous slices.
+            let started = Instant::now();
+            let order: Vec<(usize, usize)> = (0..window.rows)
+                .map(|offset| {
+                    let row = window.row_at(offset);
+                    let segment = prefix.partition_point(|&p| p <= row) - 1;
+                    (segment, (row - prefix[segment]) as usize)
+                })
+                .collect();
+            let refs: Vec<&RecordBatch> = batches.iter().collect();
+            let permuted = arrow_select::interleave::interleave_record_batch(&refs, &order)
+                .map_err(|e| LoaderError::Io {
+                    op: format!("shuffle window {index}"),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+            Counters::add_time(&self.counters.collate_busy_ns, started.elapsed());
+            // The decoded row groups are no longer needed: free their budget now.
+            permits.clear();
+            self.windows.push(LoadedWindow {
+                index,
+                prefix: vec![0, permuted.num_rows() as u64],
+                batches: vec![permuted],
+                permuted: true,
+                _permits: permits,
+            });
+            return Ok(());
+        }
         self.windows.push(LoadedWindow {
             index,
             batches,
             prefix,
+            permuted: false,
             _permits: permits,
         });
         Ok(())
@@ -971,7 +1015,11 @@ impl Collator {
                 .sum();
             let loaded = &self.windows[loaded_at];
             for p in position..run_end {
-                let row = window.row_at(p - window.start);
+                let row = if loaded.permuted {
+                    p - window.start
+                } else {
+                    window.row_at(p - window.start)
+                };
                 let segment = loaded.prefix.partition_point(|&x| x <= row) - 1;
                 rows.push((
                     (base + segment) as u32,

@@ -11,8 +11,10 @@
 //!    wrap around to the start (those rows appear twice), as PyTorch's
 //!    `DistributedSampler` pads. Every rank therefore sees exactly `q` rows.
 //! 3. The block is a list of segments (row ranges of units, clipped at the
-//!    block's ends), cut into windows of `window` segments. Rows are permuted
-//!    inside each window with a seeded bijection.
+//!    block's ends), cut into windows of `window` segments. The first windows
+//!    of a pass ramp up (1, 2, 4, ... segments) so the first batch waits for
+//!    one row group, not a whole window. Rows are permuted inside each window
+//!    with a seeded bijection.
 //! 4. Batches are consecutive runs of `batch_size` positions; with `drop_last`
 //!    the final partial batch is dropped.
 //!
@@ -70,6 +72,8 @@ pub struct EpochPlan {
     segments: Vec<Segment>,
     /// Start position of each window, plus the total.
     window_starts: Vec<u64>,
+    /// First segment of each window, plus the segment count.
+    window_segments: Vec<usize>,
     /// Positions this rank yields (rows in batches).
     positions: u64,
 }
@@ -79,6 +83,8 @@ pub struct EpochPlan {
 pub struct Window<'a> {
     /// Index of the window.
     pub index: usize,
+    /// Index of its first segment in the plan.
+    pub first_segment: usize,
     /// Its segments, in order.
     pub segments: &'a [Segment],
     /// Position of its first row in the rank's sequence.
@@ -158,13 +164,21 @@ impl EpochPlan {
             }
         }
         let window = options.window.max(1);
-        let mut window_starts = Vec::with_capacity(segments.len().div_ceil(window) + 1);
+        let mut window_starts = Vec::with_capacity(segments.len().div_ceil(window) + 8);
+        let mut window_segments = Vec::with_capacity(segments.len().div_ceil(window) + 8);
         let mut acc = 0u64;
-        for chunk in segments.chunks(window) {
+        let mut first = 0usize;
+        let mut size = 1usize;
+        while first < segments.len() {
+            let end = (first + size.min(window)).min(segments.len());
             window_starts.push(acc);
-            acc += chunk.iter().map(Segment::rows).sum::<u64>();
+            window_segments.push(first);
+            acc += segments[first..end].iter().map(Segment::rows).sum::<u64>();
+            first = end;
+            size *= 2;
         }
         window_starts.push(acc);
+        window_segments.push(segments.len());
         debug_assert_eq!(acc, per_rank);
         let positions = if options.drop_last {
             per_rank / options.batch_size as u64 * options.batch_size as u64
@@ -175,6 +189,7 @@ impl EpochPlan {
             options,
             segments,
             window_starts,
+            window_segments,
             positions,
         }
     }
@@ -206,9 +221,7 @@ impl EpochPlan {
 
     /// Window `index`.
     pub fn window(&self, index: usize) -> Window<'_> {
-        let w = self.options.window.max(1);
-        let lo = index * w;
-        let hi = (lo + w).min(self.segments.len());
+        let (lo, hi) = (self.window_segments[index], self.window_segments[index + 1]);
         let start = self.window_starts[index];
         let rows = self.window_starts[index + 1] - start;
         let permutation = self.options.shuffle.then(|| {
@@ -225,6 +238,7 @@ impl EpochPlan {
         });
         Window {
             index,
+            first_segment: lo,
             segments: &self.segments[lo..hi],
             start,
             rows,
@@ -242,7 +256,7 @@ impl EpochPlan {
         let w = self.window_of(position);
         let window = self.window(w);
         let mut row = window.row_at(position - window.start);
-        let first = w * self.options.window.max(1);
+        let first = window.first_segment;
         for (i, seg) in window.segments.iter().enumerate() {
             if row < seg.rows() {
                 return (first + i, seg.start + row as u32);
