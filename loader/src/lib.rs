@@ -2,7 +2,7 @@
 //! in pinned host memory, so the trainer never waits.
 //!
 //! ```text
-//! plan (pure) -> fetch (tokio + object_store) -> decode (threads) -> shuffle + collate (thread) -> slab pool -> consumer
+//! plan (pure) -> fetch (tokio + object_store) -> decode (threads) -> shuffle (thread) -> collate (thread) -> slab pool -> consumer
 //! ```
 //!
 //! * The order a rank sees is a pure function of (manifest, seed, epoch,

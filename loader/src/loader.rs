@@ -730,29 +730,37 @@ impl Loader {
             );
         }
         drop(decoded_tx);
+        let (windows_tx, windows_rx) = bounded::<Result<LoadedWindow>>(1);
         {
-            let plan = plan.clone();
-            let pool = self.pool.clone();
-            let counters = self.counters.clone();
-            let cancel = cancel.clone();
-            let held = self.held.clone();
+            let mut shuffler = Shuffler {
+                config: config.clone(),
+                plan: plan.clone(),
+                decoded: decoded_rx,
+                waiting: BTreeMap::new(),
+                counters: self.counters.clone(),
+            };
+            threads.push(
+                std::thread::Builder::new()
+                    .name("shardfeed-shuffle".into())
+                    .spawn(move || shuffler.run(start_window, windows_tx))
+                    .expect("spawn the shuffle thread"),
+            );
+        }
+        {
+            let mut collator = Collator {
+                config,
+                plan: plan.clone(),
+                windows_in: windows_rx,
+                windows: Vec::new(),
+                pool: self.pool.clone(),
+                counters: self.counters.clone(),
+                cancel: cancel.clone(),
+                held: self.held.clone(),
+            };
             threads.push(
                 std::thread::Builder::new()
                     .name("shardfeed-collate".into())
-                    .spawn(move || {
-                        let mut collator = Collator {
-                            config,
-                            plan,
-                            decoded: decoded_rx,
-                            waiting: BTreeMap::new(),
-                            windows: Vec::new(),
-                            pool,
-                            counters,
-                            cancel,
-                            held,
-                        };
-                        collator.run(start_position, output_tx);
-                    })
+                    .spawn(move || collator.run(start_position, output_tx))
                     .expect("spawn the collate thread"),
             );
         }
@@ -887,24 +895,30 @@ struct LoadedWindow {
     _permits: Vec<OwnedSemaphorePermit>,
 }
 
-struct Collator {
+/// The shuffle stage: assembles each window from decoded segments (in plan
+/// order) and, for fixed-width columns, materialises it in shuffled order,
+/// one window ahead of the collator.
+struct Shuffler {
     config: Arc<Config>,
     plan: Arc<EpochPlan>,
     decoded: Receiver<Decoded>,
     waiting: BTreeMap<u64, (RecordBatch, Option<OwnedSemaphorePermit>)>,
-    windows: Vec<LoadedWindow>,
-    pool: Arc<Pool>,
     counters: Arc<Counters>,
-    cancel: Arc<AtomicBool>,
-    held: Arc<AtomicUsize>,
 }
 
-impl Collator {
-    /// Receive decoded segments until every segment of window `index` is here.
-    fn load(&mut self, index: usize) -> Result<()> {
-        if self.windows.iter().any(|w| w.index == index) {
-            return Ok(());
+impl Shuffler {
+    fn run(&mut self, first_window: usize, output: Sender<Result<LoadedWindow>>) {
+        for index in first_window..self.plan.window_count() {
+            let result = self.load(index);
+            let failed = result.is_err();
+            if output.send(result).is_err() || failed {
+                return;
+            }
         }
+    }
+
+    /// Receive decoded segments until every segment of window `index` is here.
+    fn load(&mut self, index: usize) -> Result<LoadedWindow> {
         let window = self.plan.window(index);
         let first = window.first_segment as u64;
         let count = window.segments.len() as u64;
@@ -951,25 +965,48 @@ impl Collator {
                     op: format!("shuffle window {index}"),
                     source: std::io::Error::other(e.to_string()),
                 })?;
-            Counters::add_time(&self.counters.collate_busy_ns, started.elapsed());
+            Counters::add_time(&self.counters.shuffle_busy_ns, started.elapsed());
             // The decoded row groups are no longer needed: free their budget now.
             permits.clear();
-            self.windows.push(LoadedWindow {
+            return Ok(LoadedWindow {
                 index,
                 prefix: vec![0, permuted.num_rows() as u64],
                 batches: vec![permuted],
                 permuted: true,
                 _permits: permits,
             });
-            return Ok(());
         }
-        self.windows.push(LoadedWindow {
+        Ok(LoadedWindow {
             index,
             batches,
             prefix,
             permuted: false,
             _permits: permits,
-        });
+        })
+    }
+}
+
+/// The collate stage: gathers each batch's rows into a slab.
+struct Collator {
+    config: Arc<Config>,
+    plan: Arc<EpochPlan>,
+    windows_in: Receiver<Result<LoadedWindow>>,
+    windows: Vec<LoadedWindow>,
+    pool: Arc<Pool>,
+    counters: Arc<Counters>,
+    cancel: Arc<AtomicBool>,
+    held: Arc<AtomicUsize>,
+}
+
+impl Collator {
+    /// Make sure window `index` is loaded (windows arrive in order).
+    fn load(&mut self, index: usize) -> Result<()> {
+        while !self.windows.iter().any(|w| w.index == index) {
+            match self.windows_in.recv() {
+                Ok(window) => self.windows.push(window?),
+                Err(_) => return Err(LoaderError::Closed),
+            }
+        }
         Ok(())
     }
 

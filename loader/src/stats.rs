@@ -18,6 +18,7 @@ pub(crate) struct Counters {
     pub wait_ns: AtomicU64,
     pub fetch_busy_ns: AtomicU64,
     pub decode_busy_ns: AtomicU64,
+    pub shuffle_busy_ns: AtomicU64,
     pub collate_busy_ns: AtomicU64,
     pub decode_queue: AtomicU64,
     pub oversize_batches: AtomicU64,
@@ -57,6 +58,8 @@ pub struct Stats {
     pub fetch_busy_ms: f64,
     /// Time decode threads spent checking and decoding, in milliseconds.
     pub decode_busy_ms: f64,
+    /// Time the shuffle stage spent materialising shuffled windows, in milliseconds.
+    pub shuffle_busy_ms: f64,
     /// Time the collator spent gathering rows into slabs, in milliseconds.
     pub collate_busy_ms: f64,
     /// Row groups fetched but not yet decoded, now.
@@ -92,6 +95,7 @@ impl Counters {
             wait_ms: ms(&self.wait_ns),
             fetch_busy_ms: ms(&self.fetch_busy_ns),
             decode_busy_ms: ms(&self.decode_busy_ns),
+            shuffle_busy_ms: ms(&self.shuffle_busy_ns),
             collate_busy_ms: ms(&self.collate_busy_ns),
             decode_queue: self.decode_queue.load(Ordering::Relaxed),
             output_queue: 0,
