@@ -28,6 +28,27 @@ pub(crate) struct Fetched {
     pub footer: Arc<FooterInfo>,
     /// `(leaf column, file offset, bytes)`, one per projected column chunk.
     pub chunks: Vec<(usize, u64, Bytes)>,
+    /// Whether the chunks are slices of a memory-mapped local file.
+    pub mapped: bool,
+}
+
+/// Drop the pages of memory-mapped `chunks` from this process's resident set
+/// once decoded (they stay in the page cache), so RSS follows the configured
+/// budget rather than the dataset size.
+fn release_mapped(chunks: &[(u64, Bytes)]) {
+    #[cfg(target_os = "linux")]
+    for (_, bytes) in chunks {
+        let page = 4096usize;
+        let start = bytes.as_ptr() as usize;
+        let aligned = start & !(page - 1);
+        let len = (start + bytes.len()).next_multiple_of(page) - aligned;
+        // SAFETY: the range lies within a read-only private file mapping that
+        // `bytes` keeps alive; MADV_DONTNEED on it only drops page table
+        // entries, and later reads fault the same file contents back in.
+        unsafe {
+            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_DONTNEED);
+        }
+    }
 }
 
 /// The byte ranges of a file that were fetched; reads outside them are errors.
@@ -102,6 +123,7 @@ pub(crate) fn decode(fetched: Fetched, entry: &ShardEntry, roots: &[usize]) -> R
         segment,
         footer,
         chunks,
+        mapped,
         ..
     } = fetched;
     let rg = segment.row_group as usize;
@@ -117,6 +139,7 @@ pub(crate) fn decode(fetched: Fetched, entry: &ShardEntry, roots: &[usize]) -> R
     let mut sorted: Vec<(u64, Bytes)> =
         chunks.into_iter().map(|(_, start, b)| (start, b)).collect();
     sorted.sort_by_key(|(s, _)| *s);
+    let reader_chunks = sorted.clone();
     let file = SparseFile {
         len: entry.bytes,
         chunks: sorted,
@@ -131,6 +154,9 @@ pub(crate) fn decode(fetched: Fetched, entry: &ShardEntry, roots: &[usize]) -> R
     let mut batches = Vec::with_capacity(1);
     for batch in reader {
         batches.push(batch.map_err(|e| decode_err(e.into()))?);
+    }
+    if mapped {
+        release_mapped(&reader_chunks);
     }
     let batch = match batches.len() {
         1 => batches.pop().expect("one batch"),

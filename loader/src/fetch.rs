@@ -221,6 +221,7 @@ impl FetchContext {
             segment,
             footer,
             chunks,
+            mapped: self.location.local_root().is_some(),
         })
     }
 }

@@ -170,12 +170,12 @@ impl EpochPlan {
         let mut first = 0usize;
         let mut size = 1usize;
         while first < segments.len() {
-            let end = (first + size.min(window)).min(segments.len());
+            let end = (first + size).min(segments.len());
             window_starts.push(acc);
             window_segments.push(first);
             acc += segments[first..end].iter().map(Segment::rows).sum::<u64>();
             first = end;
-            size *= 2;
+            size = (size * 2).min(window);
         }
         window_starts.push(acc);
         window_segments.push(segments.len());
@@ -356,8 +356,9 @@ mod tests {
                 // Padded: every row at least once; wrapping repeats rows evenly.
                 let padded_total = total.div_ceil(world) * world;
                 prop_assert_eq!(seen.iter().map(|&c| c as u64).sum::<u64>(), padded_total);
-                let (min, max) = (seen.iter().min().unwrap(), seen.iter().max().unwrap());
-                prop_assert!(*min >= 1 && max - min <= 1);
+                if let (Some(min), Some(max)) = (seen.iter().min(), seen.iter().max()) {
+                    prop_assert!(*min >= 1 && max - min <= 1);
+                }
             }
         }
 
@@ -372,6 +373,33 @@ mod tests {
             let b = row_ids(&m, &EpochPlan::new(&m, opts));
             prop_assert_eq!(a, b);
         }
+    }
+
+    #[test]
+    fn many_windows_ramp_up_then_stay_at_the_window_size() {
+        let m = manifest(&vec![vec![10; 50]; 4]);
+        let plan = EpochPlan::new(
+            &m,
+            PlanOptions {
+                seed: 1,
+                epoch: 0,
+                rank: 0,
+                world_size: 1,
+                shuffle: true,
+                window: 4,
+                batch_size: 7,
+                drop_last: false,
+            },
+        );
+        let sizes: Vec<usize> = (0..plan.window_count())
+            .map(|w| plan.window(w).segments.len())
+            .collect();
+        assert_eq!(&sizes[..4], &[1, 2, 4, 4]);
+        assert_eq!(sizes.iter().sum::<usize>(), 200);
+        assert!(sizes.iter().all(|&s| s <= 4));
+        let mut ids = row_ids(&m, &plan);
+        ids.sort();
+        assert_eq!(ids, (0..2000).collect::<Vec<_>>());
     }
 
     #[test]
