@@ -182,6 +182,17 @@ fn row_valid(col: &SourceColumn, row: usize) -> bool {
     col.nulls().is_none_or(|n| n.is_valid(row))
 }
 
+impl SourceColumn {
+    /// The element range of a variable-length row; empty for a null row.
+    fn span(&self, large: bool, row: usize) -> (usize, usize) {
+        if row_valid(self, row) {
+            self.offsets(large, row)
+        } else {
+            (0, 0)
+        }
+    }
+}
+
 /// Sizes of every buffer, computed before writing so the batch fits one slab.
 pub(crate) struct Collation<'a> {
     plans: &'a [ColumnPlan],
@@ -214,6 +225,16 @@ impl<'a> Collation<'a> {
         }
     }
 
+    /// Elements (or bytes) of variable-length column `c` over `rows`.
+    fn total_elements(&self, c: usize, large: bool, rows: &RowRefs) -> usize {
+        rows.iter()
+            .map(|(s, r)| {
+                let (a, b) = self.sources[*s as usize][c].span(large, *r as usize);
+                b - a
+            })
+            .sum()
+    }
+
     /// Lay out the batch of `rows`; returns the columns and the bytes needed.
     pub(crate) fn layout(&self, rows: &RowRefs) -> (Vec<Column>, usize) {
         let n = rows.len();
@@ -223,7 +244,6 @@ impl<'a> Collation<'a> {
         };
         let mut columns = Vec::with_capacity(self.plans.len());
         for (c, plan) in self.plans.iter().enumerate() {
-            let col = |s: u32| &self.sources[s as usize][c];
             let column_layout = match plan.kind {
                 Kind::Primitive(d) => ColumnLayout::Dense {
                     values: layout.push(d, vec![n]),
@@ -236,14 +256,7 @@ impl<'a> Collation<'a> {
                 },
                 Kind::List { dtype, large } => match self.list_mode {
                     ListMode::Ragged => {
-                        let total: usize = rows
-                            .iter()
-                            .filter(|(s, r)| row_valid(col(*s), *r as usize))
-                            .map(|(s, r)| {
-                                let (a, b) = col(*s).offsets(large, *r as usize);
-                                b - a
-                            })
-                            .sum();
+                        let total = self.total_elements(c, large, rows);
                         ColumnLayout::Ragged {
                             values: layout.push(dtype, vec![total]),
                             offsets: layout.push(DType::I64, vec![n + 1]),
@@ -255,14 +268,7 @@ impl<'a> Collation<'a> {
                     },
                 },
                 Kind::Bytes { large, utf8 } => {
-                    let total: usize = rows
-                        .iter()
-                        .filter(|(s, r)| row_valid(col(*s), *r as usize))
-                        .map(|(s, r)| {
-                            let (a, b) = col(*s).offsets(large, *r as usize);
-                            b - a
-                        })
-                        .sum();
+                    let total = self.total_elements(c, large, rows);
                     ColumnLayout::Bytes {
                         values: layout.push(DType::U8, vec![total]),
                         offsets: layout.push(DType::I64, vec![n + 1]),

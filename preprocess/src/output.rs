@@ -34,6 +34,22 @@ pub(crate) fn prepare(location: &Location, overwrite: bool, runtime: &Handle) ->
     Ok(())
 }
 
+/// A new temporary folder named `prefix...` in `temp_dir` (or the system's).
+pub(crate) fn temp_folder(prefix: &str, temp_dir: Option<&Path>) -> Result<tempfile::TempDir> {
+    let builder = tempfile::Builder::new().prefix(prefix).clone();
+    match temp_dir {
+        Some(dir) => builder.tempdir_in(dir),
+        None => builder.tempdir(),
+    }
+    .map_err(|e| {
+        PreprocessError::io(
+            "create a temporary folder in",
+            temp_dir.unwrap_or(Path::new("$TMPDIR")),
+            e,
+        )
+    })
+}
+
 /// Whether `name` is a file shardfeed writes under `shards/` (final or staged).
 fn is_ours(name: &str) -> bool {
     let name = name.trim_start_matches('.');
@@ -137,19 +153,7 @@ impl StorePublish {
         runtime: Handle,
         temp_dir: Option<&Path>,
     ) -> Result<Self> {
-        let staging = match temp_dir {
-            Some(dir) => tempfile::Builder::new()
-                .prefix("shardfeed-stage")
-                .tempdir_in(dir),
-            None => tempfile::Builder::new().prefix("shardfeed-stage").tempdir(),
-        }
-        .map_err(|e| {
-            PreprocessError::io(
-                "create staging folder in",
-                temp_dir.unwrap_or(Path::new("$TMPDIR")),
-                e,
-            )
-        })?;
+        let staging = temp_folder("shardfeed-stage", temp_dir)?;
         Ok(StorePublish {
             location,
             staging,

@@ -64,21 +64,7 @@ pub(crate) fn scatter(
     memory_budget: u64,
     temp_dir: Option<&Path>,
 ) -> Result<Spilled> {
-    let dir = match temp_dir {
-        Some(d) => tempfile::Builder::new()
-            .prefix("shardfeed-shuffle")
-            .tempdir_in(d),
-        None => tempfile::Builder::new()
-            .prefix("shardfeed-shuffle")
-            .tempdir(),
-    }
-    .map_err(|e| {
-        PreprocessError::io(
-            "create shuffle folder in",
-            temp_dir.unwrap_or(Path::new("$TMPDIR")),
-            e,
-        )
-    })?;
+    let dir = crate::output::temp_folder("shardfeed-shuffle", temp_dir)?;
     // Rows wait in memory per bucket up to this many bytes before a write, so
     // the pending rows of all buckets together stay within a quarter of the budget.
     let flush_bytes = (memory_budget / 4 / count).max(32 << 10);
