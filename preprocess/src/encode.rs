@@ -22,7 +22,6 @@ pub(crate) fn writer_properties(zstd_level: i32) -> Result<WriterPropertiesPtr, 
             // footer is exactly the Thrift metadata plus 8 bytes.
             .set_statistics_enabled(EnabledStatistics::Chunk)
             .set_offset_index_disabled(true)
-            .set_dictionary_enabled(std::env::var("SF_DICT").map_or(true, |v| v == "1"))
             .build(),
     ))
 }
