@@ -371,6 +371,9 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
     let csv = text_schema(sources, InputFormat::Csv, options)?;
     let mut first: Option<(SchemaRef, PathBuf)> = None;
     let mut bytes = 0u64;
+    // Parquet's uncompressed sizes count encoded pages (dictionaries, bit
+    // packing), often half the Arrow size: calibrate on one row group.
+    let mut parquet_ratio: Option<f64> = None;
     for source in sources {
         let (schema, estimate) = match source {
             Source::File { path, format } => match format {
@@ -383,7 +386,12 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
                         .iter()
                         .map(|rg| rg.total_byte_size())
                         .sum();
-                    (builder.schema().clone(), uncompressed.max(0) as u64)
+                    let schema = builder.schema().clone();
+                    let ratio = match parquet_ratio {
+                        Some(r) => r,
+                        None => *parquet_ratio.insert(arrow_to_parquet_ratio(builder)),
+                    };
+                    (schema, (uncompressed.max(0) as f64 * ratio) as u64)
                 }
                 InputFormat::Ipc => (ipc_schema(path)?, file_len(path)),
                 InputFormat::JsonLines => (json.clone().expect("inferred above"), file_len(path)),
@@ -414,6 +422,26 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
     }
     let (schema, _) = first.expect("at least one source");
     Ok((schema, bytes))
+}
+
+/// Arrow bytes per Parquet uncompressed byte, measured on the first row group.
+fn arrow_to_parquet_ratio(builder: ParquetRecordBatchReaderBuilder<File>) -> f64 {
+    let Some(first) = builder.metadata().row_groups().first() else {
+        return 1.0;
+    };
+    let encoded = first.total_byte_size().max(1) as f64;
+    let decoded: u64 = match builder
+        .with_row_groups(vec![0])
+        .with_batch_size(8192)
+        .build()
+    {
+        Ok(reader) => reader
+            .flatten()
+            .map(|b| crate::pipeline::batch_bytes(&b))
+            .sum(),
+        Err(_) => return 1.0,
+    };
+    (decoded as f64 / encoded).max(1.0)
 }
 
 /// The first difference between two schemas' fields, ignoring schema-level metadata.

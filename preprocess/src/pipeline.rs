@@ -136,6 +136,9 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
     let started = Instant::now();
     options.validate()?;
     let inputs = input::resolve(inputs, options)?;
+    if let Some(progress) = &options.progress {
+        progress.start(inputs.estimated_bytes);
+    }
     let location = Location::parse(output)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
