@@ -28,9 +28,11 @@
 
 pub mod checksum;
 mod error;
+pub mod fault;
 pub mod location;
 mod manifest;
 pub mod permute;
+pub mod retry;
 pub mod size;
 
 pub use checksum::{ChunkChecksums, Crc32};
@@ -40,3 +42,4 @@ pub use manifest::{
     FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, Manifest, ShardEntry, WriteOptions, shard_path,
     task_shard_path, validate_shard_path,
 };
+pub use retry::RetryPolicy;

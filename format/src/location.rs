@@ -137,15 +137,20 @@ impl Location {
         Manifest::from_json(&bytes, &url)
     }
 
-    /// Read the whole object at `relative`.
+    /// Read the whole object at `relative`, retrying transient failures.
     pub async fn read(&self, relative: &str) -> Result<Bytes> {
-        let map = |source| FormatError::Store {
-            op: "read",
-            url: self.url_of(relative),
-            source,
-        };
-        let result = self.store.get(&self.child(relative)).await.map_err(map)?;
-        result.bytes().await.map_err(map)
+        let path = self.child(relative);
+        crate::RetryPolicy::default()
+            .run(
+                || async { self.store.get(&path).await?.bytes().await },
+                || {},
+            )
+            .await
+            .map_err(|source| FormatError::Store {
+                op: "read",
+                url: self.url_of(relative),
+                source,
+            })
     }
 
     /// Write `manifest` at the dataset root, refusing to replace an existing one.

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
-use shardfeed_format::{Location, Manifest};
+use shardfeed_format::{Location, Manifest, RetryPolicy};
 
 use crate::decode::{Fetched, FooterInfo, projection};
 use crate::plan::Segment;
@@ -45,6 +45,7 @@ pub(crate) struct FetchContext {
     /// Top-level columns to read.
     pub roots: Vec<usize>,
     pub counters: Arc<Counters>,
+    retry: RetryPolicy,
     footers: Mutex<Cache<Arc<FooterInfo>>>,
     /// Local datasets are memory-mapped: ranges are slices of the page cache,
     /// with no copy and no trip through the runtime's blocking pool.
@@ -57,12 +58,14 @@ impl FetchContext {
         manifest: Arc<Manifest>,
         roots: Vec<usize>,
         counters: Arc<Counters>,
+        retry: RetryPolicy,
     ) -> Self {
         FetchContext {
             location,
             manifest,
             roots,
             counters,
+            retry,
             footers: Mutex::new((HashMap::new(), VecDeque::new())),
             mapped: Mutex::new((HashMap::new(), VecDeque::new())),
         }
@@ -133,10 +136,13 @@ impl FetchContext {
             }
             None => {
                 let entry = &self.manifest.shards[shard as usize];
+                let path = self.location.child(&entry.path);
                 // `get_ranges` coalesces nearby ranges into fewer requests.
-                self.location
-                    .store()
-                    .get_ranges(&self.location.child(&entry.path), ranges)
+                self.retry
+                    .run(
+                        || self.location.store().get_ranges(&path, ranges),
+                        || Counters::add(&self.counters.retries, 1),
+                    )
                     .await
                     .map_err(|e| self.store_error(shard, e))?
             }

@@ -48,5 +48,6 @@ pub use loader::{
     DEFAULT_WINDOW, Loader, LoaderBuilder, LoaderState,
 };
 pub use pinned::{Pinning, PinningMode, SlabLease};
+pub use shardfeed_format::RetryPolicy;
 pub use stats::Stats;
 pub use verify::{ShardProblem, VerifyReport, verify_dataset};

@@ -10,7 +10,7 @@ use arrow_array::RecordBatch;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use shardfeed_format::{Location, Manifest};
+use shardfeed_format::{Location, Manifest, RetryPolicy};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::batch::Batch;
@@ -73,6 +73,7 @@ pub struct LoaderBuilder {
     pinning: PinningMode,
     list_mode: ListMode,
     slab_bytes: Option<usize>,
+    retry: RetryPolicy,
 }
 
 fn env_u64(name: &str) -> Result<Option<u64>> {
@@ -112,6 +113,7 @@ impl LoaderBuilder {
             pinning: PinningMode::Auto,
             list_mode: ListMode::Ragged,
             slab_bytes: None,
+            retry: RetryPolicy::default(),
         }
     }
 
@@ -208,6 +210,12 @@ impl LoaderBuilder {
     /// with a lengths buffer, instead of values + offsets.
     pub fn pad_to(mut self, length: usize, value: f64) -> Self {
         self.list_mode = ListMode::Padded { to: length, value };
+        self
+    }
+    /// How transient storage failures are retried (default: 8 retries within 30 s,
+    /// exponential backoff from 50 ms with jitter).
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
         self
     }
     /// Bytes per slab (default: estimated from the data and batch size).
@@ -328,6 +336,7 @@ impl LoaderBuilder {
             manifest.clone(),
             sorted_roots,
             counters.clone(),
+            self.retry.clone(),
         ));
         let slab_bytes = match self.slab_bytes {
             Some(b) => b,

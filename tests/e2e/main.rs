@@ -4,3 +4,4 @@ mod support;
 
 mod loader;
 mod shard;
+mod storage;

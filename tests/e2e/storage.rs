@@ -1,0 +1,137 @@
+//! Storage faults: transient failures are retried, permanent ones fail fast.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use object_store::memory::InMemory;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::basic::Compression;
+use shardfeed_fixtures::{FileFormat, Kind, write_dataset};
+use shardfeed_format::Location;
+use shardfeed_format::fault::{FaultConfig, FaultyStore};
+use shardfeed_loader::{Loader, RetryPolicy};
+use shardfeed_preprocess::ShardOptions;
+
+use crate::support::*;
+
+/// A local dataset of `rows` text rows, and the same files in an in-memory
+/// store behind a fault injector.
+fn dataset_in_memory(
+    dir: &Path,
+    rows: u64,
+    faults: FaultConfig,
+) -> (String, Location, Arc<FaultyStore>) {
+    let inputs: Vec<String> = write_dataset(
+        &dir.join("in"),
+        Kind::Text,
+        rows,
+        2,
+        3,
+        FileFormat::Parquet(Compression::SNAPPY),
+    )
+    .unwrap()
+    .iter()
+    .map(|p| s(p))
+    .collect();
+    let out = dir.join("ds");
+    let options = ShardOptions::default()
+        .with_row_group_rows(100)
+        .with_shard_size(8 << 10);
+    shardfeed_preprocess::shard(&inputs, &s(&out), &options).unwrap();
+    let memory = Arc::new(InMemory::new());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for (relative, bytes) in snapshot(&out) {
+        let path = object_store::path::Path::from(format!("ds/{}", relative.display()));
+        runtime.block_on(memory.put(&path, bytes.into())).unwrap();
+    }
+    let faulty = Arc::new(FaultyStore::new(memory as Arc<dyn ObjectStore>, faults));
+    let location = Location::from_store(
+        faulty.clone(),
+        object_store::path::Path::from("ds"),
+        "memory://ds",
+    );
+    (s(&out), location, faulty)
+}
+
+fn epoch_ids(mut loader: Loader) -> (Vec<i64>, shardfeed_loader::Stats) {
+    let ids = (&mut loader)
+        .flat_map(|b| b.unwrap().values::<i64>("id").unwrap().to_vec())
+        .collect();
+    (ids, loader.stats())
+}
+
+#[test]
+fn transient_failures_are_retried_and_every_row_arrives_once() {
+    let tmp = tempdir();
+    let faults = FaultConfig {
+        transient_rate: 0.1,
+        seed: 4,
+        ..Default::default()
+    };
+    let (local, remote, faulty) = dataset_in_memory(tmp.path(), 3000, faults);
+    let build = |b: shardfeed_loader::LoaderBuilder| {
+        b.batch_size(64)
+            .seed(8)
+            .window(2)
+            .drop_last(false)
+            .build()
+            .unwrap()
+    };
+    let (expected, _) = epoch_ids(build(Loader::builder(&local)));
+    let fast = RetryPolicy {
+        initial_backoff: Duration::from_millis(1),
+        ..RetryPolicy::default()
+    };
+    let (got, stats) = epoch_ids(build(
+        Loader::builder("memory://ds").location(remote).retry(fast),
+    ));
+    assert_eq!(got, expected, "the same batches as the local run");
+    let mut sorted = got.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..3000).collect::<Vec<i64>>());
+    assert!(faulty.injected() > 0, "no fault was injected");
+    assert!(
+        stats.retries > 0 && stats.retries <= faulty.injected(),
+        "retries {} injected {}",
+        stats.retries,
+        faulty.injected()
+    );
+}
+
+#[test]
+fn permanent_failures_fail_fast_naming_the_url() {
+    let tmp = tempdir();
+    let (_, remote, faulty) = dataset_in_memory(tmp.path(), 500, FaultConfig::default());
+    let mut loader = Loader::builder("memory://ds")
+        .location(remote.clone())
+        .batch_size(50)
+        .build()
+        .unwrap();
+    faulty.set_forbidden(true);
+    let started = Instant::now();
+    let err = loader.find_map(|b| b.err()).expect("a 403 fails the epoch");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("memory://ds/shards/") && text.contains("403"),
+        "{text}"
+    );
+    // At start-up too: the manifest read is refused at once.
+    let started = Instant::now();
+    let err = Loader::builder("memory://ds")
+        .location(remote)
+        .build()
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        err.to_string().contains("memory://ds/manifest.json"),
+        "{err}"
+    );
+}
