@@ -1,10 +1,12 @@
 //! `shardfeed bench`: stream a dataset through the loader and report throughput.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
+use shardfeed_format::fault::{FaultConfig, FaultyStore};
 use shardfeed_format::size::parse_size;
 use shardfeed_loader::{Loader, PinningMode, Stats};
 
@@ -53,6 +55,13 @@ pub struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Add this much latency (milliseconds) to every storage read, through
+    /// the object store path (local shards are then not memory-mapped).
+    #[arg(long)]
+    pub inject_latency_ms: Option<f64>,
+    /// Fail this fraction of storage reads with a transient error.
+    #[arg(long)]
+    pub inject_failure_rate: Option<f64>,
 }
 
 /// What `bench` measured.
@@ -88,7 +97,22 @@ pub struct BenchReport {
 
 /// Stream the dataset and measure.
 pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
-    let mut builder = Loader::builder(&args.dataset)
+    let mut builder = Loader::builder(&args.dataset);
+    if args.inject_latency_ms.is_some() || args.inject_failure_rate.is_some() {
+        let location = shardfeed_format::Location::parse(&args.dataset)?;
+        let faults = FaultConfig {
+            transient_rate: args.inject_failure_rate.unwrap_or(0.0),
+            latency: Duration::from_secs_f64(args.inject_latency_ms.unwrap_or(0.0) / 1000.0),
+            ..FaultConfig::default()
+        };
+        let store = Arc::new(FaultyStore::new(location.store().clone(), faults));
+        builder = builder.location(shardfeed_format::Location::from_store(
+            store,
+            location.prefix().clone(),
+            location.url(),
+        ));
+    }
+    let mut builder = builder
         .batch_size(args.batch_size)
         .shuffle(!args.no_shuffle)
         .seed(args.seed)

@@ -287,6 +287,8 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         byte_budget: "1GiB".into(),
         pinning: "auto".into(),
         json: false,
+        inject_latency_ms: None,
+        inject_failure_rate: None,
     };
     bench::print(&bench::measure(&args)?, false)?;
     println!("dataset: {}", dataset.display());
