@@ -62,6 +62,9 @@ pub struct BenchArgs {
     /// Fail this fraction of storage reads with a transient error.
     #[arg(long)]
     pub inject_failure_rate: Option<f64>,
+    /// An object store option (repeatable).
+    #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = crate::storage_option)]
+    pub storage_options: Vec<(String, String)>,
 }
 
 /// What `bench` measured.
@@ -98,8 +101,14 @@ pub struct BenchReport {
 /// Stream the dataset and measure.
 pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     let mut builder = Loader::builder(&args.dataset);
+    for (key, value) in &args.storage_options {
+        builder = builder.storage_option(key, value);
+    }
     if args.inject_latency_ms.is_some() || args.inject_failure_rate.is_some() {
-        let location = shardfeed_format::Location::parse(&args.dataset)?;
+        let location = shardfeed_format::Location::parse_with_options(
+            &args.dataset,
+            args.storage_options.iter().cloned(),
+        )?;
         let faults = FaultConfig {
             transient_rate: args.inject_failure_rate.unwrap_or(0.0),
             latency: Duration::from_secs_f64(args.inject_latency_ms.unwrap_or(0.0) / 1000.0),

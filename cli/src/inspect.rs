@@ -22,8 +22,8 @@ struct Summary<'a> {
 }
 
 /// Print the manifest's summary.
-pub fn run(dataset: &str, json: bool) -> Result<()> {
-    let location = Location::parse(dataset)?;
+pub fn run(dataset: &str, json: bool, storage_options: &[(String, String)]) -> Result<()> {
+    let location = Location::parse_with_options(dataset, storage_options.iter().cloned())?;
     let runtime = tokio_runtime()?;
     let manifest = runtime.block_on(location.read_manifest())?;
     let summary = Summary {

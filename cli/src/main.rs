@@ -54,6 +54,9 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// An object store option (repeatable).
+        #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = storage_option)]
+        storage_options: Vec<(String, String)>,
     },
     /// Read every shard fully; check sizes, checksums and row counts against the manifest.
     Verify {
@@ -65,6 +68,9 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// An object store option (repeatable).
+        #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = storage_option)]
+        storage_options: Vec<(String, String)>,
     },
     /// Stream a dataset through the loader: rows/s, MB/s, time to first batch,
     /// and with --step-ms the fraction of time a trainer would wait for data.
@@ -130,6 +136,18 @@ struct ShardArgs {
     /// Print a JSON summary on stdout.
     #[arg(long)]
     json: bool,
+    /// An object store option for the output, e.g. aws_endpoint=http://127.0.0.1:9000
+    /// (repeatable). Credentials also come from each cloud's environment variables.
+    #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = storage_option)]
+    storage_options: Vec<(String, String)>,
+}
+
+/// Parse `KEY=VALUE`.
+pub(crate) fn storage_option(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.trim().to_string(), v.to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| "expected KEY=VALUE".to_string())
 }
 
 fn size_arg(option: &str, value: &str) -> Result<u64> {
@@ -163,6 +181,9 @@ fn shard_options(args: &ShardArgs) -> Result<ShardOptions> {
     }
     if let Some(dir) = &args.temp_dir {
         options = options.with_temp_dir(dir);
+    }
+    for (key, value) in &args.storage_options {
+        options = options.with_storage_option(key, value);
     }
     options.validate()?;
     Ok(options)
@@ -208,8 +229,13 @@ fn run_shard(args: &ShardArgs) -> Result<()> {
     Ok(())
 }
 
-fn run_verify(dataset: &str, threads: usize, json: bool) -> Result<bool> {
-    let location = Location::parse(dataset)?;
+fn run_verify(
+    dataset: &str,
+    threads: usize,
+    json: bool,
+    storage_options: &[(String, String)],
+) -> Result<bool> {
+    let location = Location::parse_with_options(dataset, storage_options.iter().cloned())?;
     let report = shardfeed_loader::verify_dataset(&location, threads)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -268,7 +294,7 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         summary.compression_ratio,
         summary.input_mb_per_s
     );
-    if !run_verify(&dataset.display().to_string(), 0, false)? {
+    if !run_verify(&dataset.display().to_string(), 0, false, &[])? {
         bail!("the demo dataset failed verification");
     }
     println!("stream: shuffled batches of 256 rows through the loader");
@@ -289,6 +315,7 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         json: false,
         inject_latency_ms: None,
         inject_failure_rate: None,
+        storage_options: Vec::new(),
     };
     bench::print(&bench::measure(&args)?, false)?;
     println!("dataset: {}", dataset.display());
@@ -315,12 +342,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Shard(args) => run_shard(&args).map(|()| true),
-        Command::Inspect { dataset, json } => inspect::run(&dataset, json).map(|()| true),
+        Command::Inspect {
+            dataset,
+            json,
+            storage_options,
+        } => inspect::run(&dataset, json, &storage_options).map(|()| true),
         Command::Verify {
             dataset,
             threads,
             json,
-        } => run_verify(&dataset, threads, json),
+            storage_options,
+        } => run_verify(&dataset, threads, json, &storage_options),
         Command::Generate(args) => generate::run(&args).map(|()| true),
         Command::Bench(args) => bench::measure(&args)
             .and_then(|r| bench::print(&r, args.json))

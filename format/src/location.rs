@@ -61,8 +61,17 @@ impl Location {
                 let prefix = Path::from(&url["memory://".len()..]);
                 Ok(Self::from_store(Arc::new(InMemory::new()), prefix, url))
             }
-            Some(_) => {
+            Some(scheme) => {
                 let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+                // The cloud's standard environment variables first, explicit options over them.
+                let options: Vec<(String, String)> = env_options(scheme)
+                    .into_iter()
+                    .chain(
+                        options
+                            .into_iter()
+                            .map(|(k, v)| (k.as_ref().to_string(), v.into())),
+                    )
+                    .collect();
                 let (store, prefix) = object_store::parse_url_opts(&parsed, options)
                     .map_err(|e| bad(e.to_string()))?;
                 Ok(Self::from_store(Arc::from(store), prefix, url))
@@ -184,6 +193,26 @@ impl Location {
             }),
         }
     }
+}
+
+/// Options for `scheme`'s store from the environment (`AWS_*`, `GOOGLE_*`,
+/// `AZURE_*`), as each cloud's own tools read them.
+fn env_options(scheme: &str) -> Vec<(String, String)> {
+    use object_store::aws::AmazonS3ConfigKey;
+    use object_store::azure::AzureConfigKey;
+    use object_store::gcp::GoogleConfigKey;
+    let known = |key: &str| match scheme {
+        "s3" | "s3a" => key.starts_with("aws_") && key.parse::<AmazonS3ConfigKey>().is_ok(),
+        "gs" => key.starts_with("google_") && key.parse::<GoogleConfigKey>().is_ok(),
+        "az" | "adl" | "azure" | "abfs" | "abfss" => {
+            key.starts_with("azure_") && key.parse::<AzureConfigKey>().is_ok()
+        }
+        _ => false,
+    };
+    std::env::vars()
+        .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .filter(|(k, _)| known(k))
+        .collect()
 }
 
 #[cfg(test)]

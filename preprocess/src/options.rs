@@ -63,6 +63,8 @@ pub struct ShardOptions {
     pub temp_dir: Option<PathBuf>,
     /// Progress reporting.
     pub progress: Option<Arc<dyn Progress>>,
+    /// Options for the output's object store (credentials, endpoint, region, ...).
+    pub storage_options: Vec<(String, String)>,
 }
 
 impl Default for ShardOptions {
@@ -80,6 +82,7 @@ impl Default for ShardOptions {
             schema: None,
             temp_dir: None,
             progress: None,
+            storage_options: Vec::new(),
         }
     }
 }
@@ -96,6 +99,15 @@ impl std::fmt::Debug for ShardOptions {
             .field("threads", &self.threads)
             .field("overwrite", &self.overwrite)
             .field("format", &self.format)
+            // Keys only: values may be secrets.
+            .field(
+                "storage_options",
+                &self
+                    .storage_options
+                    .iter()
+                    .map(|(k, _)| k)
+                    .collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -154,6 +166,11 @@ impl ShardOptions {
     /// Spill shuffle buckets under `dir`.
     pub fn with_temp_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.temp_dir = Some(dir.into());
+        self
+    }
+    /// Pass `key = value` to the output's object store builder.
+    pub fn with_storage_option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.storage_options.push((key.into(), value.into()));
         self
     }
     /// Report progress to `progress`.

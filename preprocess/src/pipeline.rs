@@ -139,7 +139,7 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
     if let Some(progress) = &options.progress {
         progress.start(inputs.estimated_bytes);
     }
-    let location = Location::parse(output)?;
+    let location = Location::parse_with_options(output, options.storage_options.iter().cloned())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("shardfeed-io")

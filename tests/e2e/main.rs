@@ -2,6 +2,7 @@
 
 mod support;
 
+mod cloud;
 mod loader;
 mod shard;
 mod storage;
