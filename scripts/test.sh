@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# Run every test of the project. Installs the Python packages the tests use first.
+# Run every test of the project. Installs what the tests use first: Python
+# packages (pyarrow, moto's S3 server, the GCS emulator) and azurite (npm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+npm_prefix="${SHARDFEED_NPM_PREFIX:-$HOME/.cache/shardfeed-npm}"
+if [ ! -x "$npm_prefix/node_modules/.bin/azurite-blob" ]; then
+  npm install --silent --no-audit --no-fund --prefix "$npm_prefix" azurite@3.37.0
+fi
+export SHARDFEED_AZURITE="$npm_prefix/node_modules/.bin/azurite-blob"
 cargo test --workspace

