@@ -65,6 +65,12 @@ pub struct BenchArgs {
     /// An object store option (repeatable).
     #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = crate::storage_option)]
     pub storage_options: Vec<(String, String)>,
+    /// Cache remote shards in this folder.
+    #[arg(long)]
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Size limit of the cache, e.g. 100GB.
+    #[arg(long)]
+    pub cache_limit: Option<String>,
 }
 
 /// What `bench` measured.
@@ -134,6 +140,12 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         .world_size(1);
     if let Some(columns) = &args.columns {
         builder = builder.columns(columns.clone());
+    }
+    if let Some(dir) = &args.cache_dir {
+        builder = builder.cache_dir(dir);
+    }
+    if let Some(limit) = &args.cache_limit {
+        builder = builder.cache_limit(parse_size(limit).context("invalid --cache-limit")?);
     }
     if let Some(pad) = args.pad_to {
         builder = builder.pad_to(pad, 0.0);

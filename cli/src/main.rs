@@ -316,6 +316,8 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         inject_latency_ms: None,
         inject_failure_rate: None,
         storage_options: Vec::new(),
+        cache_dir: None,
+        cache_limit: None,
     };
     bench::print(&bench::measure(&args)?, false)?;
     println!("dataset: {}", dataset.display());

@@ -7,9 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
+use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use shardfeed_format::{Location, Manifest, RetryPolicy};
 
+use crate::cache::ShardCache;
 use crate::decode::{Fetched, FooterInfo, projection};
 use crate::plan::Segment;
 use crate::shard::decode_footer;
@@ -50,6 +52,10 @@ pub(crate) struct FetchContext {
     /// Local datasets are memory-mapped: ranges are slices of the page cache,
     /// with no copy and no trip through the runtime's blocking pool.
     mapped: Mutex<Cache<Bytes>>,
+    /// A local copy of remote shards, when configured.
+    cache: Option<ShardCache>,
+    /// One download per shard per process.
+    downloads: Mutex<HashMap<u32, Arc<tokio::sync::OnceCell<Bytes>>>>,
 }
 
 impl FetchContext {
@@ -59,8 +65,11 @@ impl FetchContext {
         roots: Vec<usize>,
         counters: Arc<Counters>,
         retry: RetryPolicy,
+        cache: Option<ShardCache>,
     ) -> Self {
         FetchContext {
+            cache,
+            downloads: Mutex::new(HashMap::new()),
             location,
             manifest,
             roots,
@@ -71,51 +80,110 @@ impl FetchContext {
         }
     }
 
-    /// The whole shard, memory-mapped, when the dataset is on the local file system.
-    fn local(&self, shard: u32) -> Result<Option<Bytes>> {
-        let Some(root) = self.location.local_root() else {
-            return Ok(None);
-        };
+    /// The whole shard, memory-mapped: a local dataset's file, or a remote
+    /// shard's copy in the cache (downloaded once per process).
+    async fn local(&self, shard: u32) -> Result<Option<Bytes>> {
         if let Some(bytes) = cache_get(&self.mapped, shard) {
             return Ok(Some(bytes));
         }
         let entry = &self.manifest.shards[shard as usize];
-        let path = root.join(&entry.path);
-        let file = std::fs::File::open(&path).map_err(|e| {
-            let source = if e.kind() == std::io::ErrorKind::NotFound {
-                object_store::Error::NotFound {
-                    path: path.display().to_string(),
-                    source: Box::new(e),
-                }
-            } else {
-                object_store::Error::Generic {
-                    store: "LocalFileSystem",
-                    source: Box::new(e),
-                }
+        let Some(root) = self.location.local_root() else {
+            let Some(cache) = &self.cache else {
+                return Ok(None);
             };
-            self.store_error(shard, source)
-        })?;
-        // SAFETY: shards are immutable once published (written aside and
-        // renamed into place), so the mapping does not change under us.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| {
-            self.store_error(
-                shard,
-                object_store::Error::Generic {
-                    store: "LocalFileSystem",
-                    source: Box::new(e),
-                },
-            )
-        })?;
-        let bytes = Bytes::from_owner(map);
+            let cell = self
+                .downloads
+                .lock()
+                .expect("download cells")
+                .entry(shard)
+                .or_default()
+                .clone();
+            let bytes = cell
+                .get_or_try_init(|| self.cached(shard, cache))
+                .await?
+                .clone();
+            cache_put(&self.mapped, shard, bytes.clone());
+            return Ok(Some(bytes));
+        };
+        let path = root.join(&entry.path);
+        let file = std::fs::File::open(&path).map_err(|e| self.io_error(shard, &path, e))?;
+        let bytes = self.map(shard, &path, &file)?;
         cache_put(&self.mapped, shard, bytes.clone());
         Ok(Some(bytes))
+    }
+
+    fn io_error(&self, shard: u32, path: &std::path::Path, e: std::io::Error) -> LoaderError {
+        let source = if e.kind() == std::io::ErrorKind::NotFound {
+            object_store::Error::NotFound {
+                path: path.display().to_string(),
+                source: Box::new(e),
+            }
+        } else {
+            object_store::Error::Generic {
+                store: "LocalFileSystem",
+                source: Box::new(e),
+            }
+        };
+        self.store_error(shard, source)
+    }
+
+    fn map(&self, shard: u32, path: &std::path::Path, file: &std::fs::File) -> Result<Bytes> {
+        // SAFETY: shards (and cached copies) are immutable once published
+        // (written aside and renamed into place), so the mapping does not change.
+        let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| self.io_error(shard, path, e))?;
+        Ok(Bytes::from_owner(map))
+    }
+
+    /// `shard` mapped from the cache, downloaded first unless it is there and intact.
+    async fn cached(&self, shard: u32, cache: &ShardCache) -> Result<Bytes> {
+        let entry = &self.manifest.shards[shard as usize];
+        let path = cache.path(entry);
+        if let Some(file) = cache.open(entry) {
+            let bytes = self.map(shard, &path, &file)?;
+            if shardfeed_format::Crc32::of(&bytes) == entry.crc32 {
+                return Ok(bytes);
+            }
+            // A damaged copy: replace it.
+            let _ = std::fs::remove_file(&path);
+        }
+        let file = self.download(shard, cache).await?;
+        self.map(shard, &path, &file)
+    }
+
+    /// Put `shard` in the cache: one whole-object GET. Returns the open file.
+    async fn download(&self, shard: u32, cache: &ShardCache) -> Result<std::fs::File> {
+        let entry = self.manifest.shards[shard as usize].clone();
+        let path = self.location.child(&entry.path);
+        let started = Instant::now();
+        let store = self.location.store();
+        let bytes = self
+            .retry
+            .run(
+                || async { store.get(&path).await?.bytes().await },
+                || Counters::add(&self.counters.retries, 1),
+            )
+            .await
+            .map_err(|e| self.store_error(shard, e))?;
+        Counters::add_time(&self.counters.fetch_busy_ns, started.elapsed());
+        Counters::add(&self.counters.requests, 1);
+        let cache = cache.clone();
+        tokio::task::spawn_blocking(move || cache.insert(&entry, &bytes))
+            .await
+            .map_err(|e| LoaderError::Io {
+                op: "write the cache".into(),
+                source: std::io::Error::other(e.to_string()),
+            })?
+            .map_err(|reason| LoaderError::Io {
+                op: reason,
+                source: std::io::Error::other("cache"),
+            })
     }
 
     /// Read `ranges` of `shard`: slices of the mapping for local datasets,
     /// coalesced range requests otherwise.
     async fn read_ranges(&self, shard: u32, ranges: &[std::ops::Range<u64>]) -> Result<Vec<Bytes>> {
         let started = Instant::now();
-        let parts = match self.local(shard)? {
+        let parts = match self.local(shard).await? {
             Some(file) => {
                 let len = file.len() as u64;
                 ranges
@@ -138,17 +206,19 @@ impl FetchContext {
                 let entry = &self.manifest.shards[shard as usize];
                 let path = self.location.child(&entry.path);
                 // `get_ranges` coalesces nearby ranges into fewer requests.
-                self.retry
+                let parts = self
+                    .retry
                     .run(
                         || self.location.store().get_ranges(&path, ranges),
                         || Counters::add(&self.counters.retries, 1),
                     )
                     .await
-                    .map_err(|e| self.store_error(shard, e))?
+                    .map_err(|e| self.store_error(shard, e))?;
+                Counters::add(&self.counters.requests, 1);
+                parts
             }
         };
         Counters::add_time(&self.counters.fetch_busy_ns, started.elapsed());
-        Counters::add(&self.counters.requests, 1);
         Counters::add(
             &self.counters.fetched_bytes,
             parts.iter().map(|b| b.len() as u64).sum(),
@@ -227,7 +297,7 @@ impl FetchContext {
             segment,
             footer,
             chunks,
-            mapped: self.location.local_root().is_some(),
+            mapped: self.location.local_root().is_some() || self.cache.is_some(),
         })
     }
 }

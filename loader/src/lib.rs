@@ -29,6 +29,7 @@
 //! ```
 
 mod batch;
+mod cache;
 mod collate;
 mod decode;
 mod error;
@@ -44,8 +45,8 @@ pub use batch::{Batch, Buffer, Column, ColumnLayout, DType, Element};
 pub use collate::ListMode;
 pub use error::{LoaderError, Result};
 pub use loader::{
-    DEFAULT_BATCH_SIZE, DEFAULT_BYTE_BUDGET, DEFAULT_IO_CONCURRENCY, DEFAULT_PREFETCH_BATCHES,
-    DEFAULT_WINDOW, Loader, LoaderBuilder, LoaderState,
+    DEFAULT_BATCH_SIZE, DEFAULT_BYTE_BUDGET, DEFAULT_CACHE_LIMIT, DEFAULT_IO_CONCURRENCY,
+    DEFAULT_PREFETCH_BATCHES, DEFAULT_WINDOW, Loader, LoaderBuilder, LoaderState,
 };
 pub use pinned::{Pinning, PinningMode, SlabLease};
 pub use shardfeed_format::RetryPolicy;

@@ -14,6 +14,7 @@ use shardfeed_format::{Location, Manifest, RetryPolicy};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::batch::Batch;
+use crate::cache::ShardCache;
 use crate::collate::{Collation, ColumnPlan, ListMode, plan_columns};
 use crate::decode::{Fetched, decode, projection};
 use crate::fetch::FetchContext;
@@ -30,6 +31,8 @@ pub const DEFAULT_WINDOW: usize = 8;
 pub const DEFAULT_IO_CONCURRENCY: usize = 8;
 /// Default batches collated ahead of the consumer.
 pub const DEFAULT_PREFETCH_BATCHES: usize = 4;
+/// Default size limit of the local cache of remote shards: 64 GiB.
+pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 30;
 /// Default bytes of fetched and decoded row groups held at once.
 pub const DEFAULT_BYTE_BUDGET: u64 = 1 << 30;
 
@@ -74,6 +77,8 @@ pub struct LoaderBuilder {
     list_mode: ListMode,
     slab_bytes: Option<usize>,
     retry: RetryPolicy,
+    cache_dir: Option<std::path::PathBuf>,
+    cache_limit: u64,
 }
 
 fn env_u64(name: &str) -> Result<Option<u64>> {
@@ -114,6 +119,8 @@ impl LoaderBuilder {
             list_mode: ListMode::Ragged,
             slab_bytes: None,
             retry: RetryPolicy::default(),
+            cache_dir: None,
+            cache_limit: DEFAULT_CACHE_LIMIT,
         }
     }
 
@@ -210,6 +217,18 @@ impl LoaderBuilder {
     /// with a lengths buffer, instead of values + offsets.
     pub fn pad_to(mut self, length: usize, value: f64) -> Self {
         self.list_mode = ListMode::Padded { to: length, value };
+        self
+    }
+    /// Keep local copies of remote shards under `dir` (shared safely by the
+    /// processes of one machine), so later epochs and runs read no data from
+    /// storage. Ignored for local datasets.
+    pub fn cache_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.cache_dir = Some(dir.into());
+        self
+    }
+    /// Bytes the cache may hold (default 64 GiB); least recently used shards go first.
+    pub fn cache_limit(mut self, bytes: u64) -> Self {
+        self.cache_limit = bytes;
         self
     }
     /// How transient storage failures are retried (default: 8 retries within 30 s,
@@ -331,12 +350,27 @@ impl LoaderBuilder {
         }
 
         let counters = Arc::new(Counters::default());
+        let cache = match (&self.cache_dir, location.local_root()) {
+            (Some(dir), None) => Some(
+                ShardCache::new(
+                    dir,
+                    &format!("{}|{}", location.url(), fingerprint(&manifest)),
+                    self.cache_limit,
+                )
+                .map_err(|source| LoaderError::Io {
+                    op: format!("create the cache folder {}", dir.display()),
+                    source,
+                })?,
+            ),
+            _ => None,
+        };
         let fetch = Arc::new(FetchContext::new(
             location.clone(),
             manifest.clone(),
             sorted_roots,
             counters.clone(),
             self.retry.clone(),
+            cache,
         ));
         let slab_bytes = match self.slab_bytes {
             Some(b) => b,

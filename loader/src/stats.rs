@@ -44,9 +44,9 @@ pub struct Stats {
     pub bytes: u64,
     /// Batches yielded.
     pub batches: u64,
-    /// Bytes read from storage (footers and column chunks).
+    /// Bytes of footers and column chunks read (from storage, local files or the cache).
     pub fetched_bytes: u64,
-    /// Read requests made.
+    /// Requests made to object storage (local files and cache hits make none).
     pub requests: u64,
     /// Requests retried after a transient failure.
     pub retries: u64,

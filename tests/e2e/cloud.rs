@@ -330,6 +330,62 @@ fn s3_shard_verify_inspect_and_load_like_local() {
 }
 
 #[test]
+fn two_processes_share_a_cache_of_s3_shards() {
+    let (_server, options) = moto();
+    let tmp = tempdir();
+    let (inputs, local) = local_dataset(tmp.path());
+    let url = "s3://test-bucket/datasets/cached";
+    shardfeed(&shard_args(&inputs, url, &cli_options(&options))).success();
+    let cache = tmp.path().join("cache");
+    let bench = || {
+        let mut args = vec![
+            "bench".to_string(),
+            url.into(),
+            "--json".into(),
+            "--cache-dir".into(),
+            s(&cache),
+        ];
+        args.extend(cli_options(&options));
+        bin()
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Two ranks on one machine start together on an empty cache: both finish,
+    // and a partial file would have failed their checksum checks.
+    let (a, b) = (bench(), bench());
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["rows"], 2500 / 256 * 256);
+    }
+    let cached: u64 = snapshot(&cache).iter().map(|(_, b)| b.len() as u64).sum();
+    assert_eq!(
+        cached,
+        manifest(&local).total_bytes,
+        "the whole dataset, once, no temporary left"
+    );
+    // A third run reads only the manifest from S3.
+    let mut args = vec![
+        "bench".to_string(),
+        url.into(),
+        "--json".into(),
+        "--cache-dir".into(),
+        s(&cache),
+    ];
+    args.extend(cli_options(&options));
+    let report = shardfeed(&args).success().json();
+    assert_eq!(report["stats"]["requests"], 0, "{report}");
+}
+
+#[test]
 fn azure_shard_verify_inspect_and_load_like_local() {
     let (_server, options) = azurite();
     shard_and_check("az://test-container/datasets/text", &options);

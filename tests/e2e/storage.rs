@@ -135,3 +135,75 @@ fn permanent_failures_fail_fast_naming_the_url() {
         "{err}"
     );
 }
+
+fn dir_bytes(dir: &Path) -> u64 {
+    snapshot(dir).iter().map(|(_, b)| b.len() as u64).sum()
+}
+
+#[test]
+fn the_cache_serves_later_epochs_without_data_reads_and_stays_under_its_limit() {
+    let tmp = tempdir();
+    let (local, remote, faulty) = dataset_in_memory(tmp.path(), 3000, FaultConfig::default());
+    let cache = tmp.path().join("cache");
+    let build =
+        |b: shardfeed_loader::LoaderBuilder| b.batch_size(64).seed(8).window(2).drop_last(false);
+    let mut loader = build(
+        Loader::builder("memory://ds")
+            .location(remote.clone())
+            .cache_dir(&cache),
+    )
+    .build()
+    .unwrap();
+    let first: Vec<i64> = (&mut loader)
+        .flat_map(|b| b.unwrap().values::<i64>("id").unwrap().to_vec())
+        .collect();
+    let reads = faulty.reads();
+    let second: Vec<i64> = (&mut loader)
+        .flat_map(|b| b.unwrap().values::<i64>("id").unwrap().to_vec())
+        .collect();
+    assert_eq!(faulty.reads(), reads, "the second epoch read from storage");
+    let (local_ids, _) = epoch_ids(build(Loader::builder(&local)).build().unwrap());
+    assert_eq!(first, local_ids);
+    assert_ne!(first, second, "epochs differ");
+    drop(loader);
+    // A new loader (a new run) reuses the cache: nothing but the manifest is read.
+    let mut again = build(
+        Loader::builder("memory://ds")
+            .location(remote.clone())
+            .cache_dir(&cache),
+    )
+    .build()
+    .unwrap();
+    let before = faulty.reads();
+    assert_eq!((&mut again).count(), first.len().div_ceil(64));
+    assert_eq!(faulty.reads(), before, "a cached run read shard data");
+    let shards: u64 = manifest(Path::new(&local))
+        .shards
+        .iter()
+        .map(|s| s.bytes)
+        .sum();
+    assert_eq!(
+        dir_bytes(&cache),
+        shards,
+        "every shard cached once, no temporary left"
+    );
+
+    // Under a limit of about two shards, the cache evicts down to it.
+    let small = tmp.path().join("small");
+    let limit = 2 * manifest(Path::new(&local)).shards[0].bytes + 1;
+    let limited = build(
+        Loader::builder("memory://ds")
+            .location(remote)
+            .cache_dir(&small)
+            .cache_limit(limit),
+    )
+    .build()
+    .unwrap();
+    let (ids, _) = epoch_ids(limited);
+    assert_eq!(ids, local_ids);
+    assert!(
+        dir_bytes(&small) <= limit,
+        "cache holds {} > {limit}",
+        dir_bytes(&small)
+    );
+}
