@@ -25,6 +25,7 @@ mod input;
 mod options;
 mod output;
 mod pipeline;
+mod remote;
 mod shuffle;
 mod writer;
 

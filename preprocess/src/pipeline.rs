@@ -30,7 +30,7 @@ use crate::encode::{EncodedRowGroup, Encoder, writer_properties};
 use crate::input::{self, Inputs, Source};
 use crate::output::{self, LocalPublish, StorePublish};
 use crate::writer::{OpenShard, Publish};
-use crate::{PreprocessError, Progress, Result, ShardOptions, shuffle};
+use crate::{PreprocessError, Progress, Result, ShardOptions, remote, shuffle};
 
 /// What a finished `shard` run did.
 #[derive(Clone, Debug, Serialize)]
@@ -127,7 +127,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Turn `inputs` (files, folders, globs) into a dataset at `output`.
+/// Turn `inputs` (files, folders, globs, local or object store URLs) into a dataset at `output`.
 ///
 /// The manifest is written last, after every shard is in place; an error or
 /// a kill at any point leaves no manifest (and so no dataset), and running
@@ -135,17 +135,22 @@ pub fn peak_rss_bytes() -> Option<u64> {
 pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<ShardSummary> {
     let started = Instant::now();
     options.validate()?;
-    let inputs = input::resolve(inputs, options)?;
-    if let Some(progress) = &options.progress {
-        progress.start(inputs.estimated_bytes);
-    }
-    let location = Location::parse_with_options(output, options.storage_options.iter().cloned())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("shardfeed-io")
         .enable_all()
         .build()
         .map_err(|e| PreprocessError::io("start I/O runtime for", output, e))?;
+    // Remote inputs are staged on local disk first (deleted at the end).
+    let (local_inputs, _staged) = remote::stage(inputs, options, runtime.handle())?;
+    let given = inputs.to_vec();
+    let mut inputs = input::resolve(&local_inputs, options)?;
+    // Messages name the inputs as the user gave them.
+    inputs.given = given;
+    if let Some(progress) = &options.progress {
+        progress.start(inputs.estimated_bytes);
+    }
+    let location = Location::parse_with_options(output, options.storage_options.iter().cloned())?;
     let handle = runtime.handle();
     output::prepare(&location, options.overwrite, handle)?;
     let publish: Box<dyn Publish> = match location.local_root() {

@@ -299,8 +299,28 @@ fn shard_and_check(url: &str, options: &[(String, String)]) {
 
 #[test]
 fn s3_shard_verify_inspect_and_load_like_local() {
-    let (_server, options) = moto();
+    let (server, options) = moto();
     shard_and_check("s3://test-bucket/datasets/text", &options);
+
+    // Inputs in S3 too: a glob over a prefix, sharded like the local files.
+    let tmp = tempdir();
+    let (inputs, local) = local_dataset(tmp.path());
+    for input in &inputs {
+        let name = std::path::Path::new(input)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        run_python(&format!(
+            "import boto3; boto3.client('s3', endpoint_url='{}', aws_access_key_id='t', aws_secret_access_key='t', \
+             region_name='us-east-1').upload_file('{input}', 'test-bucket', 'raw/{name}')",
+            server.url()
+        ));
+    }
+    let remote_inputs = vec!["s3://test-bucket/raw/*.parquet".to_string()];
+    let url = "s3://test-bucket/datasets/from-remote";
+    shardfeed(&shard_args(&remote_inputs, url, &cli_options(&options))).success();
+    check_remote(url, &options, &local);
     // Errors name the URL and never show the secret.
     let missing = shardfeed(
         &[
