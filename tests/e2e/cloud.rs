@@ -1,4 +1,7 @@
-//! Datasets in S3: shard to a real S3-compatible server (moto's server mode on
+//! Object storage conformance: the same checks (verify, load equals the local
+//! run) on local disk, in memory, and on real protocol servers started and
+//! stopped here on 127.0.0.1: S3 (moto), Azure (azurite), GCS (fake-gcs-server).
+//! Datasets in S3: shard to a real S3-compatible server (moto server mode on
 //! 127.0.0.1, started and stopped here), then verify, inspect and load.
 
 use std::net::TcpListener;
@@ -7,6 +10,11 @@ use std::time::{Duration, Instant};
 
 use parquet::basic::Compression;
 use shardfeed_fixtures::{FileFormat, Kind, write_dataset};
+use std::sync::Arc;
+
+use object_store::ObjectStoreExt;
+use object_store::memory::InMemory;
+use shardfeed_format::Location;
 use shardfeed_loader::Loader;
 
 use crate::support::*;
@@ -253,9 +261,38 @@ fn load(url: &str, options: &[(String, String)]) -> Vec<Vec<i64>> {
         .collect()
 }
 
-/// The remote dataset at `url` verifies, inspects like the local one, and
-/// loads the local run's batches row for row.
+/// The conformance checks every backend passes: the dataset at `location`
+/// verifies (every shard re-read and checked) and loads the local run's
+/// batches row for row.
+fn check_location(location: Location, local: &std::path::Path) {
+    let report = shardfeed_loader::verify_dataset(&location, 2).unwrap();
+    assert!(report.ok(), "{:?}", report.problems);
+    assert_eq!(report.rows, 2500);
+    let url = location.url().to_string();
+    let load_from = |builder: shardfeed_loader::LoaderBuilder| -> Vec<Vec<i64>> {
+        builder
+            .batch_size(64)
+            .seed(8)
+            .window(2)
+            .drop_last(false)
+            .build()
+            .unwrap()
+            .map(|b| b.unwrap().values::<i64>("id").unwrap().to_vec())
+            .collect()
+    };
+    assert_eq!(
+        load_from(Loader::builder(&url).location(location)),
+        load(&s(local), &[])
+    );
+}
+
+/// The remote dataset at `url` passes the conformance checks, and the CLI
+/// verifies and inspects it like the local one.
 fn check_remote(url: &str, options: &[(String, String)], local: &std::path::Path) {
+    check_location(
+        Location::parse_with_options(url, options.iter().cloned()).unwrap(),
+        local,
+    );
     let opts = cli_options(options);
     let verify = shardfeed(
         &[
@@ -277,6 +314,25 @@ fn check_remote(url: &str, options: &[(String, String)], local: &std::path::Path
     .success();
     assert_eq!(inspect.json()["shards"], manifest(local).shards.len());
     assert_eq!(load(url, options), load(&s(local), &[]));
+}
+
+#[test]
+fn conformance_on_local_disk_and_in_memory() {
+    let tmp = tempdir();
+    let (_, local) = local_dataset(tmp.path());
+    check_location(Location::parse(&s(&local)).unwrap(), &local);
+    let memory = Arc::new(InMemory::new());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for (relative, bytes) in snapshot(&local) {
+        let path = object_store::path::Path::from(format!("ds/{}", relative.display()));
+        runtime.block_on(memory.put(&path, bytes.into())).unwrap();
+    }
+    check_location(
+        Location::from_store(memory, object_store::path::Path::from("ds"), "memory://ds"),
+        &local,
+    );
 }
 
 /// Shard to `url` with the CLI, then check it like the local dataset.
