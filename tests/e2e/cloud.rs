@@ -10,10 +10,6 @@ use std::time::{Duration, Instant};
 
 use parquet::basic::Compression;
 use shardfeed_fixtures::{FileFormat, Kind, write_dataset};
-use std::sync::Arc;
-
-use object_store::ObjectStoreExt;
-use object_store::memory::InMemory;
 use shardfeed_format::Location;
 use shardfeed_loader::Loader;
 
@@ -321,14 +317,7 @@ fn conformance_on_local_disk_and_in_memory() {
     let tmp = tempdir();
     let (_, local) = local_dataset(tmp.path());
     check_location(Location::parse(&s(&local)).unwrap(), &local);
-    let memory = Arc::new(InMemory::new());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    for (relative, bytes) in snapshot(&local) {
-        let path = object_store::path::Path::from(format!("ds/{}", relative.display()));
-        runtime.block_on(memory.put(&path, bytes.into())).unwrap();
-    }
+    let memory = in_memory(&local, "ds");
     check_location(
         Location::from_store(memory, object_store::path::Path::from("ds"), "memory://ds"),
         &local,
@@ -413,7 +402,7 @@ fn two_processes_share_a_cache_of_s3_shards() {
     let url = "s3://test-bucket/datasets/cached";
     shardfeed(&shard_args(&inputs, url, &cli_options(&options))).success();
     let cache = tmp.path().join("cache");
-    let bench = || {
+    let bench_args = || {
         let mut args = vec![
             "bench".to_string(),
             url.into(),
@@ -422,8 +411,11 @@ fn two_processes_share_a_cache_of_s3_shards() {
             s(&cache),
         ];
         args.extend(cli_options(&options));
+        args
+    };
+    let bench = || {
         bin()
-            .args(&args)
+            .args(bench_args())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -449,15 +441,7 @@ fn two_processes_share_a_cache_of_s3_shards() {
         "the whole dataset, once, no temporary left"
     );
     // A third run reads only the manifest from S3.
-    let mut args = vec![
-        "bench".to_string(),
-        url.into(),
-        "--json".into(),
-        "--cache-dir".into(),
-        s(&cache),
-    ];
-    args.extend(cli_options(&options));
-    let report = shardfeed(&args).success().json();
+    let report = shardfeed(&bench_args()).success().json();
     assert_eq!(report["stats"]["requests"], 0, "{report}");
 }
 

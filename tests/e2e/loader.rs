@@ -6,33 +6,14 @@ use std::path::Path;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Float64Type, Int32Type, Int64Type};
 use arrow_array::{Array, RecordBatch};
-use parquet::basic::Compression;
-use shardfeed_fixtures::{FileFormat, Kind, write_dataset};
+use shardfeed_fixtures::Kind;
 use shardfeed_loader::{Batch, Loader, LoaderError, LoaderState, PinningMode};
-use shardfeed_preprocess::ShardOptions;
 
 use crate::support::*;
 
 /// Shard `rows` rows of `kind` into `dir/ds` with several shards of uneven row groups.
 fn dataset(dir: &Path, kind: Kind, rows: u64, row_group_rows: u64, shard_size: u64) -> String {
-    let inputs: Vec<String> = write_dataset(
-        &dir.join("in"),
-        kind,
-        rows,
-        3,
-        7,
-        FileFormat::Parquet(Compression::SNAPPY),
-    )
-    .unwrap()
-    .iter()
-    .map(|p| s(p))
-    .collect();
-    let out = dir.join("ds");
-    let options = ShardOptions::default()
-        .with_row_group_rows(row_group_rows)
-        .with_shard_size(shard_size);
-    shardfeed_preprocess::shard(&inputs, &s(&out), &options).unwrap();
-    s(&out)
+    sharded(dir, kind, rows, row_group_rows, shard_size)
 }
 
 fn id_batches(loader: &mut Loader) -> Vec<Vec<i64>> {

@@ -4,14 +4,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use object_store::memory::InMemory;
-use object_store::{ObjectStore, ObjectStoreExt};
-use parquet::basic::Compression;
-use shardfeed_fixtures::{FileFormat, Kind, write_dataset};
+use object_store::ObjectStore;
+use shardfeed_fixtures::Kind;
 use shardfeed_format::Location;
 use shardfeed_format::fault::{FaultConfig, FaultyStore};
 use shardfeed_loader::{Loader, RetryPolicy};
-use shardfeed_preprocess::ShardOptions;
 
 use crate::support::*;
 
@@ -22,38 +19,15 @@ fn dataset_in_memory(
     rows: u64,
     faults: FaultConfig,
 ) -> (String, Location, Arc<FaultyStore>) {
-    let inputs: Vec<String> = write_dataset(
-        &dir.join("in"),
-        Kind::Text,
-        rows,
-        2,
-        3,
-        FileFormat::Parquet(Compression::SNAPPY),
-    )
-    .unwrap()
-    .iter()
-    .map(|p| s(p))
-    .collect();
-    let out = dir.join("ds");
-    let options = ShardOptions::default()
-        .with_row_group_rows(100)
-        .with_shard_size(8 << 10);
-    shardfeed_preprocess::shard(&inputs, &s(&out), &options).unwrap();
-    let memory = Arc::new(InMemory::new());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    for (relative, bytes) in snapshot(&out) {
-        let path = object_store::path::Path::from(format!("ds/{}", relative.display()));
-        runtime.block_on(memory.put(&path, bytes.into())).unwrap();
-    }
+    let local = sharded(dir, Kind::Text, rows, 100, 8 << 10);
+    let memory = in_memory(Path::new(&local), "ds");
     let faulty = Arc::new(FaultyStore::new(memory as Arc<dyn ObjectStore>, faults));
     let location = Location::from_store(
         faulty.clone(),
         object_store::path::Path::from("ds"),
         "memory://ds",
     );
-    (s(&out), location, faulty)
+    (local, location, faulty)
 }
 
 fn epoch_ids(mut loader: Loader) -> (Vec<i64>, shardfeed_loader::Stats) {

@@ -202,3 +202,46 @@ pub fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 pub fn python() -> Command {
     Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
 }
+
+/// Shard `rows` generated rows of `kind` (3 Parquet files, seed 7) into
+/// `dir/ds` with the given row group rows and shard size; returns its path.
+pub fn sharded(
+    dir: &Path,
+    kind: shardfeed_fixtures::Kind,
+    rows: u64,
+    row_group_rows: u64,
+    shard_size: u64,
+) -> String {
+    let inputs: Vec<String> = shardfeed_fixtures::write_dataset(
+        &dir.join("in"),
+        kind,
+        rows,
+        3,
+        7,
+        shardfeed_fixtures::FileFormat::Parquet(parquet::basic::Compression::SNAPPY),
+    )
+    .unwrap()
+    .iter()
+    .map(|p| s(p))
+    .collect();
+    let out = dir.join("ds");
+    let options = shardfeed_preprocess::ShardOptions::default()
+        .with_row_group_rows(row_group_rows)
+        .with_shard_size(shard_size);
+    shardfeed_preprocess::shard(&inputs, &s(&out), &options).unwrap();
+    s(&out)
+}
+
+/// Copy every file under `dir` into a new in-memory store under `prefix`.
+pub fn in_memory(dir: &Path, prefix: &str) -> std::sync::Arc<object_store::memory::InMemory> {
+    use object_store::ObjectStoreExt;
+    let memory = std::sync::Arc::new(object_store::memory::InMemory::new());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for (relative, bytes) in snapshot(dir) {
+        let path = object_store::path::Path::from(format!("{prefix}/{}", relative.display()));
+        runtime.block_on(memory.put(&path, bytes.into())).unwrap();
+    }
+    memory
+}
