@@ -140,7 +140,13 @@ impl FetchContext {
         let path = cache.path(entry);
         if let Some(file) = cache.open(entry) {
             let bytes = self.map(shard, &path, &file)?;
-            if shardfeed_format::Crc32::of(&bytes) == entry.crc32 {
+            // Checksumming a whole shard is CPU work: off the async workers.
+            let (copy, expected) = (bytes.clone(), entry.crc32);
+            let intact =
+                tokio::task::spawn_blocking(move || shardfeed_format::Crc32::of(&copy) == expected)
+                    .await
+                    .unwrap_or(false);
+            if intact {
                 return Ok(bytes);
             }
             // A damaged copy: replace it.
