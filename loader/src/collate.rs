@@ -477,34 +477,26 @@ fn gather_fixed(
     order: &[u32],
     out: &mut [u8],
 ) {
-    fn go<const W: usize>(cols: &[&SourceColumn], rows: &RowRefs, order: &[u32], out: &mut [u8]) {
+    // Inlined with constant widths below, so common element sizes get
+    // fixed-size copies; other widths take the same loop with a runtime width.
+    #[inline(always)]
+    fn copy(w: usize, cols: &[&SourceColumn], rows: &RowRefs, order: &[u32], out: &mut [u8]) {
         let srcs: Vec<&[u8]> = cols
             .iter()
-            .map(|c| SourceColumn::fixed(&c.data, W))
+            .map(|c| SourceColumn::fixed(&c.data, w))
             .collect();
         for &i in order {
             let (s, r) = rows[i as usize];
-            let from = r as usize * W;
-            let to = i as usize * W;
-            out[to..to + W].copy_from_slice(&srcs[s as usize][from..from + W]);
+            let from = r as usize * w;
+            let to = i as usize * w;
+            out[to..to + w].copy_from_slice(&srcs[s as usize][from..from + w]);
         }
     }
     match width {
-        1 => go::<1>(cols, rows, order, out),
-        2 => go::<2>(cols, rows, order, out),
-        4 => go::<4>(cols, rows, order, out),
-        8 => go::<8>(cols, rows, order, out),
-        w => {
-            let srcs: Vec<&[u8]> = cols
-                .iter()
-                .map(|c| SourceColumn::fixed(&c.data, w))
-                .collect();
-            for &i in order {
-                let (s, r) = rows[i as usize];
-                let from = r as usize * w;
-                let to = i as usize * w;
-                out[to..to + w].copy_from_slice(&srcs[s as usize][from..from + w]);
-            }
-        }
+        1 => copy(1, cols, rows, order, out),
+        2 => copy(2, cols, rows, order, out),
+        4 => copy(4, cols, rows, order, out),
+        8 => copy(8, cols, rows, order, out),
+        w => copy(w, cols, rows, order, out),
     }
 }

@@ -8,22 +8,22 @@ use shardfeed_fixtures::{FileFormat, Kind, batch, write_dataset};
 
 use crate::support::*;
 
+/// `shardfeed shard INPUTS... --output OUT EXTRA...` as arguments.
+fn shard_args(inputs: &[String], out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec!["shard".into()];
+    args.extend(inputs.iter().cloned());
+    args.extend(["--output".to_string(), s(out)]);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
 /// Shard `inputs` into `out` with small shards and row groups so that every
 /// run exercises several of each.
 fn shard_small(inputs: &[String], out: &Path, extra: &[&str]) -> Run {
-    let mut args: Vec<String> = vec!["shard".into()];
-    args.extend(inputs.iter().cloned());
-    args.extend(
-        [
-            "--output",
-            &s(out),
-            "--shard-size",
-            "32KiB",
-            "--row-group-rows",
-            "300",
-            "--json",
-        ]
-        .map(String::from),
+    let mut args = shard_args(
+        inputs,
+        out,
+        &["--shard-size", "32KiB", "--row-group-rows", "300", "--json"],
     );
     args.extend(extra.iter().map(|a| a.to_string()));
     shardfeed(&args)
@@ -277,11 +277,7 @@ fn output_is_byte_identical_across_runs_and_thread_counts() {
             if shuffle {
                 extra.extend(["--shuffle", "--seed", "11", "--memory-budget", "16MiB"]);
             }
-            let mut args: Vec<String> = vec!["shard".into()];
-            args.extend(inputs.iter().cloned());
-            args.extend(["--output".to_string(), s(&out)]);
-            args.extend(extra.iter().map(|a| a.to_string()));
-            shardfeed(&args).success();
+            shardfeed(&shard_args(&inputs, &out, &extra)).success();
             snapshots.push(snapshot(&out));
         }
         assert!(snapshots[0].len() > 3, "expected several shards");
@@ -361,20 +357,17 @@ fn killing_shard_never_leaves_a_broken_dataset_and_a_rerun_completes() {
         FileFormat::Parquet(Compression::SNAPPY),
     );
     let out = tmp.path().join("ds");
-    let mut args: Vec<String> = vec!["shard".into()];
-    args.extend(inputs.iter().cloned());
-    args.extend(
-        [
-            "--output",
-            &s(&out),
+    let args = shard_args(
+        &inputs,
+        &out,
+        &[
             "--shard-size",
             "256KiB",
             "--row-group-rows",
             "64",
             "--threads",
             "2",
-        ]
-        .map(String::from),
+        ],
     );
     // Time a full run, then kill runs at points spread across it.
     let started = std::time::Instant::now();
@@ -424,11 +417,7 @@ fn bad_inputs_fail_cleanly_naming_the_file_and_leave_no_manifest() {
     let dir = tmp.path();
     let out = dir.join("ds");
     let check = |inputs: Vec<String>, extra: &[&str], expect: &[&str]| {
-        let mut args: Vec<String> = vec!["shard".into()];
-        args.extend(inputs);
-        args.extend(["--output".to_string(), s(&out)]);
-        args.extend(extra.iter().map(|a| a.to_string()));
-        let run = shardfeed(&args).failure();
+        let run = shardfeed(&shard_args(&inputs, &out, extra)).failure();
         for needle in expect {
             assert!(
                 run.stderr.contains(needle),
@@ -533,12 +522,10 @@ fn shuffled_run(dir: &Path, rows: u64, budget: &str) -> (serde_json::Value, std:
         FileFormat::Parquet(Compression::SNAPPY),
     );
     let out = dir.join(format!("ds-{rows}"));
-    let mut args: Vec<String> = vec!["shard".into()];
-    args.extend(inputs.iter().cloned());
-    args.extend(
-        [
-            "--output",
-            &s(&out),
+    let args = shard_args(
+        &inputs,
+        &out,
+        &[
             "--shuffle",
             "--seed",
             "5",
@@ -547,8 +534,7 @@ fn shuffled_run(dir: &Path, rows: u64, budget: &str) -> (serde_json::Value, std:
             "--shard-size",
             "4MiB",
             "--json",
-        ]
-        .map(String::from),
+        ],
     );
     (shardfeed(&args).success().json(), out)
 }
