@@ -1,12 +1,11 @@
 //! `shardfeed bench`: stream a dataset through the loader and report throughput.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
-use shardfeed_format::fault::{FaultConfig, FaultyStore};
+use shardfeed_format::fault::FaultConfig;
 use shardfeed_format::size::parse_size;
 use shardfeed_loader::{Loader, PinningMode, Stats};
 
@@ -120,12 +119,7 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
             latency: Duration::from_secs_f64(args.inject_latency_ms.unwrap_or(0.0) / 1000.0),
             ..FaultConfig::default()
         };
-        let store = Arc::new(FaultyStore::new(location.store().clone(), faults));
-        builder = builder.location(shardfeed_format::Location::from_store(
-            store,
-            location.prefix().clone(),
-            location.url(),
-        ));
+        builder = builder.location(location.with_faults(faults));
     }
     let mut builder = builder
         .batch_size(args.batch_size)

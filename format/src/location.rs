@@ -106,6 +106,13 @@ impl Location {
         }
     }
 
+    /// The same dataset read through a [`FaultyStore`](crate::fault::FaultyStore)
+    /// that injects `faults` (as a remote store: local files are not mapped).
+    pub fn with_faults(&self, faults: crate::fault::FaultConfig) -> Location {
+        let store = Arc::new(crate::fault::FaultyStore::new(self.store.clone(), faults));
+        Location::from_store(store, self.prefix.clone(), &self.url)
+    }
+
     /// The store.
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
         &self.store

@@ -196,6 +196,53 @@ impl Manifest {
     pub fn row_group_count(&self) -> usize {
         self.shards.iter().map(|s| s.row_groups.len()).sum()
     }
+
+    /// The summary `shardfeed inspect` prints, for the dataset at `url`.
+    pub fn summary<'a>(&'a self, url: &'a str) -> Summary<'a> {
+        Summary {
+            dataset: url,
+            rows: self.total_rows,
+            shards: self.shards.len(),
+            row_groups: self.row_group_count(),
+            bytes: self.total_bytes,
+            input_bytes: self.input_bytes,
+            compression_ratio: self.input_bytes as f64 / self.total_bytes.max(1) as f64,
+            min_shard_bytes: self.shards.iter().map(|s| s.bytes).min().unwrap_or(0),
+            max_shard_bytes: self.shards.iter().map(|s| s.bytes).max().unwrap_or(0),
+            tool_version: &self.tool_version,
+            options: &self.options,
+            schema: &self.schema,
+        }
+    }
+}
+
+/// A dataset's summary: what `shardfeed inspect --json` prints.
+#[derive(Debug, Serialize)]
+pub struct Summary<'a> {
+    /// The dataset's URL.
+    pub dataset: &'a str,
+    /// Rows over all shards.
+    pub rows: u64,
+    /// Shard files.
+    pub shards: usize,
+    /// Row groups over all shards.
+    pub row_groups: usize,
+    /// Bytes of all shards.
+    pub bytes: u64,
+    /// Uncompressed Arrow bytes of the rows.
+    pub input_bytes: u64,
+    /// `input_bytes / bytes`.
+    pub compression_ratio: f64,
+    /// The smallest shard's size.
+    pub min_shard_bytes: u64,
+    /// The largest shard's size.
+    pub max_shard_bytes: u64,
+    /// The shardfeed version that wrote the dataset.
+    pub tool_version: &'a str,
+    /// The options it was written with.
+    pub options: &'a WriteOptions,
+    /// The dataset's Arrow schema.
+    pub schema: &'a arrow_schema::Schema,
 }
 
 #[cfg(test)]

@@ -75,6 +75,10 @@ pub enum LoaderError {
         /// Slabs in the pool.
         slabs: usize,
     },
+    /// A wait for the next batch was interrupted by the caller (Ctrl-C in
+    /// Python); the pass goes on and the next call continues it.
+    #[error("interrupted while waiting for the next batch")]
+    Interrupted,
     /// The loader was shut down while a call waited.
     #[error("the loader was closed")]
     Closed,

@@ -831,22 +831,43 @@ impl Iterator for Loader {
     /// The next batch of the current epoch; `None` at its end, after which
     /// the next call starts the following epoch.
     fn next(&mut self) -> Option<Result<Batch>> {
+        self.next_interruptible(|| false)
+    }
+}
+
+impl Loader {
+    /// [`Iterator::next`] that calls `interrupted` about every 20 ms while it
+    /// waits for a batch; when that returns `true` it gives up the wait with
+    /// [`LoaderError::Interrupted`] and the pass goes on: the next call
+    /// returns the batch that was awaited. Bindings use it to deliver Ctrl-C.
+    pub fn next_interruptible(
+        &mut self,
+        mut interrupted: impl FnMut() -> bool,
+    ) -> Option<Result<Batch>> {
         if self.running.is_none() {
             self.started.get_or_insert_with(Instant::now);
             self.start();
         }
         let waited = Instant::now();
         let running = self.running.as_mut().expect("started above");
+        let mut exhausted_since: Option<Instant> = None;
         let result = loop {
             if running.next_index >= running.batches {
                 break None;
             }
-            match running.output.recv_timeout(Duration::from_millis(100)) {
+            match running.output.recv_timeout(Duration::from_millis(20)) {
                 Ok(item) => break Some(item),
                 Err(RecvTimeoutError::Disconnected) => break None,
                 Err(RecvTimeoutError::Timeout) => {
-                    let held = self.held.load(Ordering::SeqCst);
-                    if held >= self.pool.size() {
+                    if interrupted() {
+                        break Some(Err(LoaderError::Interrupted));
+                    }
+                    if self.held.load(Ordering::SeqCst) < self.pool.size() {
+                        exhausted_since = None;
+                    } else if exhausted_since.get_or_insert_with(Instant::now).elapsed()
+                        >= Duration::from_millis(100)
+                    {
+                        // Held for 100 ms: not a batch being dropped right now.
                         break Some(Err(LoaderError::PoolExhausted {
                             slabs: self.pool.size(),
                         }));
@@ -878,7 +899,10 @@ impl Iterator for Loader {
                 Some(Ok(batch))
             }
             Some(Err(e)) => {
-                if !matches!(e, LoaderError::PoolExhausted { .. }) {
+                if !matches!(
+                    e,
+                    LoaderError::PoolExhausted { .. } | LoaderError::Interrupted
+                ) {
                     self.stop();
                 }
                 Some(Err(e))
