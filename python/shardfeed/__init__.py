@@ -1,0 +1,67 @@
+"""shardfeed: shard datasets into zstd Parquet, then stream them to GPUs.
+
+``Loader`` streams a dataset written by ``shardfeed shard`` (or :func:`shard`)
+as batches: ``dict[str, numpy.ndarray]`` whose arrays are zero-copy views of a
+pooled slab, page-locked when a CUDA driver is present. Keys are column names
+for values, and ``"<column>.offsets"`` (ragged lists, strings, binary),
+``"<column>.lengths"`` (lists padded with ``pad_to``) and
+``"<column>.validity"`` (nullable columns, 1 where the row has a value).
+
+    import shardfeed, torch
+    loader = shardfeed.Loader("s3://bucket/tokens", batch_size=256,
+                              columns=["input_ids"], pad_to=2048, seed=0)
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            ids = torch.from_numpy(batch["input_ids"]).cuda(non_blocking=True)
+
+Every array supports DLPack (``torch.from_dlpack``, ``jax.dlpack.from_dlpack``).
+A batch's slab returns to the pool when the last array over it is gone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._native import Loader, ShardfeedError, SlabView, __version__, inspect, shard, verify
+
+__all__ = [
+    "Loader",
+    "ShardfeedError",
+    "SlabView",
+    "__version__",
+    "inspect",
+    "shard",
+    "strings",
+    "verify",
+    "rows",
+]
+
+
+def strings(batch: dict[str, np.ndarray], column: str, encoding: str | None = "utf-8") -> list[Any]:
+    """Decode a string or binary column of ``batch`` into Python objects.
+
+    Returns ``str`` values (or ``bytes`` when ``encoding`` is None), with
+    ``None`` for null rows. This copies; the arrays themselves do not.
+    """
+    values = batch[column]
+    offsets = batch[f"{column}.offsets"]
+    validity = batch.get(f"{column}.validity")
+    raw = values.tobytes()
+    out: list[Any] = []
+    for i in range(len(offsets) - 1):
+        if validity is not None and not validity[i]:
+            out.append(None)
+            continue
+        chunk = raw[offsets[i] : offsets[i + 1]]
+        out.append(chunk.decode(encoding) if encoding else chunk)
+    return out
+
+
+def rows(batch: dict[str, np.ndarray], column: str) -> list[np.ndarray]:
+    """Split a ragged list column of ``batch`` into one array per row (views, no copy)."""
+    values = batch[column]
+    offsets = batch[f"{column}.offsets"]
+    return [values[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]

@@ -1,0 +1,115 @@
+"""Type stubs of the native module (see the ``shardfeed`` package docs)."""
+
+from os import PathLike
+from types import TracebackType
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+__version__: str
+
+class ShardfeedError(Exception):
+    """A failure other than a missing file, a permission problem or a bad option."""
+
+Batch = dict[str, np.ndarray]
+Size = int | str
+
+class Loader:
+    """Streams a dataset's batches for this rank; see the package docs."""
+
+    def __init__(
+        self,
+        url: str,
+        batch_size: int,
+        columns: Sequence[str] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        epoch: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = True,
+        pad_to: int | None = None,
+        pad_value: float = 0,
+        prefetch: int | None = None,
+        threads: int | None = None,
+        storage_options: dict[str, str] | Sequence[tuple[str, str]] | None = None,
+        cache_dir: str | PathLike[str] | None = None,
+        *,
+        cache_limit: Size | None = None,
+        window: int | None = None,
+        byte_budget: Size | None = None,
+        pinning: str = "auto",
+        io_concurrency: int | None = None,
+        inject_latency_ms: float | None = None,
+        inject_failure_rate: float | None = None,
+    ) -> None:
+        """Build a loader; ``ValueError`` names a bad option.
+
+        ``inject_latency_ms`` / ``inject_failure_rate`` read the dataset through
+        a fault-injecting store (as ``shardfeed bench --inject-*``), for tests
+        and benchmarks of remote behaviour.
+        """
+    def __iter__(self) -> Iterator[Batch]: ...
+    def __next__(self) -> Batch: ...
+    def __len__(self) -> int:
+        """Batches per epoch for this rank (the same on every rank)."""
+    def set_epoch(self, epoch: int) -> None:
+        """Move to ``epoch``, from its start."""
+    @property
+    def epoch(self) -> int:
+        """The current epoch."""
+    @property
+    def pinning(self) -> str:
+        """``"cuda"`` when slabs are page-locked, else ``"page-aligned"``."""
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is (under 1 KB as JSON)."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where ``state`` was taken."""
+    def stats(self) -> dict[str, Any]:
+        """Counters: rows, bytes, batches, time to first batch, waits, busy times, retries."""
+    def close(self) -> None:
+        """Stop every thread and release the pool; held batches stay valid."""
+    def __enter__(self) -> Loader: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool: ...
+
+class SlabView:
+    """The ``base`` of every batch array: keeps its slab leased."""
+
+    @property
+    def slab_address(self) -> int: ...
+    @property
+    def slab_bytes(self) -> int: ...
+    @property
+    def batch_index(self) -> int: ...
+
+def shard(
+    inputs: str | Sequence[str],
+    output: str,
+    *,
+    shard_size: Size | None = None,
+    row_group_rows: int | None = None,
+    row_group_size: Size | None = None,
+    zstd_level: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    memory_budget: Size | None = None,
+    threads: int = 0,
+    overwrite: bool = False,
+    format: str | None = None,
+    storage_options: dict[str, str] | Sequence[tuple[str, str]] | None = None,
+    temp_dir: str | PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """Shard inputs into a dataset; returns the summary ``shardfeed shard --json`` prints."""
+
+def inspect(url: str, *, storage_options: dict[str, str] | None = None) -> dict[str, Any]:
+    """The dataset's summary, as ``shardfeed inspect --json`` prints it."""
+
+def verify(
+    url: str, *, threads: int = 0, storage_options: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Check every shard against the manifest; the report has ``"ok"`` and ``"problems"``."""

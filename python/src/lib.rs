@@ -1,0 +1,696 @@
+//! `shardfeed._native`: the thin Python binding over the loader and `shard`.
+//!
+//! Batches reach Python as numpy arrays that are views of the batch's slab
+//! (no copy): every array's base is a small view object that keeps the batch,
+//! and so its slab, leased until the last array over it is gone. numpy arrays
+//! export DLPack, so `torch.from_dlpack` and `jax.dlpack.from_dlpack` take
+//! them without a copy too.
+//!
+//! The GIL is released while the loader builds, while it waits for a batch
+//! (checking for signals every 20 ms, so Ctrl-C interrupts the wait) and
+//! while `shard` and `verify` run. A loader used in a forked child rebuilds
+//! its threads there, at the position the parent had reached.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use pyo3::create_exception;
+use pyo3::exceptions::{
+    PyException, PyFileExistsError, PyFileNotFoundError, PyPermissionError, PyValueError,
+};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyTuple};
+use shardfeed_format::fault::FaultConfig;
+use shardfeed_format::size::parse_size;
+use shardfeed_format::{FormatError, Location};
+use shardfeed_loader::{Batch, Loader, LoaderError, LoaderState, PinningMode};
+use shardfeed_preprocess::{InputFormat, PreprocessError, ShardOptions};
+
+create_exception!(
+    shardfeed,
+    ShardfeedError,
+    PyException,
+    "A shardfeed failure other than a missing file, a permission problem or a bad option. The message is the Rust error's, naming the shard, row group, file or option."
+);
+
+/// Which Python exception a failure maps to.
+enum Kind {
+    NotFound,
+    Permission,
+    Exists,
+    Value,
+    Other,
+}
+
+fn store_kind(e: &object_store::Error) -> Kind {
+    match e {
+        object_store::Error::NotFound { .. } => Kind::NotFound,
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => Kind::Permission,
+        object_store::Error::AlreadyExists { .. } => Kind::Exists,
+        _ => Kind::Other,
+    }
+}
+
+fn io_kind(e: &std::io::Error) -> Kind {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => Kind::NotFound,
+        std::io::ErrorKind::PermissionDenied => Kind::Permission,
+        std::io::ErrorKind::AlreadyExists => Kind::Exists,
+        _ => Kind::Other,
+    }
+}
+
+fn format_kind(e: &FormatError) -> Kind {
+    match e {
+        FormatError::Store { source, .. } => store_kind(source),
+        FormatError::LocalPath { source, .. } => io_kind(source),
+        FormatError::BadLocation { .. } | FormatError::BadSize { .. } => Kind::Value,
+        _ => Kind::Other,
+    }
+}
+
+fn raise(kind: Kind, message: String) -> PyErr {
+    match kind {
+        Kind::NotFound => PyFileNotFoundError::new_err(message),
+        Kind::Permission => PyPermissionError::new_err(message),
+        Kind::Exists => PyFileExistsError::new_err(message),
+        Kind::Value => PyValueError::new_err(message),
+        Kind::Other => ShardfeedError::new_err(message),
+    }
+}
+
+fn loader_error(e: LoaderError) -> PyErr {
+    let kind = match &e {
+        LoaderError::Format(f) => format_kind(f),
+        LoaderError::MissingShard { .. } => Kind::NotFound,
+        LoaderError::Store { source, .. } => store_kind(source),
+        LoaderError::Io { source, .. } => io_kind(source),
+        LoaderError::BadOption { .. } | LoaderError::BadState { .. } => Kind::Value,
+        _ => Kind::Other,
+    };
+    raise(kind, e.to_string())
+}
+
+fn preprocess_error(e: PreprocessError) -> PyErr {
+    let kind = match &e {
+        PreprocessError::Format(f) => format_kind(f),
+        PreprocessError::InputNotFound { .. } | PreprocessError::NoMatch { .. } => Kind::NotFound,
+        PreprocessError::Io { source, .. } => io_kind(source),
+        PreprocessError::BadOption { .. }
+        | PreprocessError::UnknownFormat { .. }
+        | PreprocessError::NoInputs => Kind::Value,
+        PreprocessError::DatasetExists { .. } => Kind::Exists,
+        _ => Kind::Other,
+    };
+    raise(kind, e.to_string())
+}
+
+fn format_error(e: FormatError) -> PyErr {
+    raise(format_kind(&e), e.to_string())
+}
+
+fn bad_option(option: &str, reason: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(format!("invalid option {option}: {reason}"))
+}
+
+/// A size given as bytes (int) or as text such as `"128MiB"`.
+#[derive(FromPyObject)]
+enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+impl Size {
+    fn bytes(&self, option: &str) -> PyResult<u64> {
+        match self {
+            Size::Bytes(b) => Ok(*b),
+            Size::Text(t) => parse_size(t).map_err(|e| bad_option(option, e)),
+        }
+    }
+}
+
+/// One or several input paths.
+#[derive(FromPyObject)]
+enum Inputs {
+    One(String),
+    Many(Vec<String>),
+}
+
+fn json_module(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static JSON: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    JSON.get_or_try_init(py, || {
+        Ok::<_, PyErr>(py.import("json")?.into_any().unbind())
+    })
+    .map(|m| m.bind(py))
+}
+
+/// A serde value as Python objects (through `json`).
+fn to_python<'py>(py: Python<'py>, value: &impl serde::Serialize) -> PyResult<Bound<'py, PyAny>> {
+    let text = serde_json::to_string(value).map_err(|e| ShardfeedError::new_err(e.to_string()))?;
+    json_module(py)?.call_method1("loads", (text,))
+}
+
+/// Object store options as a dict or as (key, value) pairs.
+#[derive(FromPyObject)]
+enum StorageOptions {
+    Map(std::collections::BTreeMap<String, String>),
+    Pairs(Vec<(String, String)>),
+}
+
+fn storage_pairs(options: Option<StorageOptions>) -> Vec<(String, String)> {
+    match options {
+        None => Vec::new(),
+        Some(StorageOptions::Map(m)) => m.into_iter().collect(),
+        Some(StorageOptions::Pairs(p)) => p,
+    }
+}
+
+/// Everything `Loader(...)` was given, kept to rebuild the loader in a forked child.
+#[derive(Clone)]
+struct LoaderOptions {
+    url: String,
+    batch_size: usize,
+    columns: Option<Vec<String>>,
+    shuffle: bool,
+    seed: u64,
+    epoch: u64,
+    rank: Option<u64>,
+    world_size: Option<u64>,
+    drop_last: bool,
+    pad_to: Option<usize>,
+    pad_value: f64,
+    prefetch: Option<usize>,
+    threads: Option<usize>,
+    storage_options: Vec<(String, String)>,
+    cache_dir: Option<PathBuf>,
+    cache_limit: Option<u64>,
+    window: Option<usize>,
+    byte_budget: Option<u64>,
+    pinning: PinningMode,
+    io_concurrency: Option<usize>,
+    faults: Option<FaultConfig>,
+}
+
+impl LoaderOptions {
+    fn build(&self) -> Result<Loader, LoaderError> {
+        let mut b = Loader::builder(&self.url);
+        if let Some(faults) = &self.faults {
+            let location = Location::parse_with_options(&self.url, self.storage_options.clone())?;
+            b = b.location(location.with_faults(faults.clone()));
+        }
+        let mut b = b
+            .batch_size(self.batch_size)
+            .shuffle(self.shuffle)
+            .seed(self.seed)
+            .epoch(self.epoch)
+            .drop_last(self.drop_last)
+            .pinning(self.pinning);
+        if let Some(columns) = &self.columns {
+            b = b.columns(columns.iter().cloned());
+        }
+        if let Some(rank) = self.rank {
+            b = b.rank(rank);
+        }
+        if let Some(world_size) = self.world_size {
+            b = b.world_size(world_size);
+        }
+        if let Some(n) = self.pad_to {
+            b = b.pad_to(n, self.pad_value);
+        }
+        if let Some(n) = self.prefetch {
+            b = b.prefetch(n);
+        }
+        if let Some(n) = self.threads {
+            b = b.decode_threads(n);
+        }
+        for (k, v) in &self.storage_options {
+            b = b.storage_option(k, v);
+        }
+        if let Some(dir) = &self.cache_dir {
+            b = b.cache_dir(dir);
+        }
+        if let Some(n) = self.cache_limit {
+            b = b.cache_limit(n);
+        }
+        if let Some(n) = self.window {
+            b = b.window(n);
+        }
+        if let Some(n) = self.byte_budget {
+            b = b.byte_budget(n);
+        }
+        if let Some(n) = self.io_concurrency {
+            b = b.io_concurrency(n);
+        }
+        b.build()
+    }
+}
+
+struct Inner {
+    loader: Option<Loader>,
+    closed: bool,
+}
+
+/// Streams a shardfeed dataset as batches: `dict[str, numpy.ndarray]` whose
+/// arrays are zero-copy views of one pooled (pinned when CUDA is present)
+/// slab. Iterating yields the current epoch's batches for this rank; the next
+/// iteration continues with the following epoch unless `set_epoch` is called.
+#[pyclass(name = "Loader", module = "shardfeed._native", frozen)]
+struct PyLoader {
+    options: LoaderOptions,
+    /// The process that built `inner`'s threads; another pid means we are a
+    /// forked child whose copy of the loader has no threads.
+    pid: AtomicU32,
+    inner: Mutex<Inner>,
+}
+
+impl PyLoader {
+    /// Lock the loader, rebuilding it first in a forked child. Call without
+    /// the GIL (building reads the manifest; locking may wait for `next`).
+    fn lock(&self) -> PyResult<MutexGuard<'_, Inner>> {
+        let me = std::process::id();
+        if self.pid.load(Ordering::SeqCst) != me {
+            let mut inner = self.inner.try_lock().map_err(|_| {
+                ShardfeedError::new_err(
+                    "this loader was in use by another thread when the process forked; create a new Loader in the child",
+                )
+            })?;
+            if let Some(old) = inner.loader.take() {
+                // Its threads and runtime exist only in the parent: never
+                // join or drop them here. Continue where the parent was.
+                let state = old.state();
+                std::mem::forget(old);
+                let mut fresh = self.options.build().map_err(loader_error)?;
+                fresh.resume(&state).map_err(loader_error)?;
+                inner.loader = Some(fresh);
+            }
+            self.pid.store(me, Ordering::SeqCst);
+            return Ok(inner);
+        }
+        self.inner
+            .lock()
+            .map_err(|_| ShardfeedError::new_err("the loader is unusable after a panic"))
+    }
+
+    fn with_loader<T>(&self, f: impl FnOnce(&mut Loader) -> PyResult<T>) -> PyResult<T> {
+        let mut inner = self.lock()?;
+        if inner.closed {
+            return Err(ShardfeedError::new_err("the loader is closed"));
+        }
+        let loader = inner.loader.as_mut().expect("open loaders hold one");
+        f(loader)
+    }
+}
+
+impl Drop for PyLoader {
+    fn drop(&mut self) {
+        if self.pid.load(Ordering::SeqCst) != std::process::id() {
+            // A forked child's copy: the threads to join live in the parent.
+            if let Ok(inner) = self.inner.get_mut() {
+                std::mem::forget(inner.loader.take());
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl PyLoader {
+    #[new]
+    #[pyo3(signature = (
+        url, batch_size, columns=None, shuffle=true, seed=0, epoch=0, rank=None, world_size=None,
+        drop_last=true, pad_to=None, pad_value=0.0, prefetch=None, threads=None,
+        storage_options=None, cache_dir=None, *, cache_limit=None, window=None, byte_budget=None,
+        pinning="auto", io_concurrency=None, inject_latency_ms=None, inject_failure_rate=None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        url: String,
+        batch_size: usize,
+        columns: Option<Vec<String>>,
+        shuffle: bool,
+        seed: u64,
+        epoch: u64,
+        rank: Option<u64>,
+        world_size: Option<u64>,
+        drop_last: bool,
+        pad_to: Option<usize>,
+        pad_value: f64,
+        prefetch: Option<usize>,
+        threads: Option<usize>,
+        storage_options: Option<StorageOptions>,
+        cache_dir: Option<PathBuf>,
+        cache_limit: Option<Size>,
+        window: Option<usize>,
+        byte_budget: Option<Size>,
+        pinning: &str,
+        io_concurrency: Option<usize>,
+        inject_latency_ms: Option<f64>,
+        inject_failure_rate: Option<f64>,
+    ) -> PyResult<Self> {
+        let faults =
+            (inject_latency_ms.is_some() || inject_failure_rate.is_some()).then(|| FaultConfig {
+                transient_rate: inject_failure_rate.unwrap_or(0.0),
+                latency: std::time::Duration::from_secs_f64(
+                    inject_latency_ms.unwrap_or(0.0).max(0.0) / 1000.0,
+                ),
+                ..FaultConfig::default()
+            });
+        let options = LoaderOptions {
+            url,
+            batch_size,
+            columns,
+            shuffle,
+            seed,
+            epoch,
+            rank,
+            world_size,
+            drop_last,
+            pad_to,
+            pad_value,
+            prefetch,
+            threads,
+            storage_options: storage_pairs(storage_options),
+            cache_dir,
+            cache_limit: cache_limit.map(|s| s.bytes("cache_limit")).transpose()?,
+            window,
+            byte_budget: byte_budget.map(|s| s.bytes("byte_budget")).transpose()?,
+            pinning: pinning.parse().map_err(loader_error)?,
+            io_concurrency,
+            faults,
+        };
+        let loader = py.detach(|| options.build()).map_err(loader_error)?;
+        Ok(PyLoader {
+            options,
+            pid: AtomicU32::new(std::process::id()),
+            inner: Mutex::new(Inner {
+                loader: Some(loader),
+                closed: false,
+            }),
+        })
+    }
+
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let mut signal: Option<PyErr> = None;
+        let next = py.detach(|| {
+            self.with_loader(|loader| {
+                Ok(loader.next_interruptible(|| {
+                    Python::attach(|py| match py.check_signals() {
+                        Ok(()) => false,
+                        Err(e) => {
+                            signal = Some(e);
+                            true
+                        }
+                    })
+                }))
+            })
+        })?;
+        match next {
+            None => Ok(None),
+            Some(Ok(batch)) => batch_dict(py, batch).map(Some),
+            Some(Err(LoaderError::Interrupted)) => {
+                Err(signal.unwrap_or_else(|| ShardfeedError::new_err("interrupted while waiting")))
+            }
+            Some(Err(e)) => Err(loader_error(e)),
+        }
+    }
+
+    /// Batches per epoch for this rank (the same on every rank).
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        py.detach(|| self.with_loader(|l| Ok(l.len() as usize)))
+    }
+
+    /// Move to `epoch`, from its start (stops a pass in progress).
+    fn set_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<()> {
+        py.detach(|| {
+            self.with_loader(|l| {
+                l.set_epoch(epoch);
+                Ok(())
+            })
+        })
+    }
+
+    /// The current epoch.
+    #[getter]
+    fn epoch(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| self.with_loader(|l| Ok(l.epoch())))
+    }
+
+    /// How the slabs were allocated: `"cuda"` (page-locked) or `"page-aligned"`.
+    #[getter]
+    fn pinning(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| self.with_loader(|l| Ok(l.pinning().name().to_string())))
+    }
+
+    /// Where the loader is: a small dict for `load_state_dict` (under 1 KB as JSON).
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let state = py.detach(|| self.with_loader(|l| Ok(l.state())))?;
+        to_python(py, &state)
+    }
+
+    /// Continue exactly where `state_dict()` was taken.
+    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
+        let text: String = json_module(py)?
+            .call_method1("dumps", (state,))?
+            .extract()?;
+        let state = LoaderState::from_json(&text).map_err(loader_error)?;
+        py.detach(|| self.with_loader(|l| l.resume(&state).map_err(loader_error)))
+    }
+
+    /// Counters: rows, bytes, batches, time to first batch, wait and busy
+    /// times (seconds), queue depths, retries, pinning and pool size.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let stats = py.detach(|| self.with_loader(|l| Ok(l.stats())))?;
+        to_python(py, &stats)
+    }
+
+    /// Stop every thread and release the pool. Batches still held stay valid.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let mut inner = self.lock()?;
+            inner.closed = true;
+            if let Some(mut l) = inner.loader.take() {
+                l.stop();
+            }
+            Ok(())
+        })
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+}
+
+/// Owns one batch (and so its slab lease) for the arrays viewing it.
+#[pyclass(module = "shardfeed._native", frozen)]
+struct BatchOwner {
+    batch: Batch,
+}
+
+/// One buffer of a batch, exposed through numpy's array interface. The numpy
+/// array's `base`; keeps the batch's slab leased while it lives.
+#[pyclass(name = "SlabView", module = "shardfeed._native", frozen)]
+struct SlabView {
+    owner: Py<BatchOwner>,
+    address: usize,
+    shape: Vec<usize>,
+    typestr: &'static str,
+}
+
+#[pymethods]
+impl SlabView {
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("shape", PyTuple::new(py, &self.shape)?)?;
+        d.set_item("typestr", self.typestr)?;
+        d.set_item("data", (self.address, false))?;
+        d.set_item("version", 3)?;
+        Ok(d)
+    }
+
+    /// Address of the slab this buffer lies in.
+    #[getter]
+    fn slab_address(&self, py: Python<'_>) -> usize {
+        self.owner.bind(py).get().batch.slab().as_ptr() as usize
+    }
+
+    /// Capacity of that slab in bytes.
+    #[getter]
+    fn slab_bytes(&self, py: Python<'_>) -> usize {
+        self.owner.bind(py).get().batch.slab().capacity()
+    }
+
+    /// The batch's index in its epoch.
+    #[getter]
+    fn batch_index(&self, py: Python<'_>) -> u64 {
+        self.owner.bind(py).get().batch.index()
+    }
+}
+
+fn batch_dict(py: Python<'_>, batch: Batch) -> PyResult<Bound<'_, PyDict>> {
+    static ASARRAY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let asarray = ASARRAY
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.import("numpy")?.getattr("asarray")?.unbind())
+        })?
+        .bind(py);
+    let owner = Py::new(py, BatchOwner { batch })?;
+    let dict = PyDict::new(py);
+    let batch = &owner.get().batch;
+    let base = batch.slab().as_ptr() as usize;
+    for column in batch.columns() {
+        for (role, buffer) in column.buffers() {
+            let key = if role == "values" {
+                column.name.clone()
+            } else {
+                format!("{}.{role}", column.name)
+            };
+            let view = Py::new(
+                py,
+                SlabView {
+                    owner: owner.clone_ref(py),
+                    address: base + buffer.offset,
+                    shape: buffer.shape.clone(),
+                    typestr: buffer.dtype.numpy(),
+                },
+            )?;
+            dict.set_item(key, asarray.call1((view,))?)?;
+        }
+    }
+    Ok(dict)
+}
+
+/// Shard `inputs` (paths, folders, globs or URLs) into a dataset at `output`;
+/// returns the summary `shardfeed shard --json` prints.
+#[pyfunction]
+#[pyo3(signature = (
+    inputs, output, *, shard_size=None, row_group_rows=None, row_group_size=None,
+    zstd_level=None, shuffle=false, seed=0, memory_budget=None, threads=0, overwrite=false,
+    format=None, storage_options=None, temp_dir=None,
+))]
+#[allow(clippy::too_many_arguments)]
+fn shard<'py>(
+    py: Python<'py>,
+    inputs: Inputs,
+    output: String,
+    shard_size: Option<Size>,
+    row_group_rows: Option<u64>,
+    row_group_size: Option<Size>,
+    zstd_level: Option<i32>,
+    shuffle: bool,
+    seed: u64,
+    memory_budget: Option<Size>,
+    threads: usize,
+    overwrite: bool,
+    format: Option<String>,
+    storage_options: Option<StorageOptions>,
+    temp_dir: Option<PathBuf>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let inputs = match inputs {
+        Inputs::One(s) => vec![s],
+        Inputs::Many(v) => v,
+    };
+    let mut options = ShardOptions::default()
+        .with_threads(threads)
+        .with_overwrite(overwrite);
+    if let Some(s) = shard_size {
+        options = options.with_shard_size(s.bytes("shard_size")?);
+    }
+    if let Some(rows) = row_group_rows {
+        options = options.with_row_group_rows(rows);
+    }
+    if let Some(s) = row_group_size {
+        options = options.with_row_group_bytes(s.bytes("row_group_size")?);
+    }
+    if let Some(level) = zstd_level {
+        options = options.with_zstd_level(level);
+    }
+    if shuffle {
+        options = options.with_shuffle(seed);
+    }
+    if let Some(s) = memory_budget {
+        options = options.with_memory_budget(s.bytes("memory_budget")?);
+    }
+    if let Some(f) = format {
+        options = options.with_format(f.parse::<InputFormat>().map_err(preprocess_error)?);
+    }
+    if let Some(dir) = temp_dir {
+        options = options.with_temp_dir(dir);
+    }
+    for (k, v) in storage_pairs(storage_options) {
+        options = options.with_storage_option(k, v);
+    }
+    let summary = py
+        .detach(|| shardfeed_preprocess::shard(&inputs, &output, &options))
+        .map_err(preprocess_error)?;
+    to_python(py, &summary)
+}
+
+fn location(url: &str, storage_options: Option<StorageOptions>) -> PyResult<Location> {
+    Location::parse_with_options(url, storage_pairs(storage_options)).map_err(format_error)
+}
+
+/// The dataset's summary, as `shardfeed inspect --json` prints it.
+#[pyfunction]
+#[pyo3(signature = (url, *, storage_options=None))]
+fn inspect<'py>(
+    py: Python<'py>,
+    url: &str,
+    storage_options: Option<StorageOptions>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let location = location(url, storage_options)?;
+    let manifest = py.detach(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ShardfeedError::new_err(format!("starting a runtime: {e}")))?
+            .block_on(location.read_manifest())
+            .map_err(format_error)
+    })?;
+    to_python(py, &manifest.summary(location.url()))
+}
+
+/// Read every shard fully and check sizes, checksums and row counts against
+/// the manifest. Returns the report (with `"ok"`); damaged shards are listed
+/// in `"problems"`, not raised.
+#[pyfunction]
+#[pyo3(signature = (url, *, threads=0, storage_options=None))]
+fn verify<'py>(
+    py: Python<'py>,
+    url: &str,
+    threads: usize,
+    storage_options: Option<StorageOptions>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let location = location(url, storage_options)?;
+    let report = py
+        .detach(|| shardfeed_loader::verify_dataset(&location, threads))
+        .map_err(loader_error)?;
+    let out = to_python(py, &report)?;
+    out.set_item("ok", report.ok())?;
+    Ok(out)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyLoader>()?;
+    m.add_class::<SlabView>()?;
+    m.add_function(wrap_pyfunction!(shard, m)?)?;
+    m.add_function(wrap_pyfunction!(inspect, m)?)?;
+    m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add("ShardfeedError", m.py().get_type::<ShardfeedError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

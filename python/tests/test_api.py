@@ -1,0 +1,222 @@
+"""The Python surface: shard/inspect/verify, errors, lifetimes, signals, the GIL, fork."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import shardfeed
+from conftest import KINDS_ROWS, TOKENS_ROWS, kinds_table
+
+
+def ids(batches):
+    return [b["id"].tolist() for b in batches]
+
+
+def test_shard_inspect_verify_mirror_the_cli(tmp_path):
+    table = kinds_table(1000, seed=9)
+    pq.write_table(table, tmp_path / "in.parquet")
+    summary = shardfeed.shard(
+        [str(tmp_path / "in.parquet")],
+        str(tmp_path / "ds"),
+        shard_size="64KiB",
+        row_group_rows=100,
+        shuffle=True,
+        seed=5,
+    )
+    assert summary["rows"] == 1000 and summary["shuffled"] and summary["shards"] >= 2
+    info = shardfeed.inspect(str(tmp_path / "ds"))
+    assert info["rows"] == 1000 and info["shards"] == summary["shards"]
+    assert info["row_groups"] == 10
+    assert [f["name"] for f in info["schema"]["fields"]] == table.column_names
+    report = shardfeed.verify(str(tmp_path / "ds"))
+    assert report["ok"] and report["rows"] == 1000 and report["problems"] == []
+    # Existing output without overwrite: refused, nothing lost.
+    with pytest.raises(FileExistsError, match="ds"):
+        shardfeed.shard(str(tmp_path / "in.parquet"), str(tmp_path / "ds"))
+    assert shardfeed.verify(str(tmp_path / "ds"))["ok"]
+    # A damaged shard is reported, not raised.
+    manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    victim = tmp_path / "ds" / manifest["shards"][0]["path"]
+    data = bytearray(victim.read_bytes())
+    data[100] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    report = shardfeed.verify(str(tmp_path / "ds"))
+    assert not report["ok"]
+    assert report["problems"][0]["shard"] == manifest["shards"][0]["path"]
+
+
+def test_errors_map_to_python_exceptions(tmp_path, kinds_dataset):
+    with pytest.raises(FileNotFoundError, match="manifest.json"):
+        shardfeed.Loader(str(tmp_path / "missing"), 8)
+    with pytest.raises(ValueError, match="batch_size"):
+        shardfeed.Loader(kinds_dataset, 0)
+    with pytest.raises(ValueError, match="no column named `nope`"):
+        shardfeed.Loader(kinds_dataset, 8, columns=["id", "nope"])
+    with pytest.raises(ValueError, match="rank"):
+        shardfeed.Loader(kinds_dataset, 8, rank=4, world_size=4)
+    with pytest.raises(ValueError, match="pinning"):
+        shardfeed.Loader(kinds_dataset, 8, pinning="sometimes")
+    with pytest.raises(ValueError, match="shard_size"):
+        shardfeed.shard(kinds_dataset, str(tmp_path / "x"), shard_size="lots")
+    with pytest.raises(FileNotFoundError, match="nothing-here"):
+        shardfeed.shard(str(tmp_path / "nothing-here.parquet"), str(tmp_path / "x"))
+    (tmp_path / "bad.jsonl").write_text('{"a": 1}\n{"a": 2\n')
+    with pytest.raises(shardfeed.ShardfeedError, match=r"bad.jsonl.*line 2"):
+        shardfeed.shard(str(tmp_path / "bad.jsonl"), str(tmp_path / "y"))
+    assert not (tmp_path / "y" / "manifest.json").exists()
+    assert issubclass(shardfeed.ShardfeedError, Exception)
+
+
+def test_missing_and_corrupt_shards_name_the_shard(tmp_path):
+    pq.write_table(kinds_table(600, seed=2), tmp_path / "in.parquet")
+    ds = tmp_path / "ds"
+    shardfeed.shard(str(tmp_path / "in.parquet"), str(ds), row_group_rows=100, shard_size="32KiB")
+    shards = json.loads((ds / "manifest.json").read_text())["shards"]
+    first = ds / shards[0]["path"]
+    data = bytearray(first.read_bytes())
+    data[len(data) // 3] ^= 0x55
+    first.write_bytes(bytes(data))
+    with pytest.raises(shardfeed.ShardfeedError, match=shards[0]["path"] + ".*row group"):
+        for _ in shardfeed.Loader(str(ds), 50, shuffle=False):
+            pass
+    first.unlink()
+    with pytest.raises(FileNotFoundError, match=shards[0]["path"]):
+        for _ in shardfeed.Loader(str(ds), 50, shuffle=False):
+            pass
+
+
+def test_len_epochs_and_state(tokens_dataset):
+    loader = shardfeed.Loader(tokens_dataset, 100, seed=4)
+    assert len(loader) == TOKENS_ROWS // 100
+    first = ids(loader)
+    assert len(first) == len(loader) and loader.epoch == 1
+    second = ids(loader)  # iterating again runs the next epoch
+    assert second != first  # a new order (and a different dropped remainder)
+    assert len(set(sum(second, []))) == len(loader) * 100
+    loader.set_epoch(0)
+    assert ids(loader) == first
+    state = loader.state_dict()
+    assert len(json.dumps(state)) < 1024
+    other = shardfeed.Loader(tokens_dataset, 100, seed=5)
+    with pytest.raises(ValueError, match="seed"):
+        other.load_state_dict(state)
+
+
+def test_holding_a_batch_past_the_next_is_safe(tokens_dataset):
+    loader = shardfeed.Loader(tokens_dataset, 64, seed=0, prefetch=1, columns=["id", "tokens"])
+    it = iter(loader)
+    first = next(it)
+    kept = first["tokens"]  # only one array of the batch survives
+    snapshot = kept.copy()
+    offsets = first["tokens.offsets"].copy()
+    del first
+    for _ in range(30):
+        next(it)
+    assert (kept == snapshot).all(), "a held array was overwritten by a later batch"
+    assert offsets[-1] == len(kept)
+
+
+def test_holding_every_slab_raises_a_clear_error(tokens_dataset):
+    loader = shardfeed.Loader(tokens_dataset, 64, seed=0, prefetch=2)
+    it = iter(loader)
+    held = []
+    with pytest.raises(shardfeed.ShardfeedError, match="slabs of the pool are held"):
+        for _ in range(len(loader)):
+            held.append(next(it))
+    slabs = loader.stats()["slabs"]
+    assert len(held) == slabs
+    # Let go: the pass continues where it was.
+    last = held[-1]["id"].base.batch_index
+    held.clear()
+    assert next(it)["id"].base.batch_index == last + 1
+
+
+def test_close_and_context_manager(tokens_dataset):
+    with shardfeed.Loader(tokens_dataset, 64) as loader:
+        batch = next(iter(loader))
+    with pytest.raises(shardfeed.ShardfeedError, match="closed"):
+        next(iter(loader))
+    assert batch["id"].shape == (64,)  # held batches outlive the loader
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals")
+def test_ctrl_c_interrupts_a_wait_within_100ms(tokens_dataset):
+    # Every storage read takes 2 s, so the first batch is a long wait.
+    loader = shardfeed.Loader(tokens_dataset, 64, seed=0, inject_latency_ms=2000)
+    sent = []
+
+    def interrupt():
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(0.3, interrupt)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(iter(loader))
+    latency = time.monotonic() - sent[0]
+    timer.join()
+    assert latency < 0.1, f"Ctrl-C took {latency * 1000:.0f} ms"
+    # The pass goes on: the awaited batch comes next.
+    assert next(iter(loader))["id"].base.batch_index == 0
+
+
+def test_gil_is_released_while_waiting_and_sharding(tmp_path, tokens_dataset):
+    ticks = 0
+    stop = threading.Event()
+
+    def count():
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=count)
+    thread.start()
+    try:
+        loader = shardfeed.Loader(tokens_dataset, 64, inject_latency_ms=300)
+        next(iter(loader))  # at least 2 x 300 ms waiting (manifest, then data)
+        waiting_ticks = ticks
+        table = pa.concat_tables([kinds_table(3000, seed=s) for s in range(4)])
+        pq.write_table(table, tmp_path / "big.parquet")
+        before = ticks
+        shardfeed.shard(str(tmp_path / "big.parquet"), str(tmp_path / "ds"), shuffle=True, threads=1)
+        sharding_ticks = ticks - before
+    finally:
+        stop.set()
+        thread.join()
+    assert waiting_ticks > 100, waiting_ticks
+    assert sharding_ticks > 10, sharding_ticks
+
+
+def test_forked_child_uses_its_own_loader(kinds_dataset):
+    parent = shardfeed.Loader(kinds_dataset, 100, seed=8)
+    it = iter(parent)
+    head = [next(it)["id"].tolist() for _ in range(3)]
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: continue the inherited loader, and build a new one
+        try:
+            rest = [b["id"].tolist() for b in parent]
+            fresh = [b["id"].tolist() for b in shardfeed.Loader(kinds_dataset, 100, seed=8)]
+            os.write(write_fd, json.dumps({"rest": rest, "fresh": fresh}).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as f:
+        child = json.loads(f.read())
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    rest = [b["id"].tolist() for b in parent]
+    assert child["rest"] == rest
+    assert child["fresh"] == head + rest
+    assert sorted(sum(head + rest, [])) == sorted(set(sum(head + rest, [])))
+    assert len(sum(head + rest, [])) == (KINDS_ROWS // 100) * 100

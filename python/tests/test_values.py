@@ -1,0 +1,129 @@
+"""Values equal pyarrow's reading of the shards; arrays are views of the slab."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shardfeed
+from conftest import KINDS_ROWS, rss_bytes, shard_tables
+
+
+@pytest.fixture(scope="module")
+def reference(kinds_dataset):
+    table = shard_tables(kinds_dataset)
+    assert table.num_rows == KINDS_ROWS
+    columns = {name: table.column(name).to_pylist() for name in table.column_names}
+    index = {row_id: i for i, row_id in enumerate(columns["id"])}
+    return columns, index
+
+
+def check_batch(batch, columns, index, pad_to=None, pad_value=0):
+    rows = [index[i] for i in batch["id"].tolist()]
+    n = len(rows)
+    assert batch["f32"].dtype == np.float32 and batch["f32"].shape == (n,)
+    assert batch["f32"].tolist() == [columns["f32"][r] for r in rows]
+    assert batch["u16"].dtype == np.uint16
+    assert batch["u16"].tolist() == [columns["u16"][r] for r in rows]
+    # Nullable columns: a validity mask, values compared where valid.
+    for name, dtype in [("f64", np.float64), ("maybe_i32", np.int32), ("flag", np.bool_)]:
+        values, valid = batch[name], batch[f"{name}.validity"]
+        assert values.dtype == dtype and valid.shape == (n,)
+        expected = [columns[name][r] for r in rows]
+        assert valid.tolist() == [int(v is not None) for v in expected]
+        got = values.tolist()
+        assert [g for g, e in zip(got, expected) if e is not None] == [e for e in expected if e is not None]
+    # Fixed-size list: dense [batch, 4].
+    assert batch["vec"].shape == (n, 4)
+    assert batch["vec"].tolist() == [columns["vec"][r] for r in rows]
+    # Strings and binary: values + offsets.
+    assert shardfeed.strings(batch, "text") == [columns["text"][r] for r in rows]
+    assert shardfeed.strings(batch, "blob", encoding=None) == [columns["blob"][r] for r in rows]
+    # list<int32>: ragged, or padded with lengths.
+    expected = [columns["tokens"][r] for r in rows]
+    if pad_to is None:
+        assert batch["tokens"].dtype == np.int32
+        assert batch["tokens.offsets"].shape == (n + 1,)
+        assert [r.tolist() for r in shardfeed.rows(batch, "tokens")] == expected
+    else:
+        assert batch["tokens"].shape == (n, pad_to)
+        assert batch["tokens.lengths"].tolist() == [min(len(e), pad_to) for e in expected]
+        for row, e in zip(batch["tokens"].tolist(), expected):
+            kept = e[:pad_to]
+            assert row == kept + [pad_value] * (pad_to - len(kept))
+    return rows
+
+
+@pytest.mark.parametrize("pad_to", [None, 16])
+def test_every_column_kind_equals_pyarrow(kinds_dataset, reference, pad_to):
+    columns, index = reference
+    seen = []
+    with shardfeed.Loader(kinds_dataset, 64, seed=3, drop_last=False, pad_to=pad_to, pad_value=-1) as loader:
+        for batch in loader:
+            seen.extend(check_batch(batch, columns, index, pad_to, -1 if pad_to else 0))
+    assert sorted(seen) == list(range(KINDS_ROWS))
+
+
+def test_projection_returns_only_those_columns(kinds_dataset, reference):
+    columns, index = reference
+    loader = shardfeed.Loader(kinds_dataset, 100, columns=["id", "text"], shuffle=False)
+    batch = next(iter(loader))
+    assert set(batch) == {"id", "text", "text.offsets", "text.validity"}
+    assert batch["id"].tolist() == list(range(100))
+    assert shardfeed.strings(batch, "text") == columns["text"][:100]
+
+
+def test_arrays_are_views_of_their_slab(kinds_dataset):
+    import torch
+
+    loader = shardfeed.Loader(kinds_dataset, 64, seed=0, prefetch=2)
+    slabs = set()
+    for i, batch in enumerate(loader):
+        owners = {id(a.base) for a in batch.values()}
+        for name, array in batch.items():
+            view = array.base
+            assert isinstance(view, shardfeed.SlabView), name
+            start = view.slab_address
+            assert start <= array.ctypes.data
+            assert array.ctypes.data + array.nbytes <= start + view.slab_bytes, name
+            assert array.flags.writeable and not array.flags.owndata
+            slabs.add(start)
+        assert len({a.base.slab_address for a in batch.values()}) == 1
+        assert len(owners) == len(batch)
+        # DLPack: torch shares the memory.
+        assert torch.from_dlpack(batch["f32"]).data_ptr() == batch["f32"].ctypes.data
+        if i == 20:
+            break
+    # The pool is fixed: 21 batches cycled through a handful of slabs.
+    assert len(slabs) <= loader.stats()["slabs"]
+
+
+def test_jax_takes_arrays_through_dlpack(kinds_dataset):
+    jax = pytest.importorskip("jax")
+    batch = next(iter(shardfeed.Loader(kinds_dataset, 32, seed=1)))
+    x = jax.dlpack.from_dlpack(batch["vec"])
+    assert x.shape == (32, 4)
+    np.testing.assert_array_equal(np.asarray(x), batch["vec"])
+
+
+def test_rss_stays_flat_over_1000_batches(tokens_dataset):
+    loader = shardfeed.Loader(tokens_dataset, 32, seed=0, pad_to=64)
+    it = iter(loader)
+    total = 0
+
+    def pull(n):
+        nonlocal total
+        for _ in range(n):
+            try:
+                batch = next(it)
+            except StopIteration:  # end of an epoch: the next one starts
+                batch = next(it)
+            assert batch["tokens"].shape == (32, 64)
+            total += int(batch["tokens.lengths"].sum())
+
+    pull(200)
+    warm = rss_bytes()
+    pull(800)
+    grown = rss_bytes() - warm
+    assert total > 0
+    assert grown < 16 << 20, f"RSS grew by {grown / 2**20:.1f} MiB over 800 batches"
