@@ -47,6 +47,19 @@ enum Command {
     /// permutes one bucket at a time. Below the default budget, freed memory is
     /// returned to the OS at once (a little slower).
     Shard(ShardArgs),
+    /// Write the manifest of a split run (`shard --num-tasks N --task-index I`)
+    /// once every task has finished: checks every task's record, schema and
+    /// shards, and refuses (naming the missing tasks) until all are there.
+    Commit {
+        /// Dataset URL or path (the --output of the tasks).
+        dataset: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// An object store option (repeatable).
+        #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = storage_option)]
+        storage_options: Vec<(String, String)>,
+    },
     /// Print a dataset's summary: rows, shards, sizes, compression ratio, schema.
     Inspect {
         /// Dataset URL or path.
@@ -133,6 +146,15 @@ struct ShardArgs {
     /// Folder for shuffle spill files.
     #[arg(long)]
     temp_dir: Option<PathBuf>,
+    /// Split the run into this many independent tasks (see --task-index and `commit`).
+    #[arg(long, requires = "task_index")]
+    num_tasks: Option<usize>,
+    /// Which task of --num-tasks this is (0-based): reads a deterministic part of
+    /// the inputs (Parquet row groups, or whole files of other formats), writes its
+    /// own shards and a task record; `shardfeed commit` then writes the manifest.
+    /// With --shuffle, rows are shuffled within each task's part.
+    #[arg(long, requires = "num_tasks")]
+    task_index: Option<usize>,
     /// Print a JSON summary on stdout.
     #[arg(long)]
     json: bool,
@@ -185,6 +207,9 @@ fn shard_options(args: &ShardArgs) -> Result<ShardOptions> {
     for (key, value) in &args.storage_options {
         options = options.with_storage_option(key, value);
     }
+    if let (Some(count), Some(index)) = (args.num_tasks, args.task_index) {
+        options = options.with_task(index, count);
+    }
     options.validate()?;
     Ok(options)
 }
@@ -224,6 +249,27 @@ fn run_shard(args: &ShardArgs) -> Result<()> {
             summary.seconds,
             summary.input_mb_per_s,
             summary.threads,
+        );
+    }
+    Ok(())
+}
+
+fn run_commit(dataset: &str, json: bool, storage_options: &[(String, String)]) -> Result<()> {
+    let summary = shardfeed_preprocess::commit(dataset, storage_options)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        println!(
+            "{} {}: {} rows in {} shards from {} tasks",
+            if summary.already_committed {
+                "already committed"
+            } else {
+                "committed"
+            },
+            summary.dataset,
+            summary.rows,
+            summary.shards,
+            summary.tasks
         );
     }
     Ok(())
@@ -344,6 +390,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Shard(args) => run_shard(&args).map(|()| true),
+        Command::Commit {
+            dataset,
+            json,
+            storage_options,
+        } => run_commit(&dataset, json, &storage_options).map(|()| true),
         Command::Inspect {
             dataset,
             json,

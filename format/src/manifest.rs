@@ -216,6 +216,34 @@ impl Manifest {
     }
 }
 
+/// Folder (under the dataset) of the task records of a split run.
+pub const TASKS_DIR: &str = "_tasks";
+
+/// The relative path of the record of task `index` of `count`.
+pub fn task_record_path(index: usize, count: usize) -> String {
+    format!("{TASKS_DIR}/task-{index:05}-of-{count:05}.json")
+}
+
+/// What one task of a split run wrote: its shards, in order, and what
+/// `commit` checks before it writes the manifest. Written after the shards.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// This task, from 0.
+    pub task_index: usize,
+    /// Tasks in the run.
+    pub num_tasks: usize,
+    /// The schema every task must share.
+    pub schema: Schema,
+    /// The options the shards were written with.
+    pub options: WriteOptions,
+    /// The shards this task wrote.
+    pub shards: Vec<ShardEntry>,
+    /// Uncompressed Arrow bytes of the task's rows.
+    pub input_bytes: u64,
+    /// The shardfeed version that wrote them.
+    pub tool_version: String,
+}
+
 /// A dataset's summary: what `shardfeed inspect --json` prints.
 #[derive(Debug, Serialize)]
 pub struct Summary<'a> {

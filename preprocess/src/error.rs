@@ -102,6 +102,14 @@ pub enum PreprocessError {
     /// The dataset store failed (manifest, uploads).
     #[error(transparent)]
     Format(#[from] shardfeed_format::FormatError),
+    /// `commit` found the split run unfinished or inconsistent.
+    #[error("cannot commit {url}: {reason}")]
+    Commit {
+        /// The dataset URL.
+        url: String,
+        /// What is missing or inconsistent.
+        reason: String,
+    },
     /// A pipeline thread stopped because another one failed first.
     #[error("cancelled")]
     Cancelled,

@@ -85,8 +85,13 @@ impl FromStr for InputFormat {
 /// One unit of reading work, in dataset order.
 #[derive(Clone, Debug)]
 pub(crate) enum Source {
-    /// A single file of a tabular format.
-    File { path: PathBuf, format: InputFormat },
+    /// A single file of a tabular format; for Parquet, optionally only some
+    /// of its row groups (a task's part of the file).
+    File {
+        path: PathBuf,
+        format: InputFormat,
+        row_groups: Option<Vec<usize>>,
+    },
     /// Some files of a folder input, read as one row each.
     Files {
         root: PathBuf,
@@ -180,7 +185,11 @@ fn expand_folder(dir: &Path, forced: Option<InputFormat>, sources: &mut Vec<Sour
                 Some(f) => f,
                 None => return Err(PreprocessError::UnknownFormat { path }),
             };
-            sources.push(Source::File { path, format });
+            sources.push(Source::File {
+                path,
+                format,
+                row_groups: None,
+            });
         }
         return Ok(());
     }
@@ -218,7 +227,11 @@ fn push_file(path: PathBuf, forced: Option<InputFormat>, sources: &mut Vec<Sourc
         Some(InputFormat::Files) | None => return Err(PreprocessError::UnknownFormat { path }),
         Some(f) => f,
     };
-    sources.push(Source::File { path, format });
+    sources.push(Source::File {
+        path,
+        format,
+        row_groups: None,
+    });
     Ok(())
 }
 
@@ -301,7 +314,10 @@ fn text_schema(
     }
     let mut merged: Option<(Schema, PathBuf)> = None;
     for source in sources {
-        let Source::File { path, format: f } = source else {
+        let Source::File {
+            path, format: f, ..
+        } = source
+        else {
             continue;
         };
         if *f != format {
@@ -376,7 +392,7 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
     let mut parquet_ratio: Option<f64> = None;
     for source in sources {
         let (schema, estimate) = match source {
-            Source::File { path, format } => match format {
+            Source::File { path, format, .. } => match format {
                 InputFormat::Parquet => {
                     let builder = ParquetRecordBatchReaderBuilder::try_new(open_file(path)?)
                         .map_err(|e| PreprocessError::read(path, None, e))?;
@@ -503,7 +519,11 @@ pub(crate) type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>
 /// Open `source` as a stream of batches in `schema`.
 pub(crate) fn open(source: &Source, schema: &SchemaRef) -> Result<BatchIter> {
     match source {
-        Source::File { path, format } => {
+        Source::File {
+            path,
+            format,
+            row_groups,
+        } => {
             let path = path.clone();
             match format {
                 InputFormat::Parquet => {
@@ -518,8 +538,11 @@ pub(crate) fn open(source: &Source, schema: &SchemaRef) -> Result<BatchIter> {
                         .sum();
                     let per_row = (bytes.max(1) as u64).div_ceil(rows).max(1);
                     let batch_rows = (READ_BATCH_BYTES / per_row).clamp(1, 65536) as usize;
+                    let mut builder = builder.with_batch_size(batch_rows);
+                    if let Some(groups) = row_groups {
+                        builder = builder.with_row_groups(groups.clone());
+                    }
                     let reader = builder
-                        .with_batch_size(batch_rows)
                         .build()
                         .map_err(|e| PreprocessError::read(&path, None, e))?;
                     Ok(Box::new(reader.map(move |r| {

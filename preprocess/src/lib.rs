@@ -27,12 +27,14 @@ mod output;
 mod pipeline;
 mod remote;
 mod shuffle;
+mod task;
 mod writer;
 
 pub use error::{BoxError, PreprocessError, Result};
 pub use input::{InputFormat, files_schema};
 pub use options::{
     DEFAULT_MEMORY_BUDGET, DEFAULT_ROW_GROUP_BYTES, DEFAULT_SHARD_SIZE, DEFAULT_ZSTD_LEVEL,
-    Progress, READ_BATCH_ROWS, ShardOptions,
+    Progress, READ_BATCH_ROWS, ShardOptions, TaskSplit,
 };
 pub use pipeline::{ShardSummary, peak_rss_bytes, shard};
+pub use task::{CommitSummary, commit};

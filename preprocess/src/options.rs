@@ -65,6 +65,19 @@ pub struct ShardOptions {
     pub progress: Option<Arc<dyn Progress>>,
     /// Options for the output's object store (credentials, endpoint, region, ...).
     pub storage_options: Vec<(String, String)>,
+    /// Run as task `index` of `count` (`--task-index`, `--num-tasks`): read a
+    /// deterministic part of the inputs, write this task's shards and a task
+    /// record, and leave the manifest to [`commit`](crate::commit).
+    pub task: Option<TaskSplit>,
+}
+
+/// One task of a split run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskSplit {
+    /// This task, from 0.
+    pub index: usize,
+    /// Tasks in the run.
+    pub count: usize,
 }
 
 impl Default for ShardOptions {
@@ -83,6 +96,7 @@ impl Default for ShardOptions {
             temp_dir: None,
             progress: None,
             storage_options: Vec::new(),
+            task: None,
         }
     }
 }
@@ -99,6 +113,7 @@ impl std::fmt::Debug for ShardOptions {
             .field("threads", &self.threads)
             .field("overwrite", &self.overwrite)
             .field("format", &self.format)
+            .field("task", &self.task)
             // Keys only: values may be secrets.
             .field(
                 "storage_options",
@@ -173,6 +188,11 @@ impl ShardOptions {
         self.storage_options.push((key.into(), value.into()));
         self
     }
+    /// Run as task `index` of `count`.
+    pub fn with_task(mut self, index: usize, count: usize) -> Self {
+        self.task = Some(TaskSplit { index, count });
+        self
+    }
     /// Report progress to `progress`.
     pub fn with_progress(mut self, progress: Arc<dyn Progress>) -> Self {
         self.progress = Some(progress);
@@ -198,6 +218,17 @@ impl ShardOptions {
         }
         if !(1..=22).contains(&self.zstd_level) {
             return bad("--zstd-level", "must be between 1 and 22");
+        }
+        if let Some(t) = self.task {
+            if t.count == 0 {
+                return bad("--num-tasks", "must be greater than 0");
+            }
+            if t.index >= t.count {
+                return Err(PreprocessError::BadOption {
+                    option: "--task-index",
+                    reason: format!("{} is not below --num-tasks {}", t.index, t.count),
+                });
+            }
         }
         if self.memory_budget < 16 << 20 {
             return bad("--memory-budget", "must be at least 16MiB");

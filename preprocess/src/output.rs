@@ -23,13 +23,18 @@ pub(crate) fn prepare(location: &Location, overwrite: bool, runtime: &Handle) ->
                 url: location.url().to_string(),
             });
         }
-        runtime
-            .block_on(location.store().delete(&location.child(MANIFEST_FILE)))
-            .map_err(|source| shardfeed_format::FormatError::Store {
-                op: "delete",
-                url: location.url_of(MANIFEST_FILE),
-                source,
-            })?;
+        match runtime.block_on(location.store().delete(&location.child(MANIFEST_FILE))) {
+            // Another task of a split run removed it first.
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(source) => {
+                return Err(shardfeed_format::FormatError::Store {
+                    op: "delete",
+                    url: location.url_of(MANIFEST_FILE),
+                    source,
+                }
+                .into());
+            }
+        }
     }
     Ok(())
 }
@@ -58,13 +63,18 @@ fn is_ours(name: &str) -> bool {
 }
 
 /// Delete shard files under `shards/` that the new manifest does not list,
-/// left by an earlier, interrupted or larger run.
+/// left by an earlier, interrupted or larger run; with `only`, just the files
+/// whose name starts with it (one task's).
 pub(crate) fn remove_stale(
     location: &Location,
     keep: &[ShardEntry],
     runtime: &Handle,
+    only: Option<&str>,
 ) -> Result<()> {
     let keep: std::collections::HashSet<&str> = keep.iter().map(|s| s.path.as_str()).collect();
+    let is_ours = |name: &str| {
+        is_ours(name) && only.is_none_or(|p| name.trim_start_matches('.').starts_with(p))
+    };
     if let Some(root) = location.local_root() {
         let dir = root.join("shards");
         let Ok(entries) = std::fs::read_dir(&dir) else {

@@ -24,7 +24,9 @@ use arrow_schema::SchemaRef;
 use arrow_select::concat::concat_batches;
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use serde::Serialize;
-use shardfeed_format::{Location, Manifest, ShardEntry, WriteOptions, shard_path};
+use shardfeed_format::{
+    Location, Manifest, ShardEntry, TaskRecord, WriteOptions, shard_path, task_shard_path,
+};
 
 use crate::encode::{EncodedRowGroup, Encoder, writer_properties};
 use crate::input::{self, Inputs, Source};
@@ -147,6 +149,9 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
     let mut inputs = input::resolve(&local_inputs, options)?;
     // Messages name the inputs as the user gave them.
     inputs.given = given;
+    if let Some(task) = options.task {
+        inputs.sources = crate::task::split(std::mem::take(&mut inputs.sources), task)?;
+    }
     if let Some(progress) = &options.progress {
         progress.start(inputs.estimated_bytes);
     }
@@ -163,9 +168,10 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
     };
     let threads = options.effective_threads();
     let (shards, input_bytes) = run(&inputs, options, threads, publish.as_ref())?;
-    output::remove_stale(&location, &shards, handle)?;
+    let task_prefix = options.task.map(|t| format!("task-{:05}-", t.index));
+    output::remove_stale(&location, &shards, handle, task_prefix.as_deref())?;
     let rows: u64 = shards.iter().map(|s| s.rows).sum();
-    if rows == 0 {
+    if rows == 0 && options.task.is_none() {
         return Err(PreprocessError::NoRows {
             inputs: inputs.given.join(", "),
         });
@@ -182,7 +188,22 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
         shuffle_seed: options.shuffle_seed,
     };
     let manifest = Manifest::new((*inputs.schema).clone(), write_options, shards, input_bytes);
-    handle.block_on(location.write_manifest(&manifest))?;
+    match options.task {
+        // A split run: this task's record; `commit` writes the manifest.
+        Some(task) => handle.block_on(crate::task::write_record(
+            &location,
+            &TaskRecord {
+                task_index: task.index,
+                num_tasks: task.count,
+                schema: manifest.schema.clone(),
+                options: manifest.options.clone(),
+                shards: manifest.shards.clone(),
+                input_bytes,
+                tool_version: manifest.tool_version.clone(),
+            },
+        ))?,
+        None => handle.block_on(location.write_manifest(&manifest))?,
+    }
     let seconds = started.elapsed().as_secs_f64();
     Ok(ShardSummary {
         dataset: location.url().to_string(),
@@ -272,6 +293,7 @@ fn run(
                 done_rx,
                 token_tx,
                 options.shard_size,
+                options.task.map(|t| t.index),
                 &schema,
                 &props,
                 publish,
@@ -519,6 +541,7 @@ fn write_shards(
     done: Receiver<Result<EncodedRowGroup>>,
     tokens: Sender<()>,
     shard_size: u64,
+    task: Option<usize>,
     schema: &SchemaRef,
     props: &parquet::file::properties::WriterPropertiesPtr,
     publish: &dyn Publish,
@@ -538,12 +561,11 @@ fn write_shards(
                 next_seq += 1;
                 let (rows, raw) = (group.rows, group.raw_bytes);
                 if open.is_none() {
-                    open = Some(OpenShard::create(
-                        shard_path(shards.len()),
-                        publish,
-                        schema,
-                        props,
-                    )?);
+                    let path = match task {
+                        Some(t) => task_shard_path(t, shards.len()),
+                        None => shard_path(shards.len()),
+                    };
+                    open = Some(OpenShard::create(path, publish, schema, props)?);
                 }
                 let shard = open.as_mut().expect("opened above");
                 shard.append(group)?;

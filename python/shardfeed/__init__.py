@@ -25,15 +25,27 @@ from typing import Any
 
 import numpy as np
 
-from ._native import Loader, ShardfeedError, SlabView, __version__, inspect, shard, verify
+from ._native import (
+    Loader,
+    ShardfeedError,
+    SlabView,
+    __version__,
+    commit,
+    inspect,
+    shard,
+    shard_task,
+    verify,
+)
 
 __all__ = [
     "Loader",
     "ShardfeedError",
     "SlabView",
     "__version__",
+    "commit",
     "inspect",
     "shard",
+    "shard_task",
     "strings",
     "verify",
     "rows",

@@ -106,6 +106,30 @@ def shard(
 ) -> dict[str, Any]:
     """Shard inputs into a dataset; returns the summary ``shardfeed shard --json`` prints."""
 
+def shard_task(
+    inputs: str | Sequence[str],
+    output: str,
+    task_index: int,
+    num_tasks: int,
+    *,
+    shard_size: Size | None = None,
+    row_group_rows: int | None = None,
+    row_group_size: Size | None = None,
+    zstd_level: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    memory_budget: Size | None = None,
+    threads: int = 0,
+    overwrite: bool = False,
+    format: str | None = None,
+    storage_options: dict[str, str] | Sequence[tuple[str, str]] | None = None,
+    temp_dir: str | PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """Task ``task_index`` of ``num_tasks`` of a split shard run; ``commit`` writes the manifest."""
+
+def commit(output: str, *, storage_options: dict[str, str] | None = None) -> dict[str, Any]:
+    """Write the manifest once every task finished; raises ShardfeedError naming missing tasks."""
+
 def inspect(url: str, *, storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     """The dataset's summary, as ``shardfeed inspect --json`` prints it."""
 

@@ -599,40 +599,165 @@ fn shard<'py>(
     storage_options: Option<StorageOptions>,
     temp_dir: Option<PathBuf>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let options = ShardArgs {
+        shard_size,
+        row_group_rows,
+        row_group_size,
+        zstd_level,
+        shuffle,
+        seed,
+        memory_budget,
+        threads,
+        overwrite,
+        format,
+        storage_options,
+        temp_dir,
+    }
+    .options()?;
+    run_shard(py, inputs, output, options)
+}
+
+/// Run task `task_index` of `num_tasks` of a split `shard` (as `shardfeed
+/// shard --num-tasks N --task-index I`): shards a deterministic part of the
+/// inputs and writes a task record; call `commit(output)` once all finished.
+/// Re-running a task is idempotent. Returns the task's summary.
+#[pyfunction]
+#[pyo3(signature = (
+    inputs, output, task_index, num_tasks, *, shard_size=None, row_group_rows=None,
+    row_group_size=None, zstd_level=None, shuffle=false, seed=0, memory_budget=None, threads=0,
+    overwrite=false, format=None, storage_options=None, temp_dir=None,
+))]
+#[allow(clippy::too_many_arguments)]
+fn shard_task<'py>(
+    py: Python<'py>,
+    inputs: Inputs,
+    output: String,
+    task_index: usize,
+    num_tasks: usize,
+    shard_size: Option<Size>,
+    row_group_rows: Option<u64>,
+    row_group_size: Option<Size>,
+    zstd_level: Option<i32>,
+    shuffle: bool,
+    seed: u64,
+    memory_budget: Option<Size>,
+    threads: usize,
+    overwrite: bool,
+    format: Option<String>,
+    storage_options: Option<StorageOptions>,
+    temp_dir: Option<PathBuf>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let options = ShardArgs {
+        shard_size,
+        row_group_rows,
+        row_group_size,
+        zstd_level,
+        shuffle,
+        seed,
+        memory_budget,
+        threads,
+        overwrite,
+        format,
+        storage_options,
+        temp_dir,
+    }
+    .options()?
+    .with_task(task_index, num_tasks);
+    run_shard(py, inputs, output, options)
+}
+
+/// Write the manifest of a split run once every task has finished; raises
+/// `ShardfeedError` naming the missing tasks otherwise.
+#[pyfunction]
+#[pyo3(signature = (output, *, storage_options=None))]
+fn commit<'py>(
+    py: Python<'py>,
+    output: String,
+    storage_options: Option<StorageOptions>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let options = storage_pairs(storage_options);
+    let summary = py
+        .detach(|| shardfeed_preprocess::commit(&output, &options))
+        .map_err(preprocess_error)?;
+    to_python(py, &summary)
+}
+
+/// `shard`'s keyword options.
+struct ShardArgs {
+    shard_size: Option<Size>,
+    row_group_rows: Option<u64>,
+    row_group_size: Option<Size>,
+    zstd_level: Option<i32>,
+    shuffle: bool,
+    seed: u64,
+    memory_budget: Option<Size>,
+    threads: usize,
+    overwrite: bool,
+    format: Option<String>,
+    storage_options: Option<StorageOptions>,
+    temp_dir: Option<PathBuf>,
+}
+
+impl ShardArgs {
+    fn options(self) -> PyResult<ShardOptions> {
+        let ShardArgs {
+            shard_size,
+            row_group_rows,
+            row_group_size,
+            zstd_level,
+            shuffle,
+            seed,
+            memory_budget,
+            threads,
+            overwrite,
+            format,
+            storage_options,
+            temp_dir,
+        } = self;
+        let mut options = ShardOptions::default()
+            .with_threads(threads)
+            .with_overwrite(overwrite);
+        if let Some(s) = shard_size {
+            options = options.with_shard_size(s.bytes("shard_size")?);
+        }
+        if let Some(rows) = row_group_rows {
+            options = options.with_row_group_rows(rows);
+        }
+        if let Some(s) = row_group_size {
+            options = options.with_row_group_bytes(s.bytes("row_group_size")?);
+        }
+        if let Some(level) = zstd_level {
+            options = options.with_zstd_level(level);
+        }
+        if shuffle {
+            options = options.with_shuffle(seed);
+        }
+        if let Some(s) = memory_budget {
+            options = options.with_memory_budget(s.bytes("memory_budget")?);
+        }
+        if let Some(f) = format {
+            options = options.with_format(f.parse::<InputFormat>().map_err(preprocess_error)?);
+        }
+        if let Some(dir) = temp_dir {
+            options = options.with_temp_dir(dir);
+        }
+        for (k, v) in storage_pairs(storage_options) {
+            options = options.with_storage_option(k, v);
+        }
+        Ok(options)
+    }
+}
+
+fn run_shard<'py>(
+    py: Python<'py>,
+    inputs: Inputs,
+    output: String,
+    options: ShardOptions,
+) -> PyResult<Bound<'py, PyAny>> {
     let inputs = match inputs {
         Inputs::One(s) => vec![s],
         Inputs::Many(v) => v,
     };
-    let mut options = ShardOptions::default()
-        .with_threads(threads)
-        .with_overwrite(overwrite);
-    if let Some(s) = shard_size {
-        options = options.with_shard_size(s.bytes("shard_size")?);
-    }
-    if let Some(rows) = row_group_rows {
-        options = options.with_row_group_rows(rows);
-    }
-    if let Some(s) = row_group_size {
-        options = options.with_row_group_bytes(s.bytes("row_group_size")?);
-    }
-    if let Some(level) = zstd_level {
-        options = options.with_zstd_level(level);
-    }
-    if shuffle {
-        options = options.with_shuffle(seed);
-    }
-    if let Some(s) = memory_budget {
-        options = options.with_memory_budget(s.bytes("memory_budget")?);
-    }
-    if let Some(f) = format {
-        options = options.with_format(f.parse::<InputFormat>().map_err(preprocess_error)?);
-    }
-    if let Some(dir) = temp_dir {
-        options = options.with_temp_dir(dir);
-    }
-    for (k, v) in storage_pairs(storage_options) {
-        options = options.with_storage_option(k, v);
-    }
     let summary = py
         .detach(|| shardfeed_preprocess::shard(&inputs, &output, &options))
         .map_err(preprocess_error)?;
@@ -688,6 +813,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoader>()?;
     m.add_class::<SlabView>()?;
     m.add_function(wrap_pyfunction!(shard, m)?)?;
+    m.add_function(wrap_pyfunction!(shard_task, m)?)?;
+    m.add_function(wrap_pyfunction!(commit, m)?)?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add("ShardfeedError", m.py().get_type::<ShardfeedError>())?;

@@ -593,3 +593,130 @@ fn shuffle_larger_than_the_memory_budget_is_a_mixing_permutation_in_bounded_memo
     );
     assert!(peak < budget + (256 << 20), "peak RSS {} MiB", peak >> 20);
 }
+
+#[test]
+fn split_runs_commit_to_the_same_rows_and_refuse_while_a_task_is_missing() {
+    let tmp = tempdir();
+    // One big Parquet file (8 row groups of 4096 rows) and one Arrow IPC file:
+    // the big file must spread across tasks by row group.
+    let big = generated(
+        &tmp.path().join("in"),
+        Kind::Tabular,
+        32_768,
+        1,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    let small = generated(
+        &tmp.path().join("in2"),
+        Kind::Tabular,
+        500,
+        1,
+        FileFormat::IpcFile,
+    );
+    let mut inputs = big.clone();
+    inputs.extend(small);
+    let single = tmp.path().join("single");
+    let extra = ["--shard-size", "1MiB", "--row-group-rows", "2000"];
+    shardfeed(&shard_args(&inputs, &single, &extra)).success();
+
+    let split = tmp.path().join("split");
+    let task = |i: usize| {
+        let mut args = shard_args(&inputs, &split, &extra);
+        args.extend(["--num-tasks", "4", "--task-index"].map(String::from));
+        args.push(i.to_string());
+        args.push("--json".into());
+        args
+    };
+    let mut task_rows = Vec::new();
+    for i in [0, 1, 3] {
+        task_rows.push(
+            shardfeed(&task(i)).success().json()["rows"]
+                .as_u64()
+                .unwrap(),
+        );
+    }
+    assert!(!split.join("manifest.json").exists());
+    let refused = shardfeed(&["commit", &s(&split)]).failure();
+    assert!(
+        refused.stderr.contains("1 of 4 tasks have not finished")
+            && refused.stderr.contains("task 2"),
+        "{}",
+        refused.stderr
+    );
+    assert!(!split.join("manifest.json").exists());
+
+    // Task 2 killed mid-way: still refused; its re-run completes the dataset.
+    let started = std::time::Instant::now();
+    shardfeed(&task(2)).success();
+    let full = started.elapsed();
+    std::fs::remove_file(split.join("_tasks/task-00002-of-00004.json")).unwrap();
+    let mut child = bin().args(task(2)).spawn().unwrap();
+    std::thread::sleep(full / 3);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    if !split.join("_tasks/task-00002-of-00004.json").exists() {
+        shardfeed(&["commit", &s(&split)]).failure();
+    }
+    task_rows.push(
+        shardfeed(&task(2)).success().json()["rows"]
+            .as_u64()
+            .unwrap(),
+    );
+    assert!(
+        task_rows.iter().all(|&r| r > 0),
+        "every task got rows: {task_rows:?}"
+    );
+    let committed = shardfeed(&["commit", &s(&split), "--json"])
+        .success()
+        .json();
+    assert_eq!(committed["tasks"], 4);
+    assert_eq!(committed["rows"].as_u64(), Some(32_768 + 500));
+    shardfeed(&["verify", &s(&split)]).success();
+    // Committing again is a no-op.
+    let again = shardfeed(&["commit", &s(&split), "--json"])
+        .success()
+        .json();
+    assert_eq!(again["already_committed"], true);
+
+    // The same multiset of rows as the single-process run (rows keyed by
+    // their first float and two int columns, random values).
+    let keys = |dir: &Path| {
+        let all = read_all(dir);
+        let col = |name: &str| all.column_by_name(name).expect(name).clone();
+        let (f0, c0, c1) = (col("f0"), col("c0"), col("c1"));
+        let f0 = f0
+            .as_any()
+            .downcast_ref::<arrow_array::Float32Array>()
+            .unwrap();
+        let c0 = c0
+            .as_any()
+            .downcast_ref::<arrow_array::Int64Array>()
+            .unwrap();
+        let c1 = c1
+            .as_any()
+            .downcast_ref::<arrow_array::Int64Array>()
+            .unwrap();
+        let mut keys: Vec<(u32, i64, i64)> = (0..all.num_rows())
+            .map(|i| (f0.value(i).to_bits(), c0.value(i), c1.value(i)))
+            .collect();
+        keys.sort_unstable();
+        keys
+    };
+    assert_eq!(keys(&single), keys(&split));
+    // Every file under shards/ is listed by the manifest (no leftovers).
+    let listed: std::collections::HashSet<String> = manifest(&split)
+        .shards
+        .iter()
+        .map(|s| s.path.clone())
+        .collect();
+    for entry in std::fs::read_dir(split.join("shards")).unwrap() {
+        let name = format!("shards/{}", entry.unwrap().file_name().to_string_lossy());
+        assert!(listed.contains(&name), "stale {name}");
+    }
+
+    // Bad splits are refused naming the option.
+    let mut bad = shard_args(&inputs, &tmp.path().join("x"), &[]);
+    bad.extend(["--num-tasks", "4", "--task-index", "4"].map(String::from));
+    let err = shardfeed(&bad).failure();
+    assert!(err.stderr.contains("--task-index"), "{}", err.stderr);
+}

@@ -1,0 +1,323 @@
+//! Split runs: `shard --num-tasks N --task-index I` on each of N workers (any
+//! engine that runs indexed tasks), then one `commit`.
+//!
+//! The inputs are cut into units (a Parquet row group, or a whole file of the
+//! other formats, or a chunk of a folder input), in the order a single run
+//! reads them; each unit goes to the task whose share of the total weight
+//! (compressed bytes) holds the unit's midpoint. The split is a pure function
+//! of the inputs and N, so a re-run task reads exactly what it read before,
+//! rewrites the same shard names (`shards/task-IIIII-part-PPPPPP.parquet`)
+//! and its record (`_tasks/task-IIIII-of-NNNNN.json`), written last.
+//! `commit` checks every record and shard, then writes the manifest.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+
+use futures::TryStreamExt;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use parquet::file::metadata::ParquetMetaDataReader;
+use serde::Serialize;
+use shardfeed_format::{
+    FormatError, Location, MANIFEST_FILE, Manifest, TASKS_DIR, TaskRecord, task_record_path,
+};
+
+use crate::input::{InputFormat, Source};
+use crate::options::TaskSplit;
+use crate::{PreprocessError, Result, output};
+
+/// One unit of input and its weight.
+struct Unit {
+    source: Source,
+    weight: u64,
+}
+
+fn units(sources: Vec<Source>) -> Result<Vec<Unit>> {
+    let mut out = Vec::new();
+    for source in sources {
+        match &source {
+            Source::File {
+                path,
+                format: InputFormat::Parquet,
+                row_groups: None,
+            } => {
+                let file = File::open(path).map_err(|e| PreprocessError::io("open", path, e))?;
+                let meta = ParquetMetaDataReader::new()
+                    .parse_and_finish(&file)
+                    .map_err(|e| PreprocessError::read(path, None, e))?;
+                for (i, rg) in meta.row_groups().iter().enumerate() {
+                    out.push(Unit {
+                        source: Source::File {
+                            path: path.clone(),
+                            format: InputFormat::Parquet,
+                            row_groups: Some(vec![i]),
+                        },
+                        weight: rg.compressed_size().max(1) as u64,
+                    });
+                }
+            }
+            Source::File { path, .. } => {
+                let weight = std::fs::metadata(path)
+                    .map_err(|e| PreprocessError::io("read metadata of", path, e))?
+                    .len();
+                out.push(Unit {
+                    source,
+                    weight: weight.max(1),
+                });
+            }
+            Source::Files { files, .. } => {
+                let weight = files.len().max(1) as u64;
+                out.push(Unit { source, weight });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The sources task `task.index` of `task.count` reads, in order.
+pub(crate) fn split(sources: Vec<Source>, task: TaskSplit) -> Result<Vec<Source>> {
+    let units = units(sources)?;
+    let total: u128 = units.iter().map(|u| u.weight as u128).sum::<u128>().max(1);
+    let mut mine: Vec<Source> = Vec::new();
+    let mut before: u128 = 0;
+    for unit in units {
+        let mid = before + unit.weight as u128 / 2;
+        before += unit.weight as u128;
+        let owner = ((mid * task.count as u128) / total).min(task.count as u128 - 1) as usize;
+        if owner != task.index {
+            continue;
+        }
+        // Merge consecutive row groups of one file into one source.
+        if let (
+            Some(Source::File {
+                path: last_path,
+                row_groups: Some(last_groups),
+                ..
+            }),
+            Source::File {
+                path,
+                row_groups: Some(groups),
+                ..
+            },
+        ) = (mine.last_mut(), &unit.source)
+            && last_path == path
+        {
+            last_groups.extend_from_slice(groups);
+            continue;
+        }
+        mine.push(unit.source);
+    }
+    Ok(mine)
+}
+
+fn store_error(op: &'static str, url: String, source: object_store::Error) -> PreprocessError {
+    PreprocessError::Format(FormatError::Store { op, url, source })
+}
+
+/// Write this task's record (after its shards).
+pub(crate) async fn write_record(location: &Location, record: &TaskRecord) -> Result<()> {
+    let relative = task_record_path(record.task_index, record.num_tasks);
+    let body = serde_json::to_vec_pretty(record).expect("a task record always serializes");
+    location
+        .store()
+        .put(&location.child(&relative), PutPayload::from(body))
+        .await
+        .map_err(|e| store_error("write", location.url_of(&relative), e))?;
+    Ok(())
+}
+
+/// What `commit` did.
+#[derive(Clone, Debug, Serialize)]
+pub struct CommitSummary {
+    /// The dataset committed.
+    pub dataset: String,
+    /// Tasks in the run.
+    pub tasks: usize,
+    /// Shards in the manifest.
+    pub shards: usize,
+    /// Rows in the dataset.
+    pub rows: u64,
+    /// Whether the manifest was already there, identical (a repeated commit).
+    pub already_committed: bool,
+}
+
+/// Check that every task of the split run at `output` finished, with one
+/// schema and one set of options, and that every shard they list is in place;
+/// then write the manifest (shards in task order) and remove shard files no
+/// task lists (left by earlier attempts).
+pub fn commit(output: &str, storage_options: &[(String, String)]) -> Result<CommitSummary> {
+    let location = Location::parse_with_options(output, storage_options.iter().cloned())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| PreprocessError::io("start I/O runtime for", output, e))?;
+    let (summary, keep) = runtime.block_on(commit_at(&location))?;
+    output::remove_stale(&location, &keep, runtime.handle(), None)?;
+    Ok(summary)
+}
+
+async fn list(location: &Location, dir: &str) -> Result<Vec<object_store::ObjectMeta>> {
+    location
+        .store()
+        .list(Some(&location.child(dir)))
+        .try_collect()
+        .await
+        .map_err(|e| store_error("list", location.url_of(dir), e))
+}
+
+async fn commit_at(
+    location: &Location,
+) -> Result<(CommitSummary, Vec<shardfeed_format::ShardEntry>)> {
+    let incomplete = |reason: String| PreprocessError::Commit {
+        url: location.url().to_string(),
+        reason,
+    };
+    // Records, keyed by run size then task.
+    let mut runs: BTreeMap<usize, BTreeMap<usize, TaskRecord>> = BTreeMap::new();
+    for meta in list(location, TASKS_DIR).await? {
+        let name = meta.location.filename().unwrap_or_default().to_string();
+        let Some((index, count)) = parse_record_name(&name) else {
+            continue;
+        };
+        let relative = format!("{TASKS_DIR}/{name}");
+        let bytes = location.read(&relative).await?;
+        let record: TaskRecord = serde_json::from_slice(&bytes).map_err(|e| {
+            incomplete(format!(
+                "task record {} is not valid: {e}",
+                location.url_of(&relative)
+            ))
+        })?;
+        if record.task_index != index || record.num_tasks != count {
+            return Err(incomplete(format!(
+                "task record {} describes task {} of {}",
+                location.url_of(&relative),
+                record.task_index,
+                record.num_tasks
+            )));
+        }
+        runs.entry(count).or_default().insert(index, record);
+    }
+    if runs.len() > 1 {
+        let sizes: Vec<String> = runs.keys().map(|n| n.to_string()).collect();
+        return Err(incomplete(format!(
+            "{TASKS_DIR}/ holds records of runs with different --num-tasks ({}); remove the stale ones",
+            sizes.join(", ")
+        )));
+    }
+    let Some((count, records)) = runs.into_iter().next() else {
+        return Err(incomplete(format!(
+            "no task has finished: {} is empty",
+            location.url_of(TASKS_DIR)
+        )));
+    };
+    let missing: Vec<String> = (0..count)
+        .filter(|i| !records.contains_key(i))
+        .map(|i| i.to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(incomplete(format!(
+            "{} of {count} tasks have not finished (no record under {TASKS_DIR}/): task {}; run them (again) with --num-tasks {count} --task-index I",
+            missing.len(),
+            missing.join(", ")
+        )));
+    }
+    let first = &records[&0];
+    for record in records.values() {
+        if let Some(detail) = crate::input::schema_difference(&first.schema, &record.schema) {
+            return Err(incomplete(format!(
+                "task {} wrote a different schema from task 0: {detail}",
+                record.task_index
+            )));
+        }
+        if record.options != first.options {
+            return Err(incomplete(format!(
+                "task {} was run with different options from task 0 ({:?} vs {:?})",
+                record.task_index, record.options, first.options
+            )));
+        }
+    }
+    // Every listed shard is in place, with the size its task recorded.
+    let present: HashMap<String, u64> = list(location, "shards")
+        .await?
+        .into_iter()
+        .map(|m| {
+            (
+                format!("shards/{}", m.location.filename().unwrap_or_default()),
+                m.size,
+            )
+        })
+        .collect();
+    let mut shards = Vec::new();
+    let mut input_bytes = 0;
+    for record in records.values() {
+        for shard in &record.shards {
+            match present.get(&shard.path) {
+                Some(&size) if size == shard.bytes => {}
+                found => {
+                    return Err(incomplete(format!(
+                        "shard {} of task {} is {}; re-run that task",
+                        location.url_of(&shard.path),
+                        record.task_index,
+                        found.map_or("missing".to_string(), |s| format!(
+                            "{s} bytes, not the {} its record lists",
+                            shard.bytes
+                        ))
+                    )));
+                }
+            }
+        }
+        shards.extend(record.shards.iter().cloned());
+        input_bytes += record.input_bytes;
+    }
+    let manifest = Manifest::new(
+        first.schema.clone(),
+        first.options.clone(),
+        shards,
+        input_bytes,
+    );
+    if manifest.total_rows == 0 {
+        return Err(PreprocessError::NoRows {
+            inputs: format!("all {count} tasks of {}", location.url()),
+        });
+    }
+    let mut already_committed = false;
+    if location.has_manifest().await? {
+        let existing = location.read(MANIFEST_FILE).await?;
+        if existing.as_ref() == manifest.to_json().as_slice() {
+            already_committed = true;
+        } else {
+            return Err(PreprocessError::DatasetExists {
+                url: location.url().to_string(),
+            });
+        }
+    } else {
+        location.write_manifest(&manifest).await?;
+    }
+    let summary = CommitSummary {
+        dataset: location.url().to_string(),
+        tasks: count,
+        shards: manifest.shards.len(),
+        rows: manifest.total_rows,
+        already_committed,
+    };
+    Ok((summary, manifest.shards))
+}
+
+/// `task-IIIII-of-NNNNN.json` -> (I, N).
+fn parse_record_name(name: &str) -> Option<(usize, usize)> {
+    let rest = name.strip_prefix("task-")?.strip_suffix(".json")?;
+    let (index, count) = rest.split_once("-of-")?;
+    Some((index.parse().ok()?, count.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_names_round_trip() {
+        let name = task_record_path(3, 12);
+        let file = name.rsplit('/').next().unwrap();
+        assert_eq!(parse_record_name(file), Some((3, 12)));
+        assert_eq!(parse_record_name("task-1.json"), None);
+    }
+}
