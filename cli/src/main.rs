@@ -152,9 +152,18 @@ struct ShardArgs {
     /// Which task of --num-tasks this is (0-based): reads a deterministic part of
     /// the inputs (Parquet row groups, or whole files of other formats), writes its
     /// own shards and a task record; `shardfeed commit` then writes the manifest.
-    /// With --shuffle, rows are shuffled within each task's part.
+    /// With --shuffle, the tasks exchange rows through the output store (scatter,
+    /// then gather), so the committed dataset is one global permutation.
     #[arg(long, requires = "num_tasks")]
     task_index: Option<usize>,
+    /// Stages of a shuffled task: `both` (scatter, wait for every task's scatter,
+    /// gather: all tasks must run at once), or `scatter` then `gather` as two
+    /// rounds of tasks.
+    #[arg(long, default_value = "both", requires = "num_tasks")]
+    stage: String,
+    /// Seconds a shuffled task waits for the other tasks' scatter.
+    #[arg(long, default_value_t = 3600)]
+    wait_timeout: u64,
     /// Print a JSON summary on stdout.
     #[arg(long)]
     json: bool,
@@ -208,7 +217,10 @@ fn shard_options(args: &ShardArgs) -> Result<ShardOptions> {
         options = options.with_storage_option(key, value);
     }
     if let (Some(count), Some(index)) = (args.num_tasks, args.task_index) {
-        options = options.with_task(index, count);
+        options = options
+            .with_task(index, count)
+            .with_stage(args.stage.parse()?)
+            .with_wait_timeout(std::time::Duration::from_secs(args.wait_timeout));
     }
     options.validate()?;
     Ok(options)

@@ -334,17 +334,27 @@ impl LoaderBuilder {
         let plans = plan_columns(&projected, &names)?;
 
         // Memory: the permits bound row groups fetched or decoded but not yet
-        // collated. The collator holds at most two windows at once.
+        // collated. The collator holds the windows a batch touches: every row
+        // group of the batch's rows plus the rest of its first and last windows.
         let units = manifest.row_group_count().max(1) as u64;
         let unit_bytes = (manifest.input_bytes.max(manifest.total_bytes) / units).max(1);
-        let needed = 2 * self.window as u64;
+        let min_group_rows = manifest
+            .shards
+            .iter()
+            .flat_map(|s| s.row_groups.iter().copied())
+            .filter(|&r| r > 0)
+            .min()
+            .unwrap_or(1);
+        let batch_groups = (self.batch_size as u64).div_ceil(min_group_rows) + 1;
+        let needed = (2 * self.window as u64 + batch_groups.saturating_sub(1))
+            .min(units.max(2 * self.window as u64));
         let permits = (self.byte_budget / unit_bytes).min(needed + 2 * decode_threads as u64);
         if permits < needed {
             return bad(
                 "byte_budget",
                 format!(
-                    "{} bytes cannot hold two shuffle windows of {} row groups (~{} bytes each); raise it or lower window",
-                    self.byte_budget, self.window, unit_bytes
+                    "{} bytes cannot hold the {needed} row groups (~{} bytes each) that two shuffle windows of {} row groups and a batch of {} rows touch; raise it, or lower window or batch_size",
+                    self.byte_budget, unit_bytes, self.window, self.batch_size
                 ),
             );
         }

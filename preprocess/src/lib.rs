@@ -34,7 +34,7 @@ pub use error::{BoxError, PreprocessError, Result};
 pub use input::{InputFormat, files_schema};
 pub use options::{
     DEFAULT_MEMORY_BUDGET, DEFAULT_ROW_GROUP_BYTES, DEFAULT_SHARD_SIZE, DEFAULT_ZSTD_LEVEL,
-    Progress, READ_BATCH_ROWS, ShardOptions, TaskSplit,
+    Progress, READ_BATCH_ROWS, ShardOptions, TaskSplit, TaskStage,
 };
 pub use pipeline::{ShardSummary, peak_rss_bytes, shard};
 pub use task::{CommitSummary, commit};

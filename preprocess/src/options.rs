@@ -69,6 +69,43 @@ pub struct ShardOptions {
     /// deterministic part of the inputs, write this task's shards and a task
     /// record, and leave the manifest to [`commit`](crate::commit).
     pub task: Option<TaskSplit>,
+    /// Which stages a shuffled task runs (`--stage`).
+    pub stage: TaskStage,
+    /// How long the gather stage waits for every task's scatter (`--wait-timeout`).
+    pub wait_timeout: std::time::Duration,
+    /// The seed recorded in the manifest when it differs from the one the
+    /// pipeline shuffles with (a gather stage's own seed).
+    pub(crate) recorded_seed: Option<u64>,
+}
+
+/// The stages of a task of a split run with `--shuffle`: every task scatters
+/// its rows to all tasks through the output store, then gathers and shuffles
+/// what was sent to it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TaskStage {
+    /// Scatter, then wait for every task's scatter, then gather (all tasks
+    /// must be able to run at once).
+    #[default]
+    Both,
+    /// Only scatter (a first round of tasks).
+    Scatter,
+    /// Only gather; every task's scatter must have finished (a second round).
+    Gather,
+}
+
+impl std::str::FromStr for TaskStage {
+    type Err = PreprocessError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "both" => Ok(TaskStage::Both),
+            "scatter" => Ok(TaskStage::Scatter),
+            "gather" => Ok(TaskStage::Gather),
+            other => Err(PreprocessError::BadOption {
+                option: "--stage",
+                reason: format!("unknown stage {other:?}; use both, scatter or gather"),
+            }),
+        }
+    }
 }
 
 /// One task of a split run.
@@ -97,6 +134,9 @@ impl Default for ShardOptions {
             progress: None,
             storage_options: Vec::new(),
             task: None,
+            stage: TaskStage::Both,
+            wait_timeout: std::time::Duration::from_secs(3600),
+            recorded_seed: None,
         }
     }
 }
@@ -193,6 +233,16 @@ impl ShardOptions {
         self.task = Some(TaskSplit { index, count });
         self
     }
+    /// Run only `stage` of a shuffled task.
+    pub fn with_stage(mut self, stage: TaskStage) -> Self {
+        self.stage = stage;
+        self
+    }
+    /// Wait at most `timeout` for the other tasks' scatter.
+    pub fn with_wait_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.wait_timeout = timeout;
+        self
+    }
     /// Report progress to `progress`.
     pub fn with_progress(mut self, progress: Arc<dyn Progress>) -> Self {
         self.progress = Some(progress);
@@ -222,6 +272,9 @@ impl ShardOptions {
         if let Some(t) = self.task {
             if t.count == 0 {
                 return bad("--num-tasks", "must be greater than 0");
+            }
+            if self.shuffle_seed.is_some() && t.count > 4096 {
+                return bad("--num-tasks", "at most 4096 tasks with --shuffle");
             }
             if t.index >= t.count {
                 return Err(PreprocessError::BadOption {

@@ -144,6 +144,10 @@ impl Publish for LocalPublish {
 
     fn publish(&self, staged: &Path, relative: &str) -> Result<()> {
         let final_path = self.root.join(relative);
+        if let Some(parent) = final_path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| PreprocessError::io("create folder", parent, e))?;
+        }
         std::fs::rename(staged, &final_path)
             .map_err(|e| PreprocessError::io("rename into place", &final_path, e))
     }

@@ -57,6 +57,8 @@ pub struct ShardSummary {
     pub input_mb_per_s: f64,
     /// Whether rows were globally shuffled.
     pub shuffled: bool,
+    /// For a task of a split run: the tasks in the run.
+    pub tasks: Option<usize>,
     /// Threads used.
     pub threads: usize,
     /// Peak resident memory of this process, when the OS tells it.
@@ -149,15 +151,31 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
     let mut inputs = input::resolve(&local_inputs, options)?;
     // Messages name the inputs as the user gave them.
     inputs.given = given;
-    if let Some(task) = options.task {
-        inputs.sources = crate::task::split(std::mem::take(&mut inputs.sources), task)?;
-    }
-    if let Some(progress) = &options.progress {
-        progress.start(inputs.estimated_bytes);
-    }
     let location = Location::parse_with_options(output, options.storage_options.iter().cloned())?;
     let handle = runtime.handle();
     output::prepare(&location, options.overwrite, handle)?;
+    if let Some(task) = options.task {
+        inputs.sources = crate::task::split(std::mem::take(&mut inputs.sources), task)?;
+        if let Some(seed) = options.shuffle_seed {
+            // One global permutation across tasks: scatter through the store.
+            return crate::task::shuffled(&inputs, &location, options, task, seed, handle, started);
+        }
+    }
+    write_dataset(&inputs, &location, options, handle, started)
+}
+
+/// Shard resolved `inputs` into `location`: the manifest, or for a task of a
+/// split run its record.
+pub(crate) fn write_dataset(
+    inputs: &Inputs,
+    location: &Location,
+    options: &ShardOptions,
+    handle: &tokio::runtime::Handle,
+    started: Instant,
+) -> Result<ShardSummary> {
+    if let Some(progress) = &options.progress {
+        progress.start(inputs.estimated_bytes);
+    }
     let publish: Box<dyn Publish> = match location.local_root() {
         Some(root) => Box::new(LocalPublish::new(root)?),
         None => Box::new(StorePublish::new(
@@ -167,9 +185,9 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
         )?),
     };
     let threads = options.effective_threads();
-    let (shards, input_bytes) = run(&inputs, options, threads, publish.as_ref())?;
+    let (shards, input_bytes) = run(inputs, options, threads, publish.as_ref())?;
     let task_prefix = options.task.map(|t| format!("task-{:05}-", t.index));
-    output::remove_stale(&location, &shards, handle, task_prefix.as_deref())?;
+    output::remove_stale(location, &shards, handle, task_prefix.as_deref())?;
     let rows: u64 = shards.iter().map(|s| s.rows).sum();
     if rows == 0 && options.task.is_none() {
         return Err(PreprocessError::NoRows {
@@ -185,13 +203,13 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
             .row_group_rows
             .is_none()
             .then_some(options.effective_row_group_bytes()),
-        shuffle_seed: options.shuffle_seed,
+        shuffle_seed: options.recorded_seed.or(options.shuffle_seed),
     };
     let manifest = Manifest::new((*inputs.schema).clone(), write_options, shards, input_bytes);
     match options.task {
         // A split run: this task's record; `commit` writes the manifest.
         Some(task) => handle.block_on(crate::task::write_record(
-            &location,
+            location,
             &TaskRecord {
                 task_index: task.index,
                 num_tasks: task.count,
@@ -216,6 +234,7 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
         seconds,
         input_mb_per_s: input_bytes as f64 / 1e6 / seconds.max(1e-9),
         shuffled: options.shuffle_seed.is_some(),
+        tasks: options.task.map(|t| t.count),
         threads,
         peak_rss_bytes: peak_rss_bytes(),
     })

@@ -138,6 +138,12 @@ fn flush(bucket: &mut Bucket, schema: &SchemaRef) -> Result<()> {
 }
 
 impl Spilled {
+    /// The bucket files (a bucket that got no rows has no file) and the
+    /// folder holding them (deleted when dropped).
+    pub(crate) fn into_files(self) -> (tempfile::TempDir, Vec<PathBuf>) {
+        (self._dir, self.buckets)
+    }
+
     /// Each bucket in turn, loaded and permuted, as batches.
     pub(crate) fn gather(self) -> impl Iterator<Item = Result<RecordBatch>> {
         let Spilled {

@@ -21,9 +21,253 @@ use shardfeed_format::{
     FormatError, Location, MANIFEST_FILE, Manifest, TASKS_DIR, TaskRecord, task_record_path,
 };
 
-use crate::input::{InputFormat, Source};
-use crate::options::TaskSplit;
-use crate::{PreprocessError, Result, output};
+use crate::input::{InputFormat, Inputs, Source};
+use crate::options::{TaskSplit, TaskStage};
+use crate::output::{LocalPublish, StorePublish};
+use crate::pipeline::{ShardSummary, write_dataset};
+use crate::writer::Publish;
+use crate::{PreprocessError, Result, ShardOptions, output, shuffle};
+
+/// Folder (under the dataset) of the rows scattered between shuffled tasks.
+const SCATTER_DIR: &str = "_scatter";
+
+fn scatter_record_path(index: usize, count: usize) -> String {
+    format!("{TASKS_DIR}/scatter-{index:05}-of-{count:05}.json")
+}
+
+/// Rows of task `from` sent to task `to`.
+fn scatter_file(to: usize, from: usize) -> String {
+    format!("{SCATTER_DIR}/to-{to:05}/from-{from:05}.arrows")
+}
+
+/// A task of a split run with `--shuffle`: scatter this task's rows to every
+/// task (each row to a task drawn by a seeded hash), wait until every task has
+/// scattered, then gather the rows sent here and shuffle them locally (the
+/// single-machine external shuffle, bounded by the memory budget). Every row
+/// lands in a uniformly random task and a uniformly random place there, so
+/// the committed dataset is one uniform permutation of all inputs.
+pub(crate) fn shuffled(
+    inputs: &Inputs,
+    location: &Location,
+    options: &ShardOptions,
+    task: TaskSplit,
+    seed: u64,
+    handle: &tokio::runtime::Handle,
+    started: std::time::Instant,
+) -> Result<ShardSummary> {
+    let scattered = handle.block_on(exists(
+        location,
+        &scatter_record_path(task.index, task.count),
+    ))?;
+    let mut rows_scattered = 0;
+    if options.stage == TaskStage::Scatter || (options.stage == TaskStage::Both && !scattered) {
+        rows_scattered = scatter(inputs, location, options, task, seed, handle)?;
+    }
+    if options.stage == TaskStage::Scatter {
+        return Ok(ShardSummary {
+            dataset: location.url().to_string(),
+            rows: rows_scattered,
+            shards: 0,
+            row_groups: 0,
+            input_bytes: 0,
+            output_bytes: 0,
+            compression_ratio: 0.0,
+            seconds: started.elapsed().as_secs_f64(),
+            input_mb_per_s: 0.0,
+            shuffled: true,
+            tasks: Some(task.count),
+            threads: options.effective_threads(),
+            peak_rss_bytes: crate::peak_rss_bytes(),
+        });
+    }
+    wait_for_scatter(location, task.count, options, handle)?;
+    let (gathered, _staged) = gather_inputs(inputs, location, options, task, handle)?;
+    let mut local = options.clone();
+    local.shuffle_seed = Some(shardfeed_format::permute::hash_words(&[
+        seed,
+        task.index as u64,
+        0x6761_7468,
+    ]));
+    local.recorded_seed = Some(seed);
+    write_dataset(&gathered, location, &local, handle, started)
+}
+
+async fn exists(location: &Location, relative: &str) -> Result<bool> {
+    match location.store().head(&location.child(relative)).await {
+        Ok(_) => Ok(true),
+        Err(object_store::Error::NotFound { .. }) => Ok(false),
+        Err(e) => Err(store_error("check", location.url_of(relative), e)),
+    }
+}
+
+/// Scatter this task's rows; returns how many.
+fn scatter(
+    inputs: &Inputs,
+    location: &Location,
+    options: &ShardOptions,
+    task: TaskSplit,
+    seed: u64,
+    handle: &tokio::runtime::Handle,
+) -> Result<u64> {
+    let mut rows = 0u64;
+    let batches = inputs.sources.iter().flat_map(|source| {
+        let opened: Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>>> =
+            match crate::input::open(source, &inputs.schema) {
+                Ok(it) => it,
+                Err(e) => Box::new(std::iter::once(Err(e))),
+            };
+        opened
+    });
+    let batches = batches.inspect(|b| {
+        if let Ok(b) = b {
+            rows += b.num_rows() as u64;
+        }
+    });
+    // Buckets are staged beside their final place when the output is local
+    // (so publishing is a rename), else in the temporary folder.
+    let temp = match location.local_root() {
+        Some(root) => {
+            let dir = root.join(SCATTER_DIR);
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| PreprocessError::io("create folder", &dir, e))?;
+            Some(dir)
+        }
+        None => options.temp_dir.clone(),
+    };
+    let task_seed = shardfeed_format::permute::hash_words(&[seed, task.index as u64, 0x7363_6174]);
+    let spilled = shuffle::scatter(
+        batches,
+        &inputs.schema,
+        task_seed,
+        task.count as u64,
+        options.memory_budget,
+        temp.as_deref(),
+    )?;
+    let (_dir, files) = spilled.into_files();
+    let publish: Box<dyn Publish> = match location.local_root() {
+        Some(root) => Box::new(LocalPublish::new(root)?),
+        None => Box::new(StorePublish::new(
+            location.clone(),
+            handle.clone(),
+            options.temp_dir.as_deref(),
+        )?),
+    };
+    for (to, path) in files.iter().enumerate() {
+        if path.exists() {
+            publish.publish(path, &scatter_file(to, task.index))?;
+        }
+    }
+    let record = serde_json::json!({
+        "task_index": task.index,
+        "num_tasks": task.count,
+        "rows": rows,
+    });
+    let relative = scatter_record_path(task.index, task.count);
+    handle
+        .block_on(location.store().put(
+            &location.child(&relative),
+            PutPayload::from(serde_json::to_vec_pretty(&record).expect("json")),
+        ))
+        .map_err(|e| store_error("write", location.url_of(&relative), e))?;
+    Ok(rows)
+}
+
+/// Wait until every task's scatter record is there (or fail at once for
+/// `--stage gather`, naming the missing tasks).
+fn wait_for_scatter(
+    location: &Location,
+    count: usize,
+    options: &ShardOptions,
+    handle: &tokio::runtime::Handle,
+) -> Result<()> {
+    let deadline = std::time::Instant::now() + options.wait_timeout;
+    loop {
+        let names: std::collections::HashSet<String> = handle
+            .block_on(list(location, TASKS_DIR))?
+            .into_iter()
+            .map(|m| format!("{TASKS_DIR}/{}", m.location.filename().unwrap_or_default()))
+            .collect();
+        let missing: Vec<String> = (0..count)
+            .filter(|&i| !names.contains(&scatter_record_path(i, count)))
+            .map(|i| i.to_string())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if options.stage == TaskStage::Gather || std::time::Instant::now() >= deadline {
+            return Err(PreprocessError::Commit {
+                url: location.url().to_string(),
+                reason: format!(
+                    "cannot gather: {} of {count} tasks have not scattered their rows yet: task {}",
+                    missing.len(),
+                    missing.join(", ")
+                ),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// The rows scattered to this task, as inputs (staged locally when remote).
+fn gather_inputs(
+    inputs: &Inputs,
+    location: &Location,
+    options: &ShardOptions,
+    task: TaskSplit,
+    handle: &tokio::runtime::Handle,
+) -> Result<(Inputs, Option<tempfile::TempDir>)> {
+    let folder = format!("{SCATTER_DIR}/to-{:05}", task.index);
+    let (dir, staged) = match location.local_root() {
+        Some(root) => (root.join(&folder), None),
+        None => {
+            let (paths, staged) =
+                crate::remote::stage(&[location.url_of(&folder)], options, handle).or_else(
+                    |e| match e {
+                        // Nothing was sent to this task.
+                        PreprocessError::InputNotFound { .. } | PreprocessError::NoMatch { .. } => {
+                            Ok((Vec::new(), None))
+                        }
+                        e => Err(e),
+                    },
+                )?;
+            match paths.into_iter().next() {
+                Some(p) => (std::path::PathBuf::from(p), staged),
+                None => (std::path::PathBuf::new(), staged),
+            }
+        }
+    };
+    let mut files: Vec<std::path::PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "arrows"))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    files.sort();
+    let estimated_bytes = files
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    let sources = files
+        .into_iter()
+        .map(|path| Source::File {
+            path,
+            format: InputFormat::Ipc,
+            row_groups: None,
+        })
+        .collect();
+    Ok((
+        Inputs {
+            sources,
+            schema: inputs.schema.clone(),
+            estimated_bytes,
+            given: vec![location.url_of(&folder)],
+        },
+        staged,
+    ))
+}
 
 /// One unit of input and its weight.
 struct Unit {
@@ -146,12 +390,16 @@ pub struct CommitSummary {
 /// task lists (left by earlier attempts).
 pub fn commit(output: &str, storage_options: &[(String, String)]) -> Result<CommitSummary> {
     let location = Location::parse_with_options(output, storage_options.iter().cloned())?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    // Multi-threaded: `remove_stale` blocks on the runtime's handle, which a
+    // current-thread runtime would not drive.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()
         .map_err(|e| PreprocessError::io("start I/O runtime for", output, e))?;
     let (summary, keep) = runtime.block_on(commit_at(&location))?;
     output::remove_stale(&location, &keep, runtime.handle(), None)?;
+    runtime.block_on(remove_scatter(&location))?;
     Ok(summary)
 }
 
@@ -300,6 +548,26 @@ async fn commit_at(
         already_committed,
     };
     Ok((summary, manifest.shards))
+}
+
+/// Delete the rows scattered between shuffled tasks, once committed.
+async fn remove_scatter(location: &Location) -> Result<()> {
+    let mut doomed = list(location, SCATTER_DIR).await?;
+    doomed.extend(list(location, TASKS_DIR).await?.into_iter().filter(|m| {
+        m.location
+            .filename()
+            .is_some_and(|n| n.starts_with("scatter-"))
+    }));
+    for meta in doomed {
+        match location.store().delete(&meta.location).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(store_error("delete", meta.location.to_string(), e)),
+        }
+    }
+    if let Some(root) = location.local_root() {
+        let _ = std::fs::remove_dir_all(root.join(SCATTER_DIR));
+    }
+    Ok(())
 }
 
 /// `task-IIIII-of-NNNNN.json` -> (I, N).

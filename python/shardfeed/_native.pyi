@@ -124,8 +124,14 @@ def shard_task(
     format: str | None = None,
     storage_options: dict[str, str] | Sequence[tuple[str, str]] | None = None,
     temp_dir: str | PathLike[str] | None = None,
+    stage: str = "both",
+    wait_timeout: float = 3600.0,
 ) -> dict[str, Any]:
-    """Task ``task_index`` of ``num_tasks`` of a split shard run; ``commit`` writes the manifest."""
+    """Task ``task_index`` of ``num_tasks`` of a split shard run; ``commit`` writes the manifest.
+
+    With ``shuffle=True`` tasks exchange rows through the output store: ``stage="both"``
+    needs all tasks running at once; else run ``"scatter"`` on all, then ``"gather"``.
+    """
 
 def commit(output: str, *, storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     """Write the manifest once every task finished; raises ShardfeedError naming missing tasks."""

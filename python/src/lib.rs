@@ -620,12 +620,15 @@ fn shard<'py>(
 /// Run task `task_index` of `num_tasks` of a split `shard` (as `shardfeed
 /// shard --num-tasks N --task-index I`): shards a deterministic part of the
 /// inputs and writes a task record; call `commit(output)` once all finished.
-/// Re-running a task is idempotent. Returns the task's summary.
+/// With `shuffle=True` the tasks exchange rows through the output store
+/// (`stage="both"` needs every task running at once; or run `"scatter"` on
+/// all, then `"gather"` on all). Re-running a task is idempotent.
 #[pyfunction]
 #[pyo3(signature = (
     inputs, output, task_index, num_tasks, *, shard_size=None, row_group_rows=None,
     row_group_size=None, zstd_level=None, shuffle=false, seed=0, memory_budget=None, threads=0,
-    overwrite=false, format=None, storage_options=None, temp_dir=None,
+    overwrite=false, format=None, storage_options=None, temp_dir=None, stage="both",
+    wait_timeout=3600.0,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn shard_task<'py>(
@@ -646,6 +649,8 @@ fn shard_task<'py>(
     format: Option<String>,
     storage_options: Option<StorageOptions>,
     temp_dir: Option<PathBuf>,
+    stage: &str,
+    wait_timeout: f64,
 ) -> PyResult<Bound<'py, PyAny>> {
     let options = ShardArgs {
         shard_size,
@@ -662,7 +667,9 @@ fn shard_task<'py>(
         temp_dir,
     }
     .options()?
-    .with_task(task_index, num_tasks);
+    .with_task(task_index, num_tasks)
+    .with_stage(stage.parse().map_err(preprocess_error)?)
+    .with_wait_timeout(std::time::Duration::from_secs_f64(wait_timeout.max(0.0)));
     run_shard(py, inputs, output, options)
 }
 

@@ -36,29 +36,98 @@ def test_shard_task_and_commit(tmp_path):
     assert ids == list(range(4000))
 
 
-def test_ray_job_with_four_tasks_matches_a_single_run(tmp_path):
+@pytest.fixture(scope="module")
+def moto_s3():
+    """moto's S3 server on a free loopback port, with a bucket; yields storage options."""
+    import socket
+    import subprocess
+    import time
+
+    import boto3
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        ["moto_server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "moto_server did not start"
+                time.sleep(0.1)
+        endpoint = f"http://127.0.0.1:{port}"
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).create_bucket(Bucket="test-bucket")
+        yield {
+            "aws_endpoint": endpoint,
+            "aws_allow_http": "true",
+            "aws_access_key_id": "testing",
+            "aws_secret_access_key": "testing",
+            "aws_region": "us-east-1",
+        }
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_ray_job_with_four_tasks(tmp_path, where, request):
+    """4 Ray tasks, plain and with the global shuffle, against a single-process run."""
     ray = pytest.importorskip("ray")
     inputs = write_inputs(tmp_path)
     single = str(tmp_path / "single")
     shardfeed.shard(inputs, single, row_group_rows=200)
-    out = str(tmp_path / "ray")
+    expected = shard_tables(single).sort_by("id")
+    options = request.getfixturevalue("moto_s3") if where == "s3" else None
+    base = "s3://test-bucket/" + tmp_path.name if where == "s3" else str(tmp_path)
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # num_cpus=4: the shuffled tasks wait for each other's scatter, so all run at once.
+    ray.init(num_cpus=TASKS, include_dashboard=False, log_to_driver=False)
     try:
 
         @ray.remote
-        def task(index: int) -> int:
+        def task(index: int, out: str, shuffle: bool) -> int:
             import shardfeed
 
-            return shardfeed.shard_task(inputs, out, index, TASKS, row_group_rows=200, threads=1)["rows"]
+            summary = shardfeed.shard_task(
+                inputs, out, index, TASKS, row_group_rows=200, threads=1, shuffle=shuffle,
+                seed=1, storage_options=options,
+            )
+            return summary["rows"]
 
-        rows = ray.get([task.remote(i) for i in range(TASKS)])
+        results = {}
+        for shuffle in (False, True):
+            out = f"{base}/ray-{'shuffled' if shuffle else 'plain'}"
+            rows = ray.get([task.remote(i, out, shuffle) for i in range(TASKS)])
+            assert sum(rows) == 4000 and all(r > 0 for r in rows), rows
+            results[shuffle] = out
     finally:
         ray.shutdown()
-    assert sum(rows) == 4000 and all(r > 0 for r in rows), rows
-    shardfeed.commit(out)
-    assert shardfeed.verify(out)["ok"]
-    a, b = shard_tables(single), shard_tables(out)
-    key = lambda t: sorted(zip(t.column("id").to_pylist(), t.column("f32").to_pylist()))
-    assert key(a) == key(b)
-    assert a.sort_by("id").equals(b.sort_by("id"))
+
+    for shuffle, out in results.items():
+        assert shardfeed.commit(out, storage_options=options)["rows"] == 4000
+        assert shardfeed.verify(out, storage_options=options)["ok"]
+        ids = [
+            b["id"].tolist()
+            for b in shardfeed.Loader(out, 4000, shuffle=False, columns=["id"], storage_options=options)
+        ][0]
+        assert sorted(ids) == list(range(4000))
+        if shuffle:
+            # One permutation: no long run of consecutive input ids survives.
+            runs = sum(1 for a, b in zip(ids, ids[1:]) if b == a + 1)
+            assert runs < 40, runs
+        if where == "local":
+            got = shard_tables(out).sort_by("id")
+            assert got.equals(expected)

@@ -720,3 +720,85 @@ fn split_runs_commit_to_the_same_rows_and_refuse_while_a_task_is_missing() {
     let err = shardfeed(&bad).failure();
     assert!(err.stderr.contains("--task-index"), "{}", err.stderr);
 }
+
+#[test]
+fn shuffled_split_runs_give_one_permutation_mixing_every_input() {
+    let tmp = tempdir();
+    let rows = 8000;
+    let inputs = generated(
+        &tmp.path().join("in"),
+        Kind::Text,
+        rows,
+        4,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    let per_file = rows as i64 / 4;
+    let out = tmp.path().join("ds");
+    let task_args = |i: usize, stage: &str| {
+        let mut args = shard_args(
+            &inputs,
+            &out,
+            &[
+                "--shard-size",
+                "64KiB",
+                "--row-group-rows",
+                "250",
+                "--shuffle",
+                "--seed",
+                "3",
+            ],
+        );
+        args.extend(["--num-tasks", "4", "--stage", stage, "--task-index"].map(String::from));
+        args.push(i.to_string());
+        args
+    };
+    // Gathering before every task scattered is refused, naming the missing ones.
+    shardfeed(&task_args(0, "scatter")).success();
+    let refused = shardfeed(&task_args(0, "gather")).failure();
+    assert!(
+        refused.stderr.contains("task 1, 2, 3"),
+        "{}",
+        refused.stderr
+    );
+    // All four tasks at once, each scattering then gathering.
+    let children: Vec<_> = (0..4)
+        .map(|i| {
+            bin()
+                .args(task_args(i, "both"))
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    shardfeed(&["commit", &s(&out)]).success();
+    shardfeed(&["verify", &s(&out)]).success();
+    assert!(
+        !out.join("_scatter").exists(),
+        "scattered rows are removed at commit"
+    );
+
+    // One permutation of every row, in no input order.
+    let (m, batches) = read_dataset(&out);
+    let mut all: Vec<i64> = batches.iter().flat_map(ids).collect();
+    assert_ne!(all, (0..rows as i64).collect::<Vec<_>>());
+    let sequence = all.clone();
+    all.sort_unstable();
+    assert_eq!(all, (0..rows as i64).collect::<Vec<_>>());
+    // Every shard mixes rows of all four inputs.
+    let mut at = 0;
+    for shard in &m.shards {
+        let part = &sequence[at..at + shard.rows as usize];
+        at += shard.rows as usize;
+        let files: std::collections::BTreeSet<i64> = part.iter().map(|id| id / per_file).collect();
+        assert_eq!(
+            files.len(),
+            4,
+            "{} holds rows of inputs {files:?}",
+            shard.path
+        );
+    }
+    assert_eq!(m.options.shuffle_seed, Some(3));
+}
