@@ -39,7 +39,8 @@ pub use checksum::{ChunkChecksums, Crc32};
 pub use error::{FormatError, Result};
 pub use location::Location;
 pub use manifest::{
-    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, Manifest, ShardEntry, Summary, TASKS_DIR,
-    TaskRecord, WriteOptions, shard_path, task_record_path, task_shard_path, validate_shard_path,
+    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, Manifest, PRETTY_SHARDS, ShardEntry, Summary,
+    TASKS_DIR, TaskRecord, WriteOptions, shard_path, task_record_path, task_shard_path,
+    validate_shard_path,
 };
 pub use retry::RetryPolicy;

@@ -128,9 +128,15 @@ impl Manifest {
         }
     }
 
-    /// Serialize to pretty JSON with a trailing newline.
+    /// Serialize to JSON with a trailing newline: indented for people up to [`PRETTY_SHARDS`] shards; compact beyond
+    /// (about 150 bytes per shard), so a million-shard manifest stays small.
     pub fn to_json(&self) -> Vec<u8> {
-        let mut out = serde_json::to_vec_pretty(self).expect("a manifest always serializes");
+        let mut out = if self.shards.len() <= PRETTY_SHARDS {
+            serde_json::to_vec_pretty(self)
+        } else {
+            serde_json::to_vec(self)
+        }
+        .expect("a manifest always serializes");
         out.push(b'\n');
         out
     }
@@ -215,6 +221,9 @@ impl Manifest {
         }
     }
 }
+
+/// Manifests with at most this many shards are written indented.
+pub const PRETTY_SHARDS: usize = 1000;
 
 /// Folder (under the dataset) of the task records of a split run.
 pub const TASKS_DIR: &str = "_tasks";
