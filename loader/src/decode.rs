@@ -118,7 +118,18 @@ pub(crate) fn projection(
 }
 
 /// Check and decode one fetched segment into a batch of its rows.
-pub(crate) fn decode(fetched: Fetched, entry: &ShardEntry, roots: &[usize]) -> Result<RecordBatch> {
+/// Uncompressed bytes per decoded batch: large enough to amortise per-batch
+/// work, small enough that the decoder's growing buffers stay in the
+/// allocator's reusable sizes (a whole row group in one batch made it grow
+/// buffers by doubling, copying and page-faulting fresh memory each time).
+const DECODE_BATCH_BYTES: u64 = 1 << 20;
+
+/// Check and decode a fetched segment: its rows, as one or more batches.
+pub(crate) fn decode(
+    fetched: Fetched,
+    entry: &ShardEntry,
+    roots: &[usize],
+) -> Result<Vec<RecordBatch>> {
     let Fetched {
         segment,
         footer,
@@ -136,6 +147,11 @@ pub(crate) fn decode(fetched: Fetched, entry: &ShardEntry, roots: &[usize]) -> R
         source,
     };
     let (_, mask) = projection(&footer.arrow, roots);
+    let meta = footer.footer.metadata.row_group(rg);
+    let projected_bytes: u64 = chunks
+        .iter()
+        .map(|(leaf, _, _)| meta.column(*leaf).uncompressed_size().max(0) as u64)
+        .sum();
     let mut sorted: Vec<(u64, Bytes)> =
         chunks.into_iter().map(|(_, start, b)| (start, b)).collect();
     sorted.sort_by_key(|(s, _)| *s);
@@ -144,36 +160,41 @@ pub(crate) fn decode(fetched: Fetched, entry: &ShardEntry, roots: &[usize]) -> R
         len: entry.bytes,
         chunks: sorted,
     };
-    let rows = footer.footer.metadata.row_group(rg).num_rows() as usize;
+    let rows = meta.num_rows() as usize;
+    let batch_rows = ((rows as u64 * DECODE_BATCH_BYTES) / projected_bytes.max(1))
+        .clamp(1, rows.max(1) as u64) as usize;
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, footer.arrow.clone())
         .with_projection(mask)
         .with_row_groups(vec![rg])
-        .with_batch_size(rows.max(1))
+        .with_batch_size(batch_rows)
         .build()
         .map_err(decode_err)?;
-    let mut batches = Vec::with_capacity(1);
+    // Keep the segment's rows [start, end) of the row group.
+    let (start, end) = (segment.start as usize, segment.end as usize);
+    let mut out = Vec::new();
+    let mut at = 0usize;
     for batch in reader {
-        batches.push(batch.map_err(|e| decode_err(e.into()))?);
+        let batch = batch.map_err(|e| decode_err(e.into()))?;
+        let n = batch.num_rows();
+        let (lo, hi) = (start.max(at), end.min(at + n));
+        if lo < hi {
+            out.push(if lo == at && hi == at + n {
+                batch
+            } else {
+                batch.slice(lo - at, hi - lo)
+            });
+        }
+        at += n;
     }
     if mapped {
         release_mapped(&reader_chunks);
     }
-    let batch = match batches.len() {
-        1 => batches.pop().expect("one batch"),
-        _ => {
-            let schema = batches.first().map(|b| b.schema()).ok_or_else(|| {
-                decode_err(ParquetError::General("row group decoded to nothing".into()))
-            })?;
-            arrow_select::concat::concat_batches(&schema, &batches)
-                .map_err(|e| decode_err(e.into()))?
-        }
-    };
-    if batch.num_rows() != rows {
+    if at != rows {
         return Err(LoaderError::Corrupt {
             shard: entry.path.clone(),
             row_group: Some(rg),
-            detail: format!("decoded {} rows, the footer says {rows}", batch.num_rows()),
+            detail: format!("decoded {at} rows, the footer says {rows}"),
         });
     }
-    Ok(batch.slice(segment.start as usize, segment.rows() as usize))
+    Ok(out)
 }

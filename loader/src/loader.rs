@@ -30,7 +30,7 @@ pub const DEFAULT_WINDOW: usize = 8;
 /// Default concurrent storage requests.
 pub const DEFAULT_IO_CONCURRENCY: usize = 8;
 /// Default batches collated ahead of the consumer.
-pub const DEFAULT_PREFETCH_BATCHES: usize = 4;
+pub const DEFAULT_PREFETCH_BATCHES: usize = 16;
 /// Default size limit of the local cache of remote shards: 64 GiB.
 pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 30;
 /// Default bytes of fetched and decoded row groups held at once.
@@ -348,7 +348,11 @@ impl LoaderBuilder {
         let batch_groups = (self.batch_size as u64).div_ceil(min_group_rows) + 1;
         let needed = (2 * self.window as u64 + batch_groups.saturating_sub(1))
             .min(units.max(2 * self.window as u64));
-        let permits = (self.byte_budget / unit_bytes).min(needed + 2 * decode_threads as u64);
+        // Beyond what must be held: one more window, so decoding runs a window
+        // ahead of the one the shuffle stage assembles instead of idling at
+        // each window boundary (the budget still caps it).
+        let permits = (self.byte_budget / unit_bytes)
+            .min(needed + self.window as u64 + 2 * decode_threads as u64);
         if permits < needed {
             return bad(
                 "byte_budget",
@@ -410,7 +414,6 @@ impl LoaderBuilder {
                 decode_threads,
                 io_concurrency: self.io_concurrency,
                 prefetch_batches: self.prefetch_batches,
-                permits: permits as usize,
                 list_mode: self.list_mode,
                 fixed_width: plans.iter().all(ColumnPlan::is_fixed_width),
                 plans,
@@ -424,6 +427,8 @@ impl LoaderBuilder {
             epoch: self.epoch,
             position: 0,
             running: None,
+            next_pass: None,
+            permits: Arc::new(Semaphore::new(permits as usize)),
             started: None,
         })
     }
@@ -479,7 +484,6 @@ struct Config {
     decode_threads: usize,
     io_concurrency: usize,
     prefetch_batches: usize,
-    permits: usize,
     list_mode: ListMode,
     plans: Vec<ColumnPlan>,
     /// Every projected column is fixed width.
@@ -541,12 +545,17 @@ fn fingerprint(manifest: &Manifest) -> String {
 
 /// A running epoch: the threads and channels of one pass.
 struct Running {
+    epoch: u64,
     output: Receiver<Result<Batch>>,
     cancel: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     fetch_task: tokio::task::JoinHandle<()>,
     next_index: u64,
     batches: u64,
+    /// Set when every segment of the pass has been fetched.
+    fetched_all: Arc<AtomicBool>,
+    /// Disconnected when this pass's collator has finished.
+    collated: Receiver<()>,
 }
 
 impl Running {
@@ -575,6 +584,11 @@ pub struct Loader {
     /// Rows of the current epoch yielded so far (or to start from).
     position: u64,
     running: Option<Running>,
+    /// The next epoch's pass, started (from its beginning) once the current
+    /// pass has fetched everything, so the epoch boundary costs no wait.
+    next_pass: Option<Running>,
+    /// Row groups fetched or decoded but not yet collated, over every pass.
+    permits: Arc<Semaphore>,
     started: Option<Instant>,
 }
 
@@ -609,8 +623,13 @@ impl Loader {
         self.epoch
     }
 
-    /// Move to `epoch`, from its start. Stops a pass in progress.
+    /// Move to `epoch`, from its start. Stops a pass in progress (a pass of
+    /// `epoch` that has not yielded a batch yet, such as the one started ahead
+    /// at the end of the previous epoch, is kept).
     pub fn set_epoch(&mut self, epoch: u64) {
+        if epoch == self.epoch && self.position == 0 {
+            return;
+        }
         self.stop();
         self.epoch = epoch;
         self.position = 0;
@@ -712,13 +731,23 @@ impl Loader {
         if let Some(r) = self.running.take() {
             r.stop();
         }
+        if let Some(r) = self.next_pass.take() {
+            r.stop();
+        }
     }
 
     fn start(&mut self) {
-        let plan = Arc::new(self.plan(self.epoch));
+        let pass = self.launch(self.epoch, self.position, None);
+        self.running = Some(pass);
+    }
+
+    /// Start the pass of `epoch` from row `position`; its collator begins
+    /// once `after` disconnects (the previous pass's collator is done).
+    fn launch(&self, epoch: u64, position: u64, after: Option<Receiver<()>>) -> Running {
+        let plan = Arc::new(self.plan(epoch));
         let config = self.config.clone();
         let cancel = Arc::new(AtomicBool::new(false));
-        let start_position = self.position.min(plan.positions());
+        let start_position = position.min(plan.positions());
         let start_window = if plan.window_count() == 0 || start_position >= plan.positions() {
             plan.window_count()
         } else {
@@ -745,9 +774,11 @@ impl Loader {
         let (output_tx, output_rx) = bounded::<Result<Batch>>(config.prefetch_batches);
 
         let fetch = self.fetch.clone();
-        let semaphore = Arc::new(Semaphore::new(config.permits));
+        let semaphore = self.permits.clone();
         let io_concurrency = config.io_concurrency;
         let counters = self.counters.clone();
+        let fetched_all = Arc::new(AtomicBool::new(false));
+        let fetched_flag = fetched_all.clone();
         let fetch_task = self.runtime.spawn(async move {
             let mut results = futures::stream::iter(segments)
                 .map(|(seq, segment)| {
@@ -763,9 +794,10 @@ impl Loader {
                 let failed = result.is_err();
                 Counters::add(&counters.decode_queue, 1);
                 if fetched_tx.send(result).await.is_err() || failed {
-                    break;
+                    return;
                 }
             }
+            fetched_flag.store(true, Ordering::SeqCst);
         });
 
         let mut threads = Vec::new();
@@ -799,6 +831,7 @@ impl Loader {
                     .expect("spawn the shuffle thread"),
             );
         }
+        let collated;
         {
             let mut collator = Collator {
                 config,
@@ -810,22 +843,40 @@ impl Loader {
                 cancel: cancel.clone(),
                 held: self.held.clone(),
             };
+            let (collated_tx, collated_rx) = bounded::<()>(0);
+            let cancel = cancel.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name("shardfeed-collate".into())
-                    .spawn(move || collator.run(start_position, output_tx))
+                    .spawn(move || {
+                        if let Some(after) = after {
+                            // Slabs go to the previous pass's batches first.
+                            while !cancel.load(Ordering::SeqCst)
+                                && matches!(
+                                    after.recv_timeout(Duration::from_millis(20)),
+                                    Err(RecvTimeoutError::Timeout)
+                                )
+                            {}
+                        }
+                        collator.run(start_position, output_tx);
+                        drop(collated_tx);
+                    })
                     .expect("spawn the collate thread"),
             );
+            collated = collated_rx;
         }
         let batch_size = self.config.batch_size as u64;
-        self.running = Some(Running {
+        Running {
+            epoch,
             output: output_rx,
             cancel,
             threads,
             fetch_task,
             next_index: start_position / batch_size,
             batches: plan.batches(),
-        });
+            fetched_all,
+            collated,
+        }
     }
 }
 
@@ -888,6 +939,15 @@ impl Loader {
         Counters::add_time(&self.counters.wait_ns, waited.elapsed());
         match result {
             Some(Ok(batch)) => {
+                if self.next_pass.is_none()
+                    && let Some(r) = &self.running
+                    && r.fetched_all.load(Ordering::SeqCst)
+                {
+                    // Everything of this epoch is fetched: start fetching and
+                    // decoding the next one (within the same permits).
+                    let after = r.collated.clone();
+                    self.next_pass = Some(self.launch(r.epoch + 1, 0, Some(after)));
+                }
                 let running = self.running.as_mut().expect("running");
                 running.next_index += 1;
                 self.position = (self.position + batch.rows() as u64)
@@ -918,10 +978,14 @@ impl Loader {
                 Some(Err(e))
             }
             None => {
-                // The epoch is over: the next call starts the following one.
-                self.stop();
+                // The epoch is over: the next call continues with the
+                // following one, already under way.
+                if let Some(r) = self.running.take() {
+                    r.stop();
+                }
                 self.epoch += 1;
                 self.position = 0;
+                self.running = self.next_pass.take().filter(|p| p.epoch == self.epoch);
                 None
             }
         }
@@ -929,7 +993,7 @@ impl Loader {
 }
 
 /// A decoded segment, or the error that stopped the pipeline.
-type Decoded = (u64, Result<RecordBatch>, Option<OwnedSemaphorePermit>);
+type Decoded = (u64, Result<Vec<RecordBatch>>, Option<OwnedSemaphorePermit>);
 
 type FetchedRx = Arc<Mutex<tokio::sync::mpsc::Receiver<Result<(Fetched, OwnedSemaphorePermit)>>>>;
 
@@ -979,7 +1043,7 @@ struct Shuffler {
     config: Arc<Config>,
     plan: Arc<EpochPlan>,
     decoded: Receiver<Decoded>,
-    waiting: BTreeMap<u64, (RecordBatch, Option<OwnedSemaphorePermit>)>,
+    waiting: BTreeMap<u64, (Vec<RecordBatch>, Option<OwnedSemaphorePermit>)>,
     counters: Arc<Counters>,
 }
 
@@ -1004,20 +1068,22 @@ impl Shuffler {
         let mut prefix = Vec::with_capacity(count as usize + 1);
         prefix.push(0);
         for seq in first..first + count {
-            let (batch, permit) = loop {
+            let (decoded, permit) = loop {
                 if let Some(found) = self.waiting.remove(&seq) {
                     break found;
                 }
                 match self.decoded.recv() {
                     Ok((_, Err(e), _)) => return Err(e),
-                    Ok((s, Ok(batch), permit)) => {
-                        self.waiting.insert(s, (batch, permit));
+                    Ok((s, Ok(decoded), permit)) => {
+                        self.waiting.insert(s, (decoded, permit));
                     }
                     Err(_) => return Err(LoaderError::Closed),
                 }
             };
-            prefix.push(prefix.last().expect("non-empty") + batch.num_rows() as u64);
-            batches.push(batch);
+            for batch in decoded {
+                prefix.push(prefix.last().expect("non-empty") + batch.num_rows() as u64);
+                batches.push(batch);
+            }
             permits.extend(permit);
         }
         if self.config.shuffle && self.config.fixed_width && window.rows > 0 {
