@@ -552,8 +552,9 @@ struct Running {
     fetch_task: tokio::task::JoinHandle<()>,
     next_index: u64,
     batches: u64,
-    /// Set when every segment of the pass has been fetched.
-    fetched_all: Arc<AtomicBool>,
+    /// Set when the shuffle stage has assembled the pass's last window:
+    /// fetching and decoding are over, only collation remains.
+    assembled_all: Arc<AtomicBool>,
     /// Disconnected when this pass's collator has finished.
     collated: Receiver<()>,
 }
@@ -777,8 +778,6 @@ impl Loader {
         let semaphore = self.permits.clone();
         let io_concurrency = config.io_concurrency;
         let counters = self.counters.clone();
-        let fetched_all = Arc::new(AtomicBool::new(false));
-        let fetched_flag = fetched_all.clone();
         let fetch_task = self.runtime.spawn(async move {
             let mut results = futures::stream::iter(segments)
                 .map(|(seq, segment)| {
@@ -797,7 +796,6 @@ impl Loader {
                     return;
                 }
             }
-            fetched_flag.store(true, Ordering::SeqCst);
         });
 
         let mut threads = Vec::new();
@@ -816,7 +814,9 @@ impl Loader {
         }
         drop(decoded_tx);
         let (windows_tx, windows_rx) = bounded::<Result<LoadedWindow>>(1);
+        let assembled_all = Arc::new(AtomicBool::new(false));
         {
+            let assembled = assembled_all.clone();
             let mut shuffler = Shuffler {
                 config: config.clone(),
                 plan: plan.clone(),
@@ -827,7 +827,7 @@ impl Loader {
             threads.push(
                 std::thread::Builder::new()
                     .name("shardfeed-shuffle".into())
-                    .spawn(move || shuffler.run(start_window, windows_tx))
+                    .spawn(move || shuffler.run(start_window, windows_tx, &assembled))
                     .expect("spawn the shuffle thread"),
             );
         }
@@ -874,7 +874,7 @@ impl Loader {
             fetch_task,
             next_index: start_position / batch_size,
             batches: plan.batches(),
-            fetched_all,
+            assembled_all,
             collated,
         }
     }
@@ -941,10 +941,11 @@ impl Loader {
             Some(Ok(batch)) => {
                 if self.next_pass.is_none()
                     && let Some(r) = &self.running
-                    && r.fetched_all.load(Ordering::SeqCst)
+                    && r.assembled_all.load(Ordering::SeqCst)
                 {
-                    // Everything of this epoch is fetched: start fetching and
-                    // decoding the next one (within the same permits).
+                    // Everything of this epoch is decoded: start fetching and
+                    // decoding the next one while the last window is collated
+                    // (within the same permits), so the boundary costs no wait.
                     let after = r.collated.clone();
                     self.next_pass = Some(self.launch(r.epoch + 1, 0, Some(after)));
                 }
@@ -1048,9 +1049,21 @@ struct Shuffler {
 }
 
 impl Shuffler {
-    fn run(&mut self, first_window: usize, output: Sender<Result<LoadedWindow>>) {
-        for index in first_window..self.plan.window_count() {
+    fn run(
+        &mut self,
+        first_window: usize,
+        output: Sender<Result<LoadedWindow>>,
+        assembled_all: &AtomicBool,
+    ) {
+        let count = self.plan.window_count();
+        if first_window >= count {
+            assembled_all.store(true, Ordering::SeqCst);
+        }
+        for index in first_window..count {
             let result = self.load(index);
+            if index + 1 == count && result.is_ok() {
+                assembled_all.store(true, Ordering::SeqCst);
+            }
             let failed = result.is_err();
             if output.send(result).is_err() || failed {
                 return;
