@@ -28,6 +28,15 @@ use shardfeed_format::{FormatError, Location};
 use shardfeed_loader::{Batch, Loader, LoaderError, LoaderState, PinningMode};
 use shardfeed_preprocess::{InputFormat, PreprocessError, ShardOptions};
 
+/// The extension's own allocations (decoded row groups, slabs) use mimalloc,
+/// keeping freed memory for reuse instead of page-faulting it in again each
+/// row group; Python's objects keep Python's allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc's `purge_delay` option.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
 create_exception!(
     shardfeed,
     ShardfeedError,
@@ -817,6 +826,9 @@ fn verify<'py>(
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Freed memory is reused, never returned: the loader's budgets bound it.
+    // SAFETY: sets an allocator option; valid at any time.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
     m.add_class::<PyLoader>()?;
     m.add_class::<SlabView>()?;
     m.add_function(wrap_pyfunction!(shard, m)?)?;
