@@ -131,3 +131,13 @@ def test_ray_job_with_four_tasks(tmp_path, where, request):
         if where == "local":
             got = shard_tables(out).sort_by("id")
             assert got.equals(expected)
+            if shuffle:
+                # Every shard mixes rows of both inputs (big: ids < 3000, small: the rest).
+                import json as _json
+
+                manifest = _json.loads((Path(out) / "manifest.json").read_text())
+                assert len(manifest["shards"]) >= TASKS
+                for entry in manifest["shards"]:
+                    shard_ids = pq.read_table(Path(out) / entry["path"], columns=["id"]).column("id")
+                    sources = {i >= 3000 for i in shard_ids.to_pylist()}
+                    assert sources == {False, True}, entry["path"]
