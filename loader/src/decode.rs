@@ -52,6 +52,7 @@ fn release_mapped(chunks: &[(u64, Bytes)]) {
 }
 
 /// The byte ranges of a file that were fetched; reads outside them are errors.
+#[derive(Clone)]
 struct SparseFile {
     len: u64,
     chunks: Vec<(u64, Bytes)>,
@@ -161,6 +162,33 @@ pub(crate) fn decode(
         chunks: sorted,
     };
     let rows = meta.num_rows() as usize;
+    let by_levels: Vec<(usize, usize)> = roots
+        .iter()
+        .filter_map(|&root| level_list_leaf(&footer.arrow, root).map(|leaf| (root, leaf)))
+        .collect();
+    if !by_levels.is_empty() {
+        let batch = decode_with_levels(
+            Arc::new(file),
+            &footer.arrow,
+            rg,
+            roots,
+            &by_levels,
+            &decode_err,
+        )?;
+        if mapped {
+            release_mapped(&reader_chunks);
+        }
+        if batch.num_rows() != rows {
+            return Err(LoaderError::Corrupt {
+                shard: entry.path.clone(),
+                row_group: Some(rg),
+                detail: format!("decoded {} rows, the footer says {rows}", batch.num_rows()),
+            });
+        }
+        return Ok(vec![
+            batch.slice(segment.start as usize, segment.rows() as usize),
+        ]);
+    }
     let batch_rows = ((rows as u64 * DECODE_BATCH_BYTES) / projected_bytes.max(1))
         .clamp(1, rows.max(1) as u64) as usize;
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, footer.arrow.clone())
@@ -197,4 +225,147 @@ pub(crate) fn decode(
         });
     }
     Ok(out)
+}
+
+/// The leaf of root column `root` when it is a required list of required
+/// int32 (token ids): one leaf, repetition and definition levels at most 1.
+/// Such columns are decoded by [`decode_with_levels`].
+fn level_list_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<usize> {
+    let descr = arrow.metadata().file_metadata().schema_descr();
+    let mut leaves = (0..descr.num_columns()).filter(|&i| descr.get_column_root_idx(i) == root);
+    let leaf = leaves.next()?;
+    if leaves.next().is_some() {
+        return None;
+    }
+    let column = descr.column(leaf);
+    let field = arrow.schema().fields().get(root)?;
+    let list_of_i32 = matches!(
+        field.data_type(),
+        arrow_schema::DataType::List(item) if item.data_type() == &arrow_schema::DataType::Int32
+    );
+    (list_of_i32
+        && column.physical_type() == parquet::basic::Type::INT32
+        && column.max_rep_level() == 1
+        && column.max_def_level() == 1)
+        .then_some(leaf)
+}
+
+/// Decode row group `rg` with the list columns `by_levels` (root, leaf) read
+/// straight from their levels and values into one exactly-sized buffer each
+/// (parquet's generic list reader grows buffers and walks levels per value
+/// several times); the other projected columns go through the Arrow reader.
+fn decode_with_levels(
+    file: Arc<SparseFile>,
+    arrow: &ArrowReaderMetadata,
+    rg: usize,
+    roots: &[usize],
+    by_levels: &[(usize, usize)],
+    decode_err: &dyn Fn(ParquetError) -> LoaderError,
+) -> Result<RecordBatch> {
+    use parquet::column::reader::ColumnReaderImpl;
+    use parquet::data_type::Int32Type;
+    use parquet::file::serialized_reader::SerializedPageReader;
+
+    let metadata = arrow.metadata();
+    let meta = metadata.row_group(rg);
+    let descr = metadata.file_metadata().schema_descr();
+    let rows = meta.num_rows() as usize;
+    let schema = Arc::new(
+        arrow
+            .schema()
+            .project(roots)
+            .map_err(|e| decode_err(e.into()))?,
+    );
+    let mut columns: Vec<Option<arrow_array::ArrayRef>> = vec![None; roots.len()];
+    for &(root, leaf) in by_levels {
+        let chunk = meta.column(leaf);
+        let pages =
+            SerializedPageReader::new(file.clone(), chunk, rows, None).map_err(decode_err)?;
+        let mut reader = ColumnReaderImpl::<Int32Type>::new(descr.column(leaf), Box::new(pages));
+        let levels = chunk.num_values().max(0) as usize;
+        let mut def: Vec<i16> = Vec::with_capacity(levels);
+        let mut rep: Vec<i16> = Vec::with_capacity(levels);
+        let mut values: Vec<i32> = Vec::with_capacity(levels);
+        let mut records = 0;
+        while records < rows {
+            let (read, _, levels_read) = reader
+                .read_records(rows - records, Some(&mut def), Some(&mut rep), &mut values)
+                .map_err(decode_err)?;
+            if read == 0 && levels_read == 0 {
+                break;
+            }
+            records += read;
+        }
+        let mut offsets: Vec<i32> = Vec::with_capacity(rows + 1);
+        let mut count = 0i32;
+        for (&d, &r) in def.iter().zip(&rep) {
+            if r == 0 {
+                offsets.push(count);
+            }
+            count += i32::from(d == 1);
+        }
+        offsets.push(count);
+        if offsets.len() != rows + 1 || count as usize != values.len() {
+            return Err(decode_err(ParquetError::General(format!(
+                "column {} holds {} rows and {} values for {} levels; the footer says {rows} rows",
+                descr.column(leaf).path(),
+                offsets.len() - 1,
+                values.len(),
+                def.len()
+            ))));
+        }
+        let arrow_schema::DataType::List(item) = arrow.schema().field(root).data_type().clone()
+        else {
+            unreachable!("checked by level_list_leaf");
+        };
+        let list = arrow_array::ListArray::try_new(
+            item,
+            arrow_buffer::OffsetBuffer::new(arrow_buffer::ScalarBuffer::from(offsets)),
+            Arc::new(arrow_array::Int32Array::from(values)),
+            None,
+        )
+        .map_err(|e| decode_err(e.into()))?;
+        let at = roots
+            .iter()
+            .position(|&r| r == root)
+            .expect("a projected root");
+        columns[at] = Some(Arc::new(list));
+    }
+    let others: Vec<usize> = roots
+        .iter()
+        .copied()
+        .filter(|r| !by_levels.iter().any(|(root, _)| root == r))
+        .collect();
+    if !others.is_empty() {
+        let reader =
+            ParquetRecordBatchReaderBuilder::new_with_metadata((*file).clone(), arrow.clone())
+                .with_projection(ProjectionMask::roots(descr, others.iter().copied()))
+                .with_row_groups(vec![rg])
+                .with_batch_size(rows.max(1))
+                .build()
+                .map_err(decode_err)?;
+        let batches = reader
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| decode_err(e.into()))?;
+        let other_schema = Arc::new(
+            arrow
+                .schema()
+                .project(&others)
+                .map_err(|e| decode_err(e.into()))?,
+        );
+        let batch = arrow_select::concat::concat_batches(&other_schema, &batches)
+            .map_err(|e| decode_err(e.into()))?;
+        for (i, root) in others.iter().enumerate() {
+            let at = roots
+                .iter()
+                .position(|r| r == root)
+                .expect("a projected root");
+            columns[at] = Some(batch.column(i).clone());
+        }
+    }
+    let columns = columns
+        .into_iter()
+        .map(|c| c.expect("every column decoded"))
+        .collect();
+    RecordBatch::try_new(schema, columns).map_err(|e| decode_err(e.into()))
 }
