@@ -190,14 +190,63 @@ impl Location {
 
     /// Whether the dataset has a manifest.
     pub async fn has_manifest(&self) -> Result<bool> {
-        match self.store.head(&self.child(MANIFEST_FILE)).await {
+        self.exists(MANIFEST_FILE).await
+    }
+
+    /// Whether the object at `relative` exists: one HEAD.
+    pub async fn exists(&self, relative: &str) -> Result<bool> {
+        match self.store.head(&self.child(relative)).await {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(source) => Err(FormatError::Store {
-                op: "check",
-                url: self.url_of(MANIFEST_FILE),
-                source,
-            }),
+            Err(source) => Err(self.store_error("check", relative, source)),
+        }
+    }
+
+    /// Every object under the folder `relative`.
+    pub async fn list(&self, relative: &str) -> Result<Vec<object_store::ObjectMeta>> {
+        use futures::TryStreamExt;
+        self.store
+            .list(Some(&self.child(relative)))
+            .try_collect()
+            .await
+            .map_err(|source| self.store_error("list", relative, source))
+    }
+
+    /// Write `bytes` to `relative`, replacing what is there.
+    pub async fn put(&self, relative: &str, bytes: Vec<u8>) -> Result<()> {
+        self.store
+            .put(&self.child(relative), PutPayload::from(bytes))
+            .await
+            .map(|_| ())
+            .map_err(|source| self.store_error("write", relative, source))
+    }
+
+    /// Delete the object at `path` (as [`Location::list`] gives it); one
+    /// already gone is not an error.
+    pub async fn delete(&self, path: &Path) -> Result<()> {
+        match self.store.delete(path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(source) => {
+                let relative = path
+                    .as_ref()
+                    .strip_prefix(self.prefix.as_ref())
+                    .unwrap_or(path.as_ref())
+                    .trim_start_matches('/');
+                Err(self.store_error("delete", relative, source))
+            }
+        }
+    }
+
+    fn store_error(
+        &self,
+        op: &'static str,
+        relative: &str,
+        source: object_store::Error,
+    ) -> FormatError {
+        FormatError::Store {
+            op,
+            url: self.url_of(relative),
+            source,
         }
     }
 }

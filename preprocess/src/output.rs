@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
+use object_store::{ObjectStoreExt, WriteMultipart};
 use shardfeed_format::{Location, MANIFEST_FILE, ShardEntry};
 use tokio::runtime::Handle;
 
@@ -23,18 +23,8 @@ pub(crate) fn prepare(location: &Location, overwrite: bool, runtime: &Handle) ->
                 url: location.url().to_string(),
             });
         }
-        match runtime.block_on(location.store().delete(&location.child(MANIFEST_FILE))) {
-            // Another task of a split run removed it first.
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(source) => {
-                return Err(shardfeed_format::FormatError::Store {
-                    op: "delete",
-                    url: location.url_of(MANIFEST_FILE),
-                    source,
-                }
-                .into());
-            }
-        }
+        // (Another task of a split run may have removed it first.)
+        runtime.block_on(location.delete(&location.child(MANIFEST_FILE)))?;
     }
     Ok(())
 }
@@ -89,29 +79,30 @@ pub(crate) fn remove_stale(
         }
         return Ok(());
     }
-    use futures::TryStreamExt;
-    let store = location.store().clone();
-    let prefix = location.child("shards");
-    let listed: Vec<_> = runtime
-        .block_on(store.list(Some(&prefix)).try_collect::<Vec<_>>())
-        .map_err(|source| shardfeed_format::FormatError::Store {
-            op: "list",
-            url: location.url_of("shards"),
-            source,
-        })?;
-    for meta in listed {
+    for meta in runtime.block_on(location.list("shards"))? {
         let name = meta.location.filename().unwrap_or_default().to_string();
         if is_ours(&name) && !keep.contains(format!("shards/{name}").as_str()) {
-            runtime
-                .block_on(store.delete(&meta.location))
-                .map_err(|source| shardfeed_format::FormatError::Store {
-                    op: "delete",
-                    url: location.url_of(&format!("shards/{name}")),
-                    source,
-                })?;
+            runtime.block_on(location.delete(&meta.location))?;
         }
     }
     Ok(())
+}
+
+/// How files reach `location`: renamed into place on a local file system,
+/// uploaded from a local staging folder (in `temp_dir`) to an object store.
+pub(crate) fn publisher(
+    location: &Location,
+    runtime: &Handle,
+    temp_dir: Option<&Path>,
+) -> Result<Box<dyn Publish>> {
+    Ok(match location.local_root() {
+        Some(root) => Box::new(LocalPublish::new(root)?),
+        None => Box::new(StorePublish::new(
+            location.clone(),
+            runtime.clone(),
+            temp_dir,
+        )?),
+    })
 }
 
 /// Shards on the local file system: written beside their final name, renamed

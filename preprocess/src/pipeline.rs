@@ -30,7 +30,7 @@ use shardfeed_format::{
 
 use crate::encode::{EncodedRowGroup, Encoder, writer_properties};
 use crate::input::{self, Inputs, Source};
-use crate::output::{self, LocalPublish, StorePublish};
+use crate::output;
 use crate::writer::{OpenShard, Publish};
 use crate::{PreprocessError, Progress, Result, ShardOptions, remote, shuffle};
 
@@ -176,14 +176,7 @@ pub(crate) fn write_dataset(
     if let Some(progress) = &options.progress {
         progress.start(inputs.estimated_bytes);
     }
-    let publish: Box<dyn Publish> = match location.local_root() {
-        Some(root) => Box::new(LocalPublish::new(root)?),
-        None => Box::new(StorePublish::new(
-            location.clone(),
-            handle.clone(),
-            options.temp_dir.as_deref(),
-        )?),
-    };
+    let publish = output::publisher(location, handle, options.temp_dir.as_deref())?;
     let threads = options.effective_threads();
     let (shards, input_bytes) = run(inputs, options, threads, publish.as_ref())?;
     let task_prefix = options.task.map(|t| format!("task-{:05}-", t.index));

@@ -13,19 +13,15 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 
-use futures::TryStreamExt;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::file::metadata::ParquetMetaDataReader;
 use serde::Serialize;
 use shardfeed_format::{
-    FormatError, Location, MANIFEST_FILE, Manifest, TASKS_DIR, TaskRecord, task_record_path,
+    Location, MANIFEST_FILE, Manifest, TASKS_DIR, TaskRecord, task_record_path,
 };
 
 use crate::input::{InputFormat, Inputs, Source};
 use crate::options::{TaskSplit, TaskStage};
-use crate::output::{LocalPublish, StorePublish};
 use crate::pipeline::{ShardSummary, write_dataset};
-use crate::writer::Publish;
 use crate::{PreprocessError, Result, ShardOptions, output, shuffle};
 
 /// Folder (under the dataset) of the rows scattered between shuffled tasks.
@@ -55,10 +51,8 @@ pub(crate) fn shuffled(
     handle: &tokio::runtime::Handle,
     started: std::time::Instant,
 ) -> Result<ShardSummary> {
-    let scattered = handle.block_on(exists(
-        location,
-        &scatter_record_path(task.index, task.count),
-    ))?;
+    let scattered =
+        handle.block_on(location.exists(&scatter_record_path(task.index, task.count)))?;
     let mut rows_scattered = 0;
     if options.stage == TaskStage::Scatter || (options.stage == TaskStage::Both && !scattered) {
         rows_scattered = scatter(inputs, location, options, task, seed, handle)?;
@@ -90,14 +84,6 @@ pub(crate) fn shuffled(
     ]));
     local.recorded_seed = Some(seed);
     write_dataset(&gathered, location, &local, handle, started)
-}
-
-async fn exists(location: &Location, relative: &str) -> Result<bool> {
-    match location.store().head(&location.child(relative)).await {
-        Ok(_) => Ok(true),
-        Err(object_store::Error::NotFound { .. }) => Ok(false),
-        Err(e) => Err(store_error("check", location.url_of(relative), e)),
-    }
 }
 
 /// Scatter this task's rows; returns how many.
@@ -144,14 +130,7 @@ fn scatter(
         temp.as_deref(),
     )?;
     let (_dir, files) = spilled.into_files();
-    let publish: Box<dyn Publish> = match location.local_root() {
-        Some(root) => Box::new(LocalPublish::new(root)?),
-        None => Box::new(StorePublish::new(
-            location.clone(),
-            handle.clone(),
-            options.temp_dir.as_deref(),
-        )?),
-    };
+    let publish = output::publisher(location, handle, options.temp_dir.as_deref())?;
     for (to, path) in files.iter().enumerate() {
         if path.exists() {
             publish.publish(path, &scatter_file(to, task.index))?;
@@ -162,13 +141,10 @@ fn scatter(
         "num_tasks": task.count,
         "rows": rows,
     });
-    let relative = scatter_record_path(task.index, task.count);
-    handle
-        .block_on(location.store().put(
-            &location.child(&relative),
-            PutPayload::from(serde_json::to_vec_pretty(&record).expect("json")),
-        ))
-        .map_err(|e| store_error("write", location.url_of(&relative), e))?;
+    handle.block_on(location.put(
+        &scatter_record_path(task.index, task.count),
+        serde_json::to_vec_pretty(&record).expect("a scatter record always serializes"),
+    ))?;
     Ok(rows)
 }
 
@@ -183,7 +159,7 @@ fn wait_for_scatter(
     let deadline = std::time::Instant::now() + options.wait_timeout;
     loop {
         let names: std::collections::HashSet<String> = handle
-            .block_on(list(location, TASKS_DIR))?
+            .block_on(location.list(TASKS_DIR))?
             .into_iter()
             .map(|m| format!("{TASKS_DIR}/{}", m.location.filename().unwrap_or_default()))
             .collect();
@@ -353,20 +329,11 @@ pub(crate) fn split(sources: Vec<Source>, task: TaskSplit) -> Result<Vec<Source>
     Ok(mine)
 }
 
-fn store_error(op: &'static str, url: String, source: object_store::Error) -> PreprocessError {
-    PreprocessError::Format(FormatError::Store { op, url, source })
-}
-
 /// Write this task's record (after its shards).
 pub(crate) async fn write_record(location: &Location, record: &TaskRecord) -> Result<()> {
     let relative = task_record_path(record.task_index, record.num_tasks);
     let body = serde_json::to_vec_pretty(record).expect("a task record always serializes");
-    location
-        .store()
-        .put(&location.child(&relative), PutPayload::from(body))
-        .await
-        .map_err(|e| store_error("write", location.url_of(&relative), e))?;
-    Ok(())
+    Ok(location.put(&relative, body).await?)
 }
 
 /// What `commit` did.
@@ -403,15 +370,6 @@ pub fn commit(output: &str, storage_options: &[(String, String)]) -> Result<Comm
     Ok(summary)
 }
 
-async fn list(location: &Location, dir: &str) -> Result<Vec<object_store::ObjectMeta>> {
-    location
-        .store()
-        .list(Some(&location.child(dir)))
-        .try_collect()
-        .await
-        .map_err(|e| store_error("list", location.url_of(dir), e))
-}
-
 async fn commit_at(
     location: &Location,
 ) -> Result<(CommitSummary, Vec<shardfeed_format::ShardEntry>)> {
@@ -421,7 +379,7 @@ async fn commit_at(
     };
     // Records, keyed by run size then task.
     let mut runs: BTreeMap<usize, BTreeMap<usize, TaskRecord>> = BTreeMap::new();
-    for meta in list(location, TASKS_DIR).await? {
+    for meta in location.list(TASKS_DIR).await? {
         let name = meta.location.filename().unwrap_or_default().to_string();
         let Some((index, count)) = parse_record_name(&name) else {
             continue;
@@ -484,7 +442,8 @@ async fn commit_at(
         }
     }
     // Every listed shard is in place, with the size its task recorded.
-    let present: HashMap<String, u64> = list(location, "shards")
+    let present: HashMap<String, u64> = location
+        .list("shards")
         .await?
         .into_iter()
         .map(|m| {
@@ -552,17 +511,14 @@ async fn commit_at(
 
 /// Delete the rows scattered between shuffled tasks, once committed.
 async fn remove_scatter(location: &Location) -> Result<()> {
-    let mut doomed = list(location, SCATTER_DIR).await?;
-    doomed.extend(list(location, TASKS_DIR).await?.into_iter().filter(|m| {
+    let mut doomed = location.list(SCATTER_DIR).await?;
+    doomed.extend(location.list(TASKS_DIR).await?.into_iter().filter(|m| {
         m.location
             .filename()
             .is_some_and(|n| n.starts_with("scatter-"))
     }));
     for meta in doomed {
-        match location.store().delete(&meta.location).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(store_error("delete", meta.location.to_string(), e)),
-        }
+        location.delete(&meta.location).await?;
     }
     if let Some(root) = location.local_root() {
         let _ = std::fs::remove_dir_all(root.join(SCATTER_DIR));
