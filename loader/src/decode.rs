@@ -166,43 +166,25 @@ pub(crate) fn decode(
         .iter()
         .filter_map(|&root| level_list_leaf(&footer.arrow, root).map(|leaf| (root, leaf)))
         .collect();
-    if !by_levels.is_empty() {
-        let batch = decode_with_levels(
+    let decoded = if by_levels.is_empty() {
+        let batch_rows = ((rows as u64 * DECODE_BATCH_BYTES) / projected_bytes.max(1))
+            .clamp(1, rows.max(1) as u64) as usize;
+        arrow_batches(file, &footer.arrow, mask, rg, batch_rows).map_err(decode_err)?
+    } else {
+        vec![decode_with_levels(
             Arc::new(file),
             &footer.arrow,
             rg,
             roots,
             &by_levels,
             &decode_err,
-        )?;
-        if mapped {
-            release_mapped(&reader_chunks);
-        }
-        if batch.num_rows() != rows {
-            return Err(LoaderError::Corrupt {
-                shard: entry.path.clone(),
-                row_group: Some(rg),
-                detail: format!("decoded {} rows, the footer says {rows}", batch.num_rows()),
-            });
-        }
-        return Ok(vec![
-            batch.slice(segment.start as usize, segment.rows() as usize),
-        ]);
-    }
-    let batch_rows = ((rows as u64 * DECODE_BATCH_BYTES) / projected_bytes.max(1))
-        .clamp(1, rows.max(1) as u64) as usize;
-    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, footer.arrow.clone())
-        .with_projection(mask)
-        .with_row_groups(vec![rg])
-        .with_batch_size(batch_rows)
-        .build()
-        .map_err(decode_err)?;
+        )?]
+    };
     // Keep the segment's rows [start, end) of the row group.
     let (start, end) = (segment.start as usize, segment.end as usize);
     let mut out = Vec::new();
     let mut at = 0usize;
-    for batch in reader {
-        let batch = batch.map_err(|e| decode_err(e.into()))?;
+    for batch in decoded {
         let n = batch.num_rows();
         let (lo, hi) = (start.max(at), end.min(at + n));
         if lo < hi {
@@ -225,6 +207,24 @@ pub(crate) fn decode(
         });
     }
     Ok(out)
+}
+
+/// Row group `rg`'s `mask` columns through parquet's Arrow reader, in
+/// batches of `batch_rows` rows.
+fn arrow_batches(
+    file: SparseFile,
+    arrow: &ArrowReaderMetadata,
+    mask: ProjectionMask,
+    rg: usize,
+    batch_rows: usize,
+) -> parquet::errors::Result<Vec<RecordBatch>> {
+    ParquetRecordBatchReaderBuilder::new_with_metadata(file, arrow.clone())
+        .with_projection(mask)
+        .with_row_groups(vec![rg])
+        .with_batch_size(batch_rows.max(1))
+        .build()?
+        .map(|b| b.map_err(ParquetError::from))
+        .collect()
 }
 
 /// The leaf of root column `root` when it is a required list of required
@@ -337,16 +337,8 @@ fn decode_with_levels(
         .filter(|r| !by_levels.iter().any(|(root, _)| root == r))
         .collect();
     if !others.is_empty() {
-        let reader =
-            ParquetRecordBatchReaderBuilder::new_with_metadata((*file).clone(), arrow.clone())
-                .with_projection(ProjectionMask::roots(descr, others.iter().copied()))
-                .with_row_groups(vec![rg])
-                .with_batch_size(rows.max(1))
-                .build()
-                .map_err(decode_err)?;
-        let batches = reader
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| decode_err(e.into()))?;
+        let mask = ProjectionMask::roots(descr, others.iter().copied());
+        let batches = arrow_batches((*file).clone(), arrow, mask, rg, rows).map_err(decode_err)?;
         let other_schema = Arc::new(
             arrow
                 .schema()
