@@ -113,16 +113,11 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         builder = builder.storage_option(key, value);
     }
     if args.inject_latency_ms.is_some() || args.inject_failure_rate.is_some() {
-        let location = shardfeed_format::Location::parse_with_options(
-            &args.dataset,
-            args.storage_options.iter().cloned(),
-        )?;
-        let faults = FaultConfig {
+        builder = builder.inject_faults(FaultConfig {
             transient_rate: args.inject_failure_rate.unwrap_or(0.0),
             latency: Duration::from_secs_f64(args.inject_latency_ms.unwrap_or(0.0) / 1000.0),
             ..FaultConfig::default()
-        };
-        builder = builder.location(location.with_faults(faults));
+        });
     }
     let mut builder = builder
         .batch_size(args.batch_size)

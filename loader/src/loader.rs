@@ -10,6 +10,7 @@ use arrow_array::RecordBatch;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
+use shardfeed_format::fault::FaultConfig;
 use shardfeed_format::{Location, Manifest, RetryPolicy};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -79,6 +80,7 @@ pub struct LoaderBuilder {
     retry: RetryPolicy,
     cache_dir: Option<std::path::PathBuf>,
     cache_limit: u64,
+    faults: Option<FaultConfig>,
 }
 
 fn env_u64(name: &str) -> Result<Option<u64>> {
@@ -121,12 +123,20 @@ impl LoaderBuilder {
             retry: RetryPolicy::default(),
             cache_dir: None,
             cache_limit: DEFAULT_CACHE_LIMIT,
+            faults: None,
         }
     }
 
     /// Read from an already resolved location (e.g. an in-memory store in tests).
     pub fn location(mut self, location: Location) -> Self {
         self.location = Some(location);
+        self
+    }
+    /// Read the dataset through a [`FaultyStore`](shardfeed_format::fault::FaultyStore)
+    /// injecting `faults` (latency, transient failures), as a remote store:
+    /// for tests and benchmarks of remote behaviour.
+    pub fn inject_faults(mut self, faults: FaultConfig) -> Self {
+        self.faults = Some(faults);
         self
     }
     /// An option for the object store's builder (credentials, endpoint, ...).
@@ -282,10 +292,13 @@ impl LoaderBuilder {
         } else {
             self.decode_threads
         };
-        let location = match &self.location {
+        let mut location = match &self.location {
             Some(l) => l.clone(),
             None => Location::parse_with_options(&self.url, self.storage_options.iter().cloned())?,
         };
+        if let Some(faults) = &self.faults {
+            location = location.with_faults(faults.clone());
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(self.io_threads)
             .thread_name("shardfeed-io")
@@ -586,7 +599,7 @@ pub struct Loader {
     position: u64,
     running: Option<Running>,
     /// The next epoch's pass, started (from its beginning) once the current
-    /// pass has fetched everything, so the epoch boundary costs no wait.
+    /// pass's last window is assembled, so the epoch boundary costs no wait.
     next_pass: Option<Running>,
     /// Row groups fetched or decoded but not yet collated, over every pass.
     permits: Arc<Semaphore>,

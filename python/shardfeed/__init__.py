@@ -33,7 +33,6 @@ from ._native import (
     commit,
     inspect,
     shard,
-    shard_task,
     verify,
 )
 
@@ -50,6 +49,25 @@ __all__ = [
     "verify",
     "rows",
 ]
+
+
+def shard_task(
+    inputs: str | list[str],
+    output: str,
+    task_index: int,
+    num_tasks: int,
+    **options: Any,
+) -> dict[str, Any]:
+    """Run task ``task_index`` of ``num_tasks`` of a split shard run.
+
+    As ``shardfeed shard --num-tasks N --task-index I``: shards a deterministic
+    part of the inputs and writes a task record; call :func:`commit` once every
+    task has finished. ``options`` are :func:`shard`'s. With ``shuffle=True``
+    the tasks exchange rows through the output store: ``stage="both"`` (the
+    default) needs every task running at once; otherwise run ``"scatter"`` on
+    all tasks, then ``"gather"`` on all. Re-running a task is idempotent.
+    """
+    return shard(inputs, output, task_index=task_index, num_tasks=num_tasks, **options)
 
 
 def strings(batch: dict[str, np.ndarray], column: str, encoding: str | None = "utf-8") -> list[Any]:

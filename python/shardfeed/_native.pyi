@@ -103,34 +103,14 @@ def shard(
     format: str | None = None,
     storage_options: dict[str, str] | Sequence[tuple[str, str]] | None = None,
     temp_dir: str | PathLike[str] | None = None,
-) -> dict[str, Any]:
-    """Shard inputs into a dataset; returns the summary ``shardfeed shard --json`` prints."""
-
-def shard_task(
-    inputs: str | Sequence[str],
-    output: str,
-    task_index: int,
-    num_tasks: int,
-    *,
-    shard_size: Size | None = None,
-    row_group_rows: int | None = None,
-    row_group_size: Size | None = None,
-    zstd_level: int | None = None,
-    shuffle: bool = False,
-    seed: int = 0,
-    memory_budget: Size | None = None,
-    threads: int = 0,
-    overwrite: bool = False,
-    format: str | None = None,
-    storage_options: dict[str, str] | Sequence[tuple[str, str]] | None = None,
-    temp_dir: str | PathLike[str] | None = None,
+    task_index: int | None = None,
+    num_tasks: int | None = None,
     stage: str = "both",
     wait_timeout: float = 3600.0,
 ) -> dict[str, Any]:
-    """Task ``task_index`` of ``num_tasks`` of a split shard run; ``commit`` writes the manifest.
+    """Shard inputs into a dataset; returns the summary ``shardfeed shard --json`` prints.
 
-    With ``shuffle=True`` tasks exchange rows through the output store: ``stage="both"``
-    needs all tasks running at once; else run ``"scatter"`` on all, then ``"gather"``.
+    With ``task_index`` and ``num_tasks``: that task of a split run (see ``shard_task``).
     """
 
 def commit(output: str, *, storage_options: dict[str, str] | None = None) -> dict[str, Any]:

@@ -25,7 +25,7 @@ use pyo3::types::{PyDict, PyTuple};
 use shardfeed_format::fault::FaultConfig;
 use shardfeed_format::size::parse_size;
 use shardfeed_format::{FormatError, Location};
-use shardfeed_loader::{Batch, Loader, LoaderError, LoaderState, PinningMode};
+use shardfeed_loader::{Batch, Loader, LoaderBuilder, LoaderError, LoaderState};
 use shardfeed_preprocess::{InputFormat, PreprocessError, ShardOptions};
 
 /// The extension's own allocations (decoded row groups, slabs) use mimalloc,
@@ -177,86 +177,6 @@ fn storage_pairs(options: Option<StorageOptions>) -> Vec<(String, String)> {
     }
 }
 
-/// Everything `Loader(...)` was given, kept to rebuild the loader in a forked child.
-#[derive(Clone)]
-struct LoaderOptions {
-    url: String,
-    batch_size: usize,
-    columns: Option<Vec<String>>,
-    shuffle: bool,
-    seed: u64,
-    epoch: u64,
-    rank: Option<u64>,
-    world_size: Option<u64>,
-    drop_last: bool,
-    pad_to: Option<usize>,
-    pad_value: f64,
-    prefetch: Option<usize>,
-    threads: Option<usize>,
-    storage_options: Vec<(String, String)>,
-    cache_dir: Option<PathBuf>,
-    cache_limit: Option<u64>,
-    window: Option<usize>,
-    byte_budget: Option<u64>,
-    pinning: PinningMode,
-    io_concurrency: Option<usize>,
-    faults: Option<FaultConfig>,
-}
-
-impl LoaderOptions {
-    fn build(&self) -> Result<Loader, LoaderError> {
-        let mut b = Loader::builder(&self.url);
-        if let Some(faults) = &self.faults {
-            let location = Location::parse_with_options(&self.url, self.storage_options.clone())?;
-            b = b.location(location.with_faults(faults.clone()));
-        }
-        let mut b = b
-            .batch_size(self.batch_size)
-            .shuffle(self.shuffle)
-            .seed(self.seed)
-            .epoch(self.epoch)
-            .drop_last(self.drop_last)
-            .pinning(self.pinning);
-        if let Some(columns) = &self.columns {
-            b = b.columns(columns.iter().cloned());
-        }
-        if let Some(rank) = self.rank {
-            b = b.rank(rank);
-        }
-        if let Some(world_size) = self.world_size {
-            b = b.world_size(world_size);
-        }
-        if let Some(n) = self.pad_to {
-            b = b.pad_to(n, self.pad_value);
-        }
-        if let Some(n) = self.prefetch {
-            b = b.prefetch(n);
-        }
-        if let Some(n) = self.threads {
-            b = b.decode_threads(n);
-        }
-        for (k, v) in &self.storage_options {
-            b = b.storage_option(k, v);
-        }
-        if let Some(dir) = &self.cache_dir {
-            b = b.cache_dir(dir);
-        }
-        if let Some(n) = self.cache_limit {
-            b = b.cache_limit(n);
-        }
-        if let Some(n) = self.window {
-            b = b.window(n);
-        }
-        if let Some(n) = self.byte_budget {
-            b = b.byte_budget(n);
-        }
-        if let Some(n) = self.io_concurrency {
-            b = b.io_concurrency(n);
-        }
-        b.build()
-    }
-}
-
 struct Inner {
     loader: Option<Loader>,
     closed: bool,
@@ -268,7 +188,9 @@ struct Inner {
 /// iteration continues with the following epoch unless `set_epoch` is called.
 #[pyclass(name = "Loader", module = "shardfeed._native", frozen)]
 struct PyLoader {
-    options: LoaderOptions,
+    /// Everything `Loader(...)` was given, kept to rebuild the loader in a
+    /// forked child.
+    builder: LoaderBuilder,
     /// The process that built `inner`'s threads; another pid means we are a
     /// forked child whose copy of the loader has no threads.
     pid: AtomicU32,
@@ -291,7 +213,7 @@ impl PyLoader {
                 // join or drop them here. Continue where the parent was.
                 let state = old.state();
                 std::mem::forget(old);
-                let mut fresh = self.options.build().map_err(loader_error)?;
+                let mut fresh = self.builder.clone().build().map_err(loader_error)?;
                 fresh.resume(&state).map_err(loader_error)?;
                 inner.loader = Some(fresh);
             }
@@ -359,40 +281,64 @@ impl PyLoader {
         inject_latency_ms: Option<f64>,
         inject_failure_rate: Option<f64>,
     ) -> PyResult<Self> {
-        let faults =
-            (inject_latency_ms.is_some() || inject_failure_rate.is_some()).then(|| FaultConfig {
+        let mut b = Loader::builder(&url)
+            .batch_size(batch_size)
+            .shuffle(shuffle)
+            .seed(seed)
+            .epoch(epoch)
+            .drop_last(drop_last)
+            .pinning(pinning.parse().map_err(loader_error)?);
+        if let Some(columns) = columns {
+            b = b.columns(columns);
+        }
+        if let Some(rank) = rank {
+            b = b.rank(rank);
+        }
+        if let Some(world_size) = world_size {
+            b = b.world_size(world_size);
+        }
+        if let Some(n) = pad_to {
+            b = b.pad_to(n, pad_value);
+        }
+        if let Some(n) = prefetch {
+            b = b.prefetch(n);
+        }
+        if let Some(n) = threads {
+            b = b.decode_threads(n);
+        }
+        for (k, v) in storage_pairs(storage_options) {
+            b = b.storage_option(k, v);
+        }
+        if let Some(dir) = cache_dir {
+            b = b.cache_dir(dir);
+        }
+        if let Some(limit) = cache_limit {
+            b = b.cache_limit(limit.bytes("cache_limit")?);
+        }
+        if let Some(n) = window {
+            b = b.window(n);
+        }
+        if let Some(budget) = byte_budget {
+            b = b.byte_budget(budget.bytes("byte_budget")?);
+        }
+        if let Some(n) = io_concurrency {
+            b = b.io_concurrency(n);
+        }
+        if inject_latency_ms.is_some() || inject_failure_rate.is_some() {
+            b = b.inject_faults(FaultConfig {
                 transient_rate: inject_failure_rate.unwrap_or(0.0),
                 latency: std::time::Duration::from_secs_f64(
                     inject_latency_ms.unwrap_or(0.0).max(0.0) / 1000.0,
                 ),
                 ..FaultConfig::default()
             });
-        let options = LoaderOptions {
-            url,
-            batch_size,
-            columns,
-            shuffle,
-            seed,
-            epoch,
-            rank,
-            world_size,
-            drop_last,
-            pad_to,
-            pad_value,
-            prefetch,
-            threads,
-            storage_options: storage_pairs(storage_options),
-            cache_dir,
-            cache_limit: cache_limit.map(|s| s.bytes("cache_limit")).transpose()?,
-            window,
-            byte_budget: byte_budget.map(|s| s.bytes("byte_budget")).transpose()?,
-            pinning: pinning.parse().map_err(loader_error)?,
-            io_concurrency,
-            faults,
-        };
-        let loader = py.detach(|| options.build()).map_err(loader_error)?;
+        }
+        let builder = b;
+        let loader = py
+            .detach(|| builder.clone().build())
+            .map_err(loader_error)?;
         Ok(PyLoader {
-            options,
+            builder,
             pid: AtomicU32::new(std::process::id()),
             inner: Mutex::new(Inner {
                 loader: Some(loader),
@@ -583,12 +529,15 @@ fn batch_dict(py: Python<'_>, batch: Batch) -> PyResult<Bound<'_, PyDict>> {
 }
 
 /// Shard `inputs` (paths, folders, globs or URLs) into a dataset at `output`;
-/// returns the summary `shardfeed shard --json` prints.
+/// returns the summary `shardfeed shard --json` prints. With `task_index` and
+/// `num_tasks`, run that task of a split run (`shard --num-tasks N
+/// --task-index I`; see `shardfeed.shard_task`).
 #[pyfunction]
 #[pyo3(signature = (
     inputs, output, *, shard_size=None, row_group_rows=None, row_group_size=None,
     zstd_level=None, shuffle=false, seed=0, memory_budget=None, threads=0, overwrite=false,
-    format=None, storage_options=None, temp_dir=None,
+    format=None, storage_options=None, temp_dir=None, task_index=None, num_tasks=None,
+    stage="both", wait_timeout=3600.0,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn shard<'py>(
@@ -607,79 +556,64 @@ fn shard<'py>(
     format: Option<String>,
     storage_options: Option<StorageOptions>,
     temp_dir: Option<PathBuf>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let options = ShardArgs {
-        shard_size,
-        row_group_rows,
-        row_group_size,
-        zstd_level,
-        shuffle,
-        seed,
-        memory_budget,
-        threads,
-        overwrite,
-        format,
-        storage_options,
-        temp_dir,
-    }
-    .options()?;
-    run_shard(py, inputs, output, options)
-}
-
-/// Run task `task_index` of `num_tasks` of a split `shard` (as `shardfeed
-/// shard --num-tasks N --task-index I`): shards a deterministic part of the
-/// inputs and writes a task record; call `commit(output)` once all finished.
-/// With `shuffle=True` the tasks exchange rows through the output store
-/// (`stage="both"` needs every task running at once; or run `"scatter"` on
-/// all, then `"gather"` on all). Re-running a task is idempotent.
-#[pyfunction]
-#[pyo3(signature = (
-    inputs, output, task_index, num_tasks, *, shard_size=None, row_group_rows=None,
-    row_group_size=None, zstd_level=None, shuffle=false, seed=0, memory_budget=None, threads=0,
-    overwrite=false, format=None, storage_options=None, temp_dir=None, stage="both",
-    wait_timeout=3600.0,
-))]
-#[allow(clippy::too_many_arguments)]
-fn shard_task<'py>(
-    py: Python<'py>,
-    inputs: Inputs,
-    output: String,
-    task_index: usize,
-    num_tasks: usize,
-    shard_size: Option<Size>,
-    row_group_rows: Option<u64>,
-    row_group_size: Option<Size>,
-    zstd_level: Option<i32>,
-    shuffle: bool,
-    seed: u64,
-    memory_budget: Option<Size>,
-    threads: usize,
-    overwrite: bool,
-    format: Option<String>,
-    storage_options: Option<StorageOptions>,
-    temp_dir: Option<PathBuf>,
+    task_index: Option<usize>,
+    num_tasks: Option<usize>,
     stage: &str,
     wait_timeout: f64,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let options = ShardArgs {
-        shard_size,
-        row_group_rows,
-        row_group_size,
-        zstd_level,
-        shuffle,
-        seed,
-        memory_budget,
-        threads,
-        overwrite,
-        format,
-        storage_options,
-        temp_dir,
+    let inputs = match inputs {
+        Inputs::One(s) => vec![s],
+        Inputs::Many(v) => v,
+    };
+    let mut options = ShardOptions::default()
+        .with_threads(threads)
+        .with_overwrite(overwrite);
+    if let Some(s) = shard_size {
+        options = options.with_shard_size(s.bytes("shard_size")?);
     }
-    .options()?
-    .with_task(task_index, num_tasks)
-    .with_stage(stage.parse().map_err(preprocess_error)?)
-    .with_wait_timeout(std::time::Duration::from_secs_f64(wait_timeout.max(0.0)));
-    run_shard(py, inputs, output, options)
+    if let Some(rows) = row_group_rows {
+        options = options.with_row_group_rows(rows);
+    }
+    if let Some(s) = row_group_size {
+        options = options.with_row_group_bytes(s.bytes("row_group_size")?);
+    }
+    if let Some(level) = zstd_level {
+        options = options.with_zstd_level(level);
+    }
+    if shuffle {
+        options = options.with_shuffle(seed);
+    }
+    if let Some(s) = memory_budget {
+        options = options.with_memory_budget(s.bytes("memory_budget")?);
+    }
+    if let Some(f) = format {
+        options = options.with_format(f.parse::<InputFormat>().map_err(preprocess_error)?);
+    }
+    if let Some(dir) = temp_dir {
+        options = options.with_temp_dir(dir);
+    }
+    for (k, v) in storage_pairs(storage_options) {
+        options = options.with_storage_option(k, v);
+    }
+    match (task_index, num_tasks) {
+        (Some(index), Some(count)) => {
+            options = options
+                .with_task(index, count)
+                .with_stage(stage.parse().map_err(preprocess_error)?)
+                .with_wait_timeout(std::time::Duration::from_secs_f64(wait_timeout.max(0.0)));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(bad_option(
+                "task_index",
+                "give both task_index and num_tasks",
+            ));
+        }
+    }
+    let summary = py
+        .detach(|| shardfeed_preprocess::shard(&inputs, &output, &options))
+        .map_err(preprocess_error)?;
+    to_python(py, &summary)
 }
 
 /// Write the manifest of a split run once every task has finished; raises
@@ -694,88 +628,6 @@ fn commit<'py>(
     let options = storage_pairs(storage_options);
     let summary = py
         .detach(|| shardfeed_preprocess::commit(&output, &options))
-        .map_err(preprocess_error)?;
-    to_python(py, &summary)
-}
-
-/// `shard`'s keyword options.
-struct ShardArgs {
-    shard_size: Option<Size>,
-    row_group_rows: Option<u64>,
-    row_group_size: Option<Size>,
-    zstd_level: Option<i32>,
-    shuffle: bool,
-    seed: u64,
-    memory_budget: Option<Size>,
-    threads: usize,
-    overwrite: bool,
-    format: Option<String>,
-    storage_options: Option<StorageOptions>,
-    temp_dir: Option<PathBuf>,
-}
-
-impl ShardArgs {
-    fn options(self) -> PyResult<ShardOptions> {
-        let ShardArgs {
-            shard_size,
-            row_group_rows,
-            row_group_size,
-            zstd_level,
-            shuffle,
-            seed,
-            memory_budget,
-            threads,
-            overwrite,
-            format,
-            storage_options,
-            temp_dir,
-        } = self;
-        let mut options = ShardOptions::default()
-            .with_threads(threads)
-            .with_overwrite(overwrite);
-        if let Some(s) = shard_size {
-            options = options.with_shard_size(s.bytes("shard_size")?);
-        }
-        if let Some(rows) = row_group_rows {
-            options = options.with_row_group_rows(rows);
-        }
-        if let Some(s) = row_group_size {
-            options = options.with_row_group_bytes(s.bytes("row_group_size")?);
-        }
-        if let Some(level) = zstd_level {
-            options = options.with_zstd_level(level);
-        }
-        if shuffle {
-            options = options.with_shuffle(seed);
-        }
-        if let Some(s) = memory_budget {
-            options = options.with_memory_budget(s.bytes("memory_budget")?);
-        }
-        if let Some(f) = format {
-            options = options.with_format(f.parse::<InputFormat>().map_err(preprocess_error)?);
-        }
-        if let Some(dir) = temp_dir {
-            options = options.with_temp_dir(dir);
-        }
-        for (k, v) in storage_pairs(storage_options) {
-            options = options.with_storage_option(k, v);
-        }
-        Ok(options)
-    }
-}
-
-fn run_shard<'py>(
-    py: Python<'py>,
-    inputs: Inputs,
-    output: String,
-    options: ShardOptions,
-) -> PyResult<Bound<'py, PyAny>> {
-    let inputs = match inputs {
-        Inputs::One(s) => vec![s],
-        Inputs::Many(v) => v,
-    };
-    let summary = py
-        .detach(|| shardfeed_preprocess::shard(&inputs, &output, &options))
         .map_err(preprocess_error)?;
     to_python(py, &summary)
 }
@@ -832,7 +684,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoader>()?;
     m.add_class::<SlabView>()?;
     m.add_function(wrap_pyfunction!(shard, m)?)?;
-    m.add_function(wrap_pyfunction!(shard_task, m)?)?;
     m.add_function(wrap_pyfunction!(commit, m)?)?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
