@@ -17,6 +17,14 @@ fn shard_args(inputs: &[String], out: &Path, extra: &[&str]) -> Vec<String> {
     args
 }
 
+/// Task `index` of 4 of a split run: `shard_args` plus the split options.
+fn task_args(inputs: &[String], out: &Path, extra: &[&str], index: usize) -> Vec<String> {
+    let mut args = shard_args(inputs, out, extra);
+    args.extend(["--num-tasks", "4", "--task-index"].map(String::from));
+    args.push(index.to_string());
+    args
+}
+
 /// Shard `inputs` into `out` with small shards and row groups so that every
 /// run exercises several of each.
 fn shard_small(inputs: &[String], out: &Path, extra: &[&str]) -> Run {
@@ -621,9 +629,7 @@ fn split_runs_commit_to_the_same_rows_and_refuse_while_a_task_is_missing() {
 
     let split = tmp.path().join("split");
     let task = |i: usize| {
-        let mut args = shard_args(&inputs, &split, &extra);
-        args.extend(["--num-tasks", "4", "--task-index"].map(String::from));
-        args.push(i.to_string());
+        let mut args = task_args(&inputs, &split, &extra, i);
         args.push("--json".into());
         args
     };
@@ -715,8 +721,7 @@ fn split_runs_commit_to_the_same_rows_and_refuse_while_a_task_is_missing() {
     }
 
     // Bad splits are refused naming the option.
-    let mut bad = shard_args(&inputs, &tmp.path().join("x"), &[]);
-    bad.extend(["--num-tasks", "4", "--task-index", "4"].map(String::from));
+    let bad = task_args(&inputs, &tmp.path().join("x"), &[], 4);
     let err = shardfeed(&bad).failure();
     assert!(err.stderr.contains("--task-index"), "{}", err.stderr);
 }
@@ -734,27 +739,23 @@ fn shuffled_split_runs_give_one_permutation_mixing_every_input() {
     );
     let per_file = rows as i64 / 4;
     let out = tmp.path().join("ds");
-    let task_args = |i: usize, stage: &str| {
-        let mut args = shard_args(
-            &inputs,
-            &out,
-            &[
-                "--shard-size",
-                "64KiB",
-                "--row-group-rows",
-                "250",
-                "--shuffle",
-                "--seed",
-                "3",
-            ],
-        );
-        args.extend(["--num-tasks", "4", "--stage", stage, "--task-index"].map(String::from));
-        args.push(i.to_string());
-        args
+    let stage_args = |i: usize, stage: &str| {
+        let shuffle = [
+            "--shard-size",
+            "64KiB",
+            "--row-group-rows",
+            "250",
+            "--shuffle",
+            "--seed",
+            "3",
+            "--stage",
+            stage,
+        ];
+        task_args(&inputs, &out, &shuffle, i)
     };
     // Gathering before every task scattered is refused, naming the missing ones.
-    shardfeed(&task_args(0, "scatter")).success();
-    let refused = shardfeed(&task_args(0, "gather")).failure();
+    shardfeed(&stage_args(0, "scatter")).success();
+    let refused = shardfeed(&stage_args(0, "gather")).failure();
     assert!(
         refused.stderr.contains("task 1, 2, 3"),
         "{}",
@@ -764,7 +765,7 @@ fn shuffled_split_runs_give_one_permutation_mixing_every_input() {
     let children: Vec<_> = (0..4)
         .map(|i| {
             bin()
-                .args(task_args(i, "both"))
+                .args(stage_args(i, "both"))
                 .stdout(std::process::Stdio::null())
                 .spawn()
                 .unwrap()
