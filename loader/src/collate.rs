@@ -469,7 +469,29 @@ fn pad_bytes(dtype: DType, value: f64) -> [u8; 8] {
     out
 }
 
-/// Copy one `width`-byte value per row, visiting rows in `order`.
+/// A fixed-width source array: its values, or a dictionary's keys and values.
+#[derive(Clone, Copy)]
+enum Fixed<'a> {
+    Plain(&'a [u8]),
+    Dictionary { keys: &'a [i32], values: &'a [u8] },
+}
+
+impl<'a> Fixed<'a> {
+    fn of(data: &'a ArrayData, width: usize) -> Self {
+        if let DataType::Dictionary(..) = data.data_type() {
+            let keys = &data.buffers()[0].typed_data::<i32>()[data.offset()..];
+            Fixed::Dictionary {
+                keys,
+                values: SourceColumn::fixed(&data.child_data()[0], width),
+            }
+        } else {
+            Fixed::Plain(SourceColumn::fixed(data, width))
+        }
+    }
+}
+
+/// Copy one `width`-byte value per row, visiting rows in `order`; values of
+/// dictionary sources are looked up as they are written.
 fn gather_fixed(
     width: usize,
     cols: &[&SourceColumn],
@@ -481,15 +503,35 @@ fn gather_fixed(
     // fixed-size copies; other widths take the same loop with a runtime width.
     #[inline(always)]
     fn copy(w: usize, cols: &[&SourceColumn], rows: &RowRefs, order: &[u32], out: &mut [u8]) {
-        let srcs: Vec<&[u8]> = cols
-            .iter()
-            .map(|c| SourceColumn::fixed(&c.data, w))
-            .collect();
+        let srcs: Vec<Fixed> = cols.iter().map(|c| Fixed::of(&c.data, w)).collect();
+        if let [Fixed::Dictionary { keys, values }] = srcs[..] {
+            // One (permuted window) dictionary source: rows in order.
+            let done = match w {
+                1 => lookup::<u8>(keys, values, rows, out),
+                2 => lookup::<u16>(keys, values, rows, out),
+                4 => lookup::<u32>(keys, values, rows, out),
+                8 => lookup::<u64>(keys, values, rows, out),
+                _ => false,
+            };
+            if !done {
+                for (o, (_, r)) in out.chunks_exact_mut(w).zip(rows) {
+                    let at = keys[*r as usize] as usize * w;
+                    o.copy_from_slice(&values[at..at + w]);
+                }
+            }
+            return;
+        }
         for &i in order {
             let (s, r) = rows[i as usize];
-            let from = r as usize * w;
             let to = i as usize * w;
-            out[to..to + w].copy_from_slice(&srcs[s as usize][from..from + w]);
+            let from = match srcs[s as usize] {
+                Fixed::Plain(values) => &values[r as usize * w..r as usize * w + w],
+                Fixed::Dictionary { keys, values } => {
+                    let at = keys[r as usize] as usize * w;
+                    &values[at..at + w]
+                }
+            };
+            out[to..to + w].copy_from_slice(from);
         }
     }
     match width {
@@ -498,5 +540,219 @@ fn gather_fixed(
         4 => copy(4, cols, rows, order, out),
         8 => copy(8, cols, rows, order, out),
         w => copy(w, cols, rows, order, out),
+    }
+}
+
+/// `out[i] = values[keys[rows[i].1]]` with `T`-sized values; false (nothing
+/// written) when the buffers are not aligned for `T`.
+fn lookup<T: Copy>(keys: &[i32], values: &[u8], rows: &RowRefs, out: &mut [u8]) -> bool {
+    // SAFETY: `T` is a plain integer type, valid for any bytes; `align_to`
+    // only yields whole, aligned `T`s in the middle slices.
+    let (pre, values, _) = unsafe { values.align_to::<T>() };
+    let (pre_out, out, _) = unsafe { out.align_to_mut::<T>() };
+    if !pre.is_empty() || !pre_out.is_empty() || out.len() < rows.len() {
+        return false;
+    }
+    if rows.iter().any(|(_, r)| *r as usize >= keys.len()) {
+        return false;
+    }
+    for (o, (_, r)) in out.iter_mut().zip(rows) {
+        // SAFETY: `r` was checked above; a dictionary array's keys index its
+        // values (checked when decoded and when windows are concatenated).
+        *o = unsafe { *values.get_unchecked(*keys.get_unchecked(*r as usize) as usize) };
+    }
+    true
+}
+
+/// Put the rows of `batches` (concatenated) in `order` (indices into the
+/// concatenation), column by column. Dictionary columns keep their
+/// dictionaries (concatenated) and only their keys are permuted; a column
+/// whose batches mix dictionary and plain arrays is made plain.
+pub(crate) fn permute(batches: &[RecordBatch], order: &[u32]) -> Result<RecordBatch> {
+    use arrow_array::types::Int32Type;
+    use arrow_array::{Array, ArrayRef, DictionaryArray, Int32Array, UInt32Array};
+    use std::sync::Arc;
+
+    let err = |e: arrow_schema::ArrowError| LoaderError::Io {
+        op: "shuffle a window".into(),
+        source: std::io::Error::other(e.to_string()),
+    };
+    let first = batches.first().expect("a window with rows has batches");
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(first.num_columns());
+    for c in 0..first.num_columns() {
+        let arrays: Vec<&ArrayRef> = batches.iter().map(|b| b.column(c)).collect();
+        let dictionaries: Option<Vec<&DictionaryArray<Int32Type>>> = arrays
+            .iter()
+            .map(|a| a.as_any().downcast_ref::<DictionaryArray<Int32Type>>())
+            .collect();
+        if let Some(dictionaries) = dictionaries {
+            // Keys of every batch, shifted to the concatenated dictionary.
+            let rows: usize = dictionaries.iter().map(|d| d.len()).sum();
+            let mut keys = Vec::with_capacity(rows);
+            let mut shift = 0i32;
+            for d in &dictionaries {
+                keys.extend(d.keys().values().iter().map(|k| k + shift));
+                shift += d.values().len() as i32;
+            }
+            let values: Vec<&dyn Array> =
+                dictionaries.iter().map(|d| d.values().as_ref()).collect();
+            let values = arrow_select::concat::concat(&values).map_err(err)?;
+            let permuted: Vec<i32> = order.iter().map(|&g| keys[g as usize]).collect();
+            // SAFETY: every key was in its own dictionary, and is shifted by
+            // the values before that dictionary in the concatenation.
+            let array = unsafe {
+                DictionaryArray::<Int32Type>::new_unchecked(
+                    Int32Array::new(permuted.into(), None),
+                    values,
+                )
+            };
+            columns.push(Arc::new(array));
+            continue;
+        }
+        let plain: Vec<ArrayRef> = arrays
+            .iter()
+            .map(
+                |a| match a.as_any().downcast_ref::<DictionaryArray<Int32Type>>() {
+                    Some(d) => arrow_select::take::take(d.values(), d.keys(), None),
+                    None => Ok((*a).clone()),
+                },
+            )
+            .collect::<std::result::Result<_, _>>()
+            .map_err(err)?;
+        let plain: Vec<&dyn Array> = plain.iter().map(|a| a.as_ref()).collect();
+        let all = arrow_select::concat::concat(&plain).map_err(err)?;
+        let indices = UInt32Array::from(order.to_vec());
+        columns.push(arrow_select::take::take(&all, &indices, None).map_err(err)?);
+    }
+    let fields: Vec<arrow_schema::Field> = first
+        .schema()
+        .fields()
+        .iter()
+        .zip(&columns)
+        .map(|(f, c)| f.as_ref().clone().with_data_type(c.data_type().clone()))
+        .collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::types::Int32Type;
+    use arrow_array::{Array, ArrayRef, DictionaryArray, Float64Array, Int32Array, Int64Array};
+    use arrow_schema::Field;
+
+    use super::*;
+
+    /// `i64` ids and `f64` values as a batch; `dictionary` stores both as
+    /// dictionaries whose values are in reverse order (keys reversed too).
+    fn batch(ids: &[i64], dictionary: bool) -> RecordBatch {
+        let columns: Vec<ArrayRef> = if dictionary {
+            let n = ids.len() as i32;
+            let keys = Int32Array::from_iter_values((0..n).map(|i| n - 1 - i));
+            let rev: Vec<i64> = ids.iter().rev().copied().collect();
+            let id_values = Arc::new(Int64Array::from(rev.clone()));
+            let f_values = Arc::new(Float64Array::from_iter_values(
+                rev.iter().map(|&v| v as f64 * 0.5),
+            ));
+            vec![
+                Arc::new(DictionaryArray::<Int32Type>::try_new(keys.clone(), id_values).unwrap()),
+                Arc::new(DictionaryArray::<Int32Type>::try_new(keys, f_values).unwrap()),
+            ]
+        } else {
+            vec![
+                Arc::new(Int64Array::from(ids.to_vec())),
+                Arc::new(Float64Array::from_iter_values(
+                    ids.iter().map(|&v| v as f64 * 0.5),
+                )),
+            ]
+        };
+        let fields: Vec<Field> = ["id", "f"]
+            .iter()
+            .zip(&columns)
+            .map(|(n, c)| Field::new(*n, c.data_type().clone(), false))
+            .collect();
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+    }
+
+    /// Collate every row of `sources` given by `rows` and read back the
+    /// `id` and `f` columns.
+    fn collate(sources: &[&RecordBatch], rows: &RowRefs) -> (Vec<i64>, Vec<f64>) {
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("f", DataType::Float64, false),
+        ]);
+        let plans = plan_columns(&schema, &["id".into(), "f".into()]).unwrap();
+        let collation = Collation::new(&plans, ListMode::Ragged, sources);
+        let (columns, bytes) = collation.layout(rows);
+        // u64 storage keeps the slab 8-byte aligned, like real slabs.
+        let mut storage = vec![0u64; bytes.div_ceil(8)];
+        // SAFETY: plain integers reinterpreted as bytes.
+        let slab = unsafe { storage.align_to_mut::<u8>().1 };
+        collation.write(rows, &columns, slab);
+        let read = |c: usize| -> Vec<u8> {
+            let ColumnLayout::Dense { values } = &columns[c].layout else {
+                panic!("dense")
+            };
+            slab[values.offset..values.offset + values.bytes()].to_vec()
+        };
+        let ids = read(0)
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let fs = read(1)
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        (ids, fs)
+    }
+
+    #[test]
+    fn dictionary_and_plain_sources_collate_and_permute_to_the_same_values() {
+        let parts = [
+            (0..40).collect::<Vec<i64>>(),
+            (40..70).collect(),
+            (70..100).collect(),
+        ];
+        // Mixed: dictionary, plain, dictionary; and all dictionary.
+        for kinds in [
+            [true, false, true],
+            [true, true, true],
+            [false, false, false],
+        ] {
+            let batches: Vec<RecordBatch> = parts
+                .iter()
+                .zip(kinds)
+                .map(|(ids, d)| batch(ids, d))
+                .collect();
+            let order: Vec<u32> = (0..100u32).map(|i| (i * 37 + 11) % 100).collect();
+            let expected_ids: Vec<i64> = order.iter().map(|&o| o as i64).collect();
+            let expected_fs: Vec<f64> = expected_ids.iter().map(|&v| v as f64 * 0.5).collect();
+
+            // Gathered straight from the three sources.
+            let refs: Vec<&RecordBatch> = batches.iter().collect();
+            let rows: Vec<(u32, u32)> = order
+                .iter()
+                .map(|&o| match o {
+                    0..40 => (0, o),
+                    40..70 => (1, o - 40),
+                    _ => (2, o - 70),
+                })
+                .collect();
+            assert_eq!(
+                collate(&refs, &rows),
+                (expected_ids.clone(), expected_fs.clone())
+            );
+
+            // Permuted into one batch first (the shuffle stage), then collated.
+            let permuted = permute(&batches, &order).unwrap();
+            let all_dictionary = kinds.iter().all(|&k| k);
+            assert_eq!(
+                matches!(permuted.column(0).data_type(), DataType::Dictionary(..)),
+                all_dictionary
+            );
+            let rows: Vec<(u32, u32)> = (0..100).map(|i| (0, i)).collect();
+            assert_eq!(collate(&[&permuted], &rows), (expected_ids, expected_fs));
+        }
     }
 }

@@ -8,9 +8,11 @@ use bytes::{Buf, Bytes};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
 use parquet::errors::ParquetError;
+use parquet::file::metadata::RowGroupMetaData;
 use parquet::file::reader::{ChunkReader, Length};
 use shardfeed_format::ShardEntry;
 
+use crate::dict::{self, FixedLeaf, fixed_leaf};
 use crate::plan::Segment;
 use crate::shard::{ShardFooter, check_chunk};
 use crate::{LoaderError, Result};
@@ -162,21 +164,21 @@ pub(crate) fn decode(
         chunks: sorted,
     };
     let rows = meta.num_rows() as usize;
-    let by_levels: Vec<(usize, usize)> = roots
+    let custom: Vec<(usize, Custom)> = roots
         .iter()
-        .filter_map(|&root| level_list_leaf(&footer.arrow, root).map(|leaf| (root, leaf)))
+        .filter_map(|&root| custom_leaf(&footer.arrow, meta, root).map(|c| (root, c)))
         .collect();
-    let decoded = if by_levels.is_empty() {
+    let decoded = if custom.is_empty() {
         let batch_rows = ((rows as u64 * DECODE_BATCH_BYTES) / projected_bytes.max(1))
             .clamp(1, rows.max(1) as u64) as usize;
         arrow_batches(file, &footer.arrow, mask, rg, batch_rows).map_err(decode_err)?
     } else {
-        vec![decode_with_levels(
+        vec![decode_custom(
             Arc::new(file),
             &footer.arrow,
             rg,
             roots,
-            &by_levels,
+            &custom,
             &decode_err,
         )?]
     };
@@ -227,9 +229,34 @@ fn arrow_batches(
         .collect()
 }
 
+/// A column decoded by this crate's own page decoders instead of parquet's
+/// Arrow reader.
+#[derive(Clone, Copy)]
+enum Custom {
+    /// A required list of required int32 (leaf column), from its levels.
+    List(usize),
+    /// A flat required fixed-width column, dictionary kept.
+    Fixed(FixedLeaf),
+}
+
+/// How root column `root` of row group `meta` is decoded, when not by the
+/// Arrow reader.
+fn custom_leaf(
+    arrow: &ArrowReaderMetadata,
+    meta: &RowGroupMetaData,
+    root: usize,
+) -> Option<Custom> {
+    if let Some(leaf) = level_list_leaf(arrow, root) {
+        return Some(Custom::List(leaf));
+    }
+    fixed_leaf(arrow, root)
+        .filter(|f| dict::supported(meta.column(f.leaf)))
+        .map(Custom::Fixed)
+}
+
 /// The leaf of root column `root` when it is a required list of required
 /// int32 (token ids): one leaf, repetition and definition levels at most 1.
-/// Such columns are decoded by [`decode_with_levels`].
+/// Such columns are decoded by [`decode_list`].
 fn level_list_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<usize> {
     let descr = arrow.metadata().file_metadata().schema_descr();
     let mut leaves = (0..descr.num_columns()).filter(|&i| descr.get_column_root_idx(i) == root);
@@ -250,91 +277,47 @@ fn level_list_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<usize> {
         .then_some(leaf)
 }
 
-/// Decode row group `rg` with the list columns `by_levels` (root, leaf) read
-/// straight from their levels and values into one exactly-sized buffer each
-/// (parquet's generic list reader grows buffers and walks levels per value
-/// several times); the other projected columns go through the Arrow reader.
-fn decode_with_levels(
+/// Decode row group `rg` with the `custom` columns (root, how) read by this
+/// crate's page decoders; the other projected columns go through the Arrow
+/// reader.
+fn decode_custom(
     file: Arc<SparseFile>,
     arrow: &ArrowReaderMetadata,
     rg: usize,
     roots: &[usize],
-    by_levels: &[(usize, usize)],
+    custom: &[(usize, Custom)],
     decode_err: &dyn Fn(ParquetError) -> LoaderError,
 ) -> Result<RecordBatch> {
-    use parquet::column::reader::ColumnReaderImpl;
-    use parquet::data_type::Int32Type;
-    use parquet::file::serialized_reader::SerializedPageReader;
-
     let metadata = arrow.metadata();
     let meta = metadata.row_group(rg);
     let descr = metadata.file_metadata().schema_descr();
     let rows = meta.num_rows() as usize;
-    let schema = Arc::new(
-        arrow
-            .schema()
-            .project(roots)
-            .map_err(|e| decode_err(e.into()))?,
-    );
-    let mut columns: Vec<Option<arrow_array::ArrayRef>> = vec![None; roots.len()];
-    for &(root, leaf) in by_levels {
-        let chunk = meta.column(leaf);
-        let pages =
-            SerializedPageReader::new(file.clone(), chunk, rows, None).map_err(decode_err)?;
-        let mut reader = ColumnReaderImpl::<Int32Type>::new(descr.column(leaf), Box::new(pages));
-        let levels = chunk.num_values().max(0) as usize;
-        let mut def: Vec<i16> = Vec::with_capacity(levels);
-        let mut rep: Vec<i16> = Vec::with_capacity(levels);
-        let mut values: Vec<i32> = Vec::with_capacity(levels);
-        let mut records = 0;
-        while records < rows {
-            let (read, _, levels_read) = reader
-                .read_records(rows - records, Some(&mut def), Some(&mut rep), &mut values)
-                .map_err(decode_err)?;
-            if read == 0 && levels_read == 0 {
-                break;
-            }
-            records += read;
-        }
-        let mut offsets: Vec<i32> = Vec::with_capacity(rows + 1);
-        let mut count = 0i32;
-        for (&d, &r) in def.iter().zip(&rep) {
-            if r == 0 {
-                offsets.push(count);
-            }
-            count += i32::from(d == 1);
-        }
-        offsets.push(count);
-        if offsets.len() != rows + 1 || count as usize != values.len() {
-            return Err(decode_err(ParquetError::General(format!(
-                "column {} holds {} rows and {} values for {} levels; the footer says {rows} rows",
-                descr.column(leaf).path(),
-                offsets.len() - 1,
-                values.len(),
-                def.len()
-            ))));
-        }
-        let arrow_schema::DataType::List(item) = arrow.schema().field(root).data_type().clone()
-        else {
-            unreachable!("checked by level_list_leaf");
-        };
-        let list = arrow_array::ListArray::try_new(
-            item,
-            arrow_buffer::OffsetBuffer::new(arrow_buffer::ScalarBuffer::from(offsets)),
-            Arc::new(arrow_array::Int32Array::from(values)),
-            None,
-        )
-        .map_err(|e| decode_err(e.into()))?;
-        let at = roots
+    let position = |root: usize| {
+        roots
             .iter()
             .position(|&r| r == root)
-            .expect("a projected root");
-        columns[at] = Some(Arc::new(list));
+            .expect("a projected root")
+    };
+    let mut columns: Vec<Option<arrow_array::ArrayRef>> = vec![None; roots.len()];
+    for &(root, how) in custom {
+        let data_type = arrow.schema().field(root).data_type();
+        let array = match how {
+            Custom::List(leaf) => decode_list(file.clone(), arrow, rg, leaf, data_type),
+            Custom::Fixed(fixed) => dict::decode_fixed(
+                file.clone(),
+                meta.column(fixed.leaf),
+                &fixed,
+                rows,
+                data_type,
+            ),
+        }
+        .map_err(decode_err)?;
+        columns[position(root)] = Some(array);
     }
     let others: Vec<usize> = roots
         .iter()
         .copied()
-        .filter(|r| !by_levels.iter().any(|(root, _)| root == r))
+        .filter(|r| !custom.iter().any(|(root, _)| root == r))
         .collect();
     if !others.is_empty() {
         let mask = ProjectionMask::roots(descr, others.iter().copied());
@@ -348,16 +331,89 @@ fn decode_with_levels(
         let batch = arrow_select::concat::concat_batches(&other_schema, &batches)
             .map_err(|e| decode_err(e.into()))?;
         for (i, root) in others.iter().enumerate() {
-            let at = roots
-                .iter()
-                .position(|r| r == root)
-                .expect("a projected root");
-            columns[at] = Some(batch.column(i).clone());
+            columns[position(*root)] = Some(batch.column(i).clone());
         }
     }
-    let columns = columns
+    let columns: Vec<_> = columns
         .into_iter()
         .map(|c| c.expect("every column decoded"))
         .collect();
+    // Dictionary-kept columns differ in type from the dataset's schema.
+    let fields: Vec<arrow_schema::Field> = roots
+        .iter()
+        .zip(&columns)
+        .map(|(&root, c)| {
+            arrow
+                .schema()
+                .field(root)
+                .clone()
+                .with_data_type(c.data_type().clone())
+        })
+        .collect();
+    let schema = Arc::new(arrow_schema::Schema::new(fields));
     RecordBatch::try_new(schema, columns).map_err(|e| decode_err(e.into()))
+}
+
+/// Decode list column `leaf` of row group `rg` straight from its levels and
+/// values into one exactly-sized buffer (parquet's generic list reader grows
+/// buffers and walks levels per value several times).
+fn decode_list(
+    file: Arc<SparseFile>,
+    arrow: &ArrowReaderMetadata,
+    rg: usize,
+    leaf: usize,
+    data_type: &arrow_schema::DataType,
+) -> parquet::errors::Result<arrow_array::ArrayRef> {
+    use parquet::column::reader::ColumnReaderImpl;
+    use parquet::data_type::Int32Type;
+    use parquet::file::serialized_reader::SerializedPageReader;
+
+    let metadata = arrow.metadata();
+    let meta = metadata.row_group(rg);
+    let descr = metadata.file_metadata().schema_descr();
+    let rows = meta.num_rows() as usize;
+    let chunk = meta.column(leaf);
+    let pages = SerializedPageReader::new(file, chunk, rows, None)?;
+    let mut reader = ColumnReaderImpl::<Int32Type>::new(descr.column(leaf), Box::new(pages));
+    let levels = chunk.num_values().max(0) as usize;
+    let mut def: Vec<i16> = Vec::with_capacity(levels);
+    let mut rep: Vec<i16> = Vec::with_capacity(levels);
+    let mut values: Vec<i32> = Vec::with_capacity(levels);
+    let mut records = 0;
+    while records < rows {
+        let (read, _, levels_read) =
+            reader.read_records(rows - records, Some(&mut def), Some(&mut rep), &mut values)?;
+        if read == 0 && levels_read == 0 {
+            break;
+        }
+        records += read;
+    }
+    let mut offsets: Vec<i32> = Vec::with_capacity(rows + 1);
+    let mut count = 0i32;
+    for (&d, &r) in def.iter().zip(&rep) {
+        if r == 0 {
+            offsets.push(count);
+        }
+        count += i32::from(d == 1);
+    }
+    offsets.push(count);
+    if offsets.len() != rows + 1 || count as usize != values.len() {
+        return Err(ParquetError::General(format!(
+            "column {} holds {} rows and {} values for {} levels; the footer says {rows} rows",
+            descr.column(leaf).path(),
+            offsets.len() - 1,
+            values.len(),
+            def.len()
+        )));
+    }
+    let arrow_schema::DataType::List(item) = data_type.clone() else {
+        unreachable!("checked by level_list_leaf");
+    };
+    let list = arrow_array::ListArray::try_new(
+        item,
+        arrow_buffer::OffsetBuffer::new(arrow_buffer::ScalarBuffer::from(offsets)),
+        Arc::new(arrow_array::Int32Array::from(values)),
+        None,
+    )?;
+    Ok(Arc::new(list))
 }

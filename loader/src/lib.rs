@@ -32,6 +32,7 @@ mod batch;
 mod cache;
 mod collate;
 mod decode;
+mod dict;
 mod error;
 mod fetch;
 mod loader;

@@ -1121,25 +1121,11 @@ impl Shuffler {
             // every column of the whole window for each batch. Batches are
             // then contiguous slices.
             let started = Instant::now();
-            let shuffle_err = |e: arrow_schema::ArrowError| LoaderError::Io {
-                op: format!("shuffle window {index}"),
-                source: std::io::Error::other(e.to_string()),
-            };
-            // One contiguous copy of the window (memcpy speed), then a gather
-            // by row index: cheaper than interleaving (batch, row) pairs.
-            let schema = batches
-                .first()
-                .map(|b| b.schema())
-                .expect("a window with rows has batches");
-            let all =
-                arrow_select::concat::concat_batches(&schema, &batches).map_err(shuffle_err)?;
-            batches.clear();
-            let order: arrow_array::UInt32Array = (0..window.rows)
+            let order: Vec<u32> = (0..window.rows)
                 .map(|offset| window.row_at(offset) as u32)
                 .collect();
-            let permuted =
-                arrow_select::take::take_record_batch(&all, &order).map_err(shuffle_err)?;
-            drop(all);
+            let permuted = crate::collate::permute(&batches, &order)?;
+            batches.clear();
             Counters::add_time(&self.counters.shuffle_busy_ns, started.elapsed());
             // The decoded row groups are no longer needed: free their budget now.
             permits.clear();

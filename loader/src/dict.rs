@@ -1,0 +1,532 @@
+//! Page-level decoding of flat, required, fixed-width columns (the common
+//! case of tabular data: numeric features and categorical ids).
+//!
+//! A dictionary-encoded column chunk stays a dictionary: its keys are decoded
+//! into an `i32` buffer and its values are the (small) dictionary page, as an
+//! Arrow `Dictionary(Int32, T)` array. Shuffling then permutes 4-byte keys
+//! instead of values, and the collator looks each value up as it writes the
+//! slab: one pass over the output instead of decoding every value, copying
+//! the window and permuting it. A chunk that falls back to plain pages is
+//! decoded to plain values.
+
+use std::sync::Arc;
+
+use arrow_array::types::Int32Type;
+use arrow_array::{ArrayRef, DictionaryArray, Int32Array, make_array};
+use arrow_buffer::Buffer;
+use arrow_data::ArrayData;
+use arrow_schema::DataType;
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+use parquet::basic::{Encoding, Type as PhysicalType};
+use parquet::column::page::{Page, PageReader};
+use parquet::errors::{ParquetError, Result};
+use parquet::file::metadata::ColumnChunkMetaData;
+use parquet::file::reader::ChunkReader;
+use parquet::file::serialized_reader::SerializedPageReader;
+
+/// How a flat fixed-width column is stored and decoded.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct FixedLeaf {
+    /// The leaf column index.
+    pub leaf: usize,
+    /// Bytes per stored (physical) value: 4 or 8.
+    physical: usize,
+    /// Bytes per Arrow value: 1, 2, 4 or 8 (narrower than `physical` for
+    /// small integers stored as INT32).
+    width: usize,
+}
+
+/// The leaf of root column `root` when it is a required, non-nested
+/// primitive whose Arrow type this decoder handles.
+pub(crate) fn fixed_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<FixedLeaf> {
+    let descr = arrow.metadata().file_metadata().schema_descr();
+    let mut leaves = (0..descr.num_columns()).filter(|&i| descr.get_column_root_idx(i) == root);
+    let leaf = leaves.next()?;
+    if leaves.next().is_some() {
+        return None;
+    }
+    let column = descr.column(leaf);
+    if column.max_def_level() != 0 || column.max_rep_level() != 0 {
+        return None;
+    }
+    let field = arrow.schema().fields().get(root)?;
+    let (physical, width) = match (column.physical_type(), field.data_type()) {
+        (PhysicalType::INT32, DataType::Int8 | DataType::UInt8) => (4, 1),
+        (PhysicalType::INT32, DataType::Int16 | DataType::UInt16) => (4, 2),
+        (PhysicalType::INT32, DataType::Int32 | DataType::UInt32)
+        | (PhysicalType::FLOAT, DataType::Float32) => (4, 4),
+        (PhysicalType::INT64, DataType::Int64 | DataType::UInt64)
+        | (PhysicalType::DOUBLE, DataType::Float64) => (8, 8),
+        _ => return None,
+    };
+    Some(FixedLeaf {
+        leaf,
+        physical,
+        width,
+    })
+}
+
+/// Whether this decoder reads every encoding of `chunk`.
+pub(crate) fn supported(chunk: &ColumnChunkMetaData) -> bool {
+    chunk.encodings().all(|e| {
+        matches!(
+            e,
+            Encoding::PLAIN | Encoding::RLE | Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY
+        )
+    })
+}
+
+fn general(message: String) -> ParquetError {
+    ParquetError::General(message)
+}
+
+/// Stored values narrowed (or copied) to the Arrow width.
+fn narrow(stored: &[u8], leaf: &FixedLeaf, out: &mut Vec<u8>) {
+    if leaf.physical == leaf.width {
+        out.extend_from_slice(stored);
+        return;
+    }
+    for v in stored.chunks_exact(leaf.physical) {
+        // Small integers are stored as INT32: keep the low bytes (little endian),
+        // as a cast of the value that fits the column's type.
+        out.extend_from_slice(&v[..leaf.width]);
+    }
+}
+
+/// Decode `rows` values of the column chunk `chunk` (a [`FixedLeaf`]) of a
+/// row group into an Arrow array of type `data_type`: a `Dictionary(Int32, _)`
+/// when every data page is dictionary encoded, plain values otherwise.
+pub(crate) fn decode_fixed<R: ChunkReader + 'static>(
+    file: Arc<R>,
+    chunk: &ColumnChunkMetaData,
+    leaf: &FixedLeaf,
+    rows: usize,
+    data_type: &DataType,
+) -> Result<ArrayRef> {
+    let mut pages = SerializedPageReader::new(file, chunk, rows, None)?;
+    let path = chunk.column_path().string();
+    // Dictionary values at the stored width, and the keys decoded so far.
+    let mut dictionary: Option<Bytes> = None;
+    let mut keys: Vec<i32> = Vec::with_capacity(rows);
+    // Once a plain page shows up, values (Arrow width) replace keys.
+    let mut plain: Option<Vec<u8>> = None;
+    let mut decoded = 0usize;
+    while let Some(page) = pages.get_next_page()? {
+        let (buf, num_values, encoding) = match page {
+            Page::DictionaryPage {
+                buf,
+                num_values,
+                encoding,
+                ..
+            } => {
+                if !matches!(encoding, Encoding::PLAIN | Encoding::PLAIN_DICTIONARY) {
+                    return Err(general(format!(
+                        "column {path}: dictionary page encoding {encoding} is not supported"
+                    )));
+                }
+                let bytes = num_values as usize * leaf.physical;
+                if buf.len() < bytes {
+                    return Err(general(format!(
+                        "column {path}: dictionary page holds {} bytes for {num_values} values",
+                        buf.len()
+                    )));
+                }
+                dictionary = Some(buf.slice(..bytes));
+                continue;
+            }
+            Page::DataPage {
+                buf,
+                num_values,
+                encoding,
+                ..
+            } => (buf, num_values as usize, encoding),
+            Page::DataPageV2 {
+                buf,
+                num_values,
+                encoding,
+                def_levels_byte_len,
+                rep_levels_byte_len,
+                ..
+            } => {
+                let skip = (def_levels_byte_len + rep_levels_byte_len) as usize;
+                if skip > buf.len() {
+                    return Err(general(format!("column {path}: levels overrun the page")));
+                }
+                (buf.slice(skip..), num_values as usize, encoding)
+            }
+        };
+        if decoded + num_values > rows {
+            return Err(general(format!(
+                "column {path}: pages hold more than the row group's {rows} rows"
+            )));
+        }
+        match encoding {
+            Encoding::PLAIN => {
+                let bytes = num_values * leaf.physical;
+                if buf.len() < bytes {
+                    return Err(general(format!(
+                        "column {path}: a plain page holds {} bytes for {num_values} values",
+                        buf.len()
+                    )));
+                }
+                let values = plain.get_or_insert_with(|| {
+                    // Earlier dictionary pages become plain values.
+                    let mut values = Vec::with_capacity(rows * leaf.width);
+                    if let Some(dict) = &dictionary {
+                        for &k in &keys {
+                            let at = k as usize * leaf.physical;
+                            narrow(&dict[at..at + leaf.physical], leaf, &mut values);
+                        }
+                    }
+                    values
+                });
+                narrow(&buf[..bytes], leaf, values);
+            }
+            Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
+                let Some(dict) = &dictionary else {
+                    return Err(general(format!(
+                        "column {path}: a dictionary-encoded page without a dictionary page"
+                    )));
+                };
+                let dict_len = dict.len() / leaf.physical;
+                let start = keys.len();
+                let (&bit_width, data) = buf
+                    .split_first()
+                    .ok_or_else(|| general(format!("column {path}: an empty data page")))?;
+                decode_hybrid(data, bit_width, num_values, &mut keys)
+                    .map_err(|e| general(format!("column {path}: {e}")))?;
+                let max = keys[start..].iter().copied().max().unwrap_or(0);
+                if max as usize >= dict_len && num_values > 0 {
+                    return Err(general(format!(
+                        "column {path}: key {max} is outside the dictionary of {dict_len} values"
+                    )));
+                }
+                if let Some(values) = &mut plain {
+                    for &k in &keys[start..] {
+                        let at = k as usize * leaf.physical;
+                        narrow(&dict[at..at + leaf.physical], leaf, values);
+                    }
+                    keys.truncate(start);
+                }
+            }
+            other => {
+                return Err(general(format!(
+                    "column {path}: encoding {other} is not supported"
+                )));
+            }
+        }
+        decoded += num_values;
+    }
+    if decoded != rows {
+        return Err(general(format!(
+            "column {path} holds {decoded} values; the footer says {rows} rows"
+        )));
+    }
+    let values = |bytes: Vec<u8>, len: usize| -> Result<ArrayRef> {
+        let data = ArrayData::builder(data_type.clone())
+            .len(len)
+            .add_buffer(Buffer::from_vec(bytes))
+            .build()
+            .map_err(|e| general(format!("column {path}: {e}")))?;
+        Ok(make_array(data))
+    };
+    if let Some(plain) = plain {
+        return values(plain, rows);
+    }
+    let dict = dictionary.unwrap_or_default();
+    let dict_len = dict.len() / leaf.physical;
+    let mut narrowed = Vec::with_capacity(dict_len * leaf.width);
+    narrow(&dict, leaf, &mut narrowed);
+    let dict_values = values(narrowed, dict_len)?;
+    // Keys were checked against the dictionary above.
+    let keys = Int32Array::new(keys.into(), None);
+    // SAFETY: every key is in 0..dict_len (checked page by page above).
+    let array = unsafe { DictionaryArray::<Int32Type>::new_unchecked(keys, dict_values) };
+    Ok(Arc::new(array))
+}
+
+/// Read an unsigned LEB128 varint from `data` at `*at`.
+fn uleb128(data: &[u8], at: &mut usize) -> std::result::Result<u64, String> {
+    let mut value = 0u64;
+    let mut shift = 0;
+    loop {
+        let byte = *data
+            .get(*at)
+            .ok_or_else(|| "a run header overruns the page".to_string())?;
+        *at += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(value);
+        }
+        shift += 7;
+        if shift > 63 {
+            return Err("a run header is too long".into());
+        }
+    }
+}
+
+/// Decode `count` values of Parquet's RLE / bit-packed hybrid encoding with
+/// `bit_width` bits each (no length prefix) and append them to `out`.
+pub(crate) fn decode_hybrid(
+    data: &[u8],
+    bit_width: u8,
+    count: usize,
+    out: &mut Vec<i32>,
+) -> std::result::Result<(), String> {
+    if bit_width > 32 {
+        return Err(format!("bit width {bit_width} is over 32"));
+    }
+    let width = bit_width as usize;
+    let target = out.len() + count;
+    out.reserve(count);
+    let mut at = 0usize;
+    while out.len() < target {
+        let header = uleb128(data, &mut at)?;
+        let remaining = target - out.len();
+        if header & 1 == 0 {
+            // A run of one repeated value, stored in ceil(width / 8) bytes.
+            let run = (header >> 1) as usize;
+            let bytes = width.div_ceil(8);
+            let raw = data
+                .get(at..at + bytes)
+                .ok_or_else(|| "a run value overruns the page".to_string())?;
+            at += bytes;
+            let mut value = 0u32;
+            for (i, b) in raw.iter().enumerate() {
+                value |= u32::from(*b) << (8 * i);
+            }
+            if run == 0 {
+                return Err("an empty run".into());
+            }
+            out.extend(std::iter::repeat_n(value as i32, run.min(remaining)));
+        } else {
+            // Groups of 8 bit-packed values, least significant bits first.
+            let groups = (header >> 1) as usize;
+            let bytes = groups * width;
+            let packed = data
+                .get(at..at + bytes)
+                .ok_or_else(|| "bit-packed values overrun the page".to_string())?;
+            at += bytes;
+            let n = (groups * 8).min(remaining);
+            unpack(packed, width, n, out);
+        }
+    }
+    Ok(())
+}
+
+/// Append `n` values of `width` bits packed in `packed` (LSB first).
+fn unpack(packed: &[u8], width: usize, n: usize, out: &mut Vec<i32>) {
+    if width == 0 {
+        out.extend(std::iter::repeat_n(0, n));
+        return;
+    }
+    let mask = if width == 32 {
+        u64::from(u32::MAX)
+    } else {
+        (1u64 << width) - 1
+    };
+    // Values whose 8-byte load stays inside `packed` are read directly; the
+    // last few through a zero-padded copy.
+    let direct = if packed.len() >= 8 {
+        ((packed.len() - 8) * 8 / width + 1).min(n)
+    } else {
+        0
+    };
+    out.extend((0..direct).map(|i| {
+        let bit = i * width;
+        let word = u64::from_le_bytes(packed[bit / 8..bit / 8 + 8].try_into().expect("8 bytes"));
+        ((word >> (bit % 8)) & mask) as i32
+    }));
+    if direct < n {
+        let mut tail = [0u8; 16];
+        let from = direct * width / 8;
+        let rest = &packed[from..];
+        tail[..rest.len()].copy_from_slice(rest);
+        out.extend((direct..n).map(|i| {
+            let bit = i * width - from * 8;
+            let word = u64::from_le_bytes(tail[bit / 8..bit / 8 + 8].try_into().expect("8 bytes"));
+            ((word >> (bit % 8)) & mask) as i32
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pack `values` LSB first with `width` bits each (groups of 8, zero padded).
+    fn pack(values: &[u32], width: usize) -> Vec<u8> {
+        let groups = values.len().div_ceil(8);
+        let mut out = vec![0u8; groups * width];
+        for (i, &v) in values.iter().enumerate() {
+            for b in 0..width {
+                if (v >> b) & 1 == 1 {
+                    let bit = i * width + b;
+                    out[bit / 8] |= 1 << (bit % 8);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn hybrid_runs_and_bit_packed_groups_decode_for_every_width() {
+        for width in 0..=32usize {
+            let max = if width == 32 {
+                u32::MAX
+            } else {
+                (1u32 << width).wrapping_sub(1)
+            };
+            let packed_values: Vec<u32> = (0..21u32)
+                .map(|i| i.wrapping_mul(2_654_435_761) & max)
+                .collect();
+            let mut data = Vec::new();
+            // A run of 5 copies of `max`, then 3 groups of bit-packed values
+            // (24 slots, 21 used).
+            data.push(5 << 1);
+            data.extend_from_slice(&max.to_le_bytes()[..width.div_ceil(8)]);
+            data.push((3 << 1) | 1);
+            data.extend(pack(&packed_values, width));
+            let mut out = vec![-1];
+            decode_hybrid(&data, width as u8, 26, &mut out).unwrap();
+            let mut expected = vec![
+                -1, max as i32, max as i32, max as i32, max as i32, max as i32,
+            ];
+            expected.extend(packed_values.iter().map(|&v| v as i32));
+            assert_eq!(out, expected, "width {width}");
+        }
+    }
+
+    #[test]
+    fn truncated_hybrid_data_is_an_error() {
+        let mut out = Vec::new();
+        assert!(decode_hybrid(&[(2 << 1) | 1, 0xff], 3, 16, &mut out).is_err());
+        assert!(decode_hybrid(&[4 << 1], 8, 4, &mut out).is_err());
+        assert!(decode_hybrid(&[], 8, 1, &mut out).is_err());
+    }
+
+    /// Every supported type, written by parquet's Arrow writer with
+    /// dictionaries on and off, tiny dictionary pages (so chunks fall back
+    /// from dictionary to plain pages mid-chunk), V1 and V2 data pages and
+    /// zstd: decoding a row group gives the values parquet's reader gives.
+    #[test]
+    fn decoded_row_groups_equal_parquets_reader() {
+        use arrow_array::{
+            Array, Float32Array, Float64Array, Int8Array, Int16Array, Int64Array, RecordBatch,
+            UInt8Array, UInt16Array, UInt32Array, UInt64Array,
+        };
+        use arrow_schema::{Field, Schema};
+        use parquet::arrow::ArrowWriter;
+        use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+        use parquet::basic::{Compression, ZstdLevel};
+        use parquet::file::properties::{WriterProperties, WriterVersion};
+
+        let rows = 5000usize;
+        // Low-cardinality values for the first half, then distinct ones: the
+        // dictionary fills up and later pages are plain.
+        let v = |i: usize| if i < rows / 2 { i % 37 } else { i * 7919 };
+        let columns: Vec<Arc<dyn Array>> = vec![
+            Arc::new(Int8Array::from_iter_values((0..rows).map(|i| v(i) as i8))),
+            Arc::new(Int16Array::from_iter_values((0..rows).map(|i| v(i) as i16))),
+            Arc::new(UInt8Array::from_iter_values((0..rows).map(|i| v(i) as u8))),
+            Arc::new(UInt16Array::from_iter_values(
+                (0..rows).map(|i| v(i) as u16),
+            )),
+            Arc::new(Int32Array::from_iter_values(
+                (0..rows).map(|i| v(i) as i32 - 100),
+            )),
+            Arc::new(UInt32Array::from_iter_values(
+                (0..rows).map(|i| u32::MAX - v(i) as u32),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                (0..rows).map(|i| -(v(i) as i64) << 20),
+            )),
+            Arc::new(UInt64Array::from_iter_values(
+                (0..rows).map(|i| u64::MAX - v(i) as u64),
+            )),
+            Arc::new(Float32Array::from_iter_values(
+                (0..rows).map(|i| v(i) as f32 * 0.5),
+            )),
+            Arc::new(Float64Array::from_iter_values(
+                (0..rows).map(|i| v(i) as f64 / 3.0),
+            )),
+        ];
+        let fields: Vec<Field> = columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Field::new(format!("c{i}"), c.data_type().clone(), false))
+            .collect();
+        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+        for (dictionary, version) in [
+            (true, WriterVersion::PARQUET_1_0),
+            (true, WriterVersion::PARQUET_2_0),
+            (false, WriterVersion::PARQUET_1_0),
+        ] {
+            let props = WriterProperties::builder()
+                .set_dictionary_enabled(dictionary)
+                .set_dictionary_page_size_limit(256)
+                .set_data_page_row_count_limit(300)
+                .set_write_batch_size(100)
+                .set_writer_version(version)
+                .set_compression(Compression::ZSTD(ZstdLevel::default()))
+                .set_max_row_group_row_count(Some(2500))
+                .build();
+            let mut file = Vec::new();
+            let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).unwrap();
+            writer.write(&batch).unwrap();
+            writer.close().unwrap();
+            let file = Bytes::from(file);
+            let arrow = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default()).unwrap();
+            let metadata = arrow.metadata().clone();
+            let expected = ParquetRecordBatchReaderBuilder::try_new(file.clone())
+                .unwrap()
+                .with_batch_size(rows)
+                .build()
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap();
+            let mut kinds = Vec::new();
+            for root in 0..batch.num_columns() {
+                let leaf = fixed_leaf(&arrow, root).expect("a fixed-width leaf");
+                let mut at = 0;
+                for rg in 0..metadata.num_row_groups() {
+                    let meta = metadata.row_group(rg);
+                    let chunk = meta.column(leaf.leaf);
+                    if !supported(chunk) {
+                        // V2 falls back to delta encodings: the Arrow reader's job.
+                        assert_eq!(version, WriterVersion::PARQUET_2_0);
+                        at += meta.num_rows() as usize;
+                        continue;
+                    }
+                    let n = meta.num_rows() as usize;
+                    let array = decode_fixed(
+                        Arc::new(file.clone()),
+                        chunk,
+                        &leaf,
+                        n,
+                        batch.column(root).data_type(),
+                    )
+                    .unwrap();
+                    kinds.push(matches!(array.data_type(), DataType::Dictionary(..)));
+                    let plain = match array.as_any().downcast_ref::<DictionaryArray<Int32Type>>() {
+                        Some(d) => arrow_select::take::take(d.values(), d.keys(), None).unwrap(),
+                        None => array,
+                    };
+                    assert_eq!(
+                        plain.to_data(),
+                        expected.column(root).slice(at, n).to_data(),
+                        "column {root}, row group {rg}, dictionary {dictionary}, {version:?}"
+                    );
+                    at += n;
+                }
+                assert_eq!(at, rows);
+            }
+            // Dictionary row groups (the first) stay dictionaries; fallen
+            // back or plain ones do not.
+            assert_eq!(kinds.iter().any(|&k| k), dictionary);
+            assert!(!kinds.iter().all(|&k| k));
+        }
+    }
+}
