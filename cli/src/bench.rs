@@ -98,6 +98,10 @@ pub struct BenchReport {
     /// The same, after the first epoch (start-up and the first shuffle
     /// windows excluded); with `--epochs 1`, equal to `wait_fraction`.
     pub steady_wait_fraction: f64,
+    /// Rows per second after the first epoch: the rate a long training run
+    /// sees once buffers and the allocator are warm; with `--epochs 1`, equal
+    /// to `rows_per_s`.
+    pub steady_rows_per_s: f64,
     /// Simulated step, if any.
     pub step_ms: Option<f64>,
     /// Peak resident memory of the process.
@@ -148,7 +152,8 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     let mut first_epoch = None;
     for epoch in 0..args.epochs {
         if epoch == 1 {
-            first_epoch = Some((started.elapsed().as_secs_f64(), loader.stats().wait_ms));
+            let stats = loader.stats();
+            first_epoch = Some((started.elapsed().as_secs_f64(), stats.wait_ms, stats.rows));
         }
         loader.set_epoch(epoch);
         for batch in &mut loader {
@@ -174,8 +179,14 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         time_to_first_batch_ms: stats.time_to_first_batch_ms,
         wait_fraction: stats.wait_ms / 1000.0 / seconds,
         steady_wait_fraction: match first_epoch {
-            Some((t, wait_ms)) if seconds > t => (stats.wait_ms - wait_ms) / 1000.0 / (seconds - t),
+            Some((t, wait_ms, _)) if seconds > t => {
+                (stats.wait_ms - wait_ms) / 1000.0 / (seconds - t)
+            }
             _ => stats.wait_ms / 1000.0 / seconds,
+        },
+        steady_rows_per_s: match first_epoch {
+            Some((t, _, rows)) if seconds > t => (stats.rows - rows) as f64 / (seconds - t),
+            _ => stats.rows as f64 / seconds,
         },
         step_ms: args.step_ms,
         peak_rss_bytes: shardfeed_preprocess::peak_rss_bytes(),
@@ -198,6 +209,12 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
         report.mb_per_s,
         report.time_to_first_batch_ms
     );
+    if report.epochs > 1 {
+        println!(
+            "after the first epoch: {:.0} rows/s",
+            report.steady_rows_per_s
+        );
+    }
     if let Some(step) = report.step_ms {
         println!(
             "with a {step} ms step the trainer waited {:.2}% of wall time ({:.2}% after the first epoch)",

@@ -59,6 +59,18 @@ impl ColumnPlan {
             Kind::Primitive(_) | Kind::Bool | Kind::FixedList(..)
         )
     }
+
+    /// Bytes a batch of `rows` needs for this column beyond its values:
+    /// offsets or lengths, a validity mask and buffer alignment.
+    pub(crate) fn overhead_bytes(&self, rows: usize) -> usize {
+        let validity = if self.nullable { rows + ALIGN } else { 0 };
+        let offsets = if self.is_fixed_width() {
+            0
+        } else {
+            (rows + 1) * 8 + ALIGN
+        };
+        ALIGN + validity + offsets
+    }
 }
 
 fn primitive(dt: &DataType) -> Option<DType> {
@@ -294,7 +306,10 @@ impl<'a> Collation<'a> {
         // place): shuffled gathers then walk each source array forwards instead
         // of jumping around a window's worth of memory.
         let mut order: Vec<u32> = (0..rows.len() as u32).collect();
-        order.sort_unstable_by_key(|&i| rows[i as usize]);
+        let run = run_of(rows);
+        if run.is_none() {
+            order.sort_unstable_by_key(|&i| rows[i as usize]);
+        }
         let order = &order[..];
         for (c, (plan, column)) in self.plans.iter().zip(columns).enumerate() {
             let cols: Vec<&SourceColumn> = self.sources.iter().map(|s| &s[c]).collect();
@@ -310,6 +325,7 @@ impl<'a> Collation<'a> {
                         d.size(),
                         &cols,
                         rows,
+                        run,
                         order,
                         &mut slab[values.offset..values.offset + values.bytes()],
                     );
@@ -490,33 +506,60 @@ impl<'a> Fixed<'a> {
     }
 }
 
+/// Rows that are one run of consecutive rows of one source (a slice of a
+/// permuted window): `(source, first row)`.
+fn run_of(rows: &RowRefs) -> Option<(u32, u32)> {
+    let &(s, first) = rows.first()?;
+    rows.iter()
+        .enumerate()
+        .all(|(i, &(t, r))| t == s && r as usize == first as usize + i)
+        .then_some((s, first))
+}
+
 /// Copy one `width`-byte value per row, visiting rows in `order`; values of
-/// dictionary sources are looked up as they are written.
+/// dictionary sources are looked up as they are written. `run`: the rows are
+/// consecutive rows of one source (see [`run_of`]).
 fn gather_fixed(
     width: usize,
     cols: &[&SourceColumn],
     rows: &RowRefs,
+    run: Option<(u32, u32)>,
     order: &[u32],
     out: &mut [u8],
 ) {
     // Inlined with constant widths below, so common element sizes get
     // fixed-size copies; other widths take the same loop with a runtime width.
     #[inline(always)]
-    fn copy(w: usize, cols: &[&SourceColumn], rows: &RowRefs, order: &[u32], out: &mut [u8]) {
+    fn copy(
+        w: usize,
+        cols: &[&SourceColumn],
+        rows: &RowRefs,
+        run: Option<(u32, u32)>,
+        order: &[u32],
+        out: &mut [u8],
+    ) {
         let srcs: Vec<Fixed> = cols.iter().map(|c| Fixed::of(&c.data, w)).collect();
-        if let [Fixed::Dictionary { keys, values }] = srcs[..] {
-            // One (permuted window) dictionary source: rows in order.
-            let done = match w {
-                1 => lookup::<u8>(keys, values, rows, out),
-                2 => lookup::<u16>(keys, values, rows, out),
-                4 => lookup::<u32>(keys, values, rows, out),
-                8 => lookup::<u64>(keys, values, rows, out),
-                _ => false,
-            };
-            if !done {
-                for (o, (_, r)) in out.chunks_exact_mut(w).zip(rows) {
-                    let at = keys[*r as usize] as usize * w;
-                    o.copy_from_slice(&values[at..at + w]);
+        if let Some((s, first)) = run {
+            let range = first as usize..first as usize + rows.len();
+            match srcs[s as usize] {
+                Fixed::Plain(values) => {
+                    out.copy_from_slice(&values[range.start * w..range.end * w]);
+                }
+                Fixed::Dictionary { keys, values } => {
+                    let keys = &keys[range];
+                    let done = match w {
+                        1 => lookup::<u8>(keys, values, out),
+                        2 => lookup::<u16>(keys, values, out),
+                        4 => lookup::<u32>(keys, values, out),
+                        8 => lookup::<u64>(keys, values, out),
+                        _ => false,
+                    };
+                    if !done {
+                        for (o, &k) in out.chunks_exact_mut(w).zip(keys) {
+                            let at = k as usize * w;
+                            o.copy_from_slice(&values[at..at + w]);
+                        }
+                    }
                 }
             }
             return;
@@ -535,31 +578,28 @@ fn gather_fixed(
         }
     }
     match width {
-        1 => copy(1, cols, rows, order, out),
-        2 => copy(2, cols, rows, order, out),
-        4 => copy(4, cols, rows, order, out),
-        8 => copy(8, cols, rows, order, out),
-        w => copy(w, cols, rows, order, out),
+        1 => copy(1, cols, rows, run, order, out),
+        2 => copy(2, cols, rows, run, order, out),
+        4 => copy(4, cols, rows, run, order, out),
+        8 => copy(8, cols, rows, run, order, out),
+        w => copy(w, cols, rows, run, order, out),
     }
 }
 
-/// `out[i] = values[keys[rows[i].1]]` with `T`-sized values; false (nothing
-/// written) when the buffers are not aligned for `T`.
-fn lookup<T: Copy>(keys: &[i32], values: &[u8], rows: &RowRefs, out: &mut [u8]) -> bool {
+/// `out[i] = values[keys[i]]` with `T`-sized values; false (nothing written)
+/// when the buffers are not aligned for `T`.
+fn lookup<T: Copy>(keys: &[i32], values: &[u8], out: &mut [u8]) -> bool {
     // SAFETY: `T` is a plain integer type, valid for any bytes; `align_to`
     // only yields whole, aligned `T`s in the middle slices.
     let (pre, values, _) = unsafe { values.align_to::<T>() };
     let (pre_out, out, _) = unsafe { out.align_to_mut::<T>() };
-    if !pre.is_empty() || !pre_out.is_empty() || out.len() < rows.len() {
+    if !pre.is_empty() || !pre_out.is_empty() || out.len() < keys.len() {
         return false;
     }
-    if rows.iter().any(|(_, r)| *r as usize >= keys.len()) {
-        return false;
-    }
-    for (o, (_, r)) in out.iter_mut().zip(rows) {
-        // SAFETY: `r` was checked above; a dictionary array's keys index its
-        // values (checked when decoded and when windows are concatenated).
-        *o = unsafe { *values.get_unchecked(*keys.get_unchecked(*r as usize) as usize) };
+    for (o, &k) in out.iter_mut().zip(keys) {
+        // SAFETY: a dictionary array's keys index its values (checked when
+        // decoded and when windows are concatenated).
+        *o = unsafe { *values.get_unchecked(k as usize) };
     }
     true
 }

@@ -407,7 +407,7 @@ impl LoaderBuilder {
                 &manifest,
                 self.batch_size,
                 &self.list_mode,
-                plans.len(),
+                &plans,
             )?,
         };
         let pool = Arc::new(Pool::new(
@@ -455,9 +455,10 @@ fn estimate_slab_bytes(
     manifest: &Manifest,
     batch_size: usize,
     list_mode: &ListMode,
-    columns: usize,
+    plans: &[ColumnPlan],
 ) -> Result<usize> {
-    let per_column_overhead = 4 * (batch_size + 1) * 8 + 4 * 64;
+    let columns = plans.len();
+    let overhead: usize = plans.iter().map(|p| p.overhead_bytes(batch_size)).sum();
     let Some(first) = manifest.shards.iter().position(|s| s.rows > 0) else {
         return Ok(64 << 10);
     };
@@ -481,7 +482,7 @@ fn estimate_slab_bytes(
         ListMode::Padded { to, .. } => to * 8 * columns,
         ListMode::Ragged => 0,
     };
-    Ok((2 * batch_size * (per_row + padded) + columns * per_column_overhead).max(64 << 10))
+    Ok((2 * batch_size * (per_row + padded) + overhead).max(64 << 10))
 }
 
 /// The options every epoch of a loader shares.
