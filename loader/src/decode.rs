@@ -12,7 +12,7 @@ use parquet::file::metadata::RowGroupMetaData;
 use parquet::file::reader::{ChunkReader, Length};
 use shardfeed_format::ShardEntry;
 
-use crate::dict::{self, FixedLeaf, fixed_leaf};
+use crate::pages::{self, FixedLeaf, fixed_leaf};
 use crate::plan::Segment;
 use crate::shard::{ShardFooter, check_chunk};
 use crate::{LoaderError, Result};
@@ -250,7 +250,7 @@ fn custom_leaf(
         return Some(Custom::List(leaf));
     }
     fixed_leaf(arrow, root)
-        .filter(|f| dict::supported(meta.column(f.leaf)))
+        .filter(|f| pages::supported(meta.column(f.leaf)))
         .map(Custom::Fixed)
 }
 
@@ -302,8 +302,11 @@ fn decode_custom(
     for &(root, how) in custom {
         let data_type = arrow.schema().field(root).data_type();
         let array = match how {
+            Custom::List(leaf) if pages::supported(meta.column(leaf)) => {
+                pages::decode_list_i32(file.clone(), meta.column(leaf), rows, data_type)
+            }
             Custom::List(leaf) => decode_list(file.clone(), arrow, rg, leaf, data_type),
-            Custom::Fixed(fixed) => dict::decode_fixed(
+            Custom::Fixed(fixed) => pages::decode_fixed(
                 file.clone(),
                 meta.column(fixed.leaf),
                 &fixed,

@@ -246,6 +246,301 @@ pub(crate) fn decode_fixed<R: ChunkReader + 'static>(
     Ok(Arc::new(array))
 }
 
+/// Repetition and definition levels of one data page, and its values.
+struct LevelPage {
+    rep: Bytes,
+    def: Bytes,
+    values: Bytes,
+    num_levels: usize,
+    encoding: Encoding,
+}
+
+/// A byte with its `valid` (1 to 8) low bits set.
+fn low_bits(valid: usize) -> u8 {
+    ((1u16 << valid) - 1) as u8
+}
+
+/// Split a V1 data page's buffer into its length-prefixed RLE levels and values.
+fn v1_levels(buf: &Bytes) -> std::result::Result<(Bytes, Bytes, Bytes), String> {
+    let mut at = 0usize;
+    let mut next = || -> std::result::Result<Bytes, String> {
+        let len = buf
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+            .ok_or_else(|| "levels overrun the page".to_string())?;
+        let part = buf
+            .get(at + 4..at + 4 + len)
+            .ok_or_else(|| "levels overrun the page".to_string())?;
+        let part = buf.slice_ref(part);
+        at += 4 + len;
+        Ok(part)
+    };
+    let rep = next()?;
+    let def = next()?;
+    Ok((rep, def, buf.slice(at..)))
+}
+
+/// A stretch of a bit width 1 level stream.
+#[derive(Clone, Copy)]
+enum Bits {
+    /// `len` levels of `value` from level `first` on.
+    Run { first: usize, len: usize, value: u8 },
+    /// Levels `first..first + valid` packed in `byte`, least significant bit first.
+    Byte {
+        first: usize,
+        byte: u8,
+        valid: usize,
+    },
+}
+
+/// Visit the stretches of a bit width 1 RLE / bit-packed hybrid level stream
+/// of `count` levels.
+fn walk_bits(
+    data: &[u8],
+    count: usize,
+    mut visit: impl FnMut(Bits),
+) -> std::result::Result<(), String> {
+    let mut at = 0usize;
+    let mut level = 0usize;
+    while level < count {
+        let header = uleb128(data, &mut at)?;
+        if header & 1 == 0 {
+            let run = ((header >> 1) as usize).min(count - level);
+            let value = *data
+                .get(at)
+                .ok_or_else(|| "a run value overruns the page".to_string())?;
+            at += 1;
+            if run == 0 || value > 1 {
+                return Err(format!("a level run of {run} levels of value {value}"));
+            }
+            visit(Bits::Run {
+                first: level,
+                len: run,
+                value,
+            });
+            level += run;
+        } else {
+            let bytes = (header >> 1) as usize;
+            let packed_bytes = data
+                .get(at..at + bytes)
+                .ok_or_else(|| "bit-packed levels overrun the page".to_string())?;
+            at += bytes;
+            for &b in packed_bytes {
+                if level >= count {
+                    break;
+                }
+                let valid = (count - level).min(8);
+                visit(Bits::Byte {
+                    first: level,
+                    byte: b,
+                    valid,
+                });
+                level += valid;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decode a required `list<int32>` of required items (repetition and
+/// definition levels of at most 1) of a row group with `rows` rows straight
+/// into its offsets and values: row starts come from the repetition levels
+/// eight at a time, and values from dictionary keys (or plain pages) into one
+/// buffer sized by the chunk's value count.
+pub(crate) fn decode_list_i32<R: ChunkReader + 'static>(
+    file: Arc<R>,
+    chunk: &ColumnChunkMetaData,
+    rows: usize,
+    data_type: &DataType,
+) -> Result<ArrayRef> {
+    let DataType::List(item) = data_type else {
+        return Err(general(format!("{data_type} is not a list")));
+    };
+    let path = chunk.column_path().string();
+    let err = |e: String| general(format!("column {path}: {e}"));
+    let mut pages = SerializedPageReader::new(file, chunk, rows, None)?;
+    let mut offsets: Vec<i32> = Vec::with_capacity(rows + 1);
+    let mut values: Vec<i32> = Vec::with_capacity(chunk.num_values().max(0) as usize);
+    let mut dictionary: Option<Vec<i32>> = None;
+    let mut keys: Vec<i32> = Vec::new();
+    let mut def_expanded: Vec<u8> = Vec::new();
+    while let Some(page) = pages.get_next_page()? {
+        let page = match page {
+            Page::DictionaryPage {
+                buf, num_values, ..
+            } => {
+                let n = num_values as usize;
+                let bytes = buf
+                    .get(..n * 4)
+                    .ok_or_else(|| err(format!("a dictionary page too short for {n} values")))?;
+                dictionary = Some(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")))
+                        .collect(),
+                );
+                continue;
+            }
+            Page::DataPage {
+                buf,
+                num_values,
+                encoding,
+                def_level_encoding,
+                rep_level_encoding,
+                ..
+            } => {
+                if def_level_encoding != Encoding::RLE || rep_level_encoding != Encoding::RLE {
+                    return Err(err(format!(
+                        "level encodings {rep_level_encoding}/{def_level_encoding} are not supported"
+                    )));
+                }
+                let (rep, def, values) = v1_levels(&buf).map_err(err)?;
+                LevelPage {
+                    rep,
+                    def,
+                    values,
+                    num_levels: num_values as usize,
+                    encoding,
+                }
+            }
+            Page::DataPageV2 {
+                buf,
+                num_values,
+                encoding,
+                def_levels_byte_len,
+                rep_levels_byte_len,
+                ..
+            } => {
+                let (r, d) = (rep_levels_byte_len as usize, def_levels_byte_len as usize);
+                if r + d > buf.len() {
+                    return Err(err("levels overrun the page".into()));
+                }
+                LevelPage {
+                    rep: buf.slice(..r),
+                    def: buf.slice(r..r + d),
+                    values: buf.slice(r + d..),
+                    num_levels: num_values as usize,
+                    encoding,
+                }
+            }
+        };
+        let n = page.num_levels;
+        let base = values.len();
+        // Definition levels: all 1 (no empty lists) is the common case, where
+        // value index = level index; otherwise expand them.
+        let mut dense = true;
+        walk_bits(&page.def, n, |bits| {
+            dense &= match bits {
+                Bits::Run { value, .. } => value == 1,
+                Bits::Byte { byte, valid, .. } => byte | !low_bits(valid) == 0xff,
+            }
+        })
+        .map_err(err)?;
+        let present = if dense {
+            n
+        } else {
+            def_expanded.clear();
+            walk_bits(&page.def, n, |bits| match bits {
+                Bits::Run { len, value, .. } => {
+                    def_expanded.extend(std::iter::repeat_n(value, len));
+                }
+                Bits::Byte { byte, valid, .. } => {
+                    def_expanded.extend((0..valid).map(|i| (byte >> i) & 1));
+                }
+            })
+            .map_err(err)?;
+            def_expanded.iter().map(|&d| d as usize).sum()
+        };
+        // Row starts (repetition level 0), as value indices: the level index
+        // when every level holds a value, else the values before the level.
+        let (mut level_at, mut values_at) = (0usize, 0usize);
+        let mut start_at = |level: usize| {
+            let index = if dense {
+                level
+            } else {
+                values_at += def_expanded[level_at..level]
+                    .iter()
+                    .map(|&d| d as usize)
+                    .sum::<usize>();
+                level_at = level;
+                values_at
+            };
+            offsets.push((base + index) as i32);
+        };
+        walk_bits(&page.rep, n, |bits| match bits {
+            Bits::Run {
+                first,
+                len,
+                value: 0,
+            } => (first..first + len).for_each(&mut start_at),
+            Bits::Run { .. } => {}
+            Bits::Byte { first, byte, valid } => {
+                let mut zeros = !byte & low_bits(valid);
+                while zeros != 0 {
+                    start_at(first + zeros.trailing_zeros() as usize);
+                    zeros &= zeros - 1;
+                }
+            }
+        })
+        .map_err(err)?;
+        if offsets.len() > rows {
+            return Err(err(format!(
+                "pages hold more than the row group's {rows} rows"
+            )));
+        }
+        if base + present > i32::MAX as usize {
+            return Err(err("more than 2^31 values in one row group".into()));
+        }
+        match page.encoding {
+            Encoding::PLAIN => {
+                let bytes = page
+                    .values
+                    .get(..present * 4)
+                    .ok_or_else(|| err(format!("a plain page too short for {present} values")))?;
+                values.extend(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes"))),
+                );
+            }
+            Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
+                let dict = dictionary.as_deref().ok_or_else(|| {
+                    err("a dictionary-encoded page without a dictionary page".into())
+                })?;
+                let (&bit_width, data) = page
+                    .values
+                    .split_first()
+                    .ok_or_else(|| err("an empty data page".into()))?;
+                keys.clear();
+                decode_hybrid(data, bit_width, present, &mut keys).map_err(err)?;
+                let max = keys.iter().copied().max().unwrap_or(0);
+                if present > 0 && (max as usize >= dict.len() || max < 0) {
+                    return Err(err(format!(
+                        "key {max} is outside the dictionary of {} values",
+                        dict.len()
+                    )));
+                }
+                values.extend(keys.iter().map(|&k| dict[k as usize]));
+            }
+            other => return Err(err(format!("encoding {other} is not supported"))),
+        }
+    }
+    if offsets.len() != rows {
+        return Err(err(format!(
+            "holds {} rows; the footer says {rows}",
+            offsets.len()
+        )));
+    }
+    offsets.push(values.len() as i32);
+    let list = arrow_array::ListArray::try_new(
+        item.clone(),
+        arrow_buffer::OffsetBuffer::new(arrow_buffer::ScalarBuffer::from(offsets)),
+        Arc::new(Int32Array::from(values)),
+        None,
+    )?;
+    Ok(Arc::new(list))
+}
+
 /// Read an unsigned LEB128 varint from `data` at `*at`.
 fn uleb128(data: &[u8], at: &mut usize) -> std::result::Result<u64, String> {
     let mut value = 0u64;
@@ -354,6 +649,7 @@ fn unpack(packed: &[u8], width: usize, n: usize, out: &mut Vec<i32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_array::cast::AsArray;
 
     /// Pack `values` LSB first with `width` bits each (groups of 8, zero padded).
     fn pack(values: &[u32], width: usize) -> Vec<u8> {
@@ -527,6 +823,129 @@ mod tests {
             // back or plain ones do not.
             assert_eq!(kinds.iter().any(|&k| k), dictionary);
             assert!(!kinds.iter().all(|&k| k));
+        }
+    }
+
+    /// Lists with empty rows, long rows spanning pages, and dictionary,
+    /// fallback-to-plain and plain pages, V1 and V2: the own list decoder
+    /// gives parquet's reader's values and offsets.
+    #[test]
+    fn decoded_lists_equal_parquets_reader() {
+        use arrow_array::{Array, ListArray, RecordBatch};
+        use arrow_schema::{Field, Schema};
+        use parquet::arrow::ArrowWriter;
+        use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+        use parquet::basic::{Compression, ZstdLevel};
+        use parquet::file::properties::{WriterProperties, WriterVersion};
+
+        let rows = 3000usize;
+        let item = Arc::new(Field::new("item", DataType::Int32, false));
+        let lists: Vec<Vec<i32>> = (0..rows)
+            .map(|r| {
+                // Empty rows, short rows, and now and then a 700-id row.
+                let len = match r % 11 {
+                    0 => 0,
+                    5 => 700,
+                    k => k * 3,
+                };
+                (0..len)
+                    .map(|i| {
+                        let v = (r * 31 + i * 7) as i32;
+                        // Few distinct ids in the first half (dictionary), many after.
+                        if r < rows / 2 { v % 50 } else { v * 7919 }
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut offsets = vec![0i32];
+        for l in &lists {
+            offsets.push(offsets.last().unwrap() + l.len() as i32);
+        }
+        let list = ListArray::try_new(
+            item.clone(),
+            arrow_buffer::OffsetBuffer::new(offsets.into()),
+            Arc::new(Int32Array::from(lists.concat())),
+            None,
+        )
+        .unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "ids",
+            DataType::List(item),
+            false,
+        )]));
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(list)]).unwrap();
+        for (dictionary, version) in [
+            (true, WriterVersion::PARQUET_1_0),
+            (true, WriterVersion::PARQUET_2_0),
+            (false, WriterVersion::PARQUET_1_0),
+        ] {
+            let props = WriterProperties::builder()
+                .set_dictionary_enabled(dictionary)
+                .set_dictionary_page_size_limit(1024)
+                .set_data_page_size_limit(2048)
+                .set_write_batch_size(64)
+                .set_writer_version(version)
+                .set_compression(Compression::ZSTD(ZstdLevel::default()))
+                .set_max_row_group_row_count(Some(1000))
+                .build();
+            let mut file = Vec::new();
+            let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).unwrap();
+            writer.write(&batch).unwrap();
+            writer.close().unwrap();
+            let file = Bytes::from(file);
+            let arrow = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default()).unwrap();
+            let metadata = arrow.metadata().clone();
+            let descr = metadata.file_metadata().schema_descr();
+            assert_eq!(
+                (
+                    descr.column(0).max_def_level(),
+                    descr.column(0).max_rep_level()
+                ),
+                (1, 1)
+            );
+            let expected = ParquetRecordBatchReaderBuilder::try_new(file.clone())
+                .unwrap()
+                .with_batch_size(rows)
+                .build()
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap();
+            let mut at = 0;
+            let mut decoded = 0;
+            for rg in 0..metadata.num_row_groups() {
+                let meta = metadata.row_group(rg);
+                let n = meta.num_rows() as usize;
+                let chunk = meta.column(0);
+                if supported(chunk) {
+                    assert!(chunk.data_page_offset() > 0);
+                    let array = decode_list_i32(
+                        Arc::new(file.clone()),
+                        chunk,
+                        n,
+                        batch.column(0).data_type(),
+                    )
+                    .unwrap();
+                    let want = expected.column(0).slice(at, n);
+                    let (got, want) = (array.as_list::<i32>(), want.as_list::<i32>());
+                    assert_eq!(got.len(), want.len());
+                    for r in 0..n {
+                        assert_eq!(
+                            got.value(r).to_data(),
+                            want.value(r).to_data(),
+                            "row {r} of row group {rg}, dictionary {dictionary}, {version:?}"
+                        );
+                    }
+                    decoded += 1;
+                } else {
+                    assert_eq!(version, WriterVersion::PARQUET_2_0);
+                }
+                at += n;
+            }
+            assert_eq!(at, rows);
+            if version == WriterVersion::PARQUET_1_0 {
+                assert_eq!(decoded, metadata.num_row_groups());
+            }
         }
     }
 }
