@@ -194,9 +194,14 @@ pub(crate) fn decode_fixed<R: ChunkReader + 'static>(
                 let (&bit_width, data) = buf
                     .split_first()
                     .ok_or_else(|| general(format!("column {path}: an empty data page")))?;
-                decode_hybrid(data, bit_width, num_values, &mut keys)
+                keys.reserve(num_values);
+                let mut sink = Keys {
+                    out: &mut keys,
+                    max: 0,
+                };
+                decode_hybrid_into(data, bit_width, num_values, &mut sink)
                     .map_err(|e| general(format!("column {path}: {e}")))?;
-                let max = keys[start..].iter().copied().max().unwrap_or(0);
+                let max = sink.max;
                 if max as usize >= dict_len && num_values > 0 {
                     return Err(general(format!(
                         "column {path}: key {max} is outside the dictionary of {dict_len} values"
@@ -362,7 +367,6 @@ pub(crate) fn decode_list_i32<R: ChunkReader + 'static>(
     let mut offsets: Vec<i32> = Vec::with_capacity(rows + 1);
     let mut values: Vec<i32> = Vec::with_capacity(chunk.num_values().max(0) as usize);
     let mut dictionary: Option<Vec<i32>> = None;
-    let mut keys: Vec<i32> = Vec::new();
     let mut def_expanded: Vec<u8> = Vec::new();
     while let Some(page) = pages.get_next_page()? {
         let page = match page {
@@ -511,16 +515,18 @@ pub(crate) fn decode_list_i32<R: ChunkReader + 'static>(
                     .values
                     .split_first()
                     .ok_or_else(|| err("an empty data page".into()))?;
-                keys.clear();
-                decode_hybrid(data, bit_width, present, &mut keys).map_err(err)?;
-                let max = keys.iter().copied().max().unwrap_or(0);
-                if present > 0 && (max as usize >= dict.len() || max < 0) {
+                let mut sink = Gather {
+                    dictionary: dict,
+                    out: &mut values,
+                    bad: None,
+                };
+                decode_hybrid_into(data, bit_width, present, &mut sink).map_err(err)?;
+                if let Some(key) = sink.bad {
                     return Err(err(format!(
-                        "key {max} is outside the dictionary of {} values",
+                        "key {key} is outside the dictionary of {} values",
                         dict.len()
                     )));
                 }
-                values.extend(keys.iter().map(|&k| dict[k as usize]));
             }
             other => return Err(err(format!("encoding {other} is not supported"))),
         }
@@ -561,24 +567,86 @@ fn uleb128(data: &[u8], at: &mut usize) -> std::result::Result<u64, String> {
     }
 }
 
-/// Decode `count` values of Parquet's RLE / bit-packed hybrid encoding with
-/// `bit_width` bits each (no length prefix) and append them to `out`.
-pub(crate) fn decode_hybrid(
+/// Where decoded keys go.
+pub(crate) trait KeySink {
+    /// `len` copies of `key`.
+    fn run(&mut self, key: i32, len: usize);
+    /// Keys in order.
+    fn keys(&mut self, keys: &[i32]);
+}
+
+/// Collects keys, remembering the largest (as unsigned: a key over 2^31 - 1
+/// is out of any dictionary's range too).
+struct Keys<'a> {
+    out: &'a mut Vec<i32>,
+    max: u32,
+}
+
+impl KeySink for Keys<'_> {
+    fn run(&mut self, key: i32, len: usize) {
+        self.max = self.max.max(key as u32);
+        self.out.extend(std::iter::repeat_n(key, len));
+    }
+    fn keys(&mut self, keys: &[i32]) {
+        self.max = keys.iter().fold(self.max, |m, &k| m.max(k as u32));
+        self.out.extend_from_slice(keys);
+    }
+}
+
+/// Looks keys up in a dictionary; a key outside it is remembered (and 0 written).
+struct Gather<'a> {
+    dictionary: &'a [i32],
+    out: &'a mut Vec<i32>,
+    bad: Option<i32>,
+}
+
+impl KeySink for Gather<'_> {
+    fn run(&mut self, key: i32, len: usize) {
+        let value = match self.dictionary.get(key as usize) {
+            Some(v) => *v,
+            None => {
+                self.bad = Some(key);
+                0
+            }
+        };
+        self.out.extend(std::iter::repeat_n(value, len));
+    }
+    fn keys(&mut self, keys: &[i32]) {
+        let dictionary = self.dictionary;
+        let mut bad = false;
+        self.out
+            .extend(keys.iter().map(|&k| match dictionary.get(k as usize) {
+                Some(v) => *v,
+                None => {
+                    bad = true;
+                    0
+                }
+            }));
+        if bad {
+            self.bad = keys
+                .iter()
+                .copied()
+                .find(|&k| k as usize >= dictionary.len());
+        }
+    }
+}
+
+/// Decode `count` values of the RLE / bit-packed hybrid encoding into `sink`.
+fn decode_hybrid_into(
     data: &[u8],
     bit_width: u8,
     count: usize,
-    out: &mut Vec<i32>,
+    sink: &mut impl KeySink,
 ) -> std::result::Result<(), String> {
     if bit_width > 32 {
         return Err(format!("bit width {bit_width} is over 32"));
     }
     let width = bit_width as usize;
-    let target = out.len() + count;
-    out.reserve(count);
+    let mut done = 0usize;
     let mut at = 0usize;
-    while out.len() < target {
+    while done < count {
         let header = uleb128(data, &mut at)?;
-        let remaining = target - out.len();
+        let remaining = count - done;
         if header & 1 == 0 {
             // A run of one repeated value, stored in ceil(width / 8) bytes.
             let run = (header >> 1) as usize;
@@ -594,7 +662,9 @@ pub(crate) fn decode_hybrid(
             if run == 0 {
                 return Err("an empty run".into());
             }
-            out.extend(std::iter::repeat_n(value as i32, run.min(remaining)));
+            let n = run.min(remaining);
+            sink.run(value as i32, n);
+            done += n;
         } else {
             // Groups of 8 bit-packed values, least significant bits first.
             let groups = (header >> 1) as usize;
@@ -604,52 +674,97 @@ pub(crate) fn decode_hybrid(
                 .ok_or_else(|| "bit-packed values overrun the page".to_string())?;
             at += bytes;
             let n = (groups * 8).min(remaining);
-            unpack(packed, width, n, out);
+            unpack(packed, width, n, sink);
+            done += n;
         }
     }
     Ok(())
 }
 
-/// Append `n` values of `width` bits packed in `packed` (LSB first).
-fn unpack(packed: &[u8], width: usize, n: usize, out: &mut Vec<i32>) {
-    if width == 0 {
-        out.extend(std::iter::repeat_n(0, n));
-        return;
-    }
-    let mask = if width == 32 {
+/// Unpack 8 values of `W` bits from `src` (which holds at least `W + 8`
+/// bytes, so every 8-byte load stays inside it).
+#[inline(always)]
+fn unpack8<const W: usize>(src: &[u8], out: &mut [i32; 8]) {
+    let mask = if W == 32 {
         u64::from(u32::MAX)
     } else {
-        (1u64 << width) - 1
+        (1u64 << W) - 1
     };
-    // Values whose 8-byte load stays inside `packed` are read directly; the
-    // last few through a zero-padded copy.
-    let direct = if packed.len() >= 8 {
-        ((packed.len() - 8) * 8 / width + 1).min(n)
+    for (i, o) in out.iter_mut().enumerate() {
+        let bit = i * W;
+        let word = u64::from_le_bytes(src[bit / 8..bit / 8 + 8].try_into().expect("8 bytes"));
+        *o = ((word >> (bit % 8)) & mask) as i32;
+    }
+}
+
+/// Unpack `n` values of `W` bits packed in `packed` into `sink`, 8 at a time
+/// with constant shifts; the last groups through a zero-padded copy.
+fn unpack_width<const W: usize>(packed: &[u8], n: usize, sink: &mut impl KeySink) {
+    const CHUNK: usize = 64;
+    let mut buf = [0i32; CHUNK];
+    let groups = n.div_ceil(8);
+    // Groups whose 8-byte loads stay inside `packed`.
+    let direct = if packed.len() >= W + 8 {
+        ((packed.len() - W - 8) / W + 1).min(groups)
     } else {
         0
     };
-    out.extend((0..direct).map(|i| {
-        let bit = i * width;
-        let word = u64::from_le_bytes(packed[bit / 8..bit / 8 + 8].try_into().expect("8 bytes"));
-        ((word >> (bit % 8)) & mask) as i32
-    }));
-    if direct < n {
-        let mut tail = [0u8; 16];
-        let from = direct * width / 8;
-        let rest = &packed[from..];
-        tail[..rest.len()].copy_from_slice(rest);
-        out.extend((direct..n).map(|i| {
-            let bit = i * width - from * 8;
-            let word = u64::from_le_bytes(tail[bit / 8..bit / 8 + 8].try_into().expect("8 bytes"));
-            ((word >> (bit % 8)) & mask) as i32
-        }));
+    let mut left = n;
+    let mut g = 0;
+    while g < direct {
+        let take = (direct - g).min(CHUNK / 8);
+        for k in 0..take {
+            let out: &mut [i32; 8] = (&mut buf[k * 8..k * 8 + 8]).try_into().expect("8");
+            unpack8::<W>(&packed[(g + k) * W..], out);
+        }
+        let values = (take * 8).min(left);
+        sink.keys(&buf[..values]);
+        left -= values;
+        g += take;
     }
+    while g < groups {
+        let mut tail = [0u8; 48];
+        let rest = &packed[(g * W).min(packed.len())..];
+        let len = rest.len().min(W);
+        tail[..len].copy_from_slice(&rest[..len]);
+        let out: &mut [i32; 8] = (&mut buf[..8]).try_into().expect("8");
+        unpack8::<W>(&tail, out);
+        let values = 8.min(left);
+        sink.keys(&buf[..values]);
+        left -= values;
+        g += 1;
+    }
+}
+
+/// Unpack `n` values of `width` bits packed in `packed` (LSB first) into `sink`.
+fn unpack(packed: &[u8], width: usize, n: usize, sink: &mut impl KeySink) {
+    macro_rules! widths {
+        ($($w:literal)*) => {
+            match width {
+                0 => sink.run(0, n),
+                $($w => unpack_width::<$w>(packed, n, sink),)*
+                _ => unreachable!("bit widths are checked to be at most 32"),
+            }
+        };
+    }
+    widths!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use arrow_array::cast::AsArray;
+
+    /// Decode `count` hybrid-encoded values of `bit_width` bits into `out`.
+    fn decode_hybrid(
+        data: &[u8],
+        bit_width: u8,
+        count: usize,
+        out: &mut Vec<i32>,
+    ) -> std::result::Result<(), String> {
+        let mut sink = Keys { out, max: 0 };
+        decode_hybrid_into(data, bit_width, count, &mut sink)
+    }
 
     /// Pack `values` LSB first with `width` bits each (groups of 8, zero padded).
     fn pack(values: &[u32], width: usize) -> Vec<u8> {
@@ -674,24 +789,56 @@ mod tests {
             } else {
                 (1u32 << width).wrapping_sub(1)
             };
-            let packed_values: Vec<u32> = (0..21u32)
+            let packed_values: Vec<u32> = (0..205u32)
                 .map(|i| i.wrapping_mul(2_654_435_761) & max)
                 .collect();
             let mut data = Vec::new();
-            // A run of 5 copies of `max`, then 3 groups of bit-packed values
-            // (24 slots, 21 used).
+            // A run of 5 copies of `max`, then 26 groups of bit-packed values
+            // (208 slots, 205 used).
             data.push(5 << 1);
             data.extend_from_slice(&max.to_le_bytes()[..width.div_ceil(8)]);
-            data.push((3 << 1) | 1);
+            data.push((26 << 1) | 1);
             data.extend(pack(&packed_values, width));
             let mut out = vec![-1];
-            decode_hybrid(&data, width as u8, 26, &mut out).unwrap();
+            decode_hybrid(&data, width as u8, 210, &mut out).unwrap();
             let mut expected = vec![
                 -1, max as i32, max as i32, max as i32, max as i32, max as i32,
             ];
             expected.extend(packed_values.iter().map(|&v| v as i32));
             assert_eq!(out, expected, "width {width}");
         }
+    }
+
+    #[test]
+    fn keys_outside_the_dictionary_are_caught() {
+        let dictionary = [10, 20, 30];
+        // Bit-packed keys 0..8 (width 4): keys 3..7 are outside.
+        let data = [(1 << 1) | 1, 0x10, 0x32, 0x54, 0x76];
+        let mut out = Vec::new();
+        let mut sink = Gather {
+            dictionary: &dictionary,
+            out: &mut out,
+            bad: None,
+        };
+        decode_hybrid_into(&data, 4, 8, &mut sink).unwrap();
+        assert_eq!(sink.bad, Some(3));
+        // A run of key 2^31 (negative as i32) is outside too, for both sinks.
+        let data = [2 << 1, 0, 0, 0, 0x80];
+        let mut out = Vec::new();
+        let mut sink = Gather {
+            dictionary: &dictionary,
+            out: &mut out,
+            bad: None,
+        };
+        decode_hybrid_into(&data, 32, 2, &mut sink).unwrap();
+        assert_eq!(sink.bad, Some(i32::MIN));
+        let mut keys = Vec::new();
+        let mut sink = Keys {
+            out: &mut keys,
+            max: 0,
+        };
+        decode_hybrid_into(&data, 32, 2, &mut sink).unwrap();
+        assert_eq!(sink.max, 1 << 31);
     }
 
     #[test]
