@@ -195,6 +195,33 @@ fn row_valid(col: &SourceColumn, row: usize) -> bool {
 }
 
 impl SourceColumn {
+    /// The bytes of row `row` of a binary or string column (offsets or
+    /// views); empty for a null row.
+    fn value_bytes(&self, large: bool, row: usize) -> &[u8] {
+        if !row_valid(self, row) {
+            return &[];
+        }
+        match self.data.data_type() {
+            DataType::BinaryView | DataType::Utf8View => {
+                let at = (self.data.offset() + row) * 16;
+                let raw = &self.data.buffers()[0].as_slice()[at..at + 16];
+                let view = u128::from_le_bytes(raw.try_into().expect("16 bytes"));
+                let len = view as u32 as usize;
+                if len <= 12 {
+                    &raw[4..4 + len]
+                } else {
+                    let view = arrow_data::ByteView::from(view);
+                    let data = self.data.buffers()[1 + view.buffer_index as usize].as_slice();
+                    &data[view.offset as usize..view.offset as usize + len]
+                }
+            }
+            _ => {
+                let (a, b) = self.offsets(large, row);
+                &self.data.buffers()[1].as_slice()[a..b]
+            }
+        }
+    }
+
     /// The element range of a variable-length row; empty for a null row.
     fn span(&self, large: bool, row: usize) -> (usize, usize) {
         if row_valid(self, row) {
@@ -280,7 +307,14 @@ impl<'a> Collation<'a> {
                     },
                 },
                 Kind::Bytes { large, utf8 } => {
-                    let total = self.total_elements(c, large, rows);
+                    let total = rows
+                        .iter()
+                        .map(|(s, r)| {
+                            self.sources[*s as usize][c]
+                                .value_bytes(large, *r as usize)
+                                .len()
+                        })
+                        .sum();
                     ColumnLayout::Bytes {
                         values: layout.push(DType::U8, vec![total]),
                         offsets: layout.push(DType::I64, vec![n + 1]),
@@ -427,14 +461,10 @@ impl<'a> Collation<'a> {
                     let mut offs = Vec::with_capacity(rows.len() + 1);
                     offs.push(0i64);
                     for (s, r) in rows {
-                        let col = cols[*s as usize];
-                        if row_valid(col, *r as usize) {
-                            let (a, b) = col.offsets(*large, *r as usize);
-                            let data = col.data.buffers()[1].as_slice();
-                            let dst = values.offset + at;
-                            slab[dst..dst + (b - a)].copy_from_slice(&data[a..b]);
-                            at += b - a;
-                        }
+                        let value = cols[*s as usize].value_bytes(*large, *r as usize);
+                        let dst = values.offset + at;
+                        slab[dst..dst + value.len()].copy_from_slice(value);
+                        at += value.len();
                         offs.push(at as i64);
                     }
                     write_i64(slab, offsets, &offs);
@@ -794,5 +824,59 @@ mod tests {
             let rows: Vec<(u32, u32)> = (0..100).map(|i| (0, i)).collect();
             assert_eq!(collate(&[&permuted], &rows), (expected_ids, expected_fs));
         }
+    }
+
+    #[test]
+    fn view_sources_collate_like_offset_sources() {
+        use arrow_array::{StringArray, StringViewArray};
+        let words: Vec<String> = (0..50)
+            .map(|i| format!("{i}{}", "-long-".repeat(i % 5)))
+            .collect();
+        let schema = Schema::new(vec![Field::new("w", DataType::Utf8, false)]);
+        let plans = plan_columns(&schema, &["w".into()]).unwrap();
+        let rows: Vec<(u32, u32)> = (0..50u32).map(|i| (i % 2, (i * 7) % 50)).collect();
+        let read = |sources: &[&RecordBatch]| -> Vec<String> {
+            let collation = Collation::new(&plans, ListMode::Ragged, sources);
+            let (columns, bytes) = collation.layout(&rows);
+            let mut storage = vec![0u64; bytes.div_ceil(8)];
+            // SAFETY: plain integers reinterpreted as bytes.
+            let slab = unsafe { storage.align_to_mut::<u8>().1 };
+            collation.write(&rows, &columns, slab);
+            let ColumnLayout::Bytes {
+                values, offsets, ..
+            } = &columns[0].layout
+            else {
+                panic!("bytes")
+            };
+            let offs: Vec<usize> = slab[offsets.offset..offsets.offset + offsets.bytes()]
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as usize)
+                .collect();
+            offs.windows(2)
+                .map(|w| {
+                    String::from_utf8(slab[values.offset + w[0]..values.offset + w[1]].to_vec())
+                        .unwrap()
+                })
+                .collect()
+        };
+        let batch_of = |array: ArrayRef| {
+            RecordBatch::try_new(
+                Arc::new(Schema::new(vec![Field::new(
+                    "w",
+                    array.data_type().clone(),
+                    false,
+                )])),
+                vec![array],
+            )
+            .unwrap()
+        };
+        let views = batch_of(Arc::new(StringViewArray::from_iter_values(&words)));
+        let plain = batch_of(Arc::new(StringArray::from(words.clone())));
+        let expected: Vec<String> = rows
+            .iter()
+            .map(|(_, r)| words[*r as usize].clone())
+            .collect();
+        assert_eq!(read(&[&views, &plain]), expected);
+        assert_eq!(read(&[&plain, &views]), expected);
     }
 }

@@ -237,6 +237,8 @@ enum Custom {
     List(usize),
     /// A flat required fixed-width column, dictionary kept.
     Fixed(FixedLeaf),
+    /// A flat required binary or string column (leaf, utf8), as views of its pages.
+    Bytes(usize, bool),
 }
 
 /// How root column `root` of row group `meta` is decoded, when not by the
@@ -248,6 +250,9 @@ fn custom_leaf(
 ) -> Option<Custom> {
     if let Some(leaf) = level_list_leaf(arrow, root) {
         return Some(Custom::List(leaf));
+    }
+    if let Some((leaf, utf8)) = pages::bytes_leaf(arrow, root) {
+        return pages::supported(meta.column(leaf)).then_some(Custom::Bytes(leaf, utf8));
     }
     fixed_leaf(arrow, root)
         .filter(|f| pages::supported(meta.column(f.leaf)))
@@ -306,6 +311,9 @@ fn decode_custom(
                 pages::decode_list_i32(file.clone(), meta.column(leaf), rows, data_type)
             }
             Custom::List(leaf) => decode_list(file.clone(), arrow, rg, leaf, data_type),
+            Custom::Bytes(leaf, utf8) => {
+                pages::decode_bytes(file.clone(), meta.column(leaf), rows, utf8)
+            }
             Custom::Fixed(fixed) => pages::decode_fixed(
                 file.clone(),
                 meta.column(fixed.leaf),
