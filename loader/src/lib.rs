@@ -35,6 +35,7 @@ mod decode;
 mod error;
 mod fetch;
 mod loader;
+mod page_reader;
 mod pages;
 mod pinned;
 pub mod plan;

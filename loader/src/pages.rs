@@ -19,11 +19,12 @@ use arrow_schema::DataType;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 use parquet::basic::{Encoding, Type as PhysicalType};
-use parquet::column::page::{Page, PageReader};
+use parquet::column::page::Page;
 use parquet::errors::{ParquetError, Result};
 use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::reader::ChunkReader;
-use parquet::file::serialized_reader::SerializedPageReader;
+
+use crate::page_reader::Pages;
 
 /// How a flat fixed-width column is stored and decoded.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -104,7 +105,7 @@ pub(crate) fn decode_fixed<R: ChunkReader + 'static>(
     rows: usize,
     data_type: &DataType,
 ) -> Result<ArrayRef> {
-    let mut pages = SerializedPageReader::new(file, chunk, rows, None)?;
+    let mut pages = Pages::open(file, chunk, rows)?;
     let path = chunk.column_path().string();
     // Dictionary values at the stored width, and the keys decoded so far.
     let mut dictionary: Option<Bytes> = None;
@@ -112,7 +113,7 @@ pub(crate) fn decode_fixed<R: ChunkReader + 'static>(
     // Once a plain page shows up, values (Arrow width) replace keys.
     let mut plain: Option<Vec<u8>> = None;
     let mut decoded = 0usize;
-    while let Some(page) = pages.get_next_page()? {
+    while let Some(page) = pages.next_page()? {
         let (buf, num_values, encoding) = match page {
             Page::DictionaryPage {
                 buf,
@@ -363,12 +364,12 @@ pub(crate) fn decode_list_i32<R: ChunkReader + 'static>(
     };
     let path = chunk.column_path().string();
     let err = |e: String| general(format!("column {path}: {e}"));
-    let mut pages = SerializedPageReader::new(file, chunk, rows, None)?;
+    let mut pages = Pages::open(file, chunk, rows)?;
     let mut offsets: Vec<i32> = Vec::with_capacity(rows + 1);
     let mut values: Vec<i32> = Vec::with_capacity(chunk.num_values().max(0) as usize);
     let mut dictionary: Option<Vec<i32>> = None;
     let mut def_expanded: Vec<u8> = Vec::new();
-    while let Some(page) = pages.get_next_page()? {
+    while let Some(page) = pages.next_page()? {
         let page = match page {
             Page::DictionaryPage {
                 buf, num_values, ..
@@ -610,11 +611,11 @@ pub(crate) fn decode_bytes<R: ChunkReader + 'static>(
 ) -> Result<ArrayRef> {
     let path = chunk.column_path().string();
     let err = |e: String| general(format!("column {path}: {e}"));
-    let mut pages = SerializedPageReader::new(file, chunk, rows, None)?;
+    let mut pages = Pages::open(file, chunk, rows)?;
     let mut buffers: Vec<Buffer> = Vec::new();
     let mut views: Vec<u128> = Vec::with_capacity(rows);
     let mut dictionary: Option<Vec<u128>> = None;
-    while let Some(page) = pages.get_next_page()? {
+    while let Some(page) = pages.next_page()? {
         let (buf, num_values, encoding) = match page {
             Page::DictionaryPage {
                 buf, num_values, ..
@@ -1008,6 +1009,59 @@ mod tests {
         assert_eq!(sink.max, 1 << 31);
     }
 
+    /// Truncated or scrambled column chunk bytes give errors, never a panic.
+    #[test]
+    fn damaged_page_headers_are_errors() {
+        use arrow_array::{Int64Array, RecordBatch};
+        use parquet::arrow::ArrowWriter;
+        use parquet::arrow::arrow_reader::ArrowReaderOptions;
+
+        let batch = RecordBatch::try_from_iter([(
+            "v",
+            Arc::new(Int64Array::from_iter_values(0..5000)) as ArrayRef,
+        )])
+        .unwrap();
+        let mut file = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let file = Bytes::from(file);
+        let arrow = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default()).unwrap();
+        let chunk = arrow.metadata().row_group(0).column(0).clone();
+        let (start, len) = chunk.byte_range();
+        let (start, len) = (start as usize, len as usize);
+        let leaf = fixed_leaf(&arrow, 0).unwrap();
+        let decode = |bytes: Vec<u8>| {
+            decode_fixed(
+                Arc::new(Bytes::from(bytes)),
+                &chunk,
+                &leaf,
+                5000,
+                &DataType::Int64,
+            )
+        };
+        assert!(decode(file.to_vec()).is_ok());
+        let mut failures = 0;
+        // Every byte of the chunk's first 64 (page headers) scrambled in turn,
+        // and the chunk cut short at several places.
+        for at in start..start + 64.min(len) {
+            let mut bytes = file.to_vec();
+            bytes[at] ^= 0x5a;
+            failures += decode(bytes).is_err() as usize;
+        }
+        assert!(failures > 0);
+        // The page reader alone, over a chunk cut short at several places.
+        for cut in [1, 7, len / 2, len - 1] {
+            let mut pages = crate::page_reader::ChunkPages::new(
+                file.slice(start..start + cut),
+                true,
+                "v".into(),
+            );
+            let outcome = std::iter::from_fn(|| pages.next_page().transpose()).find(|p| p.is_err());
+            assert!(outcome.is_some(), "cut at {cut}");
+        }
+    }
+
     #[test]
     fn truncated_hybrid_data_is_an_error() {
         let mut out = Vec::new();
@@ -1068,10 +1122,26 @@ mod tests {
             .map(|(i, c)| Field::new(format!("c{i}"), c.data_type().clone(), false))
             .collect();
         let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
-        for (dictionary, version) in [
-            (true, WriterVersion::PARQUET_1_0),
-            (true, WriterVersion::PARQUET_2_0),
-            (false, WriterVersion::PARQUET_1_0),
+        // zstd and uncompressed chunks are read by this crate's page reader,
+        // snappy ones by parquet's.
+        for (dictionary, version, codec) in [
+            (
+                true,
+                WriterVersion::PARQUET_1_0,
+                Compression::ZSTD(ZstdLevel::default()),
+            ),
+            (
+                true,
+                WriterVersion::PARQUET_2_0,
+                Compression::ZSTD(ZstdLevel::default()),
+            ),
+            (
+                false,
+                WriterVersion::PARQUET_1_0,
+                Compression::ZSTD(ZstdLevel::default()),
+            ),
+            (true, WriterVersion::PARQUET_1_0, Compression::UNCOMPRESSED),
+            (true, WriterVersion::PARQUET_2_0, Compression::SNAPPY),
         ] {
             let props = WriterProperties::builder()
                 .set_dictionary_enabled(dictionary)
@@ -1079,7 +1149,7 @@ mod tests {
                 .set_data_page_row_count_limit(300)
                 .set_write_batch_size(100)
                 .set_writer_version(version)
-                .set_compression(Compression::ZSTD(ZstdLevel::default()))
+                .set_compression(codec)
                 .set_max_row_group_row_count(Some(2500))
                 .build();
             let mut file = Vec::new();
@@ -1127,7 +1197,7 @@ mod tests {
                     assert_eq!(
                         plain.to_data(),
                         expected.column(root).slice(at, n).to_data(),
-                        "column {root}, row group {rg}, dictionary {dictionary}, {version:?}"
+                        "column {root}, row group {rg}, dictionary {dictionary}, {version:?}, {codec}"
                     );
                     at += n;
                 }
