@@ -6,7 +6,14 @@
 //! offsets. Nullable columns get a `u8` validity mask (null rows hold zeros,
 //! or empty lists and strings).
 
-use arrow_array::RecordBatch;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::ArrowDictionaryKeyType;
+use arrow_array::{
+    AnyDictionaryArray, Array, ArrayRef, DictionaryArray, PrimitiveArray, RecordBatch,
+};
+use arrow_buffer::ArrowNativeType;
 use arrow_buffer::NullBuffer;
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, Schema};
@@ -515,17 +522,42 @@ fn pad_bytes(dtype: DType, value: f64) -> [u8; 8] {
     out
 }
 
+/// A dictionary's keys.
+#[derive(Clone, Copy)]
+enum KeySlice<'a> {
+    U16(&'a [u16]),
+    I32(&'a [i32]),
+}
+
+impl KeySlice<'_> {
+    #[inline(always)]
+    fn get(&self, row: usize) -> usize {
+        match self {
+            KeySlice::U16(k) => k[row] as usize,
+            KeySlice::I32(k) => k[row] as usize,
+        }
+    }
+}
+
 /// A fixed-width source array: its values, or a dictionary's keys and values.
 #[derive(Clone, Copy)]
 enum Fixed<'a> {
     Plain(&'a [u8]),
-    Dictionary { keys: &'a [i32], values: &'a [u8] },
+    Dictionary {
+        keys: KeySlice<'a>,
+        values: &'a [u8],
+    },
 }
 
 impl<'a> Fixed<'a> {
     fn of(data: &'a ArrayData, width: usize) -> Self {
-        if let DataType::Dictionary(..) = data.data_type() {
-            let keys = &data.buffers()[0].typed_data::<i32>()[data.offset()..];
+        if let DataType::Dictionary(key, _) = data.data_type() {
+            let raw = &data.buffers()[0];
+            let keys = match key.as_ref() {
+                DataType::UInt16 => KeySlice::U16(&raw.typed_data::<u16>()[data.offset()..]),
+                DataType::Int32 => KeySlice::I32(&raw.typed_data::<i32>()[data.offset()..]),
+                other => unreachable!("the decoder makes u16 or i32 keys, not {other}"),
+            };
             Fixed::Dictionary {
                 keys,
                 values: SourceColumn::fixed(&data.child_data()[0], width),
@@ -576,17 +608,13 @@ fn gather_fixed(
                     out.copy_from_slice(&values[range.start * w..range.end * w]);
                 }
                 Fixed::Dictionary { keys, values } => {
-                    let keys = &keys[range];
-                    let done = match w {
-                        1 => lookup::<u8>(keys, values, out),
-                        2 => lookup::<u16>(keys, values, out),
-                        4 => lookup::<u32>(keys, values, out),
-                        8 => lookup::<u64>(keys, values, out),
-                        _ => false,
+                    let done = match keys {
+                        KeySlice::U16(k) => lookup_width(w, &k[range.clone()], values, out),
+                        KeySlice::I32(k) => lookup_width(w, &k[range.clone()], values, out),
                     };
                     if !done {
-                        for (o, &k) in out.chunks_exact_mut(w).zip(keys) {
-                            let at = k as usize * w;
+                        for (o, row) in out.chunks_exact_mut(w).zip(range) {
+                            let at = keys.get(row) * w;
                             o.copy_from_slice(&values[at..at + w]);
                         }
                     }
@@ -600,7 +628,7 @@ fn gather_fixed(
             let from = match srcs[s as usize] {
                 Fixed::Plain(values) => &values[r as usize * w..r as usize * w + w],
                 Fixed::Dictionary { keys, values } => {
-                    let at = keys[r as usize] as usize * w;
+                    let at = keys.get(r as usize) * w;
                     &values[at..at + w]
                 }
             };
@@ -616,9 +644,22 @@ fn gather_fixed(
     }
 }
 
+/// [`lookup`] for values of `w` bytes; false (nothing written) for other
+/// widths or unaligned buffers.
+#[inline(always)]
+fn lookup_width<K: ArrowNativeType>(w: usize, keys: &[K], values: &[u8], out: &mut [u8]) -> bool {
+    match w {
+        1 => lookup::<u8, K>(keys, values, out),
+        2 => lookup::<u16, K>(keys, values, out),
+        4 => lookup::<u32, K>(keys, values, out),
+        8 => lookup::<u64, K>(keys, values, out),
+        _ => false,
+    }
+}
+
 /// `out[i] = values[keys[i]]` with `T`-sized values; false (nothing written)
 /// when the buffers are not aligned for `T`.
-fn lookup<T: Copy>(keys: &[i32], values: &[u8], out: &mut [u8]) -> bool {
+fn lookup<T: Copy, K: ArrowNativeType>(keys: &[K], values: &[u8], out: &mut [u8]) -> bool {
     // SAFETY: `T` is a plain integer type, valid for any bytes; `align_to`
     // only yields whole, aligned `T`s in the middle slices.
     let (pre, values, _) = unsafe { values.align_to::<T>() };
@@ -629,9 +670,49 @@ fn lookup<T: Copy>(keys: &[i32], values: &[u8], out: &mut [u8]) -> bool {
     for (o, &k) in out.iter_mut().zip(keys) {
         // SAFETY: a dictionary array's keys index its values (checked when
         // decoded and when windows are concatenated).
-        *o = unsafe { *values.get_unchecked(k as usize) };
+        *o = unsafe { *values.get_unchecked(k.as_usize()) };
     }
     true
+}
+
+/// The dictionaries `dictionaries` (keys u16 or i32) as one, with keys of
+/// type `K` in `order` (indices into the concatenated rows).
+fn permute_keys<K: ArrowDictionaryKeyType>(
+    dictionaries: &[&dyn AnyDictionaryArray],
+    order: &[u32],
+) -> std::result::Result<ArrayRef, arrow_schema::ArrowError> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Int32Type, UInt16Type};
+    // Keys of every batch, shifted to the concatenated dictionary.
+    let rows: usize = dictionaries.iter().map(|d| d.len()).sum();
+    let mut keys: Vec<K::Native> = Vec::with_capacity(rows);
+    let mut shift = 0usize;
+    for d in dictionaries {
+        let raw = d.keys();
+        match raw.data_type() {
+            DataType::UInt16 => keys.extend(
+                raw.as_primitive::<UInt16Type>()
+                    .values()
+                    .iter()
+                    .map(|&k| K::Native::usize_as(k as usize + shift)),
+            ),
+            _ => keys.extend(
+                raw.as_primitive::<Int32Type>()
+                    .values()
+                    .iter()
+                    .map(|&k| K::Native::usize_as(k as usize + shift)),
+            ),
+        }
+        shift += d.values().len();
+    }
+    let values: Vec<&dyn Array> = dictionaries.iter().map(|d| d.values().as_ref()).collect();
+    let values = arrow_select::concat::concat(&values)?;
+    let permuted: Vec<K::Native> = order.iter().map(|&g| keys[g as usize]).collect();
+    // SAFETY: every key was in its own dictionary, and is shifted by the
+    // values before that dictionary in the concatenation, which `K` holds.
+    Ok(Arc::new(unsafe {
+        DictionaryArray::<K>::new_unchecked(PrimitiveArray::<K>::new(permuted.into(), None), values)
+    }))
 }
 
 /// Put the rows of `batches` (concatenated) in `order` (indices into the
@@ -639,9 +720,8 @@ fn lookup<T: Copy>(keys: &[i32], values: &[u8], out: &mut [u8]) -> bool {
 /// dictionaries (concatenated) and only their keys are permuted; a column
 /// whose batches mix dictionary and plain arrays is made plain.
 pub(crate) fn permute(batches: &[RecordBatch], order: &[u32]) -> Result<RecordBatch> {
-    use arrow_array::types::Int32Type;
-    use arrow_array::{Array, ArrayRef, DictionaryArray, Int32Array, UInt32Array};
-    use std::sync::Arc;
+    use arrow_array::UInt32Array;
+    use arrow_array::types::{Int32Type, UInt16Type};
 
     let err = |e: arrow_schema::ArrowError| LoaderError::Io {
         op: "shuffle a window".into(),
@@ -651,42 +731,25 @@ pub(crate) fn permute(batches: &[RecordBatch], order: &[u32]) -> Result<RecordBa
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(first.num_columns());
     for c in 0..first.num_columns() {
         let arrays: Vec<&ArrayRef> = batches.iter().map(|b| b.column(c)).collect();
-        let dictionaries: Option<Vec<&DictionaryArray<Int32Type>>> = arrays
-            .iter()
-            .map(|a| a.as_any().downcast_ref::<DictionaryArray<Int32Type>>())
-            .collect();
+        let dictionaries: Option<Vec<&dyn AnyDictionaryArray>> =
+            arrays.iter().map(|a| a.as_any_dictionary_opt()).collect();
         if let Some(dictionaries) = dictionaries {
-            // Keys of every batch, shifted to the concatenated dictionary.
-            let rows: usize = dictionaries.iter().map(|d| d.len()).sum();
-            let mut keys = Vec::with_capacity(rows);
-            let mut shift = 0i32;
-            for d in &dictionaries {
-                keys.extend(d.keys().values().iter().map(|k| k + shift));
-                shift += d.values().len() as i32;
+            let values: usize = dictionaries.iter().map(|d| d.values().len()).sum();
+            let array = if values <= 1 << 16 {
+                permute_keys::<UInt16Type>(&dictionaries, order)
+            } else {
+                permute_keys::<Int32Type>(&dictionaries, order)
             }
-            let values: Vec<&dyn Array> =
-                dictionaries.iter().map(|d| d.values().as_ref()).collect();
-            let values = arrow_select::concat::concat(&values).map_err(err)?;
-            let permuted: Vec<i32> = order.iter().map(|&g| keys[g as usize]).collect();
-            // SAFETY: every key was in its own dictionary, and is shifted by
-            // the values before that dictionary in the concatenation.
-            let array = unsafe {
-                DictionaryArray::<Int32Type>::new_unchecked(
-                    Int32Array::new(permuted.into(), None),
-                    values,
-                )
-            };
-            columns.push(Arc::new(array));
+            .map_err(err)?;
+            columns.push(array);
             continue;
         }
         let plain: Vec<ArrayRef> = arrays
             .iter()
-            .map(
-                |a| match a.as_any().downcast_ref::<DictionaryArray<Int32Type>>() {
-                    Some(d) => arrow_select::take::take(d.values(), d.keys(), None),
-                    None => Ok((*a).clone()),
-                },
-            )
+            .map(|a| match a.as_any_dictionary_opt() {
+                Some(d) => arrow_select::take::take(d.values(), d.keys(), None),
+                None => Ok((*a).clone()),
+            })
             .collect::<std::result::Result<_, _>>()
             .map_err(err)?;
         let plain: Vec<&dyn Array> = plain.iter().map(|a| a.as_ref()).collect();
@@ -708,27 +771,42 @@ pub(crate) fn permute(batches: &[RecordBatch], order: &[u32]) -> Result<RecordBa
 mod tests {
     use std::sync::Arc;
 
-    use arrow_array::types::Int32Type;
-    use arrow_array::{Array, ArrayRef, DictionaryArray, Float64Array, Int32Array, Int64Array};
+    use arrow_array::types::{Int32Type, UInt16Type};
+    use arrow_array::{Float64Array, Int32Array, Int64Array};
     use arrow_schema::Field;
 
     use super::*;
 
     /// `i64` ids and `f64` values as a batch; `dictionary` stores both as
     /// dictionaries whose values are in reverse order (keys reversed too).
-    fn batch(ids: &[i64], dictionary: bool) -> RecordBatch {
-        let columns: Vec<ArrayRef> = if dictionary {
+    /// `kind`: 0 plain, 1 dictionary with i32 keys, 2 with u16 keys.
+    fn batch(ids: &[i64], kind: u8) -> RecordBatch {
+        let columns: Vec<ArrayRef> = if kind > 0 {
             let n = ids.len() as i32;
             let keys = Int32Array::from_iter_values((0..n).map(|i| n - 1 - i));
             let rev: Vec<i64> = ids.iter().rev().copied().collect();
-            let id_values = Arc::new(Int64Array::from(rev.clone()));
-            let f_values = Arc::new(Float64Array::from_iter_values(
+            let id_values: ArrayRef = Arc::new(Int64Array::from(rev.clone()));
+            let f_values: ArrayRef = Arc::new(Float64Array::from_iter_values(
                 rev.iter().map(|&v| v as f64 * 0.5),
             ));
-            vec![
-                Arc::new(DictionaryArray::<Int32Type>::try_new(keys.clone(), id_values).unwrap()),
-                Arc::new(DictionaryArray::<Int32Type>::try_new(keys, f_values).unwrap()),
-            ]
+            if kind == 1 {
+                vec![
+                    Arc::new(
+                        DictionaryArray::<Int32Type>::try_new(keys.clone(), id_values).unwrap(),
+                    ),
+                    Arc::new(DictionaryArray::<Int32Type>::try_new(keys, f_values).unwrap()),
+                ]
+            } else {
+                let keys = arrow_array::UInt16Array::from_iter_values(
+                    keys.values().iter().map(|&k| k as u16),
+                );
+                vec![
+                    Arc::new(
+                        DictionaryArray::<UInt16Type>::try_new(keys.clone(), id_values).unwrap(),
+                    ),
+                    Arc::new(DictionaryArray::<UInt16Type>::try_new(keys, f_values).unwrap()),
+                ]
+            }
         } else {
             vec![
                 Arc::new(Int64Array::from(ids.to_vec())),
@@ -784,12 +862,9 @@ mod tests {
             (40..70).collect(),
             (70..100).collect(),
         ];
-        // Mixed: dictionary, plain, dictionary; and all dictionary.
-        for kinds in [
-            [true, false, true],
-            [true, true, true],
-            [false, false, false],
-        ] {
+        // Mixed: dictionary, plain, dictionary; all dictionaries (i32 keys,
+        // u16 keys, both); all plain.
+        for kinds in [[1, 0, 2], [1, 1, 1], [2, 2, 2], [2, 1, 2], [0, 0, 0]] {
             let batches: Vec<RecordBatch> = parts
                 .iter()
                 .zip(kinds)
@@ -816,7 +891,7 @@ mod tests {
 
             // Permuted into one batch first (the shuffle stage), then collated.
             let permuted = permute(&batches, &order).unwrap();
-            let all_dictionary = kinds.iter().all(|&k| k);
+            let all_dictionary = kinds.iter().all(|&k| k > 0);
             assert_eq!(
                 matches!(permuted.column(0).data_type(), DataType::Dictionary(..)),
                 all_dictionary

@@ -11,8 +11,9 @@
 
 use std::sync::Arc;
 
-use arrow_array::types::Int32Type;
-use arrow_array::{ArrayRef, DictionaryArray, Int32Array, make_array};
+use arrow_array::types::{ArrowDictionaryKeyType, Int32Type, UInt16Type};
+use arrow_array::{ArrayRef, DictionaryArray, Int32Array, PrimitiveArray, make_array};
+use arrow_buffer::ArrowNativeType;
 use arrow_buffer::Buffer;
 use arrow_data::ArrayData;
 use arrow_schema::DataType;
@@ -106,14 +107,41 @@ pub(crate) fn decode_fixed<R: ChunkReader + 'static>(
     data_type: &DataType,
 ) -> Result<ArrayRef> {
     let mut pages = Pages::open(file, chunk, rows)?;
+    // Keys of dictionaries up to 2^16 values take 2 bytes, others 4.
+    let first = pages.next_page()?;
+    let small = matches!(&first, Some(Page::DictionaryPage { num_values, .. })
+        if *num_values as usize <= 1 << 16);
+    if small {
+        decode_fixed_keys::<UInt16Type, R>(pages, first, chunk, leaf, rows, data_type)
+    } else {
+        decode_fixed_keys::<Int32Type, R>(pages, first, chunk, leaf, rows, data_type)
+    }
+}
+
+/// [`decode_fixed`] with keys of type `K`; `first` is the chunk's first page.
+fn decode_fixed_keys<K: ArrowDictionaryKeyType, R: ChunkReader + 'static>(
+    mut pages: Pages<R>,
+    first: Option<Page>,
+    chunk: &ColumnChunkMetaData,
+    leaf: &FixedLeaf,
+    rows: usize,
+    data_type: &DataType,
+) -> Result<ArrayRef>
+where
+    K::Native: Key,
+{
     let path = chunk.column_path().string();
     // Dictionary values at the stored width, and the keys decoded so far.
     let mut dictionary: Option<Bytes> = None;
-    let mut keys: Vec<i32> = Vec::with_capacity(rows);
+    let mut keys: Vec<K::Native> = Vec::with_capacity(rows);
     // Once a plain page shows up, values (Arrow width) replace keys.
     let mut plain: Option<Vec<u8>> = None;
     let mut decoded = 0usize;
-    while let Some(page) = pages.next_page()? {
+    let mut pending = first;
+    while let Some(page) = match pending.take() {
+        Some(page) => Some(page),
+        None => pages.next_page()?,
+    } {
         let (buf, num_values, encoding) = match page {
             Page::DictionaryPage {
                 buf,
@@ -176,7 +204,7 @@ pub(crate) fn decode_fixed<R: ChunkReader + 'static>(
                     let mut values = Vec::with_capacity(rows * leaf.width);
                     if let Some(dict) = &dictionary {
                         for &k in &keys {
-                            let at = k as usize * leaf.physical;
+                            let at = k.as_usize() * leaf.physical;
                             narrow(&dict[at..at + leaf.physical], leaf, &mut values);
                         }
                     }
@@ -210,7 +238,7 @@ pub(crate) fn decode_fixed<R: ChunkReader + 'static>(
                 }
                 if let Some(values) = &mut plain {
                     for &k in &keys[start..] {
-                        let at = k as usize * leaf.physical;
+                        let at = k.as_usize() * leaf.physical;
                         narrow(&dict[at..at + leaf.physical], leaf, values);
                     }
                     keys.truncate(start);
@@ -245,10 +273,9 @@ pub(crate) fn decode_fixed<R: ChunkReader + 'static>(
     let mut narrowed = Vec::with_capacity(dict_len * leaf.width);
     narrow(&dict, leaf, &mut narrowed);
     let dict_values = values(narrowed, dict_len)?;
-    // Keys were checked against the dictionary above.
-    let keys = Int32Array::new(keys.into(), None);
+    let keys = PrimitiveArray::<K>::new(keys.into(), None);
     // SAFETY: every key is in 0..dict_len (checked page by page above).
-    let array = unsafe { DictionaryArray::<Int32Type>::new_unchecked(keys, dict_values) };
+    let array = unsafe { DictionaryArray::<K>::new_unchecked(keys, dict_values) };
     Ok(Arc::new(array))
 }
 
@@ -742,21 +769,40 @@ pub(crate) trait KeySink {
     fn keys(&mut self, keys: &[i32]);
 }
 
+/// A dictionary key type: `i32`, or `u16` for dictionaries of at most 2^16
+/// values (the caller checks every key against the dictionary's length).
+pub(crate) trait Key: ArrowNativeType {
+    /// The key `k` (checked to fit by the caller).
+    fn of(k: i32) -> Self;
+}
+
+impl Key for i32 {
+    fn of(k: i32) -> Self {
+        k
+    }
+}
+
+impl Key for u16 {
+    fn of(k: i32) -> Self {
+        k as u16
+    }
+}
+
 /// Collects keys, remembering the largest (as unsigned: a key over 2^31 - 1
 /// is out of any dictionary's range too).
-struct Keys<'a> {
-    out: &'a mut Vec<i32>,
+struct Keys<'a, K> {
+    out: &'a mut Vec<K>,
     max: u32,
 }
 
-impl KeySink for Keys<'_> {
+impl<K: Key> KeySink for Keys<'_, K> {
     fn run(&mut self, key: i32, len: usize) {
         self.max = self.max.max(key as u32);
-        self.out.extend(std::iter::repeat_n(key, len));
+        self.out.extend(std::iter::repeat_n(K::of(key), len));
     }
     fn keys(&mut self, keys: &[i32]) {
         self.max = keys.iter().fold(self.max, |m, &k| m.max(k as u32));
-        self.out.extend_from_slice(keys);
+        self.out.extend(keys.iter().map(|&k| K::of(k)));
     }
 }
 
@@ -1000,13 +1046,87 @@ mod tests {
         };
         decode_hybrid_into(&data, 32, 2, &mut sink).unwrap();
         assert_eq!(sink.bad, Some(i32::MIN));
-        let mut keys = Vec::new();
+        let mut keys: Vec<i32> = Vec::new();
         let mut sink = Keys {
             out: &mut keys,
             max: 0,
         };
         decode_hybrid_into(&data, 32, 2, &mut sink).unwrap();
         assert_eq!(sink.max, 1 << 31);
+    }
+
+    /// Dictionaries over 2^16 values keep 4-byte keys, through decoding and
+    /// the shuffle stage's permutation; smaller ones get 2-byte keys.
+    #[test]
+    fn large_dictionaries_keep_i32_keys() {
+        use arrow_array::{Array, Int64Array, RecordBatch};
+        use parquet::arrow::ArrowWriter;
+        use parquet::arrow::arrow_reader::ArrowReaderOptions;
+        use parquet::file::properties::WriterProperties;
+
+        for (distinct, key) in [(70_000i64, DataType::Int32), (1000, DataType::UInt16)] {
+            let rows = 140_000usize;
+            let values: Vec<i64> = (0..rows as i64).map(|i| (i * 7919) % distinct).collect();
+            let batch = RecordBatch::try_from_iter([(
+                "v",
+                Arc::new(Int64Array::from(values.clone())) as ArrayRef,
+            )])
+            .unwrap();
+            let props = WriterProperties::builder()
+                .set_dictionary_page_size_limit(4 << 20)
+                .build();
+            let mut file = Vec::new();
+            let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).unwrap();
+            writer.write(&batch).unwrap();
+            writer.close().unwrap();
+            let file = Bytes::from(file);
+            let arrow = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default()).unwrap();
+            let leaf = fixed_leaf(&arrow, 0).unwrap();
+            let meta = arrow.metadata().row_group(0);
+            assert_eq!(meta.num_rows() as usize, rows);
+            let array = decode_fixed(
+                Arc::new(file.clone()),
+                meta.column(0),
+                &leaf,
+                rows,
+                &DataType::Int64,
+            )
+            .unwrap();
+            assert_eq!(
+                array.data_type(),
+                &DataType::Dictionary(Box::new(key.clone()), Box::new(DataType::Int64))
+            );
+            // Two halves as two decoded batches, permuted as one window.
+            let half = |a: usize| {
+                let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+                    "v",
+                    array.data_type().clone(),
+                    false,
+                )]));
+                RecordBatch::try_new(schema, vec![array.slice(a, rows / 2)]).unwrap()
+            };
+            let order: Vec<u32> = (0..rows as u32)
+                .map(|i| (i * 7 + 3) % rows as u32)
+                .collect();
+            let permuted = crate::collate::permute(&[half(0), half(rows / 2)], &order).unwrap();
+            let column = permuted.column(0);
+            // The window's dictionary is both halves' (shared) dictionary twice.
+            let expected_key = if 2 * distinct > 1 << 16 {
+                DataType::Int32
+            } else {
+                DataType::UInt16
+            };
+            assert_eq!(
+                column.data_type(),
+                &DataType::Dictionary(Box::new(expected_key), Box::new(DataType::Int64))
+            );
+            let d = column.as_any_dictionary();
+            let plain = arrow_select::take::take(d.values(), d.keys(), None).unwrap();
+            let plain = plain.as_primitive::<arrow_array::types::Int64Type>();
+            for (i, &o) in order.iter().enumerate() {
+                assert_eq!(plain.value(i), values[o as usize]);
+            }
+        }
     }
 
     /// Truncated or scrambled column chunk bytes give errors, never a panic.
@@ -1190,9 +1310,9 @@ mod tests {
                     )
                     .unwrap();
                     kinds.push(matches!(array.data_type(), DataType::Dictionary(..)));
-                    let plain = match array.as_any().downcast_ref::<DictionaryArray<Int32Type>>() {
+                    let plain = match array.as_any_dictionary_opt() {
                         Some(d) => arrow_select::take::take(d.values(), d.keys(), None).unwrap(),
-                        None => array,
+                        None => array.clone(),
                     };
                     assert_eq!(
                         plain.to_data(),
