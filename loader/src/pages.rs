@@ -1,13 +1,21 @@
-//! Page-level decoding of flat, required, fixed-width columns (the common
-//! case of tabular data: numeric features and categorical ids).
+//! This crate's own page decoders, for the column shapes training data is
+//! made of; other columns go through parquet's Arrow reader.
 //!
-//! A dictionary-encoded column chunk stays a dictionary: its keys are decoded
-//! into an `i32` buffer and its values are the (small) dictionary page, as an
-//! Arrow `Dictionary(Int32, T)` array. Shuffling then permutes 4-byte keys
-//! instead of values, and the collator looks each value up as it writes the
-//! slab: one pass over the output instead of decoding every value, copying
-//! the window and permuting it. A chunk that falls back to plain pages is
-//! decoded to plain values.
+//! * Flat, required, fixed-width columns (numeric features, categorical
+//!   ids): a dictionary-encoded column chunk stays a dictionary. Its keys are
+//!   decoded into a `u16` buffer (dictionaries of at most 2^16 values) or an
+//!   `i32` one, and its values are the small dictionary page, as an Arrow
+//!   `Dictionary(UInt16 | Int32, T)` array. The shuffle stage then permutes
+//!   keys instead of values, and the collator looks each value up as it
+//!   writes the slab: one pass over the output instead of decoding every
+//!   value, copying the window and permuting it. A chunk that falls back to
+//!   plain pages is decoded to plain values.
+//! * Required `list<int32>` (token ids): row starts come from the repetition
+//!   levels eight at a time and values go straight into one buffer.
+//! * Required binary and strings (images, text): views over the decompressed
+//!   pages, so each value is copied once, from its page into the slab.
+//!
+//! Keys are unpacked eight at a time with constant bit widths.
 
 use std::sync::Arc;
 
