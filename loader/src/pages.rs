@@ -91,6 +91,106 @@ fn general(message: String) -> ParquetError {
     ParquetError::General(message)
 }
 
+/// A page of a flat required column (no levels to read).
+enum FlatPage {
+    /// The dictionary: `num_values` plain values.
+    Dictionary { buf: Bytes, num_values: usize },
+    /// Values, plain or dictionary keys.
+    Data {
+        buf: Bytes,
+        num_values: usize,
+        encoding: Encoding,
+    },
+}
+
+/// The values part of `page`, a page of a flat required column.
+fn flat_page(page: Page) -> std::result::Result<FlatPage, String> {
+    Ok(match page {
+        Page::DictionaryPage {
+            buf,
+            num_values,
+            encoding,
+            ..
+        } => {
+            if !matches!(encoding, Encoding::PLAIN | Encoding::PLAIN_DICTIONARY) {
+                return Err(format!(
+                    "dictionary page encoding {encoding} is not supported"
+                ));
+            }
+            FlatPage::Dictionary {
+                buf,
+                num_values: num_values as usize,
+            }
+        }
+        Page::DataPage {
+            buf,
+            num_values,
+            encoding,
+            ..
+        } => FlatPage::Data {
+            buf,
+            num_values: num_values as usize,
+            encoding,
+        },
+        Page::DataPageV2 {
+            buf,
+            num_values,
+            encoding,
+            def_levels_byte_len,
+            rep_levels_byte_len,
+            ..
+        } => {
+            let skip = (def_levels_byte_len + rep_levels_byte_len) as usize;
+            if skip > buf.len() {
+                return Err("levels overrun the page".into());
+            }
+            FlatPage::Data {
+                buf: buf.slice(skip..),
+                num_values: num_values as usize,
+                encoding,
+            }
+        }
+    })
+}
+
+/// Decode the `count` keys of a dictionary-encoded page's values (a bit
+/// width byte, then RLE / bit-packed hybrid keys) into `sink`.
+fn dictionary_keys(
+    values: &[u8],
+    count: usize,
+    sink: &mut impl KeySink,
+) -> std::result::Result<(), String> {
+    let (&bit_width, data) = values
+        .split_first()
+        .ok_or_else(|| "an empty data page".to_string())?;
+    decode_hybrid_into(data, bit_width, count, sink)
+}
+
+/// Look the `count` keys of a dictionary-encoded page's values up in
+/// `dictionary` (none yet: an error), appending the values to `out`.
+fn gather_dictionary<T: Copy + Default>(
+    values: &[u8],
+    count: usize,
+    dictionary: Option<&[T]>,
+    out: &mut Vec<T>,
+) -> std::result::Result<(), String> {
+    let dictionary = dictionary
+        .ok_or_else(|| "a dictionary-encoded page without a dictionary page".to_string())?;
+    let mut sink = Gather {
+        dictionary,
+        out,
+        bad: None,
+    };
+    dictionary_keys(values, count, &mut sink)?;
+    match sink.bad {
+        Some(key) => Err(format!(
+            "key {key} is outside the dictionary of {} values",
+            dictionary.len()
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Stored values narrowed (or copied) to the Arrow width.
 fn narrow(stored: &[u8], leaf: &FixedLeaf, out: &mut Vec<u8>) {
     if leaf.physical == leaf.width {
@@ -139,6 +239,7 @@ where
     K::Native: Key,
 {
     let path = chunk.column_path().string();
+    let err = |e: String| general(format!("column {path}: {e}"));
     // Dictionary values at the stored width, and the keys decoded so far.
     let mut dictionary: Option<Bytes> = None;
     let mut keys: Vec<K::Native> = Vec::with_capacity(rows);
@@ -150,60 +251,35 @@ where
         Some(page) => Some(page),
         None => pages.next_page()?,
     } {
-        let (buf, num_values, encoding) = match page {
-            Page::DictionaryPage {
-                buf,
-                num_values,
-                encoding,
-                ..
-            } => {
-                if !matches!(encoding, Encoding::PLAIN | Encoding::PLAIN_DICTIONARY) {
-                    return Err(general(format!(
-                        "column {path}: dictionary page encoding {encoding} is not supported"
-                    )));
-                }
-                let bytes = num_values as usize * leaf.physical;
+        let (buf, num_values, encoding) = match flat_page(page).map_err(err)? {
+            FlatPage::Dictionary { buf, num_values } => {
+                let bytes = num_values * leaf.physical;
                 if buf.len() < bytes {
-                    return Err(general(format!(
-                        "column {path}: dictionary page holds {} bytes for {num_values} values",
+                    return Err(err(format!(
+                        "dictionary page holds {} bytes for {num_values} values",
                         buf.len()
                     )));
                 }
                 dictionary = Some(buf.slice(..bytes));
                 continue;
             }
-            Page::DataPage {
+            FlatPage::Data {
                 buf,
                 num_values,
                 encoding,
-                ..
-            } => (buf, num_values as usize, encoding),
-            Page::DataPageV2 {
-                buf,
-                num_values,
-                encoding,
-                def_levels_byte_len,
-                rep_levels_byte_len,
-                ..
-            } => {
-                let skip = (def_levels_byte_len + rep_levels_byte_len) as usize;
-                if skip > buf.len() {
-                    return Err(general(format!("column {path}: levels overrun the page")));
-                }
-                (buf.slice(skip..), num_values as usize, encoding)
-            }
+            } => (buf, num_values, encoding),
         };
         if decoded + num_values > rows {
-            return Err(general(format!(
-                "column {path}: pages hold more than the row group's {rows} rows"
+            return Err(err(format!(
+                "pages hold more than the row group's {rows} rows"
             )));
         }
         match encoding {
             Encoding::PLAIN => {
                 let bytes = num_values * leaf.physical;
                 if buf.len() < bytes {
-                    return Err(general(format!(
-                        "column {path}: a plain page holds {} bytes for {num_values} values",
+                    return Err(err(format!(
+                        "a plain page holds {} bytes for {num_values} values",
                         buf.len()
                     )));
                 }
@@ -222,26 +298,22 @@ where
             }
             Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
                 let Some(dict) = &dictionary else {
-                    return Err(general(format!(
-                        "column {path}: a dictionary-encoded page without a dictionary page"
-                    )));
+                    return Err(err(
+                        "a dictionary-encoded page without a dictionary page".into()
+                    ));
                 };
                 let dict_len = dict.len() / leaf.physical;
                 let start = keys.len();
-                let (&bit_width, data) = buf
-                    .split_first()
-                    .ok_or_else(|| general(format!("column {path}: an empty data page")))?;
                 keys.reserve(num_values);
                 let mut sink = Keys {
                     out: &mut keys,
                     max: 0,
                 };
-                decode_hybrid_into(data, bit_width, num_values, &mut sink)
-                    .map_err(|e| general(format!("column {path}: {e}")))?;
+                dictionary_keys(&buf, num_values, &mut sink).map_err(err)?;
                 let max = sink.max;
                 if max as usize >= dict_len && num_values > 0 {
-                    return Err(general(format!(
-                        "column {path}: key {max} is outside the dictionary of {dict_len} values"
+                    return Err(err(format!(
+                        "key {max} is outside the dictionary of {dict_len} values"
                     )));
                 }
                 if let Some(values) = &mut plain {
@@ -252,17 +324,13 @@ where
                     keys.truncate(start);
                 }
             }
-            other => {
-                return Err(general(format!(
-                    "column {path}: encoding {other} is not supported"
-                )));
-            }
+            other => return Err(err(format!("encoding {other} is not supported"))),
         }
         decoded += num_values;
     }
     if decoded != rows {
-        return Err(general(format!(
-            "column {path} holds {decoded} values; the footer says {rows} rows"
+        return Err(err(format!(
+            "holds {decoded} values; the footer says {rows} rows"
         )));
     }
     let values = |bytes: Vec<u8>, len: usize| -> Result<ArrayRef> {
@@ -270,7 +338,7 @@ where
             .len(len)
             .add_buffer(Buffer::from_vec(bytes))
             .build()
-            .map_err(|e| general(format!("column {path}: {e}")))?;
+            .map_err(|e| err(e.to_string()))?;
         Ok(make_array(data))
     };
     if let Some(plain) = plain {
@@ -544,25 +612,8 @@ pub(crate) fn decode_list_i32<R: ChunkReader + 'static>(
                 );
             }
             Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
-                let dict = dictionary.as_deref().ok_or_else(|| {
-                    err("a dictionary-encoded page without a dictionary page".into())
-                })?;
-                let (&bit_width, data) = page
-                    .values
-                    .split_first()
-                    .ok_or_else(|| err("an empty data page".into()))?;
-                let mut sink = Gather {
-                    dictionary: dict,
-                    out: &mut values,
-                    bad: None,
-                };
-                decode_hybrid_into(data, bit_width, present, &mut sink).map_err(err)?;
-                if let Some(key) = sink.bad {
-                    return Err(err(format!(
-                        "key {key} is outside the dictionary of {} values",
-                        dict.len()
-                    )));
-                }
+                gather_dictionary(&page.values, present, dictionary.as_deref(), &mut values)
+                    .map_err(err)?;
             }
             other => return Err(err(format!("encoding {other} is not supported"))),
         }
@@ -651,43 +702,20 @@ pub(crate) fn decode_bytes<R: ChunkReader + 'static>(
     let mut views: Vec<u128> = Vec::with_capacity(rows);
     let mut dictionary: Option<Vec<u128>> = None;
     while let Some(page) = pages.next_page()? {
-        let (buf, num_values, encoding) = match page {
-            Page::DictionaryPage {
-                buf, num_values, ..
-            } => {
-                let mut dict = Vec::with_capacity(num_values as usize);
-                plain_views(
-                    &buf,
-                    num_values as usize,
-                    buffers.len() as u32,
-                    utf8,
-                    &mut dict,
-                )
-                .map_err(err)?;
+        let (buf, num_values, encoding) = match flat_page(page).map_err(err)? {
+            FlatPage::Dictionary { buf, num_values } => {
+                let mut dict = Vec::with_capacity(num_values);
+                plain_views(&buf, num_values, buffers.len() as u32, utf8, &mut dict)
+                    .map_err(err)?;
                 buffers.push(Buffer::from(buf));
                 dictionary = Some(dict);
                 continue;
             }
-            Page::DataPage {
+            FlatPage::Data {
                 buf,
                 num_values,
                 encoding,
-                ..
-            } => (buf, num_values as usize, encoding),
-            Page::DataPageV2 {
-                buf,
-                num_values,
-                encoding,
-                def_levels_byte_len,
-                rep_levels_byte_len,
-                ..
-            } => {
-                let skip = (def_levels_byte_len + rep_levels_byte_len) as usize;
-                if skip > buf.len() {
-                    return Err(err("levels overrun the page".into()));
-                }
-                (buf.slice(skip..), num_values as usize, encoding)
-            }
+            } => (buf, num_values, encoding),
         };
         if views.len() + num_values > rows {
             return Err(err(format!(
@@ -701,24 +729,8 @@ pub(crate) fn decode_bytes<R: ChunkReader + 'static>(
                 buffers.push(Buffer::from(buf));
             }
             Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
-                let dict = dictionary.as_deref().ok_or_else(|| {
-                    err("a dictionary-encoded page without a dictionary page".into())
-                })?;
-                let (&bit_width, data) = buf
-                    .split_first()
-                    .ok_or_else(|| err("an empty data page".into()))?;
-                let mut sink = Gather {
-                    dictionary: dict,
-                    out: &mut views,
-                    bad: None,
-                };
-                decode_hybrid_into(data, bit_width, num_values, &mut sink).map_err(err)?;
-                if let Some(key) = sink.bad {
-                    return Err(err(format!(
-                        "key {key} is outside the dictionary of {} values",
-                        dict.len()
-                    )));
-                }
+                gather_dictionary(&buf, num_values, dictionary.as_deref(), &mut views)
+                    .map_err(err)?;
             }
             other => return Err(err(format!("encoding {other} is not supported"))),
         }
