@@ -34,21 +34,48 @@ pub(crate) struct Fetched {
     pub mapped: bool,
 }
 
-/// Drop the pages of memory-mapped `chunks` from this process's resident set
-/// once decoded (they stay in the page cache), so RSS follows the configured
-/// budget rather than the dataset size.
+/// Drop the pages of memory-mapped `chunks` (sorted by file offset) from
+/// this process's resident set once decoded (they stay in the page cache),
+/// so RSS follows the configured budget rather than the dataset size.
+/// Chunks of the same mapping are released in one call: each call
+/// interrupts the other cores running this process (TLB shootdown), and a
+/// row group's column chunks usually lie end to end.
 fn release_mapped(chunks: &[(u64, Bytes)]) {
     #[cfg(target_os = "linux")]
-    for (_, bytes) in chunks {
+    {
         let page = 4096usize;
-        let start = bytes.as_ptr() as usize;
-        let aligned = start & !(page - 1);
-        let len = (start + bytes.len()).next_multiple_of(page) - aligned;
-        // SAFETY: the range lies within a read-only private file mapping that
-        // `bytes` keeps alive; MADV_DONTNEED on it only drops page table
-        // entries, and later reads fault the same file contents back in.
-        unsafe {
-            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_DONTNEED);
+        let release = |start: usize, end: usize| {
+            let aligned = start & !(page - 1);
+            let len = end.next_multiple_of(page) - aligned;
+            // SAFETY: the range lies within a read-only private file mapping
+            // that the chunks keep alive (a range spanning chunks is one
+            // mapping: their addresses are as far apart as their file
+            // offsets); MADV_DONTNEED on it only drops page table entries,
+            // and later reads fault the same file contents back in.
+            unsafe {
+                libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_DONTNEED);
+            }
+        };
+        let mut run: Option<(u64, usize, usize)> = None; // (file offset, start, end)
+        for (offset, bytes) in chunks {
+            let start = bytes.as_ptr() as usize;
+            let end = start + bytes.len();
+            run = match run {
+                Some((run_offset, run_start, run_end))
+                    if start >= run_end && (start - run_start) as u64 == offset - run_offset =>
+                {
+                    Some((run_offset, run_start, end))
+                }
+                other => {
+                    if let Some((_, s, e)) = other {
+                        release(s, e);
+                    }
+                    Some((*offset, start, end))
+                }
+            };
+        }
+        if let Some((_, s, e)) = run {
+            release(s, e);
         }
     }
 }
