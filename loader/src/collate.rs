@@ -426,7 +426,7 @@ impl<'a> Collation<'a> {
                                 let (a, b) = span(s, r);
                                 let src = SourceColumn::fixed(&children[s as usize], w);
                                 let dst = values.offset + offs[i as usize] as usize * w;
-                                slab[dst..dst + (b - a) * w].copy_from_slice(&src[a * w..b * w]);
+                                stream_copy(&mut slab[dst..dst + (b - a) * w], &src[a * w..b * w]);
                             }
                             write_i64(slab, offsets, &offs);
                         }
@@ -470,7 +470,7 @@ impl<'a> Collation<'a> {
                     for (s, r) in rows {
                         let value = cols[*s as usize].value_bytes(*large, *r as usize);
                         let dst = values.offset + at;
-                        slab[dst..dst + value.len()].copy_from_slice(value);
+                        stream_copy(&mut slab[dst..dst + value.len()], value);
                         at += value.len();
                         offs.push(at as i64);
                     }
@@ -494,6 +494,32 @@ impl<'a> Collation<'a> {
         }
         truncated
     }
+}
+
+/// Copy `src` into `dst` (a slab), streaming copies of 256 bytes or more
+/// past the caches (see [`lookup`]).
+fn stream_copy(dst: &mut [u8], src: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if src.len() >= 256 {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        assert_eq!(dst.len(), src.len());
+        let head = dst.as_ptr().align_offset(16).min(dst.len());
+        dst[..head].copy_from_slice(&src[..head]);
+        let body = (dst.len() - head) / 16 * 16;
+        // SAFETY: `dst[head..head + body]` is 16-byte aligned and both ranges
+        // lie inside their slices; unaligned loads read `src` within bounds.
+        unsafe {
+            let d = dst.as_mut_ptr().add(head) as *mut __m128i;
+            let s = src.as_ptr().add(head) as *const __m128i;
+            for i in 0..body / 16 {
+                _mm_stream_si128(d.add(i), _mm_loadu_si128(s.add(i)));
+            }
+            _mm_sfence();
+        }
+        dst[head + body..].copy_from_slice(&src[head + body..]);
+        return;
+    }
+    dst.copy_from_slice(src);
 }
 
 fn write_i64(slab: &mut [u8], buffer: &Buffer, values: &[i64]) {
@@ -605,7 +631,7 @@ fn gather_fixed(
             let range = first as usize..first as usize + rows.len();
             match srcs[s as usize] {
                 Fixed::Plain(values) => {
-                    out.copy_from_slice(&values[range.start * w..range.end * w]);
+                    stream_copy(out, &values[range.start * w..range.end * w]);
                 }
                 Fixed::Dictionary { keys, values } => {
                     let done = match keys {
@@ -922,6 +948,23 @@ mod tests {
             );
             let rows: Vec<(u32, u32)> = (0..100).map(|i| (0, i)).collect();
             assert_eq!(collate(&[&permuted], &rows), (expected_ids, expected_fs));
+        }
+    }
+
+    #[test]
+    fn stream_copy_copies_every_byte_at_any_alignment() {
+        let src: Vec<u8> = (0..5000u32).map(|i| (i * 31 % 251) as u8).collect();
+        for len in [0, 1, 15, 255, 256, 257, 1000, 4096, 4099] {
+            for dst_shift in 0..17 {
+                for src_shift in [0, 1, 7] {
+                    let mut dst = vec![0xeeu8; len + 40];
+                    let from = &src[src_shift..src_shift + len];
+                    stream_copy(&mut dst[dst_shift..dst_shift + len], from);
+                    assert_eq!(&dst[dst_shift..dst_shift + len], from, "len {len}");
+                    assert!(dst[..dst_shift].iter().all(|&b| b == 0xee));
+                    assert!(dst[dst_shift + len..].iter().all(|&b| b == 0xee));
+                }
+            }
         }
     }
 
