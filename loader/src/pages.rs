@@ -924,10 +924,24 @@ fn unpack8<const W: usize>(src: &[u8], out: &mut [i32; 8]) {
     } else {
         (1u64 << W) - 1
     };
-    for (i, o) in out.iter_mut().enumerate() {
-        let bit = i * W;
-        let word = u64::from_le_bytes(src[bit / 8..bit / 8 + 8].try_into().expect("8 bytes"));
-        *o = ((word >> (bit % 8)) & mask) as i32;
+    if W <= 8 {
+        // The 8 values fit in one 8-byte load.
+        let word = u64::from_le_bytes(src[..8].try_into().expect("8 bytes"));
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = ((word >> (i * W)) & mask) as i32;
+        }
+    } else if W <= 16 {
+        // ... in one 16-byte load.
+        let word = u128::from_le_bytes(src[..16].try_into().expect("16 bytes"));
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = ((word >> (i * W)) as u64 & mask) as i32;
+        }
+    } else {
+        for (i, o) in out.iter_mut().enumerate() {
+            let bit = i * W;
+            let word = u64::from_le_bytes(src[bit / 8..bit / 8 + 8].try_into().expect("8 bytes"));
+            *o = ((word >> (bit % 8)) & mask) as i32;
+        }
     }
 }
 
