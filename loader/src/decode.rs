@@ -262,9 +262,11 @@ fn arrow_batches(
 enum Custom {
     /// A required list of required int32 (leaf column), from its levels.
     List(usize),
-    /// A flat required fixed-width column, dictionary kept.
+    /// A flat fixed-width column (required, or a chunk without nulls),
+    /// dictionary kept.
     Fixed(FixedLeaf),
-    /// A flat required binary or string column (leaf, utf8), as views of its pages.
+    /// A flat binary or string column (required, or a chunk without nulls)
+    /// (leaf, utf8), as views of its pages.
     Bytes(usize, bool),
 }
 
@@ -279,10 +281,10 @@ fn custom_leaf(
         return Some(Custom::List(leaf));
     }
     if let Some((leaf, utf8)) = pages::bytes_leaf(arrow, root) {
-        return pages::supported(meta.column(leaf)).then_some(Custom::Bytes(leaf, utf8));
+        return pages::flat_supported(meta.column(leaf)).then_some(Custom::Bytes(leaf, utf8));
     }
     fixed_leaf(arrow, root)
-        .filter(|f| pages::supported(meta.column(f.leaf)))
+        .filter(|f| pages::flat_supported(meta.column(f.leaf)))
         .map(Custom::Fixed)
 }
 

@@ -1,8 +1,9 @@
 //! This crate's own page decoders, for the column shapes training data is
 //! made of; other columns go through parquet's Arrow reader.
 //!
-//! * Flat, required, fixed-width columns (numeric features, categorical
-//!   ids): a dictionary-encoded column chunk stays a dictionary. Its keys are
+//! * Flat fixed-width columns (numeric features, categorical ids), required
+//!   or nullable without nulls in the chunk (pandas and Spark write every
+//!   column nullable): a dictionary-encoded column chunk stays a dictionary. Its keys are
 //!   decoded into a `u16` buffer (dictionaries of at most 2^16 values) or an
 //!   `i32` one, and its values are the small dictionary page, as an Arrow
 //!   `Dictionary(UInt16 | Int32, T)` array. The shuffle stage then permutes
@@ -12,8 +13,9 @@
 //!   plain pages is decoded to plain values.
 //! * Required `list<int32>` (token ids): row starts come from the repetition
 //!   levels eight at a time and values go straight into one buffer.
-//! * Required binary and strings (images, text): views over the decompressed
-//!   pages, so each value is copied once, from its page into the slab.
+//! * Binary and strings (images, text), required or without nulls: views
+//!   over the decompressed pages, so each value is copied once, from its page
+//!   into the slab.
 //!
 //! Keys are unpacked eight at a time with constant bit widths.
 
@@ -47,8 +49,9 @@ pub(crate) struct FixedLeaf {
     width: usize,
 }
 
-/// The leaf of root column `root` when it is a required, non-nested
-/// primitive whose Arrow type this decoder handles.
+/// The leaf of root column `root` when it is a non-nested primitive whose
+/// Arrow type this decoder handles (nullable ones only where a chunk has no
+/// nulls: see [`flat_supported`]).
 pub(crate) fn fixed_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<FixedLeaf> {
     let descr = arrow.metadata().file_metadata().schema_descr();
     let mut leaves = (0..descr.num_columns()).filter(|&i| descr.get_column_root_idx(i) == root);
@@ -57,7 +60,7 @@ pub(crate) fn fixed_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<Fix
         return None;
     }
     let column = descr.column(leaf);
-    if column.max_def_level() != 0 || column.max_rep_level() != 0 {
+    if column.max_def_level() > 1 || column.max_rep_level() != 0 {
         return None;
     }
     let field = arrow.schema().fields().get(root)?;
@@ -75,6 +78,16 @@ pub(crate) fn fixed_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<Fix
         physical,
         width,
     })
+}
+
+/// Whether the decoders of flat columns read `chunk`: every encoding is
+/// supported, and the column is required or (nullable) its statistics say
+/// the chunk holds no nulls, as in data written from pandas or Spark, where
+/// every column is nullable. Chunks with nulls go through parquet's reader.
+pub(crate) fn flat_supported(chunk: &ColumnChunkMetaData) -> bool {
+    supported(chunk)
+        && (chunk.column_descr().max_def_level() == 0
+            || chunk.statistics().and_then(|s| s.null_count_opt()) == Some(0))
 }
 
 /// Whether this decoder reads every encoding of `chunk`.
@@ -103,8 +116,26 @@ enum FlatPage {
     },
 }
 
-/// The values part of `page`, a page of a flat required column.
-fn flat_page(page: Page) -> std::result::Result<FlatPage, String> {
+/// Check that the `count` definition levels (bit width 1) in `levels` are
+/// all 1: no nulls.
+fn all_defined(levels: &[u8], count: usize) -> std::result::Result<(), String> {
+    let mut dense = true;
+    walk_bits(levels, count, |bits| {
+        dense &= match bits {
+            Bits::Run { value, .. } => value == 1,
+            Bits::Byte { byte, valid, .. } => byte | !low_bits(valid) == 0xff,
+        }
+    })?;
+    if dense {
+        Ok(())
+    } else {
+        Err("a page holds nulls its chunk's statistics do not count".into())
+    }
+}
+
+/// The values part of `page`, a page of a flat column: required, or
+/// nullable (`def_levels`) without nulls.
+fn flat_page(page: Page, def_levels: bool) -> std::result::Result<FlatPage, String> {
     Ok(match page {
         Page::DictionaryPage {
             buf,
@@ -127,11 +158,25 @@ fn flat_page(page: Page) -> std::result::Result<FlatPage, String> {
             num_values,
             encoding,
             ..
-        } => FlatPage::Data {
-            buf,
-            num_values: num_values as usize,
-            encoding,
-        },
+        } => {
+            let buf = if def_levels {
+                // Length-prefixed RLE definition levels, then the values.
+                let len = buf
+                    .get(..4)
+                    .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+                    .filter(|&len| 4 + len <= buf.len())
+                    .ok_or_else(|| "levels overrun the page".to_string())?;
+                all_defined(&buf[4..4 + len], num_values as usize)?;
+                buf.slice(4 + len..)
+            } else {
+                buf
+            };
+            FlatPage::Data {
+                buf,
+                num_values: num_values as usize,
+                encoding,
+            }
+        }
         Page::DataPageV2 {
             buf,
             num_values,
@@ -143,6 +188,12 @@ fn flat_page(page: Page) -> std::result::Result<FlatPage, String> {
             let skip = (def_levels_byte_len + rep_levels_byte_len) as usize;
             if skip > buf.len() {
                 return Err("levels overrun the page".into());
+            }
+            if def_levels {
+                all_defined(
+                    &buf[rep_levels_byte_len as usize..skip],
+                    num_values as usize,
+                )?;
             }
             FlatPage::Data {
                 buf: buf.slice(skip..),
@@ -240,6 +291,7 @@ where
 {
     let path = chunk.column_path().string();
     let err = |e: String| general(format!("column {path}: {e}"));
+    let def_levels = chunk.column_descr().max_def_level() > 0;
     // Dictionary values at the stored width, and the keys decoded so far.
     let mut dictionary: Option<Bytes> = None;
     let mut keys: Vec<K::Native> = Vec::with_capacity(rows);
@@ -251,7 +303,7 @@ where
         Some(page) => Some(page),
         None => pages.next_page()?,
     } {
-        let (buf, num_values, encoding) = match flat_page(page).map_err(err)? {
+        let (buf, num_values, encoding) = match flat_page(page, def_levels).map_err(err)? {
             FlatPage::Dictionary { buf, num_values } => {
                 let bytes = num_values * leaf.physical;
                 if buf.len() < bytes {
@@ -634,8 +686,9 @@ pub(crate) fn decode_list_i32<R: ChunkReader + 'static>(
     Ok(Arc::new(list))
 }
 
-/// The leaf of root column `root` when it is a required, non-nested byte
-/// array read as binary or a string: `(leaf, utf8)`.
+/// The leaf of root column `root` when it is a non-nested byte array read
+/// as binary or a string (nullable ones only where a chunk has no nulls: see
+/// [`flat_supported`]): `(leaf, utf8)`.
 pub(crate) fn bytes_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<(usize, bool)> {
     let descr = arrow.metadata().file_metadata().schema_descr();
     let mut leaves = (0..descr.num_columns()).filter(|&i| descr.get_column_root_idx(i) == root);
@@ -644,7 +697,7 @@ pub(crate) fn bytes_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<(us
         return None;
     }
     let column = descr.column(leaf);
-    if column.max_def_level() != 0
+    if column.max_def_level() > 1
         || column.max_rep_level() != 0
         || column.physical_type() != PhysicalType::BYTE_ARRAY
     {
@@ -698,11 +751,12 @@ pub(crate) fn decode_bytes<R: ChunkReader + 'static>(
     let path = chunk.column_path().string();
     let err = |e: String| general(format!("column {path}: {e}"));
     let mut pages = Pages::open(file, chunk, rows)?;
+    let def_levels = chunk.column_descr().max_def_level() > 0;
     let mut buffers: Vec<Buffer> = Vec::new();
     let mut views: Vec<u128> = Vec::with_capacity(rows);
     let mut dictionary: Option<Vec<u128>> = None;
     while let Some(page) = pages.next_page()? {
-        let (buf, num_values, encoding) = match flat_page(page).map_err(err)? {
+        let (buf, num_values, encoding) = match flat_page(page, def_levels).map_err(err)? {
             FlatPage::Dictionary { buf, num_values } => {
                 let mut dict = Vec::with_capacity(num_values);
                 plain_views(&buf, num_values, buffers.len() as u32, utf8, &mut dict)
@@ -1163,6 +1217,66 @@ mod tests {
         }
     }
 
+    /// Nullable flat columns are read here when their chunks hold no nulls
+    /// (by their statistics), and left to parquet's reader otherwise.
+    #[test]
+    fn nullable_chunks_with_nulls_are_left_to_parquet() {
+        use arrow_array::{Int64Array, RecordBatch, StringArray};
+        use parquet::arrow::ArrowWriter;
+        use parquet::arrow::arrow_reader::ArrowReaderOptions;
+
+        let with_nulls = Int64Array::from_iter((0..1000).map(|i| (i % 7 != 0).then_some(i)));
+        let without = Int64Array::from_iter((0..1000).map(Some));
+        let text = StringArray::from_iter((0..1000).map(|i| (i % 5 != 0).then(|| i.to_string())));
+        let batch = RecordBatch::try_from_iter([
+            ("with_nulls", Arc::new(with_nulls) as ArrayRef),
+            ("without", Arc::new(without) as ArrayRef),
+            ("text", Arc::new(text) as ArrayRef),
+        ])
+        .unwrap();
+        let mut file = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let file = Bytes::from(file);
+        let arrow = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default()).unwrap();
+        let meta = arrow.metadata().row_group(0);
+        assert!(fixed_leaf(&arrow, 0).is_some() && fixed_leaf(&arrow, 1).is_some());
+        assert!(!flat_supported(meta.column(0)));
+        assert!(flat_supported(meta.column(1)));
+        assert_eq!(bytes_leaf(&arrow, 2), Some((2, true)));
+        assert!(!flat_supported(meta.column(2)));
+        let leaf = fixed_leaf(&arrow, 1).unwrap();
+        let array = decode_fixed(
+            Arc::new(file.clone()),
+            meta.column(1),
+            &leaf,
+            1000,
+            &DataType::Int64,
+        )
+        .unwrap();
+        let d = array.as_any_dictionary();
+        let plain = arrow_select::take::take(d.values(), d.keys(), None).unwrap();
+        assert_eq!(
+            plain
+                .as_primitive::<arrow_array::types::Int64Type>()
+                .values(),
+            &(0..1000).collect::<Vec<i64>>()[..]
+        );
+        // Decoding a chunk with nulls anyway is an error, not garbage.
+        let leaf0 = fixed_leaf(&arrow, 0).unwrap();
+        assert!(
+            decode_fixed(
+                Arc::new(file),
+                meta.column(0),
+                &leaf0,
+                1000,
+                &DataType::Int64
+            )
+            .is_err()
+        );
+    }
+
     /// Truncated or scrambled column chunk bytes give errors, never a panic.
     #[test]
     fn damaged_page_headers_are_errors() {
@@ -1273,7 +1387,8 @@ mod tests {
         let fields: Vec<Field> = columns
             .iter()
             .enumerate()
-            .map(|(i, c)| Field::new(format!("c{i}"), c.data_type().clone(), false))
+            // Odd columns nullable (without nulls), as pandas writes them.
+            .map(|(i, c)| Field::new(format!("c{i}"), c.data_type().clone(), i % 2 == 1))
             .collect();
         let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
         // zstd and uncompressed chunks are read by this crate's page reader,
@@ -1518,7 +1633,8 @@ mod tests {
         ];
         let fields = vec![
             Field::new("text", DataType::Utf8, false),
-            Field::new("blob", DataType::Binary, false),
+            // Nullable without nulls.
+            Field::new("blob", DataType::Binary, true),
         ];
         let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
         for (dictionary, version) in [
