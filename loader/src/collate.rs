@@ -768,13 +768,18 @@ fn permute_keys<K: ArrowDictionaryKeyType>(
 /// Put the rows of `batches` (concatenated) in `order` (indices into the
 /// concatenation), column by column. Dictionary columns keep their
 /// dictionaries (concatenated) and only their keys are permuted; a column
-/// whose batches mix dictionary and plain arrays is made plain.
-pub(crate) fn permute(batches: &[RecordBatch], order: &[u32]) -> Result<RecordBatch> {
+/// whose batches mix dictionary and plain arrays is made plain. `window`
+/// names the window in errors.
+pub(crate) fn permute(
+    batches: &[RecordBatch],
+    order: &[u32],
+    window: usize,
+) -> Result<RecordBatch> {
     use arrow_array::UInt32Array;
     use arrow_array::types::{Int32Type, UInt16Type};
 
     let err = |e: arrow_schema::ArrowError| LoaderError::Io {
-        op: "shuffle a window".into(),
+        op: format!("shuffle window {window}"),
         source: std::io::Error::other(e.to_string()),
     };
     let first = batches.first().expect("a window with rows has batches");
@@ -940,7 +945,7 @@ mod tests {
             );
 
             // Permuted into one batch first (the shuffle stage), then collated.
-            let permuted = permute(&batches, &order).unwrap();
+            let permuted = permute(&batches, &order, 0).unwrap();
             let all_dictionary = kinds.iter().all(|&k| k > 0);
             assert_eq!(
                 matches!(permuted.column(0).data_type(), DataType::Dictionary(..)),

@@ -1125,7 +1125,7 @@ impl Shuffler {
             let order: Vec<u32> = (0..window.rows)
                 .map(|offset| window.row_at(offset) as u32)
                 .collect();
-            let permuted = crate::collate::permute(&batches, &order)?;
+            let permuted = crate::collate::permute(&batches, &order, index)?;
             batches.clear();
             Counters::add_time(&self.counters.shuffle_busy_ns, started.elapsed());
             // The decoded row groups are no longer needed: free their budget now.

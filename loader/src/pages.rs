@@ -1196,7 +1196,7 @@ mod tests {
             let order: Vec<u32> = (0..rows as u32)
                 .map(|i| (i * 7 + 3) % rows as u32)
                 .collect();
-            let permuted = crate::collate::permute(&[half(0), half(rows / 2)], &order).unwrap();
+            let permuted = crate::collate::permute(&[half(0), half(rows / 2)], &order, 0).unwrap();
             let column = permuted.column(0);
             // The window's dictionary is both halves' (shared) dictionary twice.
             let expected_key = if 2 * distinct > 1 << 16 {
