@@ -758,10 +758,31 @@ fn permute_keys<K: ArrowDictionaryKeyType>(
     let values: Vec<&dyn Array> = dictionaries.iter().map(|d| d.values().as_ref()).collect();
     let values = arrow_select::concat::concat(&values)?;
     let permuted: Vec<K::Native> = order.iter().map(|&g| keys[g as usize]).collect();
+    // Null rows (their keys index their dictionary too) keep their nulls.
+    let nulls = dictionaries
+        .iter()
+        .any(|d| d.keys().null_count() > 0)
+        .then(|| {
+            let mut all = arrow_buffer::BooleanBufferBuilder::new(rows);
+            for d in dictionaries {
+                match d.keys().logical_nulls() {
+                    Some(n) => all.append_buffer(n.inner()),
+                    None => all.append_n(d.len(), true),
+                }
+            }
+            let all = all.finish();
+            arrow_buffer::NullBuffer::new(arrow_buffer::BooleanBuffer::collect_bool(
+                order.len(),
+                |i| all.value(order[i] as usize),
+            ))
+        });
     // SAFETY: every key was in its own dictionary, and is shifted by the
     // values before that dictionary in the concatenation, which `K` holds.
     Ok(Arc::new(unsafe {
-        DictionaryArray::<K>::new_unchecked(PrimitiveArray::<K>::new(permuted.into(), None), values)
+        DictionaryArray::<K>::new_unchecked(
+            PrimitiveArray::<K>::new(permuted.into(), nulls),
+            values,
+        )
     }))
 }
 
@@ -954,6 +975,79 @@ mod tests {
             let rows: Vec<(u32, u32)> = (0..100).map(|i| (0, i)).collect();
             assert_eq!(collate(&[&permuted], &rows), (expected_ids, expected_fs));
         }
+    }
+
+    /// Dictionary columns with null rows (key 0 there, as decoded) keep
+    /// their nulls through the shuffle stage and collate to a validity mask
+    /// with zeros in null rows.
+    #[test]
+    fn dictionary_nulls_survive_permutation_and_collation() {
+        let part = |ids: std::ops::Range<i64>| -> RecordBatch {
+            let n = ids.end - ids.start;
+            let valid = arrow_buffer::NullBuffer::from_iter(ids.clone().map(|i| i % 3 != 0));
+            let keys: Vec<u16> = ids
+                .clone()
+                .map(|i| {
+                    if i % 3 != 0 {
+                        (i - ids.start) as u16
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let keys = arrow_array::UInt16Array::new(keys.into(), Some(valid));
+            let values: ArrayRef = Arc::new(Int64Array::from_iter_values(ids.clone()));
+            assert_eq!(values.len() as i64, n);
+            let array: ArrayRef =
+                Arc::new(DictionaryArray::<UInt16Type>::try_new(keys, values).unwrap());
+            RecordBatch::try_new(
+                Arc::new(Schema::new(vec![Field::new(
+                    "id",
+                    array.data_type().clone(),
+                    true,
+                )])),
+                vec![array],
+            )
+            .unwrap()
+        };
+        let batches = [part(0..40), part(40..100)];
+        let order: Vec<u32> = (0..100u32).map(|i| (i * 37 + 11) % 100).collect();
+        let schema = Schema::new(vec![Field::new("id", DataType::Int64, true)]);
+        let plans = plan_columns(&schema, &["id".into()]).unwrap();
+        let read = |sources: &[&RecordBatch], rows: &[(u32, u32)]| -> (Vec<i64>, Vec<u8>) {
+            let collation = Collation::new(&plans, ListMode::Ragged, sources);
+            let (columns, bytes) = collation.layout(rows);
+            let mut storage = vec![0xffu64; bytes.div_ceil(8)];
+            // SAFETY: plain integers reinterpreted as bytes.
+            let slab = unsafe { storage.align_to_mut::<u8>().1 };
+            collation.write(rows, &columns, slab);
+            let ColumnLayout::Dense { values } = &columns[0].layout else {
+                panic!("dense")
+            };
+            let validity = columns[0].validity.as_ref().unwrap();
+            (
+                slab[values.offset..values.offset + values.bytes()]
+                    .chunks_exact(8)
+                    .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+                    .collect(),
+                slab[validity.offset..validity.offset + rows.len()].to_vec(),
+            )
+        };
+        let expected: (Vec<i64>, Vec<u8>) = (
+            order
+                .iter()
+                .map(|&o| if o % 3 != 0 { o as i64 } else { 0 })
+                .collect(),
+            order.iter().map(|&o| (o % 3 != 0) as u8).collect(),
+        );
+        let rows: Vec<(u32, u32)> = order
+            .iter()
+            .map(|&o| if o < 40 { (0, o) } else { (1, o - 40) })
+            .collect();
+        assert_eq!(read(&[&batches[0], &batches[1]], &rows), expected);
+        let permuted = permute(&batches, &order, 0).unwrap();
+        let rows: Vec<(u32, u32)> = (0..100).map(|i| (0, i)).collect();
+        assert_eq!(read(&[&permuted], &rows), expected);
     }
 
     #[test]

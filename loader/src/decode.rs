@@ -262,8 +262,7 @@ fn arrow_batches(
 enum Custom {
     /// A required list of required int32 (leaf column), from its levels.
     List(usize),
-    /// A flat fixed-width column (required, or a chunk without nulls),
-    /// dictionary kept.
+    /// A flat fixed-width column (required or nullable), dictionary kept.
     Fixed(FixedLeaf),
     /// A flat binary or string column (required, or a chunk without nulls)
     /// (leaf, utf8), as views of its pages.
@@ -284,7 +283,7 @@ fn custom_leaf(
         return pages::flat_supported(meta.column(leaf)).then_some(Custom::Bytes(leaf, utf8));
     }
     fixed_leaf(arrow, root)
-        .filter(|f| pages::flat_supported(meta.column(f.leaf)))
+        .filter(|f| pages::supported(meta.column(f.leaf)))
         .map(Custom::Fixed)
 }
 

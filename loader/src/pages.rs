@@ -2,8 +2,8 @@
 //! made of; other columns go through parquet's Arrow reader.
 //!
 //! * Flat fixed-width columns (numeric features, categorical ids), required
-//!   or nullable without nulls in the chunk (pandas and Spark write every
-//!   column nullable): a dictionary-encoded column chunk stays a dictionary. Its keys are
+//!   or nullable: a dictionary-encoded column chunk stays a dictionary (null
+//!   rows get key 0 and a validity bitmap). Its keys are
 //!   decoded into a `u16` buffer (dictionaries of at most 2^16 values) or an
 //!   `i32` one, and its values are the small dictionary page, as an Arrow
 //!   `Dictionary(UInt16 | Int32, T)` array. The shuffle stage then permutes
@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use arrow_array::types::{ArrowDictionaryKeyType, Int32Type, UInt16Type};
 use arrow_array::{ArrayRef, DictionaryArray, Int32Array, PrimitiveArray, make_array};
-use arrow_buffer::ArrowNativeType;
 use arrow_buffer::Buffer;
+use arrow_buffer::{ArrowNativeType, BooleanBufferBuilder, NullBuffer};
 use arrow_data::ArrayData;
 use arrow_schema::DataType;
 use bytes::Bytes;
@@ -49,9 +49,8 @@ pub(crate) struct FixedLeaf {
     width: usize,
 }
 
-/// The leaf of root column `root` when it is a non-nested primitive whose
-/// Arrow type this decoder handles (nullable ones only where a chunk has no
-/// nulls: see [`flat_supported`]).
+/// The leaf of root column `root` when it is a non-nested primitive
+/// (required or nullable) whose Arrow type this decoder handles.
 pub(crate) fn fixed_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<FixedLeaf> {
     let descr = arrow.metadata().file_metadata().schema_descr();
     let mut leaves = (0..descr.num_columns()).filter(|&i| descr.get_column_root_idx(i) == root);
@@ -80,10 +79,10 @@ pub(crate) fn fixed_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<Fix
     })
 }
 
-/// Whether the decoders of flat columns read `chunk`: every encoding is
-/// supported, and the column is required or (nullable) its statistics say
-/// the chunk holds no nulls, as in data written from pandas or Spark, where
-/// every column is nullable. Chunks with nulls go through parquet's reader.
+/// Whether [`decode_bytes`] reads `chunk`: every encoding is supported, and
+/// the column is required or (nullable) its statistics say the chunk holds
+/// no nulls, as in data written from pandas or Spark, where every column is
+/// nullable. Byte array chunks with nulls go through parquet's reader.
 pub(crate) fn flat_supported(chunk: &ColumnChunkMetaData) -> bool {
     supported(chunk)
         && (chunk.column_descr().max_def_level() == 0
@@ -108,17 +107,20 @@ fn general(message: String) -> ParquetError {
 enum FlatPage {
     /// The dictionary: `num_values` plain values.
     Dictionary { buf: Bytes, num_values: usize },
-    /// Values, plain or dictionary keys.
+    /// Values, plain or dictionary keys, of `num_values` rows; `def`: the
+    /// definition levels (bit width 1) of a nullable column, whose values are
+    /// those of the non-null rows only.
     Data {
         buf: Bytes,
         num_values: usize,
         encoding: Encoding,
+        def: Option<Bytes>,
     },
 }
 
-/// Check that the `count` definition levels (bit width 1) in `levels` are
-/// all 1: no nulls.
-fn all_defined(levels: &[u8], count: usize) -> std::result::Result<(), String> {
+/// Whether the `count` definition levels (bit width 1) in `levels` are all
+/// 1: no nulls.
+fn all_defined(levels: &[u8], count: usize) -> std::result::Result<bool, String> {
     let mut dense = true;
     walk_bits(levels, count, |bits| {
         dense &= match bits {
@@ -126,15 +128,34 @@ fn all_defined(levels: &[u8], count: usize) -> std::result::Result<(), String> {
             Bits::Byte { byte, valid, .. } => byte | !low_bits(valid) == 0xff,
         }
     })?;
-    if dense {
-        Ok(())
-    } else {
-        Err("a page holds nulls its chunk's statistics do not count".into())
-    }
+    Ok(dense)
 }
 
-/// The values part of `page`, a page of a flat column: required, or
-/// nullable (`def_levels`) without nulls.
+/// Append the `count` definition levels (bit width 1) in `levels` to
+/// `validity`; returns how many are 1 (rows with a value).
+fn append_defined(
+    levels: &[u8],
+    count: usize,
+    validity: &mut BooleanBufferBuilder,
+) -> std::result::Result<usize, String> {
+    let mut present = 0;
+    walk_bits(levels, count, |bits| match bits {
+        Bits::Run { len, value, .. } => {
+            validity.append_n(len, value == 1);
+            present += if value == 1 { len } else { 0 };
+        }
+        Bits::Byte { byte, valid, .. } => {
+            for i in 0..valid {
+                validity.append((byte >> i) & 1 == 1);
+            }
+            present += (byte & low_bits(valid)).count_ones() as usize;
+        }
+    })?;
+    Ok(present)
+}
+
+/// The values part of `page`, a page of a flat column, and its definition
+/// levels when the column is nullable (`def_levels`).
 fn flat_page(page: Page, def_levels: bool) -> std::result::Result<FlatPage, String> {
     Ok(match page {
         Page::DictionaryPage {
@@ -159,22 +180,22 @@ fn flat_page(page: Page, def_levels: bool) -> std::result::Result<FlatPage, Stri
             encoding,
             ..
         } => {
-            let buf = if def_levels {
+            let (buf, def) = if def_levels {
                 // Length-prefixed RLE definition levels, then the values.
                 let len = buf
                     .get(..4)
                     .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
                     .filter(|&len| 4 + len <= buf.len())
                     .ok_or_else(|| "levels overrun the page".to_string())?;
-                all_defined(&buf[4..4 + len], num_values as usize)?;
-                buf.slice(4 + len..)
+                (buf.slice(4 + len..), Some(buf.slice(4..4 + len)))
             } else {
-                buf
+                (buf, None)
             };
             FlatPage::Data {
                 buf,
                 num_values: num_values as usize,
                 encoding,
+                def,
             }
         }
         Page::DataPageV2 {
@@ -189,13 +210,8 @@ fn flat_page(page: Page, def_levels: bool) -> std::result::Result<FlatPage, Stri
             if skip > buf.len() {
                 return Err("levels overrun the page".into());
             }
-            if def_levels {
-                all_defined(
-                    &buf[rep_levels_byte_len as usize..skip],
-                    num_values as usize,
-                )?;
-            }
             FlatPage::Data {
+                def: def_levels.then(|| buf.slice(rep_levels_byte_len as usize..skip)),
                 buf: buf.slice(skip..),
                 num_values: num_values as usize,
                 encoding,
@@ -292,6 +308,7 @@ where
     let path = chunk.column_path().string();
     let err = |e: String| general(format!("column {path}: {e}"));
     let def_levels = chunk.column_descr().max_def_level() > 0;
+    let mut validity: Option<BooleanBufferBuilder> = None;
     // Dictionary values at the stored width, and the keys decoded so far.
     let mut dictionary: Option<Bytes> = None;
     let mut keys: Vec<K::Native> = Vec::with_capacity(rows);
@@ -303,7 +320,7 @@ where
         Some(page) => Some(page),
         None => pages.next_page()?,
     } {
-        let (buf, num_values, encoding) = match flat_page(page, def_levels).map_err(err)? {
+        let (buf, num_values, encoding, def) = match flat_page(page, def_levels).map_err(err)? {
             FlatPage::Dictionary { buf, num_values } => {
                 let bytes = num_values * leaf.physical;
                 if buf.len() < bytes {
@@ -319,13 +336,32 @@ where
                 buf,
                 num_values,
                 encoding,
-            } => (buf, num_values, encoding),
+                def,
+            } => (buf, num_values, encoding, def),
         };
         if decoded + num_values > rows {
             return Err(err(format!(
                 "pages hold more than the row group's {rows} rows"
             )));
         }
+        // Rows of this page holding a value; nulls are marked in `validity`
+        // (made at the first null) and their values filled in at the end.
+        let present = match &def {
+            None => num_values,
+            Some(def) if validity.is_none() && all_defined(def, num_values).map_err(err)? => {
+                num_values
+            }
+            Some(def) => {
+                let bits = validity.get_or_insert_with(|| {
+                    let mut bits = BooleanBufferBuilder::new(rows);
+                    bits.append_n(decoded, true);
+                    bits
+                });
+                append_defined(def, num_values, bits).map_err(err)?
+            }
+        };
+        let num_values_read = num_values;
+        let num_values = present;
         match encoding {
             Encoding::PLAIN => {
                 let bytes = num_values * leaf.physical;
@@ -378,31 +414,63 @@ where
             }
             other => return Err(err(format!("encoding {other} is not supported"))),
         }
-        decoded += num_values;
+        decoded += num_values_read;
     }
     if decoded != rows {
         return Err(err(format!(
             "holds {decoded} values; the footer says {rows} rows"
         )));
     }
-    let values = |bytes: Vec<u8>, len: usize| -> Result<ArrayRef> {
+    let nulls = validity.map(|mut v| NullBuffer::new(v.finish()));
+    let values = |bytes: Vec<u8>, len: usize, nulls: Option<NullBuffer>| -> Result<ArrayRef> {
         let data = ArrayData::builder(data_type.clone())
             .len(len)
             .add_buffer(Buffer::from_vec(bytes))
+            .nulls(nulls)
             .build()
             .map_err(|e| err(e.to_string()))?;
         Ok(make_array(data))
     };
-    if let Some(plain) = plain {
-        return values(plain, rows);
-    }
     let dict = dictionary.unwrap_or_default();
     let dict_len = dict.len() / leaf.physical;
+    if plain.is_none() && dict_len == 0 && keys.is_empty() {
+        // No values at all (every row null, or none): zeros.
+        plain = Some(Vec::new());
+    }
+    if let Some(plain) = plain {
+        let plain = match &nulls {
+            // Values of the non-null rows, spread over every row.
+            Some(n) => {
+                let w = leaf.width;
+                let mut full = vec![0u8; rows * w];
+                for (row, v) in n.valid_indices().zip(plain.chunks_exact(w)) {
+                    full[row * w..row * w + w].copy_from_slice(v);
+                }
+                full
+            }
+            None if plain.is_empty() => vec![0u8; rows * leaf.width],
+            None => plain,
+        };
+        return values(plain, rows, nulls);
+    }
     let mut narrowed = Vec::with_capacity(dict_len * leaf.width);
     narrow(&dict, leaf, &mut narrowed);
-    let dict_values = values(narrowed, dict_len)?;
-    let keys = PrimitiveArray::<K>::new(keys.into(), None);
-    // SAFETY: every key is in 0..dict_len (checked page by page above).
+    let dict_values = values(narrowed, dict_len, None)?;
+    let keys = match &nulls {
+        // Keys of the non-null rows, spread over every row (null rows get key
+        // 0, which indexes the non-empty dictionary).
+        Some(n) => {
+            let mut full = vec![K::Native::default(); rows];
+            for (row, &k) in n.valid_indices().zip(&keys) {
+                full[row] = k;
+            }
+            full
+        }
+        None => keys,
+    };
+    let keys = PrimitiveArray::<K>::new(keys.into(), nulls);
+    // SAFETY: every key is in 0..dict_len (checked page by page above; null
+    // rows hold 0 and the dictionary is not empty).
     let array = unsafe { DictionaryArray::<K>::new_unchecked(keys, dict_values) };
     Ok(Arc::new(array))
 }
@@ -769,7 +837,18 @@ pub(crate) fn decode_bytes<R: ChunkReader + 'static>(
                 buf,
                 num_values,
                 encoding,
-            } => (buf, num_values, encoding),
+                def,
+            } => {
+                // Only chunks without nulls come here (`flat_supported`).
+                if let Some(def) = def
+                    && !all_defined(&def, num_values).map_err(err)?
+                {
+                    return Err(err(
+                        "a page holds nulls its chunk's statistics do not count".into(),
+                    ));
+                }
+                (buf, num_values, encoding)
+            }
         };
         if views.len() + num_values > rows {
             return Err(err(format!(
@@ -1217,10 +1296,10 @@ mod tests {
         }
     }
 
-    /// Nullable flat columns are read here when their chunks hold no nulls
-    /// (by their statistics), and left to parquet's reader otherwise.
+    /// Nullable fixed-width chunks are read here with or without nulls;
+    /// nullable byte array chunks only without nulls (by their statistics).
     #[test]
-    fn nullable_chunks_with_nulls_are_left_to_parquet() {
+    fn nullable_chunks_decode_or_are_left_to_parquet() {
         use arrow_array::{Int64Array, RecordBatch, StringArray};
         use parquet::arrow::ArrowWriter;
         use parquet::arrow::arrow_reader::ArrowReaderOptions;
@@ -1242,7 +1321,7 @@ mod tests {
         let arrow = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default()).unwrap();
         let meta = arrow.metadata().row_group(0);
         assert!(fixed_leaf(&arrow, 0).is_some() && fixed_leaf(&arrow, 1).is_some());
-        assert!(!flat_supported(meta.column(0)));
+        assert!(supported(meta.column(0)) && !flat_supported(meta.column(0)));
         assert!(flat_supported(meta.column(1)));
         assert_eq!(bytes_leaf(&arrow, 2), Some((2, true)));
         assert!(!flat_supported(meta.column(2)));
@@ -1263,18 +1342,21 @@ mod tests {
                 .values(),
             &(0..1000).collect::<Vec<i64>>()[..]
         );
-        // Decoding a chunk with nulls anyway is an error, not garbage.
+        // Fixed-width chunks with nulls decode with a validity bitmap.
         let leaf0 = fixed_leaf(&arrow, 0).unwrap();
-        assert!(
-            decode_fixed(
-                Arc::new(file),
-                meta.column(0),
-                &leaf0,
-                1000,
-                &DataType::Int64
-            )
-            .is_err()
-        );
+        let array = decode_fixed(
+            Arc::new(file.clone()),
+            meta.column(0),
+            &leaf0,
+            1000,
+            &DataType::Int64,
+        )
+        .unwrap();
+        let d = array.as_any_dictionary();
+        let plain = arrow_select::take::take(d.values(), d.keys(), None).unwrap();
+        assert_eq!(plain.to_data(), batch.column(0).to_data());
+        // Decoding a byte array chunk with nulls anyway is an error, not garbage.
+        assert!(decode_bytes(Arc::new(file), meta.column(2), 1000, true).is_err());
     }
 
     /// Truncated or scrambled column chunk bytes give errors, never a panic.
@@ -1384,10 +1466,32 @@ mod tests {
                 (0..rows).map(|i| v(i) as f64 / 3.0),
             )),
         ];
+        // Columns 1 and 5: nullable without nulls, as pandas writes them.
+        // Columns 3, 7 and 9: nulls every 13th row and rows 3000..3200;
+        // column 9 also the whole second row group (2500..5000).
+        let columns: Vec<Arc<dyn Array>> = columns
+            .into_iter()
+            .enumerate()
+            .map(|(c, array)| {
+                if ![3, 7, 9].contains(&c) {
+                    return array;
+                }
+                let valid =
+                    arrow_buffer::NullBuffer::from_iter((0..rows).map(|i| {
+                        i % 13 != 0 && !(3000..3200).contains(&i) && !(c == 9 && i >= 2500)
+                    }));
+                let data = array
+                    .to_data()
+                    .into_builder()
+                    .nulls(Some(valid))
+                    .build()
+                    .unwrap();
+                make_array(data)
+            })
+            .collect();
         let fields: Vec<Field> = columns
             .iter()
             .enumerate()
-            // Odd columns nullable (without nulls), as pandas writes them.
             .map(|(i, c)| Field::new(format!("c{i}"), c.data_type().clone(), i % 2 == 1))
             .collect();
         let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
@@ -1667,7 +1771,7 @@ mod tests {
                     let meta = metadata.row_group(rg);
                     let n = meta.num_rows() as usize;
                     let chunk = meta.column(leaf);
-                    if supported(chunk) {
+                    if flat_supported(chunk) {
                         let array = decode_bytes(Arc::new(file.clone()), chunk, n, utf8).unwrap();
                         assert_eq!(array.len(), n);
                         for r in 0..n {
