@@ -264,8 +264,7 @@ enum Custom {
     List(usize),
     /// A flat fixed-width column (required or nullable), dictionary kept.
     Fixed(FixedLeaf),
-    /// A flat binary or string column (required, or a chunk without nulls)
-    /// (leaf, utf8), as views of its pages.
+    /// A flat binary or string column (leaf, utf8), as views of its pages.
     Bytes(usize, bool),
 }
 
@@ -280,7 +279,7 @@ fn custom_leaf(
         return Some(Custom::List(leaf));
     }
     if let Some((leaf, utf8)) = pages::bytes_leaf(arrow, root) {
-        return pages::flat_supported(meta.column(leaf)).then_some(Custom::Bytes(leaf, utf8));
+        return pages::supported(meta.column(leaf)).then_some(Custom::Bytes(leaf, utf8));
     }
     fixed_leaf(arrow, root)
         .filter(|f| pages::supported(meta.column(f.leaf)))

@@ -13,9 +13,8 @@
 //!   plain pages is decoded to plain values.
 //! * Required `list<int32>` (token ids): row starts come from the repetition
 //!   levels eight at a time and values go straight into one buffer.
-//! * Binary and strings (images, text), required or without nulls: views
-//!   over the decompressed pages, so each value is copied once, from its page
-//!   into the slab.
+//! * Binary and strings (images, text): views over the decompressed pages,
+//!   so each value is copied once, from its page into the slab.
 //!
 //! Keys are unpacked eight at a time with constant bit widths.
 
@@ -77,16 +76,6 @@ pub(crate) fn fixed_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<Fix
         physical,
         width,
     })
-}
-
-/// Whether [`decode_bytes`] reads `chunk`: every encoding is supported, and
-/// the column is required or (nullable) its statistics say the chunk holds
-/// no nulls, as in data written from pandas or Spark, where every column is
-/// nullable. Byte array chunks with nulls go through parquet's reader.
-pub(crate) fn flat_supported(chunk: &ColumnChunkMetaData) -> bool {
-    supported(chunk)
-        && (chunk.column_descr().max_def_level() == 0
-            || chunk.statistics().and_then(|s| s.null_count_opt()) == Some(0))
 }
 
 /// Whether this decoder reads every encoding of `chunk`.
@@ -152,6 +141,46 @@ fn append_defined(
         }
     })?;
     Ok(present)
+}
+
+/// How many of a page's `count` rows (the rows after the first `before` of
+/// a chunk of `rows`) hold a value: all, for a required column (`def` none)
+/// or a page without nulls; otherwise its definition levels are appended to
+/// `validity`, made at the chunk's first null.
+fn page_present(
+    def: Option<&[u8]>,
+    count: usize,
+    before: usize,
+    rows: usize,
+    validity: &mut Option<BooleanBufferBuilder>,
+) -> std::result::Result<usize, String> {
+    let Some(def) = def else {
+        return Ok(count);
+    };
+    if validity.is_none() && all_defined(def, count)? {
+        return Ok(count);
+    }
+    let bits = validity.get_or_insert_with(|| {
+        let mut bits = BooleanBufferBuilder::new(rows);
+        bits.append_n(before, true);
+        bits
+    });
+    if bits.len() != before {
+        // Earlier pages without nulls, after the first null.
+        let missing = before - bits.len();
+        bits.append_n(missing, true);
+    }
+    append_defined(def, count, bits)
+}
+
+/// The null buffer of a chunk of `rows` rows from its `validity` (none: no
+/// nulls), padded with valid rows after its last null.
+fn finish_validity(validity: Option<BooleanBufferBuilder>, rows: usize) -> Option<NullBuffer> {
+    validity.map(|mut v| {
+        let missing = rows.saturating_sub(v.len());
+        v.append_n(missing, true);
+        NullBuffer::new(v.finish())
+    })
 }
 
 /// The values part of `page`, a page of a flat column, and its definition
@@ -346,20 +375,8 @@ where
         }
         // Rows of this page holding a value; nulls are marked in `validity`
         // (made at the first null) and their values filled in at the end.
-        let present = match &def {
-            None => num_values,
-            Some(def) if validity.is_none() && all_defined(def, num_values).map_err(err)? => {
-                num_values
-            }
-            Some(def) => {
-                let bits = validity.get_or_insert_with(|| {
-                    let mut bits = BooleanBufferBuilder::new(rows);
-                    bits.append_n(decoded, true);
-                    bits
-                });
-                append_defined(def, num_values, bits).map_err(err)?
-            }
-        };
+        let present =
+            page_present(def.as_deref(), num_values, decoded, rows, &mut validity).map_err(err)?;
         let num_values_read = num_values;
         let num_values = present;
         match encoding {
@@ -421,7 +438,7 @@ where
             "holds {decoded} values; the footer says {rows} rows"
         )));
     }
-    let nulls = validity.map(|mut v| NullBuffer::new(v.finish()));
+    let nulls = finish_validity(validity, rows);
     let values = |bytes: Vec<u8>, len: usize, nulls: Option<NullBuffer>| -> Result<ArrayRef> {
         let data = ArrayData::builder(data_type.clone())
             .len(len)
@@ -754,9 +771,8 @@ pub(crate) fn decode_list_i32<R: ChunkReader + 'static>(
     Ok(Arc::new(list))
 }
 
-/// The leaf of root column `root` when it is a non-nested byte array read
-/// as binary or a string (nullable ones only where a chunk has no nulls: see
-/// [`flat_supported`]): `(leaf, utf8)`.
+/// The leaf of root column `root` when it is a non-nested byte array
+/// (required or nullable) read as binary or a string: `(leaf, utf8)`.
 pub(crate) fn bytes_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<(usize, bool)> {
     let descr = arrow.metadata().file_metadata().schema_descr();
     let mut leaves = (0..descr.num_columns()).filter(|&i| descr.get_column_root_idx(i) == root);
@@ -823,8 +839,10 @@ pub(crate) fn decode_bytes<R: ChunkReader + 'static>(
     let mut buffers: Vec<Buffer> = Vec::new();
     let mut views: Vec<u128> = Vec::with_capacity(rows);
     let mut dictionary: Option<Vec<u128>> = None;
+    let mut validity: Option<BooleanBufferBuilder> = None;
+    let mut decoded = 0usize;
     while let Some(page) = pages.next_page()? {
-        let (buf, num_values, encoding) = match flat_page(page, def_levels).map_err(err)? {
+        let (buf, num_values, encoding, def) = match flat_page(page, def_levels).map_err(err)? {
             FlatPage::Dictionary { buf, num_values } => {
                 let mut dict = Vec::with_capacity(num_values);
                 plain_views(&buf, num_values, buffers.len() as u32, utf8, &mut dict)
@@ -838,23 +856,17 @@ pub(crate) fn decode_bytes<R: ChunkReader + 'static>(
                 num_values,
                 encoding,
                 def,
-            } => {
-                // Only chunks without nulls come here (`flat_supported`).
-                if let Some(def) = def
-                    && !all_defined(&def, num_values).map_err(err)?
-                {
-                    return Err(err(
-                        "a page holds nulls its chunk's statistics do not count".into(),
-                    ));
-                }
-                (buf, num_values, encoding)
-            }
+            } => (buf, num_values, encoding, def),
         };
-        if views.len() + num_values > rows {
+        if decoded + num_values > rows {
             return Err(err(format!(
                 "pages hold more than the row group's {rows} rows"
             )));
         }
+        let present =
+            page_present(def.as_deref(), num_values, decoded, rows, &mut validity).map_err(err)?;
+        decoded += num_values;
+        let num_values = present;
         match encoding {
             Encoding::PLAIN => {
                 plain_views(&buf, num_values, buffers.len() as u32, utf8, &mut views)
@@ -868,11 +880,19 @@ pub(crate) fn decode_bytes<R: ChunkReader + 'static>(
             other => return Err(err(format!("encoding {other} is not supported"))),
         }
     }
-    if views.len() != rows {
+    if decoded != rows {
         return Err(err(format!(
-            "holds {} values; the footer says {rows} rows",
-            views.len()
+            "holds {decoded} values; the footer says {rows} rows"
         )));
+    }
+    let nulls = finish_validity(validity, rows);
+    if let Some(n) = &nulls {
+        // Views of the non-null rows, spread over the rows (null rows: empty).
+        let mut full = vec![0u128; rows];
+        for (row, &v) in n.valid_indices().zip(&views) {
+            full[row] = v;
+        }
+        views = full;
     }
     let views = arrow_buffer::ScalarBuffer::from(views);
     // SAFETY: every view was made by `make_view` from a value inside the
@@ -882,13 +902,13 @@ pub(crate) fn decode_bytes<R: ChunkReader + 'static>(
             Arc::new(arrow_array::StringViewArray::new_unchecked(
                 views,
                 buffers.into(),
-                None,
+                nulls,
             ))
         } else {
             Arc::new(arrow_array::BinaryViewArray::new_unchecked(
                 views,
                 buffers.into(),
-                None,
+                nulls,
             ))
         }
     })
@@ -1134,6 +1154,7 @@ fn unpack(packed: &[u8], width: usize, n: usize, sink: &mut impl KeySink) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_array::Array;
     use arrow_array::cast::AsArray;
 
     /// Decode `count` hybrid-encoded values of `bit_width` bits into `out`.
@@ -1296,10 +1317,9 @@ mod tests {
         }
     }
 
-    /// Nullable fixed-width chunks are read here with or without nulls;
-    /// nullable byte array chunks only without nulls (by their statistics).
+    /// Nullable chunks, with and without nulls, decode with their validity.
     #[test]
-    fn nullable_chunks_decode_or_are_left_to_parquet() {
+    fn nullable_chunks_decode_with_their_validity() {
         use arrow_array::{Int64Array, RecordBatch, StringArray};
         use parquet::arrow::ArrowWriter;
         use parquet::arrow::arrow_reader::ArrowReaderOptions;
@@ -1321,10 +1341,9 @@ mod tests {
         let arrow = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default()).unwrap();
         let meta = arrow.metadata().row_group(0);
         assert!(fixed_leaf(&arrow, 0).is_some() && fixed_leaf(&arrow, 1).is_some());
-        assert!(supported(meta.column(0)) && !flat_supported(meta.column(0)));
-        assert!(flat_supported(meta.column(1)));
+        assert!(supported(meta.column(0)) && supported(meta.column(1)));
         assert_eq!(bytes_leaf(&arrow, 2), Some((2, true)));
-        assert!(!flat_supported(meta.column(2)));
+        assert!(supported(meta.column(2)));
         let leaf = fixed_leaf(&arrow, 1).unwrap();
         let array = decode_fixed(
             Arc::new(file.clone()),
@@ -1355,8 +1374,17 @@ mod tests {
         let d = array.as_any_dictionary();
         let plain = arrow_select::take::take(d.values(), d.keys(), None).unwrap();
         assert_eq!(plain.to_data(), batch.column(0).to_data());
-        // Decoding a byte array chunk with nulls anyway is an error, not garbage.
-        assert!(decode_bytes(Arc::new(file), meta.column(2), 1000, true).is_err());
+        // String chunks with nulls decode with a validity bitmap too.
+        let array = decode_bytes(Arc::new(file), meta.column(2), 1000, true).unwrap();
+        let strings = array.as_string_view();
+        let want = batch.column(2).as_string::<i32>();
+        assert_eq!(strings.nulls(), want.nulls());
+        for r in 0..1000 {
+            assert_eq!(strings.is_valid(r), want.is_valid(r));
+            if want.is_valid(r) {
+                assert_eq!(strings.value(r), want.value(r));
+            }
+        }
     }
 
     /// Truncated or scrambled column chunk bytes give errors, never a panic.
@@ -1733,11 +1761,13 @@ mod tests {
         let blobs: Vec<Vec<u8>> = text.iter().map(|t| t.as_bytes().repeat(2)).collect();
         let columns: Vec<Arc<dyn Array>> = vec![
             Arc::new(StringArray::from(text.clone())),
-            Arc::new(BinaryArray::from_iter_values(blobs.iter())),
+            // Nulls every 7th row and rows 1200..1500.
+            Arc::new(BinaryArray::from_iter(blobs.iter().enumerate().map(
+                |(i, b)| (i % 7 != 0 && !(1200..1500).contains(&i)).then_some(b.as_slice()),
+            ))),
         ];
         let fields = vec![
             Field::new("text", DataType::Utf8, false),
-            // Nullable without nulls.
             Field::new("blob", DataType::Binary, true),
         ];
         let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
@@ -1771,10 +1801,16 @@ mod tests {
                     let meta = metadata.row_group(rg);
                     let n = meta.num_rows() as usize;
                     let chunk = meta.column(leaf);
-                    if flat_supported(chunk) {
+                    if supported(chunk) {
                         let array = decode_bytes(Arc::new(file.clone()), chunk, n, utf8).unwrap();
                         assert_eq!(array.len(), n);
                         for r in 0..n {
+                            let i = at + r;
+                            let null = !utf8 && (i % 7 == 0 || (1200..1500).contains(&i));
+                            assert_eq!(array.is_null(r), null, "row {i} of column {root}");
+                            if null {
+                                continue;
+                            }
                             let got: &[u8] = if utf8 {
                                 array.as_string_view().value(r).as_bytes()
                             } else {
