@@ -1116,11 +1116,11 @@ impl Shuffler {
         if self.config.shuffle && self.config.fixed_width && window.rows > 0 {
             // Fixed-width columns only (variable-length rows are large contiguous
             // copies that gain nothing and would be copied twice):
-            // materialise the window in shuffled order, one column at a time:
-            // each column's random reads stay within that column's data
-            // (cache-resident), where gathering batch by batch would sweep
-            // every column of the whole window for each batch. Batches are
-            // then contiguous slices.
+            // materialise the window in shuffled order, one column at a time
+            // (dictionary columns: their keys only): each column's random reads
+            // stay within that column's data (cache-resident), where gathering
+            // batch by batch would sweep every column of the whole window for
+            // each batch. Batches are then contiguous slices.
             let started = Instant::now();
             let order: Vec<u32> = (0..window.rows)
                 .map(|offset| window.row_at(offset) as u32)
