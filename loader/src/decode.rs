@@ -290,13 +290,8 @@ fn custom_leaf(
 /// int32 (token ids): one leaf, repetition and definition levels at most 1.
 /// Such columns are decoded by [`decode_list`].
 fn level_list_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<usize> {
-    let descr = arrow.metadata().file_metadata().schema_descr();
-    let mut leaves = (0..descr.num_columns()).filter(|&i| descr.get_column_root_idx(i) == root);
-    let leaf = leaves.next()?;
-    if leaves.next().is_some() {
-        return None;
-    }
-    let column = descr.column(leaf);
+    let leaf = pages::single_leaf(arrow, root)?;
+    let column = arrow.metadata().file_metadata().schema_descr().column(leaf);
     let field = arrow.schema().fields().get(root)?;
     let list_of_i32 = matches!(
         field.data_type(),

@@ -48,16 +48,19 @@ pub(crate) struct FixedLeaf {
     width: usize,
 }
 
-/// The leaf of root column `root` when it is a non-nested primitive
-/// (required or nullable) whose Arrow type this decoder handles.
-pub(crate) fn fixed_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<FixedLeaf> {
+/// The only leaf column under root column `root`, if it has exactly one.
+pub(crate) fn single_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<usize> {
     let descr = arrow.metadata().file_metadata().schema_descr();
     let mut leaves = (0..descr.num_columns()).filter(|&i| descr.get_column_root_idx(i) == root);
     let leaf = leaves.next()?;
-    if leaves.next().is_some() {
-        return None;
-    }
-    let column = descr.column(leaf);
+    leaves.next().is_none().then_some(leaf)
+}
+
+/// The leaf of root column `root` when it is a non-nested primitive
+/// (required or nullable) whose Arrow type this decoder handles.
+pub(crate) fn fixed_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<FixedLeaf> {
+    let leaf = single_leaf(arrow, root)?;
+    let column = arrow.metadata().file_metadata().schema_descr().column(leaf);
     if column.max_def_level() > 1 || column.max_rep_level() != 0 {
         return None;
     }
@@ -673,14 +676,7 @@ pub(crate) fn decode_list_i32<R: ChunkReader + 'static>(
         let base = values.len();
         // Definition levels: all 1 (no empty lists) is the common case, where
         // value index = level index; otherwise expand them.
-        let mut dense = true;
-        walk_bits(&page.def, n, |bits| {
-            dense &= match bits {
-                Bits::Run { value, .. } => value == 1,
-                Bits::Byte { byte, valid, .. } => byte | !low_bits(valid) == 0xff,
-            }
-        })
-        .map_err(err)?;
+        let dense = all_defined(&page.def, n).map_err(err)?;
         let present = if dense {
             n
         } else {
@@ -774,13 +770,8 @@ pub(crate) fn decode_list_i32<R: ChunkReader + 'static>(
 /// The leaf of root column `root` when it is a non-nested byte array
 /// (required or nullable) read as binary or a string: `(leaf, utf8)`.
 pub(crate) fn bytes_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<(usize, bool)> {
-    let descr = arrow.metadata().file_metadata().schema_descr();
-    let mut leaves = (0..descr.num_columns()).filter(|&i| descr.get_column_root_idx(i) == root);
-    let leaf = leaves.next()?;
-    if leaves.next().is_some() {
-        return None;
-    }
-    let column = descr.column(leaf);
+    let leaf = single_leaf(arrow, root)?;
+    let column = arrow.metadata().file_metadata().schema_descr().column(leaf);
     if column.max_def_level() > 1
         || column.max_rep_level() != 0
         || column.physical_type() != PhysicalType::BYTE_ARRAY
