@@ -1148,6 +1148,37 @@ mod tests {
     use arrow_array::Array;
     use arrow_array::cast::AsArray;
 
+    /// `batch` written by parquet's Arrow writer with `props`, and its metadata.
+    fn write_parquet(
+        batch: &arrow_array::RecordBatch,
+        props: Option<parquet::file::properties::WriterProperties>,
+    ) -> (Bytes, ArrowReaderMetadata) {
+        let mut file = Vec::new();
+        let mut writer =
+            parquet::arrow::ArrowWriter::try_new(&mut file, batch.schema(), props).unwrap();
+        writer.write(batch).unwrap();
+        writer.close().unwrap();
+        let file = Bytes::from(file);
+        let arrow = ArrowReaderMetadata::load(
+            &file,
+            parquet::arrow::arrow_reader::ArrowReaderOptions::default(),
+        )
+        .unwrap();
+        (file, arrow)
+    }
+
+    /// Every row of `file`, as parquet's Arrow reader reads it.
+    fn read_with_parquet(file: &Bytes) -> arrow_array::RecordBatch {
+        let batches: Vec<_> =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file.clone())
+                .unwrap()
+                .build()
+                .unwrap()
+                .collect::<std::result::Result<_, _>>()
+                .unwrap();
+        arrow_select::concat::concat_batches(&batches[0].schema(), &batches).unwrap()
+    }
+
     /// Decode `count` hybrid-encoded values of `bit_width` bits into `out`.
     fn decode_hybrid(
         data: &[u8],
@@ -1239,8 +1270,6 @@ mod tests {
     #[test]
     fn large_dictionaries_keep_i32_keys() {
         use arrow_array::{Array, Int64Array, RecordBatch};
-        use parquet::arrow::ArrowWriter;
-        use parquet::arrow::arrow_reader::ArrowReaderOptions;
         use parquet::file::properties::WriterProperties;
 
         for (distinct, key) in [(70_000i64, DataType::Int32), (1000, DataType::UInt16)] {
@@ -1254,12 +1283,7 @@ mod tests {
             let props = WriterProperties::builder()
                 .set_dictionary_page_size_limit(4 << 20)
                 .build();
-            let mut file = Vec::new();
-            let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).unwrap();
-            writer.write(&batch).unwrap();
-            writer.close().unwrap();
-            let file = Bytes::from(file);
-            let arrow = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default()).unwrap();
+            let (file, arrow) = write_parquet(&batch, Some(props));
             let leaf = fixed_leaf(&arrow, 0).unwrap();
             let meta = arrow.metadata().row_group(0);
             assert_eq!(meta.num_rows() as usize, rows);
@@ -1312,8 +1336,6 @@ mod tests {
     #[test]
     fn nullable_chunks_decode_with_their_validity() {
         use arrow_array::{Int64Array, RecordBatch, StringArray};
-        use parquet::arrow::ArrowWriter;
-        use parquet::arrow::arrow_reader::ArrowReaderOptions;
 
         let with_nulls = Int64Array::from_iter((0..1000).map(|i| (i % 7 != 0).then_some(i)));
         let without = Int64Array::from_iter((0..1000).map(Some));
@@ -1324,12 +1346,7 @@ mod tests {
             ("text", Arc::new(text) as ArrayRef),
         ])
         .unwrap();
-        let mut file = Vec::new();
-        let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), None).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
-        let file = Bytes::from(file);
-        let arrow = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default()).unwrap();
+        let (file, arrow) = write_parquet(&batch, None);
         let meta = arrow.metadata().row_group(0);
         assert!(fixed_leaf(&arrow, 0).is_some() && fixed_leaf(&arrow, 1).is_some());
         assert!(supported(meta.column(0)) && supported(meta.column(1)));
@@ -1382,20 +1399,13 @@ mod tests {
     #[test]
     fn damaged_page_headers_are_errors() {
         use arrow_array::{Int64Array, RecordBatch};
-        use parquet::arrow::ArrowWriter;
-        use parquet::arrow::arrow_reader::ArrowReaderOptions;
 
         let batch = RecordBatch::try_from_iter([(
             "v",
             Arc::new(Int64Array::from_iter_values(0..5000)) as ArrayRef,
         )])
         .unwrap();
-        let mut file = Vec::new();
-        let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), None).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
-        let file = Bytes::from(file);
-        let arrow = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default()).unwrap();
+        let (file, arrow) = write_parquet(&batch, None);
         let chunk = arrow.metadata().row_group(0).column(0).clone();
         let (start, len) = chunk.byte_range();
         let (start, len) = (start as usize, len as usize);
@@ -1450,8 +1460,6 @@ mod tests {
             UInt8Array, UInt16Array, UInt32Array, UInt64Array,
         };
         use arrow_schema::{Field, Schema};
-        use parquet::arrow::ArrowWriter;
-        use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
         use parquet::basic::{Compression, ZstdLevel};
         use parquet::file::properties::{WriterProperties, WriterVersion};
 
@@ -1544,21 +1552,9 @@ mod tests {
                 .set_compression(codec)
                 .set_max_row_group_row_count(Some(2500))
                 .build();
-            let mut file = Vec::new();
-            let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).unwrap();
-            writer.write(&batch).unwrap();
-            writer.close().unwrap();
-            let file = Bytes::from(file);
-            let arrow = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default()).unwrap();
+            let (file, arrow) = write_parquet(&batch, Some(props));
             let metadata = arrow.metadata().clone();
-            let expected = ParquetRecordBatchReaderBuilder::try_new(file.clone())
-                .unwrap()
-                .with_batch_size(rows)
-                .build()
-                .unwrap()
-                .next()
-                .unwrap()
-                .unwrap();
+            let expected = read_with_parquet(&file);
             let mut kinds = Vec::new();
             for root in 0..batch.num_columns() {
                 let leaf = fixed_leaf(&arrow, root).expect("a fixed-width leaf");
@@ -1609,8 +1605,6 @@ mod tests {
     fn decoded_lists_equal_parquets_reader() {
         use arrow_array::{Array, ListArray, RecordBatch};
         use arrow_schema::{Field, Schema};
-        use parquet::arrow::ArrowWriter;
-        use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
         use parquet::basic::{Compression, ZstdLevel};
         use parquet::file::properties::{WriterProperties, WriterVersion};
 
@@ -1664,12 +1658,7 @@ mod tests {
                 .set_compression(Compression::ZSTD(ZstdLevel::default()))
                 .set_max_row_group_row_count(Some(1000))
                 .build();
-            let mut file = Vec::new();
-            let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).unwrap();
-            writer.write(&batch).unwrap();
-            writer.close().unwrap();
-            let file = Bytes::from(file);
-            let arrow = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default()).unwrap();
+            let (file, arrow) = write_parquet(&batch, Some(props));
             let metadata = arrow.metadata().clone();
             let descr = metadata.file_metadata().schema_descr();
             assert_eq!(
@@ -1679,14 +1668,7 @@ mod tests {
                 ),
                 (1, 1)
             );
-            let expected = ParquetRecordBatchReaderBuilder::try_new(file.clone())
-                .unwrap()
-                .with_batch_size(rows)
-                .build()
-                .unwrap()
-                .next()
-                .unwrap()
-                .unwrap();
+            let expected = read_with_parquet(&file);
             let mut at = 0;
             let mut decoded = 0;
             for rg in 0..metadata.num_row_groups() {
@@ -1732,8 +1714,6 @@ mod tests {
     fn decoded_bytes_equal_parquets_reader() {
         use arrow_array::{Array, BinaryArray, RecordBatch, StringArray};
         use arrow_schema::{Field, Schema};
-        use parquet::arrow::ArrowWriter;
-        use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
         use parquet::basic::{Compression, ZstdLevel};
         use parquet::file::properties::{WriterProperties, WriterVersion};
 
@@ -1776,12 +1756,7 @@ mod tests {
                 .set_compression(Compression::ZSTD(ZstdLevel::default()))
                 .set_max_row_group_row_count(Some(700))
                 .build();
-            let mut file = Vec::new();
-            let mut writer = ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).unwrap();
-            writer.write(&batch).unwrap();
-            writer.close().unwrap();
-            let file = Bytes::from(file);
-            let arrow = ArrowReaderMetadata::load(&file, ArrowReaderOptions::default()).unwrap();
+            let (file, arrow) = write_parquet(&batch, Some(props));
             let metadata = arrow.metadata().clone();
             let mut decoded = 0;
             for root in 0..2 {
@@ -1827,14 +1802,7 @@ mod tests {
             }
             // The reader agrees with the source data (the comparison above is
             // against the values written).
-            let read = ParquetRecordBatchReaderBuilder::try_new(file)
-                .unwrap()
-                .with_batch_size(rows)
-                .build()
-                .unwrap()
-                .next()
-                .unwrap()
-                .unwrap();
+            let read = read_with_parquet(&file);
             assert_eq!(read, batch);
         }
     }
