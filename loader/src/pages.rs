@@ -380,14 +380,12 @@ where
         // (made at the first null) and their values filled in at the end.
         let present =
             page_present(def.as_deref(), num_values, decoded, rows, &mut validity).map_err(err)?;
-        let num_values_read = num_values;
-        let num_values = present;
         match encoding {
             Encoding::PLAIN => {
-                let bytes = num_values * leaf.physical;
+                let bytes = present * leaf.physical;
                 if buf.len() < bytes {
                     return Err(err(format!(
-                        "a plain page holds {} bytes for {num_values} values",
+                        "a plain page holds {} bytes for {present} values",
                         buf.len()
                     )));
                 }
@@ -412,14 +410,14 @@ where
                 };
                 let dict_len = dict.len() / leaf.physical;
                 let start = keys.len();
-                keys.reserve(num_values);
+                keys.reserve(present);
                 let mut sink = Keys {
                     out: &mut keys,
                     max: 0,
                 };
-                dictionary_keys(&buf, num_values, &mut sink).map_err(err)?;
+                dictionary_keys(&buf, present, &mut sink).map_err(err)?;
                 let max = sink.max;
-                if max as usize >= dict_len && num_values > 0 {
+                if max as usize >= dict_len && present > 0 {
                     return Err(err(format!(
                         "key {max} is outside the dictionary of {dict_len} values"
                     )));
@@ -434,7 +432,7 @@ where
             }
             other => return Err(err(format!("encoding {other} is not supported"))),
         }
-        decoded += num_values_read;
+        decoded += num_values;
     }
     if decoded != rows {
         return Err(err(format!(
@@ -857,16 +855,13 @@ pub(crate) fn decode_bytes<R: ChunkReader + 'static>(
         let present =
             page_present(def.as_deref(), num_values, decoded, rows, &mut validity).map_err(err)?;
         decoded += num_values;
-        let num_values = present;
         match encoding {
             Encoding::PLAIN => {
-                plain_views(&buf, num_values, buffers.len() as u32, utf8, &mut views)
-                    .map_err(err)?;
+                plain_views(&buf, present, buffers.len() as u32, utf8, &mut views).map_err(err)?;
                 buffers.push(Buffer::from(buf));
             }
             Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
-                gather_dictionary(&buf, num_values, dictionary.as_deref(), &mut views)
-                    .map_err(err)?;
+                gather_dictionary(&buf, present, dictionary.as_deref(), &mut views).map_err(err)?;
             }
             other => return Err(err(format!("encoding {other} is not supported"))),
         }
