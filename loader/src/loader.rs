@@ -827,7 +827,7 @@ impl Loader {
             );
         }
         drop(decoded_tx);
-        let (windows_tx, windows_rx) = bounded::<Result<LoadedWindow>>(1);
+        let (windows_tx, windows_rx) = bounded::<Result<LoadedWindow>>(0);
         let assembled_all = Arc::new(AtomicBool::new(false));
         {
             let assembled = assembled_all.clone();
@@ -1128,8 +1128,9 @@ impl Shuffler {
             let permuted = crate::collate::permute(&batches, &order, index)?;
             batches.clear();
             Counters::add_time(&self.counters.shuffle_busy_ns, started.elapsed());
-            // The decoded row groups are no longer needed: free their budget now.
-            permits.clear();
+            // The permuted window keeps its row groups' budget until the
+            // collator is done with it: the budget bounds decoded and permuted
+            // windows together.
             return Ok(LoadedWindow {
                 index,
                 prefix: vec![0, permuted.num_rows() as u64],
