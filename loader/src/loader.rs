@@ -1122,9 +1122,7 @@ impl Shuffler {
             // batch by batch would sweep every column of the whole window for
             // each batch. Batches are then contiguous slices.
             let started = Instant::now();
-            let order: Vec<u32> = (0..window.rows)
-                .map(|offset| window.row_at(offset) as u32)
-                .collect();
+            let order = window.rows();
             let permuted = crate::collate::permute(&batches, &order, index)?;
             batches.clear();
             Counters::add_time(&self.counters.shuffle_busy_ns, started.elapsed());

@@ -102,6 +102,23 @@ impl Window<'_> {
             None => offset,
         }
     }
+
+    /// [`Window::row_at`] of every offset of the window, in offset order.
+    pub fn rows(&self) -> Vec<u32> {
+        let Some(p) = &self.permutation else {
+            return (0..self.rows as u32).collect();
+        };
+        let mut rows = Vec::with_capacity(self.rows as usize);
+        let mut chunk = [0u64; 1024];
+        let mut at = 0;
+        while at < self.rows {
+            let n = (self.rows - at).min(chunk.len() as u64) as usize;
+            p.apply_range(at, &mut chunk[..n]);
+            rows.extend(chunk[..n].iter().map(|&r| r as u32));
+            at += n as u64;
+        }
+        rows
+    }
 }
 
 impl EpochPlan {
