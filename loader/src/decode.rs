@@ -34,50 +34,86 @@ pub(crate) struct Fetched {
     pub mapped: bool,
 }
 
-/// Drop the pages of memory-mapped `chunks` (sorted by file offset) from
-/// this process's resident set once decoded (they stay in the page cache),
-/// so RSS follows the configured budget rather than the dataset size.
-/// Chunks of the same mapping are released in one call: each call
-/// interrupts the other cores running this process (TLB shootdown), and a
-/// row group's column chunks usually lie end to end.
-fn release_mapped(chunks: &[(u64, Bytes)]) {
-    #[cfg(target_os = "linux")]
-    {
-        let page = 4096usize;
-        let release = |start: usize, end: usize| {
-            let aligned = start & !(page - 1);
-            let len = end.next_multiple_of(page) - aligned;
+/// A range of a memory-mapped shard whose pages leave this process's
+/// resident set (they stay in the page cache) once nothing refers to it:
+/// when a row group is decoded, or, where decoded arrays point into
+/// uncompressed pages, when those arrays are dropped. RSS then follows the
+/// configured budget rather than the dataset size.
+struct MappedRun {
+    start: usize,
+    end: usize,
+    /// Keeps the mapping alive until the range is released.
+    _mapping: Bytes,
+}
+
+impl Drop for MappedRun {
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        {
+            let page = 4096usize;
+            let aligned = self.start & !(page - 1);
+            let len = self.end.next_multiple_of(page) - aligned;
             // SAFETY: the range lies within a read-only private file mapping
-            // that the chunks keep alive (a range spanning chunks is one
-            // mapping: their addresses are as far apart as their file
-            // offsets); MADV_DONTNEED on it only drops page table entries,
-            // and later reads fault the same file contents back in.
+            // that `_mapping` keeps alive (a run spans chunks of one mapping:
+            // their addresses are as far apart as their file offsets);
+            // MADV_DONTNEED on it only drops page table entries, and later
+            // reads fault the same file contents back in.
             unsafe {
                 libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_DONTNEED);
             }
-        };
-        let mut run: Option<(u64, usize, usize)> = None; // (file offset, start, end)
-        for (offset, bytes) in chunks {
-            let start = bytes.as_ptr() as usize;
-            let end = start + bytes.len();
-            run = match run {
-                Some((run_offset, run_start, run_end))
-                    if start >= run_end && (start - run_start) as u64 == offset - run_offset =>
-                {
-                    Some((run_offset, run_start, end))
-                }
-                other => {
-                    if let Some((_, s, e)) = other {
-                        release(s, e);
-                    }
-                    Some((*offset, start, end))
-                }
-            };
-        }
-        if let Some((_, s, e)) = run {
-            release(s, e);
         }
     }
+}
+
+/// A chunk of a [`MappedRun`]: its bytes, and a share of the run.
+struct MappedChunk {
+    bytes: Bytes,
+    _run: Arc<MappedRun>,
+}
+
+impl AsRef<[u8]> for MappedChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// Memory-mapped `chunks` (sorted by file offset) as bytes that release
+/// their pages once the last reference to them is dropped (see
+/// [`MappedRun`]). Chunks lying end to end in one mapping share one release:
+/// each `madvise` call interrupts the other cores running this process (TLB
+/// shootdown), and a row group's column chunks usually lie end to end.
+fn release_when_dropped(chunks: Vec<(u64, Bytes)>) -> Vec<(u64, Bytes)> {
+    let mut out = Vec::with_capacity(chunks.len());
+    let mut i = 0;
+    while i < chunks.len() {
+        let (run_offset, first) = &chunks[i];
+        let run_start = first.as_ptr() as usize;
+        let mut run_end = run_start + first.len();
+        let mut j = i + 1;
+        while j < chunks.len() {
+            let (offset, bytes) = &chunks[j];
+            let start = bytes.as_ptr() as usize;
+            if start < run_end || (start - run_start) as u64 != offset - run_offset {
+                break;
+            }
+            run_end = start + bytes.len();
+            j += 1;
+        }
+        let run = Arc::new(MappedRun {
+            start: run_start,
+            end: run_end,
+            _mapping: first.clone(),
+        });
+        for (offset, bytes) in chunks[i..j].iter().cloned() {
+            let chunk = MappedChunk {
+                bytes,
+                _run: run.clone(),
+            };
+            out.push((offset, Bytes::from_owner(chunk)));
+        }
+        i = j;
+    }
+    out
 }
 
 /// The byte ranges of a file that were fetched; reads outside them are errors.
@@ -185,7 +221,9 @@ pub(crate) fn decode(
     let mut sorted: Vec<(u64, Bytes)> =
         chunks.into_iter().map(|(_, start, b)| (start, b)).collect();
     sorted.sort_by_key(|(s, _)| *s);
-    let reader_chunks = sorted.clone();
+    if mapped {
+        sorted = release_when_dropped(sorted);
+    }
     let file = SparseFile {
         len: entry.bytes,
         chunks: sorted,
@@ -224,9 +262,6 @@ pub(crate) fn decode(
             });
         }
         at += n;
-    }
-    if mapped {
-        release_mapped(&reader_chunks);
     }
     if at != rows {
         return Err(LoaderError::Corrupt {
