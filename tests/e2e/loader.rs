@@ -483,6 +483,53 @@ fn corrupted_and_missing_shards_are_named_never_decoded() {
 }
 
 #[test]
+fn streaming_uncompressed_pages_keeps_memory_to_the_budget() {
+    // Random ~100 KB images: zstd cannot shrink them, so their pages are
+    // stored uncompressed and the loader's arrays point straight into the
+    // memory-mapped shards until collated. Four times the data must not
+    // raise the peak: mapped pages leave the resident set once the arrays
+    // pointing at them are dropped, not only once decoded.
+    let tmp = tempdir();
+    let peak = |rows: u64| {
+        let url = dataset(
+            &tmp.path().join(rows.to_string()),
+            Kind::Images,
+            rows,
+            16,
+            32 << 20,
+        );
+        let args = [
+            "bench",
+            &url,
+            "--batch-size",
+            "8",
+            "--threads",
+            "2",
+            "--byte-budget",
+            "16MiB",
+            "--window",
+            "2",
+            "--prefetch",
+            "2",
+            "--json",
+        ];
+        let out = shardfeed(&args).success().json();
+        assert_eq!(out["rows"].as_u64().unwrap(), rows);
+        out["peak_rss_bytes"].as_u64().unwrap()
+    };
+    let (small, big) = (peak(600), peak(2400));
+    eprintln!(
+        "peak RSS {} MiB for ~60 MB of images, {} MiB for ~240 MB",
+        small >> 20,
+        big >> 20
+    );
+    assert!(
+        big < small + (40 << 20),
+        "peak RSS grew with the data: {small} -> {big}"
+    );
+}
+
+#[test]
 fn dropping_a_loader_mid_epoch_stops_promptly_and_slabs_are_leased() {
     let tmp = tempdir();
     let url = dataset(tmp.path(), Kind::Tokens, 2000, 64, 256 << 10);

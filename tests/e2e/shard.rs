@@ -76,6 +76,53 @@ fn parquet_inputs_of_every_codec_round_trip_every_type() {
     }
 }
 
+/// `(compressed, stored as is)` data pages of `column` in every shard of `ds`;
+/// panics on a V1 data page.
+fn data_pages(ds: &Path, column: &str) -> (usize, usize) {
+    use parquet::column::page::Page;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let (mut compressed, mut raw) = (0, 0);
+    for entry in manifest(ds).shards {
+        let file = std::fs::File::open(ds.join(&entry.path)).unwrap();
+        let reader = SerializedFileReader::new(file).unwrap();
+        let leaf = reader
+            .metadata()
+            .file_metadata()
+            .schema_descr()
+            .columns()
+            .iter()
+            .position(|c| c.path().parts()[0] == column)
+            .unwrap();
+        for rg in 0..reader.num_row_groups() {
+            let row_group = reader.get_row_group(rg).unwrap();
+            for page in row_group.get_column_page_reader(leaf).unwrap() {
+                match page.unwrap() {
+                    Page::DataPageV2 { is_compressed, .. } if is_compressed => compressed += 1,
+                    Page::DataPageV2 { .. } => raw += 1,
+                    Page::DataPage { .. } => panic!("{column}: a V1 data page"),
+                    Page::DictionaryPage { .. } => {}
+                }
+            }
+        }
+    }
+    (compressed, raw)
+}
+
+#[test]
+fn data_pages_zstd_cannot_shrink_are_stored_as_they_are() {
+    // V2 data pages, zstd-compressed unless zstd saves under 3% of a page
+    // (random bytes): those are stored as they are, and readers skip a copy.
+    let tmp = tempdir();
+    let images = sharded(&tmp.path().join("images"), Kind::Images, 60, 8, 4 << 20);
+    let (compressed, raw) = data_pages(Path::new(&images), "image");
+    assert_eq!(compressed, 0, "random image bytes compressed");
+    assert!(raw > 0);
+    let tokens = sharded(&tmp.path().join("tokens"), Kind::Tokens, 500, 100, 4 << 20);
+    let (compressed, raw) = data_pages(Path::new(&tokens), "input_ids");
+    assert!(compressed > 0, "zipf-like token ids not compressed");
+    assert_eq!(raw, 0, "token id pages stored uncompressed");
+}
+
 #[test]
 fn arrow_ipc_file_and_stream_inputs_round_trip() {
     let rows = 900;
