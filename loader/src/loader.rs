@@ -827,7 +827,11 @@ impl Loader {
             );
         }
         drop(decoded_tx);
-        let (windows_tx, windows_rx) = bounded::<Result<LoadedWindow>>(0);
+        // One assembled window queued ahead of the collator: the shuffle stage
+        // works up to two windows ahead, which absorbs a slow window (its
+        // permuted windows hold their row groups' budget, so the byte budget
+        // still bounds it).
+        let (windows_tx, windows_rx) = bounded::<Result<LoadedWindow>>(1);
         let assembled_all = Arc::new(AtomicBool::new(false));
         {
             let assembled = assembled_all.clone();
