@@ -347,8 +347,8 @@ impl<'a> Collation<'a> {
         // place): shuffled gathers then walk each source array forwards instead
         // of jumping around a window's worth of memory.
         let mut order: Vec<u32> = (0..rows.len() as u32).collect();
-        let run = run_of(rows);
-        if run.is_none() {
+        let runs = runs_of(rows);
+        if runs.is_none() {
             order.sort_unstable_by_key(|&i| rows[i as usize]);
         }
         let order = &order[..];
@@ -366,7 +366,7 @@ impl<'a> Collation<'a> {
                         d.size(),
                         &cols,
                         rows,
-                        run,
+                        runs.as_deref(),
                         order,
                         &mut slab[values.offset..values.offset + values.bytes()],
                     );
@@ -594,24 +594,52 @@ impl<'a> Fixed<'a> {
     }
 }
 
-/// Rows that are one run of consecutive rows of one source (a slice of a
-/// permuted window): `(source, first row)`.
-fn run_of(rows: &RowRefs) -> Option<(u32, u32)> {
-    let &(s, first) = rows.first()?;
-    rows.iter()
-        .enumerate()
-        .all(|(i, &(t, r))| t == s && r as usize == first as usize + i)
-        .then_some((s, first))
+/// A run of consecutive rows of one source: output rows `at..at + len` are
+/// rows `first..first + len` of source `source`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Run {
+    at: usize,
+    source: u32,
+    first: u32,
+    len: usize,
+}
+
+/// The rows as a few runs of consecutive rows of one source each (slices of
+/// permuted windows: one run, two where a batch crosses a window boundary),
+/// or `None` when they are scattered (more than [`MAX_RUNS`] runs).
+fn runs_of(rows: &RowRefs) -> Option<Vec<Run>> {
+    const MAX_RUNS: usize = 4;
+    let mut runs: Vec<Run> = Vec::new();
+    for (i, &(source, row)) in rows.iter().enumerate() {
+        if let Some(run) = runs.last_mut()
+            && run.source == source
+            && run.first as usize + run.len == row as usize
+        {
+            run.len += 1;
+            continue;
+        }
+        if runs.len() == MAX_RUNS {
+            return None;
+        }
+        runs.push(Run {
+            at: i,
+            source,
+            first: row,
+            len: 1,
+        });
+    }
+    Some(runs)
 }
 
 /// Copy one `width`-byte value per row, visiting rows in `order`; values of
-/// dictionary sources are looked up as they are written. `run`: the rows are
-/// consecutive rows of one source (see [`run_of`]).
+/// dictionary sources are looked up as they are written. `runs`: the rows
+/// as runs of consecutive rows (see [`runs_of`]), each copied or looked up
+/// in one sweep.
 fn gather_fixed(
     width: usize,
     cols: &[&SourceColumn],
     rows: &RowRefs,
-    run: Option<(u32, u32)>,
+    runs: Option<&[Run]>,
     order: &[u32],
     out: &mut [u8],
 ) {
@@ -622,26 +650,29 @@ fn gather_fixed(
         w: usize,
         cols: &[&SourceColumn],
         rows: &RowRefs,
-        run: Option<(u32, u32)>,
+        runs: Option<&[Run]>,
         order: &[u32],
         out: &mut [u8],
     ) {
         let srcs: Vec<Fixed> = cols.iter().map(|c| Fixed::of(&c.data, w)).collect();
-        if let Some((s, first)) = run {
-            let range = first as usize..first as usize + rows.len();
-            match srcs[s as usize] {
-                Fixed::Plain(values) => {
-                    stream_copy(out, &values[range.start * w..range.end * w]);
-                }
-                Fixed::Dictionary { keys, values } => {
-                    let done = match keys {
-                        KeySlice::U16(k) => lookup_width(w, &k[range.clone()], values, out),
-                        KeySlice::I32(k) => lookup_width(w, &k[range.clone()], values, out),
-                    };
-                    if !done {
-                        for (o, row) in out.chunks_exact_mut(w).zip(range) {
-                            let at = keys.get(row) * w;
-                            o.copy_from_slice(&values[at..at + w]);
+        if let Some(runs) = runs {
+            for run in runs {
+                let range = run.first as usize..run.first as usize + run.len;
+                let out = &mut out[run.at * w..(run.at + run.len) * w];
+                match srcs[run.source as usize] {
+                    Fixed::Plain(values) => {
+                        stream_copy(out, &values[range.start * w..range.end * w]);
+                    }
+                    Fixed::Dictionary { keys, values } => {
+                        let done = match keys {
+                            KeySlice::U16(k) => lookup_width(w, &k[range.clone()], values, out),
+                            KeySlice::I32(k) => lookup_width(w, &k[range.clone()], values, out),
+                        };
+                        if !done {
+                            for (o, row) in out.chunks_exact_mut(w).zip(range) {
+                                let at = keys.get(row) * w;
+                                o.copy_from_slice(&values[at..at + w]);
+                            }
                         }
                     }
                 }
@@ -662,11 +693,11 @@ fn gather_fixed(
         }
     }
     match width {
-        1 => copy(1, cols, rows, run, order, out),
-        2 => copy(2, cols, rows, run, order, out),
-        4 => copy(4, cols, rows, run, order, out),
-        8 => copy(8, cols, rows, run, order, out),
-        w => copy(w, cols, rows, run, order, out),
+        1 => copy(1, cols, rows, runs, order, out),
+        2 => copy(2, cols, rows, runs, order, out),
+        4 => copy(4, cols, rows, runs, order, out),
+        8 => copy(8, cols, rows, runs, order, out),
+        w => copy(w, cols, rows, runs, order, out),
     }
 }
 
@@ -974,7 +1005,39 @@ mod tests {
             );
             let rows: Vec<(u32, u32)> = (0..100).map(|i| (0, i)).collect();
             assert_eq!(collate(&[&permuted], &rows), (expected_ids, expected_fs));
+
+            // Runs of consecutive rows across sources (a batch crossing
+            // window boundaries): swept run by run, as row by row.
+            let runs: Vec<(u32, u32)> = (35..40)
+                .map(|r| (0, r))
+                .chain((0..30).map(|r| (1, r)))
+                .chain((0..3).map(|r| (2, r)))
+                .collect();
+            assert_eq!(runs_of(&runs).map(|r| r.len()), Some(3));
+            let expected_ids: Vec<i64> = (35..73).collect();
+            let expected_fs: Vec<f64> = expected_ids.iter().map(|&v| v as f64 * 0.5).collect();
+            assert_eq!(collate(&refs, &runs), (expected_ids, expected_fs));
         }
+    }
+
+    #[test]
+    fn runs_are_consecutive_rows_of_one_source_and_at_most_four() {
+        let run = |at, source, first, len| Run {
+            at,
+            source,
+            first,
+            len,
+        };
+        assert_eq!(
+            runs_of(&[(0, 5), (0, 6), (0, 7)]),
+            Some(vec![run(0, 0, 5, 3)])
+        );
+        assert_eq!(
+            runs_of(&[(0, 5), (0, 7), (1, 8), (1, 9)]),
+            Some(vec![run(0, 0, 5, 1), run(1, 0, 7, 1), run(2, 1, 8, 2)])
+        );
+        assert_eq!(runs_of(&[(0, 4), (0, 3), (0, 2), (0, 1), (0, 0)]), None);
+        assert_eq!(runs_of(&[]), Some(vec![]));
     }
 
     /// Dictionary columns with null rows (key 0 there, as decoded) keep
