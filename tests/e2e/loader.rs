@@ -50,7 +50,11 @@ fn every_row_exactly_once_per_epoch_across_ranks() {
                             .build()
                             .unwrap();
                         let batches = id_batches(&mut loader);
-                        assert_eq!(batches.len() as u64, loader.len());
+                        assert_eq!(
+                            batches.len() as u64,
+                            loader.len(),
+                            "world {world} rank {rank} batch {batch_size} shuffle {shuffle} drop_last {drop_last}"
+                        );
                         counts.push(batches.len());
                         for id in batches.into_iter().flatten() {
                             *seen.entry(id).or_default() += 1;
