@@ -487,6 +487,52 @@ fn corrupted_and_missing_shards_are_named_never_decoded() {
 }
 
 #[test]
+fn images_read_in_place_equal_what_pyarrow_reads() {
+    // Image pages are stored uncompressed: the loader's arrays point into the
+    // mapped shards until the bytes are copied into slabs.
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Images, 90, 16, 2 << 20);
+    let table = pyarrow_table(&url, &tmp.path().join("table.arrow"));
+    let ids = table
+        .column_by_name("id")
+        .unwrap()
+        .as_primitive::<Int64Type>();
+    let labels = table
+        .column_by_name("label")
+        .unwrap()
+        .as_primitive::<Int32Type>();
+    let images = table.column_by_name("image").unwrap().as_binary::<i32>();
+    let index: HashMap<i64, usize> = ids
+        .values()
+        .iter()
+        .enumerate()
+        .map(|(r, id)| (*id, r))
+        .collect();
+    let loader = Loader::builder(&url)
+        .batch_size(7)
+        .seed(5)
+        .drop_last(false)
+        .build()
+        .unwrap();
+    let mut seen = 0;
+    for batch in loader {
+        let batch = batch.unwrap();
+        let (offsets, bytes) = (
+            batch.offsets("image").unwrap(),
+            batch.values::<u8>("image").unwrap(),
+        );
+        for (i, id) in batch.values::<i64>("id").unwrap().iter().enumerate() {
+            let row = index[id];
+            assert_eq!(batch.values::<i32>("label").unwrap()[i], labels.value(row));
+            let image = &bytes[offsets[i] as usize..offsets[i + 1] as usize];
+            assert_eq!(image, images.value(row), "image of id {id}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 90);
+}
+
+#[test]
 fn streaming_uncompressed_pages_keeps_memory_to_the_budget() {
     // Random ~100 KB images: zstd cannot shrink them, so their pages are
     // stored uncompressed and the loader's arrays point straight into the
