@@ -115,8 +115,8 @@ impl Permutation {
 
     /// [`Permutation::apply`] of every position `first..first + out.len()`
     /// (all below `len`), into `out`: the rounds of 8 neighbouring positions
-    /// are computed side by side, so they overlap instead of waiting on each
-    /// other's multiplications (about 4x faster than one at a time).
+    /// are computed side by side, so they overlap instead of each waiting on
+    /// its own chain of multiplications.
     pub fn apply_range(&self, first: u64, out: &mut [u64]) {
         const LANES: usize = 8;
         debug_assert!(first + out.len() as u64 <= self.len);
