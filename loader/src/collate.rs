@@ -1063,15 +1063,7 @@ mod tests {
             assert_eq!(values.len() as i64, n);
             let array: ArrayRef =
                 Arc::new(DictionaryArray::<UInt16Type>::try_new(keys, values).unwrap());
-            RecordBatch::try_new(
-                Arc::new(Schema::new(vec![Field::new(
-                    "id",
-                    array.data_type().clone(),
-                    true,
-                )])),
-                vec![array],
-            )
-            .unwrap()
+            RecordBatch::try_from_iter_with_nullable([("id", array, true)]).unwrap()
         };
         let batches = [part(0..40), part(40..100)];
         let order: Vec<u32> = (0..100u32).map(|i| (i * 37 + 11) % 100).collect();
@@ -1164,15 +1156,7 @@ mod tests {
                 .collect()
         };
         let batch_of = |array: ArrayRef| {
-            RecordBatch::try_new(
-                Arc::new(Schema::new(vec![Field::new(
-                    "w",
-                    array.data_type().clone(),
-                    false,
-                )])),
-                vec![array],
-            )
-            .unwrap()
+            RecordBatch::try_from_iter_with_nullable([("w", array, false)]).unwrap()
         };
         let views = batch_of(Arc::new(StringViewArray::from_iter_values(&words)));
         let plain = batch_of(Arc::new(StringArray::from(words.clone())));

@@ -147,9 +147,10 @@ fn append_defined(
 }
 
 /// How many of a page's `count` rows (the rows after the first `before` of
-/// a chunk of `rows`) hold a value: all, for a required column (`def` none)
-/// or a page without nulls; otherwise its definition levels are appended to
-/// `validity`, made at the chunk's first null.
+/// a chunk of `rows`; an error if they pass `rows`) hold a value: all, for a
+/// required column (`def` none) or a page without nulls; otherwise its
+/// definition levels are appended to `validity`, made at the chunk's first
+/// null.
 fn page_present(
     def: Option<&[u8]>,
     count: usize,
@@ -157,6 +158,9 @@ fn page_present(
     rows: usize,
     validity: &mut Option<BooleanBufferBuilder>,
 ) -> std::result::Result<usize, String> {
+    if before + count > rows {
+        return Err(format!("pages hold more than the row group's {rows} rows"));
+    }
     let Some(def) = def else {
         return Ok(count);
     };
@@ -371,11 +375,6 @@ where
                 def,
             } => (buf, num_values, encoding, def),
         };
-        if decoded + num_values > rows {
-            return Err(err(format!(
-                "pages hold more than the row group's {rows} rows"
-            )));
-        }
         // Rows of this page holding a value; nulls are marked in `validity`
         // (made at the first null) and their values filled in at the end.
         let present =
@@ -847,11 +846,6 @@ pub(crate) fn decode_bytes<R: ChunkReader + 'static>(
                 def,
             } => (buf, num_values, encoding, def),
         };
-        if decoded + num_values > rows {
-            return Err(err(format!(
-                "pages hold more than the row group's {rows} rows"
-            )));
-        }
         let present =
             page_present(def.as_deref(), num_values, decoded, rows, &mut validity).map_err(err)?;
         decoded += num_values;
