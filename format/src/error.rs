@@ -64,14 +64,14 @@ pub enum FormatError {
         source: std::io::Error,
     },
     /// The object store failed.
-    #[error("{op} {url}: {source}")]
+    #[error("{op} {url}: {error}")]
     Store {
         /// What was being done (`read`, `write`, ...).
         op: &'static str,
         /// The object's URL.
         url: String,
         /// The store's error.
-        source: object_store::Error,
+        error: StoreError,
     },
     /// A size string such as `128MiB` could not be parsed.
     #[error("invalid size {input:?}: {reason}")]
@@ -89,4 +89,37 @@ pub enum FormatError {
         /// Why it is refused.
         reason: &'static str,
     },
+}
+
+/// An object store error whose message is shown with secrets redacted
+/// (store clients quote request URLs, which can carry SAS tokens or
+/// presigned signatures). It is not exposed as an error source, so no error
+/// chain prints the raw message either; [`StoreError::inner`] gives it to code.
+pub struct StoreError(pub object_store::Error);
+
+impl StoreError {
+    /// The store's error.
+    pub fn inner(&self) -> &object_store::Error {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::redact::text(&self.0.to_string()))
+    }
+}
+
+impl std::fmt::Debug for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StoreError({self})")
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+impl From<object_store::Error> for StoreError {
+    fn from(error: object_store::Error) -> Self {
+        StoreError(error)
+    }
 }

@@ -28,15 +28,17 @@
 
 pub mod checksum;
 mod error;
+pub mod failpoint;
 pub mod fault;
 pub mod location;
 mod manifest;
 pub mod permute;
+pub mod redact;
 pub mod retry;
 pub mod size;
 
 pub use checksum::{ChunkChecksums, Crc32};
-pub use error::{FormatError, Result};
+pub use error::{FormatError, Result, StoreError};
 pub use location::Location;
 pub use manifest::{
     FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, Manifest, PRETTY_SHARDS, ShardEntry, Summary,

@@ -7,23 +7,33 @@ use bytes::Bytes;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{
+    ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutMode, PutOptions, PutPayload,
+};
 
-use crate::{FormatError, MANIFEST_FILE, Manifest, Result};
+use crate::{FormatError, MANIFEST_FILE, Manifest, Result, RetryPolicy};
 
 /// A dataset (or input) location: an object store plus a path prefix in it.
 ///
 /// Plain paths and `file://` URLs resolve to the local file system (and keep
 /// their [`Location::local_root`] so writers can rename files into place);
+/// relative paths, `..` included, are resolved against the current folder.
 /// `memory://` gives a fresh in-memory store (tests share one through
-/// [`Location::from_store`]). Other schemes are passed to
-/// [`object_store::parse_url_opts`] with the given options.
+/// [`Location::from_store`]). Other schemes (`s3://`, `gs://`, `az://`,
+/// `abfss://`, `http(s)://`) get their store built here with the given
+/// options over the cloud's environment variables; an unknown option key is
+/// an error. A query string is only accepted on Azure URLs, as a SAS token.
+///
+/// Storage calls are retried by one layer only, this crate's
+/// [`RetryPolicy`]: the object store clients' own retries are turned off.
+/// The URL kept for messages hides passwords and query values.
 #[derive(Clone, Debug)]
 pub struct Location {
     store: Arc<dyn ObjectStore>,
     prefix: Path,
     url: String,
     local_root: Option<PathBuf>,
+    retry: RetryPolicy,
 }
 
 impl Location {
@@ -40,8 +50,9 @@ impl Location {
         K: AsRef<str>,
         V: Into<String>,
     {
+        let shown = crate::redact::url(url);
         let bad = |reason: String| FormatError::BadLocation {
-            url: url.to_string(),
+            url: shown.clone(),
             reason,
         };
         if url.is_empty() {
@@ -62,25 +73,36 @@ impl Location {
                 Ok(Self::from_store(Arc::new(InMemory::new()), prefix, url))
             }
             Some(scheme) => {
-                let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
-                // The cloud's standard environment variables first, explicit options over them.
-                let options: Vec<(String, String)> = env_options(scheme)
-                    .into_iter()
-                    .chain(
-                        options
-                            .into_iter()
-                            .map(|(k, v)| (k.as_ref().to_string(), v.into())),
-                    )
-                    .collect();
-                let (store, prefix) = object_store::parse_url_opts(&parsed, options)
-                    .map_err(|e| bad(e.to_string()))?;
-                Ok(Self::from_store(Arc::from(store), prefix, url))
+                let mut parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+                let (kind, prefix) = ObjectStoreScheme::parse(&parsed)
+                    .map_err(|e| bad(crate::redact::text(&e.to_string())))?;
+                // The cloud's standard environment variables first, then a
+                // SAS token from the URL, explicit options over both.
+                let mut all: Vec<(String, String)> = env_options(scheme);
+                if let Some(query) = parsed.query().filter(|q| !q.is_empty()).map(str::to_string) {
+                    if kind != ObjectStoreScheme::MicrosoftAzure {
+                        return Err(bad(format!(
+                            "a query string is only understood on Azure URLs (a SAS token); give {scheme}:// options with --storage-option KEY=VALUE instead"
+                        )));
+                    }
+                    all.push(("azure_storage_sas_key".into(), query));
+                    parsed.set_query(None);
+                }
+                all.extend(
+                    options
+                        .into_iter()
+                        .map(|(k, v)| (k.as_ref().to_ascii_lowercase(), v.into())),
+                );
+                let store = build_store(&kind, &parsed, all).map_err(bad)?;
+                let mut location = Self::from_store(store, prefix, url);
+                location.url = shown.trim_end_matches('/').to_string();
+                Ok(location)
             }
         }
     }
 
     fn local(path: &FsPath) -> Result<Self> {
-        let absolute = std::path::absolute(path).map_err(|source| FormatError::LocalPath {
+        let absolute = resolve_local(path).map_err(|source| FormatError::LocalPath {
             path: path.to_path_buf(),
             source,
         })?;
@@ -93,6 +115,7 @@ impl Location {
             prefix,
             url: absolute.display().to_string(),
             local_root: Some(absolute),
+            retry: RetryPolicy::default(),
         })
     }
 
@@ -101,16 +124,28 @@ impl Location {
         Location {
             store,
             prefix,
-            url: url.trim_end_matches('/').to_string(),
+            url: crate::redact::url(url).trim_end_matches('/').to_string(),
             local_root: None,
+            retry: RetryPolicy::default(),
         }
+    }
+
+    /// The same location, retrying storage calls by `policy`.
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Location {
+        self.retry = policy;
+        self
+    }
+
+    /// How storage calls are retried.
+    pub fn retry(&self) -> &RetryPolicy {
+        &self.retry
     }
 
     /// The same dataset read through a [`FaultyStore`](crate::fault::FaultyStore)
     /// that injects `faults` (as a remote store: local files are not mapped).
     pub fn with_faults(&self, faults: crate::fault::FaultConfig) -> Location {
         let store = Arc::new(crate::fault::FaultyStore::new(self.store.clone(), faults));
-        Location::from_store(store, self.prefix.clone(), &self.url)
+        Location::from_store(store, self.prefix.clone(), &self.url).with_retry(self.retry.clone())
     }
 
     /// The store.
@@ -123,7 +158,8 @@ impl Location {
         &self.prefix
     }
 
-    /// The URL (or absolute path) this location was made from.
+    /// The URL (or absolute path) this location was made from, with
+    /// passwords and query values hidden.
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -146,6 +182,14 @@ impl Location {
         format!("{}/{}", self.url.trim_end_matches('/'), relative)
     }
 
+    /// [`Location::read_manifest`], retried by `policy`.
+    pub async fn read_manifest_with(&self, policy: &RetryPolicy) -> Result<Manifest> {
+        self.clone()
+            .with_retry(policy.clone())
+            .read_manifest()
+            .await
+    }
+
     /// Read and validate the dataset's manifest: one GET.
     pub async fn read_manifest(&self) -> Result<Manifest> {
         let url = self.url_of(MANIFEST_FILE);
@@ -156,17 +200,13 @@ impl Location {
     /// Read the whole object at `relative`, retrying transient failures.
     pub async fn read(&self, relative: &str) -> Result<Bytes> {
         let path = self.child(relative);
-        crate::RetryPolicy::default()
+        self.retry
             .run(
                 || async { self.store.get(&path).await?.bytes().await },
                 || {},
             )
             .await
-            .map_err(|source| FormatError::Store {
-                op: "read",
-                url: self.url_of(relative),
-                source,
-            })
+            .map_err(|source| self.store_error("read", relative, source))
     }
 
     /// Write `manifest` at the dataset root, refusing to replace an existing one.
@@ -177,14 +217,18 @@ impl Location {
             mode: PutMode::Create,
             ..Default::default()
         };
-        self.store
-            .put_opts(&self.child(MANIFEST_FILE), payload, opts)
+        let path = self.child(MANIFEST_FILE);
+        self.retry
+            .run(
+                || self.store.put_opts(&path, payload.clone(), opts.clone()),
+                || {},
+            )
             .await
             .map(|_| ())
-            .map_err(|source| FormatError::Store {
+            .map_err(|error| FormatError::Store {
                 op: "write",
                 url,
-                source,
+                error: crate::StoreError(error),
             })
     }
 
@@ -195,7 +239,8 @@ impl Location {
 
     /// Whether the object at `relative` exists: one HEAD.
     pub async fn exists(&self, relative: &str) -> Result<bool> {
-        match self.store.head(&self.child(relative)).await {
+        let path = self.child(relative);
+        match self.retry.run(|| self.store.head(&path), || {}).await {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(source) => Err(self.store_error("check", relative, source)),
@@ -205,17 +250,18 @@ impl Location {
     /// Every object under the folder `relative`.
     pub async fn list(&self, relative: &str) -> Result<Vec<object_store::ObjectMeta>> {
         use futures::TryStreamExt;
-        self.store
-            .list(Some(&self.child(relative)))
-            .try_collect()
+        let path = self.child(relative);
+        self.retry
+            .run(|| self.store.list(Some(&path)).try_collect(), || {})
             .await
             .map_err(|source| self.store_error("list", relative, source))
     }
 
     /// Write `bytes` to `relative`, replacing what is there.
     pub async fn put(&self, relative: &str, bytes: Vec<u8>) -> Result<()> {
-        self.store
-            .put(&self.child(relative), PutPayload::from(bytes))
+        let (path, payload) = (self.child(relative), PutPayload::from(bytes));
+        self.retry
+            .run(|| self.store.put(&path, payload.clone()), || {})
             .await
             .map(|_| ())
             .map_err(|source| self.store_error("write", relative, source))
@@ -224,7 +270,7 @@ impl Location {
     /// Delete the object at `path` (as [`Location::list`] gives it); one
     /// already gone is not an error.
     pub async fn delete(&self, path: &Path) -> Result<()> {
-        match self.store.delete(path).await {
+        match self.retry.run(|| self.store.delete(path), || {}).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(source) => {
                 let relative = path
@@ -246,9 +292,92 @@ impl Location {
         FormatError::Store {
             op,
             url: self.url_of(relative),
-            source,
+            error: crate::StoreError(source),
         }
     }
+}
+
+/// The store for `url` (of kind `kind`), built from `options`, with the
+/// client's own retries turned off. An option key the store does not know is
+/// an error naming it (object_store would ignore it silently).
+fn build_store(
+    kind: &ObjectStoreScheme,
+    url: &url::Url,
+    options: Vec<(String, String)>,
+) -> std::result::Result<Arc<dyn ObjectStore>, String> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+    use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+    use object_store::http::HttpBuilder;
+    use object_store::{ClientConfigKey, RetryConfig};
+    let no_retry = RetryConfig {
+        max_retries: 0,
+        ..RetryConfig::default()
+    };
+    let unknown = |key: &str| format!("unknown storage option {key:?} for this store");
+    let err = |e: object_store::Error| crate::redact::text(&e.to_string());
+    Ok(match kind {
+        ObjectStoreScheme::AmazonS3 => {
+            let mut b = AmazonS3Builder::new().with_url(url.as_str());
+            for (k, v) in options {
+                b = b.with_config(k.parse::<AmazonS3ConfigKey>().map_err(|_| unknown(&k))?, v);
+            }
+            Arc::new(b.with_retry(no_retry).build().map_err(err)?)
+        }
+        ObjectStoreScheme::GoogleCloudStorage => {
+            let mut b = GoogleCloudStorageBuilder::new().with_url(url.as_str());
+            for (k, v) in options {
+                b = b.with_config(k.parse::<GoogleConfigKey>().map_err(|_| unknown(&k))?, v);
+            }
+            Arc::new(b.with_retry(no_retry).build().map_err(err)?)
+        }
+        ObjectStoreScheme::MicrosoftAzure => {
+            let mut b = MicrosoftAzureBuilder::new().with_url(url.as_str());
+            for (k, v) in options {
+                b = b.with_config(k.parse::<AzureConfigKey>().map_err(|_| unknown(&k))?, v);
+            }
+            Arc::new(b.with_retry(no_retry).build().map_err(err)?)
+        }
+        ObjectStoreScheme::Http => {
+            let mut b = HttpBuilder::new().with_url(&url[..url::Position::BeforePath]);
+            for (k, v) in options {
+                b = b.with_config(k.parse::<ClientConfigKey>().map_err(|_| unknown(&k))?, v);
+            }
+            Arc::new(b.with_retry(no_retry).build().map_err(err)?)
+        }
+        other => return Err(format!("{other:?} URLs are not supported here")),
+    })
+}
+
+/// `path` made absolute, with `.` and `..` resolved: against the real
+/// folders for the part of the path that exists (so a `..` after a symbolic
+/// link goes where the OS would), lexically for the rest.
+fn resolve_local(path: &FsPath) -> std::io::Result<PathBuf> {
+    use std::path::Component;
+    let absolute = std::path::absolute(path)?;
+    let mut out = PathBuf::new();
+    let mut exists = true;
+    for component in absolute.components() {
+        match component {
+            Component::Prefix(p) => out.push(p.as_os_str()),
+            Component::RootDir => out.push(Component::RootDir.as_os_str()),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(name) => {
+                out.push(name);
+                if exists {
+                    // Follow links as the OS would before a later `..`.
+                    match std::fs::canonicalize(&out) {
+                        Ok(real) => out = real,
+                        Err(_) => exists = false,
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Options for `scheme`'s store from the environment (`AWS_*`, `GOOGLE_*`,

@@ -8,17 +8,25 @@
 
 use std::sync::Arc;
 
-use arrow_array::cast::AsArray;
-use arrow_array::types::ArrowDictionaryKeyType;
-use arrow_array::{
-    AnyDictionaryArray, Array, ArrayRef, DictionaryArray, PrimitiveArray, RecordBatch,
-};
+use arrow_array::{Array, RecordBatch};
 use arrow_buffer::ArrowNativeType;
 use arrow_buffer::NullBuffer;
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, Schema};
 
-use crate::batch::{Buffer, Column, ColumnLayout, DType};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+use shardfeed_format::failpoint::Action;
+
+use crate::batch::{Batch, Buffer, Column, ColumnLayout, DType};
+use crate::config::Config;
+use crate::pinned::Pool;
+use crate::pipeline::injected;
+use crate::plan::EpochPlan;
+use crate::shuffle::LoadedWindow;
+use crate::stats::Counters;
 use crate::{LoaderError, Result};
 
 /// Alignment of each buffer inside a slab.
@@ -341,7 +349,12 @@ impl<'a> Collation<'a> {
 
     /// Write `rows` into `slab` following `columns` (from [`Collation::layout`]).
     /// Returns the number of list rows truncated by padding.
-    pub(crate) fn write(&self, rows: &RowRefs, columns: &[Column], slab: &mut [u8]) -> u64 {
+    pub(crate) fn write(
+        &self,
+        rows: &RowRefs,
+        columns: &[Column],
+        slab: &mut [u8],
+    ) -> std::result::Result<u64, String> {
         let mut truncated = 0;
         // Visit rows in source order (each output row still lands at its own
         // place): shuffled gathers then walk each source array forwards instead
@@ -369,7 +382,7 @@ impl<'a> Collation<'a> {
                         runs.as_deref(),
                         order,
                         &mut slab[values.offset..values.offset + values.bytes()],
-                    );
+                    )?;
                 }
                 (Kind::Bool, ColumnLayout::Dense { values }) => {
                     let out = &mut slab[values.offset..values.offset + rows.len()];
@@ -492,7 +505,143 @@ impl<'a> Collation<'a> {
                 }
             }
         }
-        truncated
+        Ok(truncated)
+    }
+}
+
+/// The collate stage of one pass: gathers each batch's rows into a slab.
+pub(crate) struct Collator {
+    pub config: Arc<Config>,
+    pub plan: Arc<EpochPlan>,
+    pub windows_in: Receiver<Result<LoadedWindow>>,
+    pub windows: Vec<LoadedWindow>,
+    pub pool: Arc<Pool>,
+    pub counters: Arc<Counters>,
+    pub cancel: Arc<AtomicBool>,
+    pub held: Arc<AtomicUsize>,
+}
+
+impl Collator {
+    /// Make sure window `index` is loaded (windows arrive in order).
+    fn load(&mut self, index: usize) -> Result<()> {
+        while !self.windows.iter().any(|w| w.index == index) {
+            match self.windows_in.recv() {
+                Ok(window) => self.windows.push(window?),
+                Err(_) if self.cancel.load(Ordering::SeqCst) => return Err(LoaderError::Closed),
+                Err(_) => {
+                    return Err(LoaderError::Stage {
+                        stage: "shuffle",
+                        shard: None,
+                        row_group: None,
+                        detail: format!(
+                            "stopped before delivering window {index} of {}",
+                            self.plan.window_count()
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Collate every batch from position `start` on into `output`. Stops at
+    /// the first error (sent on), or quietly once cancelled.
+    pub fn run(&mut self, start: u64, output: &Sender<Result<Batch>>) {
+        let positions = self.plan.positions();
+        let batch_size = self.config.batch_size as u64;
+        let mut position = start;
+        while position < positions {
+            let index = position / batch_size;
+            let end = ((index + 1) * batch_size).min(positions);
+            let result = match self.config.failpoints.hit("collate", index) {
+                None => self.collate(index, position, end),
+                Some(Action::Stop) => return,
+                Some(action) => Err(injected("collate", action, &self.cancel)),
+            };
+            if let Err(LoaderError::Closed) = result {
+                return;
+            }
+            let failed = result.is_err();
+            if output.send(result).is_err() || failed {
+                return;
+            }
+            position = end;
+        }
+    }
+
+    fn collate(&mut self, index: u64, start: u64, end: u64) -> Result<Batch> {
+        // Row references: (source batch among the loaded windows, row).
+        let mut rows = Vec::with_capacity((end - start) as usize);
+        let first_window = self.plan.window_of(start);
+        // Windows before the batch's first one are done: release them.
+        self.windows.retain(|w| w.index >= first_window);
+        let mut position = start;
+        while position < end {
+            let w = self.plan.window_of(position);
+            self.load(w)?;
+            let window = self.plan.window(w);
+            let run_end = end.min(window.start + window.rows);
+            let loaded_at = self
+                .windows
+                .iter()
+                .position(|l| l.index == w)
+                .expect("loaded above");
+            let base: usize = self.windows[..loaded_at]
+                .iter()
+                .map(|l| l.batches.len())
+                .sum();
+            let loaded = &self.windows[loaded_at];
+            let skips = loaded.has_skipped();
+            for p in position..run_end {
+                let row = if loaded.permuted {
+                    p - window.start
+                } else {
+                    window.row_at(p - window.start)
+                };
+                let segment = loaded.prefix.partition_point(|&x| x <= row) - 1;
+                if skips && loaded.skipped[segment] {
+                    // A skipped row group's rows are left out of the batch.
+                    continue;
+                }
+                rows.push((
+                    (base + segment) as u32,
+                    (row - loaded.prefix[segment]) as u32,
+                ));
+            }
+            position = run_end;
+        }
+        let started = Instant::now();
+        let sources: Vec<&RecordBatch> =
+            self.windows.iter().flat_map(|w| w.batches.iter()).collect();
+        let collation = Collation::new(&self.config.plans, self.config.list_mode, &sources);
+        let (columns, bytes) = collation.layout(&rows);
+        let mut lease = if bytes <= self.pool.slab_bytes() {
+            self.pool.acquire(&self.cancel).ok_or(LoaderError::Closed)?
+        } else {
+            Counters::add(&self.counters.oversize_batches, 1);
+            self.pool.oversize(bytes)?
+        };
+        let truncated = collation
+            .write(&rows, &columns, lease.slab_mut().as_mut_slice())
+            .map_err(|detail| LoaderError::Stage {
+                stage: "collate",
+                shard: None,
+                row_group: None,
+                detail: format!("batch {index}: {detail}"),
+            })?;
+        Counters::add(&self.counters.truncated_rows, truncated);
+        Counters::add_time(&self.counters.collate_busy_ns, started.elapsed());
+        let held = (!lease.is_oversize()).then(|| {
+            self.held.fetch_add(1, Ordering::SeqCst);
+            self.held.clone()
+        });
+        Ok(Batch {
+            lease: Arc::new(lease),
+            rows: rows.len(),
+            columns,
+            index,
+            held,
+        })
     }
 }
 
@@ -642,7 +791,7 @@ fn gather_fixed(
     runs: Option<&[Run]>,
     order: &[u32],
     out: &mut [u8],
-) {
+) -> std::result::Result<(), String> {
     // Inlined with constant widths below, so common element sizes get
     // fixed-size copies; other widths take the same loop with a runtime width.
     #[inline(always)]
@@ -653,7 +802,7 @@ fn gather_fixed(
         runs: Option<&[Run]>,
         order: &[u32],
         out: &mut [u8],
-    ) {
+    ) -> std::result::Result<(), String> {
         let srcs: Vec<Fixed> = cols.iter().map(|c| Fixed::of(&c.data, w)).collect();
         if let Some(runs) = runs {
             for run in runs {
@@ -665,8 +814,8 @@ fn gather_fixed(
                     }
                     Fixed::Dictionary { keys, values } => {
                         let done = match keys {
-                            KeySlice::U16(k) => lookup_width(w, &k[range.clone()], values, out),
-                            KeySlice::I32(k) => lookup_width(w, &k[range.clone()], values, out),
+                            KeySlice::U16(k) => lookup_width(w, &k[range.clone()], values, out)?,
+                            KeySlice::I32(k) => lookup_width(w, &k[range.clone()], values, out)?,
                         };
                         if !done {
                             for (o, row) in out.chunks_exact_mut(w).zip(range) {
@@ -677,7 +826,7 @@ fn gather_fixed(
                     }
                 }
             }
-            return;
+            return Ok(());
         }
         for &i in order {
             let (s, r) = rows[i as usize];
@@ -691,6 +840,7 @@ fn gather_fixed(
             };
             out[to..to + w].copy_from_slice(from);
         }
+        Ok(())
     }
     match width {
         1 => copy(1, cols, rows, runs, order, out),
@@ -704,25 +854,44 @@ fn gather_fixed(
 /// [`lookup`] for values of `w` bytes; false (nothing written) for other
 /// widths or unaligned buffers.
 #[inline(always)]
-fn lookup_width<K: ArrowNativeType>(w: usize, keys: &[K], values: &[u8], out: &mut [u8]) -> bool {
+fn lookup_width<K: ArrowNativeType>(
+    w: usize,
+    keys: &[K],
+    values: &[u8],
+    out: &mut [u8],
+) -> std::result::Result<bool, String> {
     match w {
         1 => lookup::<u8, K>(keys, values, out),
         2 => lookup::<u16, K>(keys, values, out),
         4 => lookup::<u32, K>(keys, values, out),
         8 => lookup::<u64, K>(keys, values, out),
-        _ => false,
+        _ => Ok(false),
     }
 }
 
 /// `out[i] = values[keys[i]]` with `T`-sized values; false (nothing written)
-/// when the buffers are not aligned for `T`.
-fn lookup<T: Copy, K: ArrowNativeType>(keys: &[K], values: &[u8], out: &mut [u8]) -> bool {
+/// when the buffers are not aligned for `T`, an error when a key is outside
+/// `values`.
+fn lookup<T: Copy, K: ArrowNativeType>(
+    keys: &[K],
+    values: &[u8],
+    out: &mut [u8],
+) -> std::result::Result<bool, String> {
     // SAFETY: `T` is a plain integer type, valid for any bytes; `align_to`
     // only yields whole, aligned `T`s in the middle slices.
     let (pre, values, _) = unsafe { values.align_to::<T>() };
     let (pre_out, out, _) = unsafe { out.align_to_mut::<T>() };
     if !pre.is_empty() || !pre_out.is_empty() || out.len() < keys.len() {
-        return false;
+        return Ok(false);
+    }
+    // The unchecked reads below rely on every key indexing `values`: checked
+    // here, beside them (a negative i32 key is a huge `as_usize`).
+    let max = keys.iter().fold(0usize, |m, k| m.max(k.as_usize()));
+    if !keys.is_empty() && max >= values.len() {
+        return Err(format!(
+            "dictionary key {max} is outside its dictionary of {} values",
+            values.len()
+        ));
     }
     // A slab is written once and read later by a copy to the device (or by
     // the trainer), long after the caches have moved on: 4- and 8-byte values
@@ -732,7 +901,7 @@ fn lookup<T: Copy, K: ArrowNativeType>(keys: &[K], values: &[u8], out: &mut [u8]
     if matches!(std::mem::size_of::<T>(), 4 | 8) {
         use std::arch::x86_64::{_mm_sfence, _mm_stream_si32, _mm_stream_si64};
         for (o, &k) in out.iter_mut().zip(keys) {
-            // SAFETY: the key indexes `values` (as below); `o` is aligned for
+            // SAFETY: `k < values.len()` (checked above); `o` is aligned for
             // `T`, which is 4 or 8 bytes, so it is a valid i32 or i64 target.
             unsafe {
                 let v = values.get_unchecked(k.as_usize()) as *const T;
@@ -746,137 +915,22 @@ fn lookup<T: Copy, K: ArrowNativeType>(keys: &[K], values: &[u8], out: &mut [u8]
         // Order the streamed stores before the batch is handed over.
         // SAFETY: SSE2 is part of x86_64.
         unsafe { _mm_sfence() };
-        return true;
+        return Ok(true);
     }
     for (o, &k) in out.iter_mut().zip(keys) {
-        // SAFETY: a dictionary array's keys index its values (checked when
-        // decoded and when windows are concatenated).
+        // SAFETY: `k < values.len()` (checked above).
         *o = unsafe { *values.get_unchecked(k.as_usize()) };
     }
-    true
-}
-
-/// The dictionaries `dictionaries` (keys u16 or i32) as one, with keys of
-/// type `K` in `order` (indices into the concatenated rows).
-fn permute_keys<K: ArrowDictionaryKeyType>(
-    dictionaries: &[&dyn AnyDictionaryArray],
-    order: &[u32],
-) -> std::result::Result<ArrayRef, arrow_schema::ArrowError> {
-    use arrow_array::cast::AsArray;
-    use arrow_array::types::{Int32Type, UInt16Type};
-    // Keys of every batch, shifted to the concatenated dictionary.
-    let rows: usize = dictionaries.iter().map(|d| d.len()).sum();
-    let mut keys: Vec<K::Native> = Vec::with_capacity(rows);
-    let mut shift = 0usize;
-    for d in dictionaries {
-        let raw = d.keys();
-        match raw.data_type() {
-            DataType::UInt16 => keys.extend(
-                raw.as_primitive::<UInt16Type>()
-                    .values()
-                    .iter()
-                    .map(|&k| K::Native::usize_as(k as usize + shift)),
-            ),
-            _ => keys.extend(
-                raw.as_primitive::<Int32Type>()
-                    .values()
-                    .iter()
-                    .map(|&k| K::Native::usize_as(k as usize + shift)),
-            ),
-        }
-        shift += d.values().len();
-    }
-    let values: Vec<&dyn Array> = dictionaries.iter().map(|d| d.values().as_ref()).collect();
-    let values = arrow_select::concat::concat(&values)?;
-    let permuted: Vec<K::Native> = order.iter().map(|&g| keys[g as usize]).collect();
-    // Null rows (their keys index their dictionary too) keep their nulls.
-    let nulls = dictionaries
-        .iter()
-        .any(|d| d.keys().null_count() > 0)
-        .then(|| {
-            let mut all = arrow_buffer::BooleanBufferBuilder::new(rows);
-            for d in dictionaries {
-                match d.keys().logical_nulls() {
-                    Some(n) => all.append_buffer(n.inner()),
-                    None => all.append_n(d.len(), true),
-                }
-            }
-            let all = all.finish();
-            arrow_buffer::NullBuffer::new(arrow_buffer::BooleanBuffer::collect_bool(
-                order.len(),
-                |i| all.value(order[i] as usize),
-            ))
-        });
-    // SAFETY: every key was in its own dictionary, and is shifted by the
-    // values before that dictionary in the concatenation, which `K` holds.
-    Ok(Arc::new(unsafe {
-        DictionaryArray::<K>::new_unchecked(
-            PrimitiveArray::<K>::new(permuted.into(), nulls),
-            values,
-        )
-    }))
-}
-
-/// Put the rows of `batches` (concatenated) in `order` (indices into the
-/// concatenation), column by column. Dictionary columns keep their
-/// dictionaries (concatenated) and only their keys are permuted; a column
-/// whose batches mix dictionary and plain arrays is made plain. `window`
-/// names the window in errors.
-pub(crate) fn permute(
-    batches: &[RecordBatch],
-    order: &[u32],
-    window: usize,
-) -> Result<RecordBatch> {
-    use arrow_array::UInt32Array;
-    use arrow_array::types::{Int32Type, UInt16Type};
-
-    let err = |e: arrow_schema::ArrowError| LoaderError::Io {
-        op: format!("shuffle window {window}"),
-        source: std::io::Error::other(e.to_string()),
-    };
-    let first = batches.first().expect("a window with rows has batches");
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(first.num_columns());
-    for c in 0..first.num_columns() {
-        let arrays: Vec<&ArrayRef> = batches.iter().map(|b| b.column(c)).collect();
-        let dictionaries: Option<Vec<&dyn AnyDictionaryArray>> =
-            arrays.iter().map(|a| a.as_any_dictionary_opt()).collect();
-        if let Some(dictionaries) = dictionaries {
-            let values: usize = dictionaries.iter().map(|d| d.values().len()).sum();
-            let array = if values <= 1 << 16 {
-                permute_keys::<UInt16Type>(&dictionaries, order)
-            } else {
-                permute_keys::<Int32Type>(&dictionaries, order)
-            }
-            .map_err(err)?;
-            columns.push(array);
-            continue;
-        }
-        let plain: Vec<ArrayRef> = arrays
-            .iter()
-            .map(|a| match a.as_any_dictionary_opt() {
-                Some(d) => arrow_select::take::take(d.values(), d.keys(), None),
-                None => Ok((*a).clone()),
-            })
-            .collect::<std::result::Result<_, _>>()
-            .map_err(err)?;
-        let plain: Vec<&dyn Array> = plain.iter().map(|a| a.as_ref()).collect();
-        let all = arrow_select::concat::concat(&plain).map_err(err)?;
-        let indices = UInt32Array::from(order.to_vec());
-        columns.push(arrow_select::take::take(&all, &indices, None).map_err(err)?);
-    }
-    let fields: Vec<arrow_schema::Field> = first
-        .schema()
-        .fields()
-        .iter()
-        .zip(&columns)
-        .map(|(f, c)| f.as_ref().clone().with_data_type(c.data_type().clone()))
-        .collect();
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(err)
+    Ok(true)
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, DictionaryArray};
+
+    use crate::shuffle::permute;
 
     use arrow_array::types::{Int32Type, UInt16Type};
     use arrow_array::{Float64Array, Int32Array, Int64Array};
@@ -944,7 +998,7 @@ mod tests {
         let mut storage = vec![0u64; bytes.div_ceil(8)];
         // SAFETY: plain integers reinterpreted as bytes.
         let slab = unsafe { storage.align_to_mut::<u8>().1 };
-        collation.write(rows, &columns, slab);
+        collation.write(rows, &columns, slab).unwrap();
         let read = |c: usize| -> Vec<u8> {
             let ColumnLayout::Dense { values } = &columns[c].layout else {
                 panic!("dense")
@@ -1075,7 +1129,7 @@ mod tests {
             let mut storage = vec![0xffu64; bytes.div_ceil(8)];
             // SAFETY: plain integers reinterpreted as bytes.
             let slab = unsafe { storage.align_to_mut::<u8>().1 };
-            collation.write(rows, &columns, slab);
+            collation.write(rows, &columns, slab).unwrap();
             let ColumnLayout::Dense { values } = &columns[0].layout else {
                 panic!("dense")
             };
@@ -1137,7 +1191,7 @@ mod tests {
             let mut storage = vec![0u64; bytes.div_ceil(8)];
             // SAFETY: plain integers reinterpreted as bytes.
             let slab = unsafe { storage.align_to_mut::<u8>().1 };
-            collation.write(&rows, &columns, slab);
+            collation.write(&rows, &columns, slab).unwrap();
             let ColumnLayout::Bytes {
                 values, offsets, ..
             } = &columns[0].layout

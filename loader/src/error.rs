@@ -10,20 +10,20 @@ pub enum LoaderError {
     #[error(transparent)]
     Format(#[from] shardfeed_format::FormatError),
     /// A shard listed in the manifest is missing.
-    #[error("shard {url} is missing: {source}")]
+    #[error("shard {url} is missing: {error}")]
     MissingShard {
         /// The shard's URL.
         url: String,
         /// The store's error.
-        source: object_store::Error,
+        error: shardfeed_format::StoreError,
     },
     /// Reading from the store failed.
-    #[error("reading {url}: {source}")]
+    #[error("reading {url}: {error}")]
     Store {
         /// The object's URL.
         url: String,
         /// The store's error.
-        source: object_store::Error,
+        error: shardfeed_format::StoreError,
     },
     /// Bytes of a shard do not match their checksum or the manifest.
     #[error("shard {shard}{}: corrupted: {detail}", row_group.map(|r| format!(" row group {r}")).unwrap_or_default())]
@@ -44,6 +44,29 @@ pub enum LoaderError {
         row_group: Option<usize>,
         /// The Parquet error.
         source: parquet::errors::ParquetError,
+    },
+    /// A pipeline stage failed, panicked, or stopped before the epoch was
+    /// complete.
+    #[error("the {stage} stage failed{}{}: {detail}",
+        shard.as_ref().map(|s| format!(" on shard {s}")).unwrap_or_default(),
+        row_group.map(|r| format!(" row group {r}")).unwrap_or_default())]
+    Stage {
+        /// `fetch`, `decode`, `shuffle` or `collate`.
+        stage: &'static str,
+        /// The shard's relative path, when known.
+        shard: Option<String>,
+        /// The row group, when known.
+        row_group: Option<usize>,
+        /// What happened.
+        detail: String,
+    },
+    /// More row groups were damaged than `max_skipped` allows.
+    #[error("more than max_skipped ({max}) row groups are damaged; the last one: {last}")]
+    TooManySkipped {
+        /// The configured limit.
+        max: u64,
+        /// The damage that passed it.
+        last: Box<LoaderError>,
     },
     /// A loader option is invalid.
     #[error("invalid option {option}: {reason}")]

@@ -1,24 +1,36 @@
-//! Fetching on the loader's tokio runtime: footers (sized by the manifest, one
-//! bounded range each) and the projected column chunks of each row group.
-//! Only I/O happens here; checks and decoding run on the decode threads.
+//! Fetching on the loader's tokio runtime: footers (sized by the manifest,
+//! one bounded range each) and the projected column chunks of each row
+//! group. Only I/O happens here; checks and decoding run on the decode
+//! threads.
+//!
+//! Local shards (and cached copies of remote ones) are read with `pread`
+//! into owned buffers on the runtime's blocking pool, not memory-mapped: a
+//! mapped file truncated or rewritten while it is read (`cp`, `rsync
+//! --inplace` over a live dataset) kills the process with SIGBUS, where a
+//! short read is an error naming the shard. The cost is one copy of the
+//! compressed bytes (see BENCHMARKS.md).
 
 use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
 use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::file::metadata::RowGroupMetaData;
 use shardfeed_format::{Location, Manifest, RetryPolicy};
 
 use crate::cache::ShardCache;
-use crate::decode::{Fetched, FooterInfo, projection};
+use crate::decode::{Fetched, FooterInfo};
+use crate::parquet::projection;
 use crate::plan::Segment;
-use crate::shard::decode_footer;
+use crate::shard::{check_schema, decode_footer};
 use crate::stats::Counters;
 use crate::{LoaderError, Result};
 
-/// Footers kept decoded at once.
+/// Footers (and open files) kept at once.
 const FOOTER_CACHE: usize = 256;
 
 /// Values by shard, and their insertion order for eviction.
@@ -49,13 +61,12 @@ pub(crate) struct FetchContext {
     pub counters: Arc<Counters>,
     retry: RetryPolicy,
     footers: Mutex<Cache<Arc<FooterInfo>>>,
-    /// Local datasets are memory-mapped: ranges are slices of the page cache,
-    /// with no copy and no trip through the runtime's blocking pool.
-    mapped: Mutex<Cache<Bytes>>,
+    /// Open local files: a local dataset's shards, or cached copies.
+    files: Mutex<Cache<Arc<File>>>,
     /// A local copy of remote shards, when configured.
     cache: Option<ShardCache>,
     /// One download per shard per process.
-    downloads: Mutex<HashMap<u32, Arc<tokio::sync::OnceCell<Bytes>>>>,
+    downloads: Mutex<HashMap<u32, Arc<tokio::sync::OnceCell<Arc<File>>>>>,
 }
 
 impl FetchContext {
@@ -76,40 +87,66 @@ impl FetchContext {
             counters,
             retry,
             footers: Mutex::new((HashMap::new(), VecDeque::new())),
-            mapped: Mutex::new((HashMap::new(), VecDeque::new())),
+            files: Mutex::new((HashMap::new(), VecDeque::new())),
         }
     }
 
-    /// The whole shard, memory-mapped: a local dataset's file, or a remote
-    /// shard's copy in the cache (downloaded once per process).
-    async fn local(&self, shard: u32) -> Result<Option<Bytes>> {
-        if let Some(bytes) = cache_get(&self.mapped, shard) {
-            return Ok(Some(bytes));
+    fn entry(&self, shard: u32) -> &shardfeed_format::ShardEntry {
+        &self.manifest.shards[shard as usize]
+    }
+
+    /// The shard as an open local file: a local dataset's file, or a remote
+    /// shard's copy in the cache (downloaded once per process); `None` for
+    /// remote shards without a cache.
+    async fn local(&self, shard: u32) -> Result<Option<Arc<File>>> {
+        if let Some(file) = cache_get(&self.files, shard) {
+            return Ok(Some(file));
         }
-        let entry = &self.manifest.shards[shard as usize];
-        let Some(root) = self.location.local_root() else {
-            let Some(cache) = &self.cache else {
-                return Ok(None);
-            };
-            let cell = self
-                .downloads
-                .lock()
-                .expect("download cells")
-                .entry(shard)
-                .or_default()
-                .clone();
-            let bytes = cell
-                .get_or_try_init(|| self.cached(shard, cache))
-                .await?
-                .clone();
-            cache_put(&self.mapped, shard, bytes.clone());
-            return Ok(Some(bytes));
+        let entry = self.entry(shard);
+        let file = match self.location.local_root() {
+            Some(root) => {
+                let path = root.join(&entry.path);
+                let file = File::open(&path).map_err(|e| self.io_error(shard, &path, e))?;
+                let len = file
+                    .metadata()
+                    .map_err(|e| self.io_error(shard, &path, e))?
+                    .len();
+                if len != entry.bytes {
+                    return Err(self.changed(shard, len));
+                }
+                Arc::new(file)
+            }
+            None => {
+                let Some(cache) = &self.cache else {
+                    return Ok(None);
+                };
+                let cell = self
+                    .downloads
+                    .lock()
+                    .expect("download cells")
+                    .entry(shard)
+                    .or_default()
+                    .clone();
+                cell.get_or_try_init(|| self.cached(shard, cache))
+                    .await?
+                    .clone()
+            }
         };
-        let path = root.join(&entry.path);
-        let file = std::fs::File::open(&path).map_err(|e| self.io_error(shard, &path, e))?;
-        let bytes = self.map(shard, &path, &file)?;
-        cache_put(&self.mapped, shard, bytes.clone());
-        Ok(Some(bytes))
+        cache_put(&self.files, shard, file.clone());
+        Ok(Some(file))
+    }
+
+    /// The error for a shard whose file no longer has its manifest size.
+    fn changed(&self, shard: u32, len: u64) -> LoaderError {
+        let entry = self.entry(shard);
+        LoaderError::Corrupt {
+            shard: entry.path.clone(),
+            row_group: None,
+            detail: format!(
+                "the file is {len} bytes, the manifest says {}: it was truncated or replaced (a dataset must not change while it is read)",
+                entry.bytes
+            ),
+        }
     }
 
     fn io_error(&self, shard: u32, path: &std::path::Path, e: std::io::Error) -> LoaderError {
@@ -127,38 +164,30 @@ impl FetchContext {
         self.store_error(shard, source)
     }
 
-    fn map(&self, shard: u32, path: &std::path::Path, file: &std::fs::File) -> Result<Bytes> {
-        // SAFETY: shards (and cached copies) are immutable once published
-        // (written aside and renamed into place), so the mapping does not change.
-        let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| self.io_error(shard, path, e))?;
-        Ok(Bytes::from_owner(map))
-    }
-
-    /// `shard` mapped from the cache, downloaded first unless it is there and intact.
-    async fn cached(&self, shard: u32, cache: &ShardCache) -> Result<Bytes> {
-        let entry = &self.manifest.shards[shard as usize];
-        let path = cache.path(entry);
-        if let Some(file) = cache.open(entry) {
-            let bytes = self.map(shard, &path, &file)?;
+    /// `shard` from the cache, downloaded first unless it is there and intact.
+    async fn cached(&self, shard: u32, cache: &ShardCache) -> Result<Arc<File>> {
+        let entry = self.entry(shard).clone();
+        if let Some(file) = cache.open(&entry) {
             // Checksumming a whole shard is CPU work: off the async workers.
-            let (copy, expected) = (bytes.clone(), entry.crc32);
-            let intact =
-                tokio::task::spawn_blocking(move || shardfeed_format::Crc32::of(&copy) == expected)
-                    .await
-                    .unwrap_or(false);
+            let file = Arc::new(file);
+            let (copy, expected, len) = (file.clone(), entry.crc32, entry.bytes);
+            let intact = tokio::task::spawn_blocking(move || {
+                crc_of_file(&copy, len).is_ok_and(|crc| crc == expected)
+            })
+            .await
+            .unwrap_or(false);
             if intact {
-                return Ok(bytes);
+                return Ok(file);
             }
             // A damaged copy: replace it.
-            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_file(cache.path(&entry));
         }
-        let file = self.download(shard, cache).await?;
-        self.map(shard, &path, &file)
+        self.download(shard, cache).await.map(Arc::new)
     }
 
     /// Put `shard` in the cache: one whole-object GET. Returns the open file.
-    async fn download(&self, shard: u32, cache: &ShardCache) -> Result<std::fs::File> {
-        let entry = self.manifest.shards[shard as usize].clone();
+    async fn download(&self, shard: u32, cache: &ShardCache) -> Result<File> {
+        let entry = self.entry(shard).clone();
         let path = self.location.child(&entry.path);
         let started = Instant::now();
         let store = self.location.store();
@@ -185,37 +214,48 @@ impl FetchContext {
             })
     }
 
-    /// Read `ranges` of `shard`: slices of the mapping for local datasets,
-    /// coalesced range requests otherwise.
-    async fn read_ranges(&self, shard: u32, ranges: &[std::ops::Range<u64>]) -> Result<Vec<Bytes>> {
+    /// Read `ranges` of `shard`: `pread`s of the local file, or coalesced
+    /// range requests to the store.
+    async fn read_ranges(
+        &self,
+        shard: u32,
+        ranges: Vec<std::ops::Range<u64>>,
+    ) -> Result<Vec<Bytes>> {
         let started = Instant::now();
         let parts = match self.local(shard).await? {
             Some(file) => {
-                let len = file.len() as u64;
-                ranges
-                    .iter()
-                    .map(|r| {
-                        if r.end > len {
-                            return Err(LoaderError::Corrupt {
-                                shard: self.manifest.shards[shard as usize].path.clone(),
-                                row_group: None,
-                                detail: format!(
-                                    "file is {len} bytes, shorter than the manifest says"
-                                ),
-                            });
-                        }
-                        Ok(file.slice(r.start as usize..r.end as usize))
-                    })
-                    .collect::<Result<Vec<_>>>()?
+                let len = self.entry(shard).bytes;
+                let read = tokio::task::spawn_blocking(move || read_at(&file, &ranges, len))
+                    .await
+                    .map_err(|e| LoaderError::Io {
+                        op: "read a shard".into(),
+                        source: std::io::Error::other(e.to_string()),
+                    })?;
+                read.map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => {
+                        let now = self
+                            .location
+                            .local_root()
+                            .and_then(|root| {
+                                std::fs::metadata(root.join(&self.entry(shard).path)).ok()
+                            })
+                            .map_or(0, |m| m.len());
+                        self.changed(shard, now)
+                    }
+                    _ => LoaderError::Io {
+                        op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
+                        source: e,
+                    },
+                })?
             }
             None => {
-                let entry = &self.manifest.shards[shard as usize];
+                let entry = self.entry(shard);
                 let path = self.location.child(&entry.path);
                 // `get_ranges` coalesces nearby ranges into fewer requests.
                 let parts = self
                     .retry
                     .run(
-                        || self.location.store().get_ranges(&path, ranges),
+                        || self.location.store().get_ranges(&path, &ranges),
                         || Counters::add(&self.counters.retries, 1),
                     )
                     .await
@@ -233,28 +273,35 @@ impl FetchContext {
     }
 
     fn store_error(&self, shard: u32, source: object_store::Error) -> LoaderError {
-        let url = self
-            .location
-            .url_of(&self.manifest.shards[shard as usize].path);
+        let url = self.location.url_of(&self.entry(shard).path);
         match source {
-            object_store::Error::NotFound { .. } => LoaderError::MissingShard { url, source },
-            source => LoaderError::Store { url, source },
+            object_store::Error::NotFound { .. } => LoaderError::MissingShard {
+                url,
+                error: source.into(),
+            },
+            source => LoaderError::Store {
+                url,
+                error: source.into(),
+            },
         }
     }
 
-    /// The checked, decoded footer of `shard` (cached).
+    /// The checked, decoded footer of `shard` (cached): its checksum and
+    /// row groups match the manifest, and its schema is the manifest's.
     pub(crate) async fn footer(&self, shard: u32) -> Result<Arc<FooterInfo>> {
         if let Some(f) = cache_get(&self.footers, shard) {
             return Ok(f);
         }
-        let entry = &self.manifest.shards[shard as usize];
+        let entry = self.entry(shard);
+        // The manifest checked footer_len + 4 <= bytes.
         let range = entry.bytes - entry.footer_len..entry.bytes;
         let bytes = self
-            .read_ranges(shard, &[range])
+            .read_ranges(shard, vec![range])
             .await?
             .pop()
             .expect("one range");
         let entry = entry.clone();
+        let manifest = self.manifest.clone();
         // Parsing is CPU work: keep it off the async workers.
         let info = tokio::task::spawn_blocking(move || -> Result<FooterInfo> {
             let footer = decode_footer(&entry, &bytes)?;
@@ -267,6 +314,7 @@ impl FetchContext {
                 row_group: None,
                 source,
             })?;
+            check_schema(&entry, &manifest.schema, arrow.schema())?;
             Ok(FooterInfo { footer, arrow })
         })
         .await
@@ -279,31 +327,106 @@ impl FetchContext {
         Ok(info)
     }
 
-    /// Fetch the projected column chunks of `segment`'s row group.
-    pub(crate) async fn fetch(&self, seq: u64, segment: Segment) -> Result<Fetched> {
-        let footer = self.footer(segment.shard).await?;
-        let (leaves, _) = projection(&footer.arrow, &self.roots);
-        let rg = footer.footer.metadata.row_group(segment.row_group as usize);
-        let ranges: Vec<std::ops::Range<u64>> = leaves
+    /// Bytes a row group of the projected columns takes in the budget: its
+    /// compressed chunks (fetched) plus their uncompressed pages (decoded).
+    pub(crate) fn row_group_cost(
+        &self,
+        arrow: &ArrowReaderMetadata,
+        meta: &RowGroupMetaData,
+    ) -> u64 {
+        let (leaves, _) = projection(arrow, &self.roots);
+        leaves
             .iter()
             .map(|&leaf| {
-                let (start, len) = rg.column(leaf).byte_range();
-                start..start + len
+                let c = meta.column(leaf);
+                (c.compressed_size().max(0) as u64)
+                    .saturating_add(c.uncompressed_size().max(0) as u64)
             })
-            .collect();
-        let parts = self.read_ranges(segment.shard, &ranges).await?;
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Budget permits (KiB) `segment` takes: its row group's cost, at least
+    /// one, at most `max_unit`.
+    pub(crate) fn segment_cost(&self, footer: &FooterInfo, segment: Segment, max_unit: u32) -> u32 {
+        let meta = footer.footer.metadata.row_group(segment.row_group as usize);
+        let kib = self.row_group_cost(&footer.arrow, meta).div_ceil(1024);
+        u32::try_from(kib)
+            .unwrap_or(u32::MAX)
+            .clamp(1, max_unit.max(1))
+    }
+
+    /// Fetch the projected column chunks of `segment`'s row group.
+    pub(crate) async fn fetch(
+        &self,
+        seq: u64,
+        segment: Segment,
+        footer: Arc<FooterInfo>,
+    ) -> Result<Fetched> {
+        let (leaves, _) = projection(&footer.arrow, &self.roots);
+        let rg = footer.footer.metadata.row_group(segment.row_group as usize);
+        let entry = self.entry(segment.shard);
+        let mut ranges = Vec::with_capacity(leaves.len());
+        for &leaf in &leaves {
+            let (start, len) = rg.column(leaf).byte_range();
+            // Offsets come from the (checksummed) footer: still checked
+            // against the file's size before anything is read.
+            let end = start
+                .checked_add(len)
+                .filter(|&end| end <= entry.bytes - entry.footer_len)
+                .ok_or_else(|| LoaderError::Corrupt {
+                    shard: entry.path.clone(),
+                    row_group: Some(segment.row_group as usize),
+                    detail: format!(
+                        "column chunk {leaf} at {start}+{len} lies outside the file's data"
+                    ),
+                })?;
+            ranges.push(start..end);
+        }
+        let starts: Vec<u64> = ranges.iter().map(|r| r.start).collect();
+        let parts = self.read_ranges(segment.shard, ranges).await?;
         let chunks = leaves
             .into_iter()
-            .zip(ranges)
+            .zip(starts)
             .zip(parts)
-            .map(|((leaf, range), bytes)| (leaf, range.start, bytes))
+            .map(|((leaf, start), bytes)| (leaf, start, bytes))
             .collect();
         Ok(Fetched {
             seq,
             segment,
             footer,
             chunks,
-            mapped: self.location.local_root().is_some() || self.cache.is_some(),
         })
     }
+}
+
+/// `ranges` of `file` (whose manifest size is `len`), each into its own buffer.
+fn read_at(file: &File, ranges: &[std::ops::Range<u64>], len: u64) -> std::io::Result<Vec<Bytes>> {
+    ranges
+        .iter()
+        .map(|r| {
+            if r.end > len || r.start > r.end {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "range outside the file",
+                ));
+            }
+            let mut buf = vec![0u8; (r.end - r.start) as usize];
+            file.read_exact_at(&mut buf, r.start)?;
+            Ok(Bytes::from(buf))
+        })
+        .collect()
+}
+
+/// CRC-32 of the first `len` bytes of `file`, read in 1 MiB pieces.
+fn crc_of_file(file: &File, len: u64) -> std::io::Result<shardfeed_format::Crc32> {
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < len {
+        let n = (len - at).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], at)?;
+        hasher.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(shardfeed_format::Crc32(hasher.finalize()))
 }

@@ -5,6 +5,13 @@
 //! plan (pure) -> fetch (tokio + object_store) -> decode (threads) -> shuffle (thread) -> collate (thread) -> slab pool -> consumer
 //! ```
 //!
+//! Modules follow the pipeline: [`config`](LoaderBuilder) (options and
+//! checks), [`plan`] (the pure order), `pipeline` (threads, channels,
+//! cancellation, failures), `fetch`, `decode` (checksums, then `parquet`: the
+//! own Parquet reader, which depends on nothing else of the loader),
+//! `shuffle`, `collate`, `pinned` (the slab pool), `state` (resume) and
+//! `stats`.
+//!
 //! * The order a rank sees is a pure function of (manifest, seed, epoch,
 //!   rank, world size): see [`plan`].
 //! * Fetching reads only the projected column chunks of each row group, with
@@ -31,26 +38,32 @@
 mod batch;
 mod cache;
 mod collate;
+mod config;
 mod decode;
 mod error;
 mod fetch;
 mod loader;
-mod page_reader;
-mod pages;
+mod parquet;
 mod pinned;
+mod pipeline;
 pub mod plan;
 pub mod shard;
+mod shuffle;
+mod state;
 mod stats;
 mod verify;
 
 pub use batch::{Batch, Buffer, Column, ColumnLayout, DType, Element};
 pub use collate::ListMode;
-pub use error::{LoaderError, Result};
-pub use loader::{
+pub use config::{
     DEFAULT_BATCH_SIZE, DEFAULT_BYTE_BUDGET, DEFAULT_CACHE_LIMIT, DEFAULT_IO_CONCURRENCY,
-    DEFAULT_PREFETCH_BATCHES, DEFAULT_WINDOW, Loader, LoaderBuilder, LoaderState,
+    DEFAULT_MAX_SKIPPED, DEFAULT_PREFETCH_BATCHES, DEFAULT_WINDOW, LoaderBuilder, OnError,
 };
+pub use error::{LoaderError, Result};
+pub use loader::Loader;
+pub use parquet::DecodePaths;
 pub use pinned::{Pinning, PinningMode, SlabLease};
 pub use shardfeed_format::RetryPolicy;
-pub use stats::Stats;
+pub use state::{LoaderState, PLAN_VERSION, STATE_VERSION, dataset_fingerprint};
+pub use stats::{SkippedRowGroup, Stats};
 pub use verify::{ShardProblem, VerifyReport, verify_dataset};

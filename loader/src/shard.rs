@@ -96,6 +96,53 @@ pub fn decode_footer(entry: &ShardEntry, footer: &[u8]) -> Result<ShardFooter> {
     })
 }
 
+/// Check that a shard's Arrow schema (from its footer) is the manifest's:
+/// the same fields, names, types and nullability. The collator sizes and
+/// reads buffers by the manifest's types, so a shard that disagrees (a
+/// forged manifest, or a shard from another dataset) is refused here.
+pub fn check_schema(
+    entry: &ShardEntry,
+    manifest: &arrow_schema::Schema,
+    footer: &arrow_schema::Schema,
+) -> Result<()> {
+    let describe = |f: &arrow_schema::Field| {
+        format!(
+            "`{}` {}{}",
+            f.name(),
+            f.data_type(),
+            if f.is_nullable() { " (nullable)" } else { "" }
+        )
+    };
+    if manifest.fields().len() != footer.fields().len() {
+        return Err(corrupt(
+            entry,
+            None,
+            format!(
+                "the shard has {} columns, the manifest's schema {}",
+                footer.fields().len(),
+                manifest.fields().len()
+            ),
+        ));
+    }
+    for (m, f) in manifest.fields().iter().zip(footer.fields()) {
+        let same = m.name() == f.name()
+            && m.data_type().equals_datatype(f.data_type())
+            && m.is_nullable() == f.is_nullable();
+        if !same {
+            return Err(corrupt(
+                entry,
+                None,
+                format!(
+                    "column {} in the shard is {} in the manifest's schema",
+                    describe(f),
+                    describe(m)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Check one column chunk's bytes against its checksum.
 pub fn check_chunk(
     entry: &ShardEntry,

@@ -1,9 +1,13 @@
 //! Counters shared by the pipeline stages, and the snapshot users read.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::parquet::DecodePaths;
 
 /// Live counters; every stage adds to them.
 #[derive(Default, Debug)]
@@ -23,6 +27,9 @@ pub(crate) struct Counters {
     pub decode_queue: AtomicU64,
     pub oversize_batches: AtomicU64,
     pub truncated_rows: AtomicU64,
+    pub decode_paths: Mutex<DecodePaths>,
+    /// Row groups skipped under `OnError::Skip`: (shard, row group) -> error.
+    pub skipped: Mutex<BTreeMap<(String, usize), String>>,
 }
 
 impl Counters {
@@ -33,6 +40,40 @@ impl Counters {
     pub(crate) fn add_time(counter: &AtomicU64, elapsed: Duration) {
         counter.fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
     }
+
+    /// Count the column chunks a row group's decode took by each path.
+    pub(crate) fn add_paths(&self, paths: &DecodePaths) {
+        self.decode_paths.lock().expect("stats lock").add(paths);
+    }
+
+    /// Record that row group `row_group` of `shard` was skipped because of
+    /// `error` (once per row group, whatever the epoch); warns, and returns
+    /// how many distinct row groups were skipped so far.
+    pub(crate) fn record_skip(&self, shard: &str, row_group: usize, error: &str) -> usize {
+        let mut skipped = self.skipped.lock().expect("stats lock");
+        if skipped
+            .insert((shard.to_string(), row_group), error.to_string())
+            .is_none()
+        {
+            tracing::warn!(
+                shard,
+                row_group,
+                "skipping a damaged row group (on_error=skip): {error}"
+            );
+        }
+        skipped.len()
+    }
+}
+
+/// A row group left out under `OnError::Skip`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedRowGroup {
+    /// The shard's relative path.
+    pub shard: String,
+    /// The row group.
+    pub row_group: usize,
+    /// Why it was skipped.
+    pub error: String,
 }
 
 /// A snapshot of a loader's counters since it was built.
@@ -76,6 +117,10 @@ pub struct Stats {
     pub slabs: usize,
     /// Bytes per slab.
     pub slab_bytes: usize,
+    /// Column chunks decoded by each path (the own decoders, or parquet's reader).
+    pub decode_paths: DecodePaths,
+    /// Row groups skipped as damaged under `OnError::Skip`, each once.
+    pub skipped: Vec<SkippedRowGroup>,
 }
 
 fn ms(ns: &AtomicU64) -> f64 {
@@ -104,6 +149,18 @@ impl Counters {
             pinning: String::new(),
             slabs: 0,
             slab_bytes: 0,
+            decode_paths: *self.decode_paths.lock().expect("stats lock"),
+            skipped: self
+                .skipped
+                .lock()
+                .expect("stats lock")
+                .iter()
+                .map(|((shard, row_group), error)| SkippedRowGroup {
+                    shard: shard.clone(),
+                    row_group: *row_group,
+                    error: error.clone(),
+                })
+                .collect(),
         }
     }
 }

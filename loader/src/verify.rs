@@ -7,7 +7,7 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReader
 use serde::Serialize;
 use shardfeed_format::{Location, Manifest, ShardEntry};
 
-use crate::shard::check_file;
+use crate::shard::{check_file, check_schema};
 use crate::{LoaderError, Result};
 
 /// One shard that failed verification.
@@ -123,11 +123,11 @@ fn verify_shard(
         .map_err(|source| match source {
             object_store::Error::NotFound { .. } => LoaderError::MissingShard {
                 url: url.clone(),
-                source,
+                error: source.into(),
             },
             source => LoaderError::Store {
                 url: url.clone(),
-                source,
+                error: source.into(),
             },
         })?;
     check_file(entry, &bytes)?;
@@ -138,13 +138,7 @@ fn verify_shard(
     };
     let metadata =
         ArrowReaderMetadata::load(&bytes, Default::default()).map_err(|e| decode_err(None, e))?;
-    if metadata.schema().fields() != manifest.schema.fields() {
-        return Err(LoaderError::Corrupt {
-            shard: entry.path.clone(),
-            row_group: None,
-            detail: "schema differs from the manifest's".into(),
-        });
-    }
+    check_schema(entry, &manifest.schema, metadata.schema())?;
     let mut rows = 0u64;
     for (i, &expected) in entry.row_groups.iter().enumerate() {
         let reader =

@@ -175,7 +175,7 @@ impl StorePublish {
         let store_err = |source| shardfeed_format::FormatError::Store {
             op: "upload",
             url: self.location.url_of(relative),
-            source,
+            error: shardfeed_format::StoreError(source),
         };
         let upload = self
             .location

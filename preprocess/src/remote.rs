@@ -75,7 +75,7 @@ async fn download(location: &Location, pattern: Option<&str>, dir: &Path) -> Res
         PreprocessError::Format(shardfeed_format::FormatError::Store {
             op,
             url: location.url().to_string(),
-            source,
+            error: shardfeed_format::StoreError(source),
         })
     };
     let listed: Vec<object_store::ObjectMeta> = store

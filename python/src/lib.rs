@@ -74,7 +74,7 @@ fn io_kind(e: &std::io::Error) -> Kind {
 
 fn format_kind(e: &FormatError) -> Kind {
     match e {
-        FormatError::Store { source, .. } => store_kind(source),
+        FormatError::Store { error, .. } => store_kind(error.inner()),
         FormatError::LocalPath { source, .. } => io_kind(source),
         FormatError::BadLocation { .. } | FormatError::BadSize { .. } => Kind::Value,
         _ => Kind::Other,
@@ -95,7 +95,7 @@ fn loader_error(e: LoaderError) -> PyErr {
     let kind = match &e {
         LoaderError::Format(f) => format_kind(f),
         LoaderError::MissingShard { .. } => Kind::NotFound,
-        LoaderError::Store { source, .. } => store_kind(source),
+        LoaderError::Store { error, .. } => store_kind(error.inner()),
         LoaderError::Io { source, .. } => io_kind(source),
         LoaderError::BadOption { .. } | LoaderError::BadState { .. } => Kind::Value,
         _ => Kind::Other,

@@ -35,8 +35,8 @@ fn every_row_exactly_once_per_epoch_across_ranks() {
                 for drop_last in [true, false] {
                     let mut seen: HashMap<i64, u32> = HashMap::new();
                     let mut counts = Vec::new();
-                    for rank in 0..world {
-                        let mut loader = Loader::builder(&url)
+                    let builder = |rank| {
+                        Loader::builder(&url)
                             .columns(["id"])
                             .batch_size(batch_size)
                             .shuffle(shuffle)
@@ -47,8 +47,24 @@ fn every_row_exactly_once_per_epoch_across_ranks() {
                             .drop_last(drop_last)
                             .window(2)
                             .decode_threads(2)
-                            .build()
-                            .unwrap();
+                    };
+                    if drop_last && batch_size as u64 > total / world {
+                        // Every batch would be dropped: refused, not an empty epoch.
+                        let err = builder(0).build().unwrap_err();
+                        assert!(
+                            matches!(
+                                err,
+                                LoaderError::BadOption {
+                                    option: "batch_size",
+                                    ..
+                                }
+                            ),
+                            "{err}"
+                        );
+                        continue;
+                    }
+                    for rank in 0..world {
+                        let mut loader = builder(rank).build().unwrap();
                         let batches = id_batches(&mut loader);
                         assert_eq!(
                             batches.len() as u64,

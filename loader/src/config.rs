@@ -1,0 +1,648 @@
+//! The builder: every option, its default, and the checks that refuse a
+//! configuration before anything runs (naming the option).
+
+use std::sync::Arc;
+
+use shardfeed_format::failpoint::Failpoints;
+use shardfeed_format::fault::FaultConfig;
+use shardfeed_format::{Location, Manifest, RetryPolicy};
+
+use crate::cache::ShardCache;
+use crate::collate::{ColumnPlan, ListMode, plan_columns};
+use crate::fetch::FetchContext;
+use crate::loader::Loader;
+use crate::parquet::projection;
+use crate::pinned::{PinningMode, Pool};
+use crate::stats::Counters;
+use crate::{LoaderError, Result};
+
+/// Default rows per batch.
+pub const DEFAULT_BATCH_SIZE: usize = 256;
+/// Default row groups per shuffle window.
+pub const DEFAULT_WINDOW: usize = 8;
+/// Default concurrent storage requests.
+pub const DEFAULT_IO_CONCURRENCY: usize = 8;
+/// Default batches collated ahead of the consumer.
+pub const DEFAULT_PREFETCH_BATCHES: usize = 16;
+/// Default size limit of the local cache of remote shards: 64 GiB.
+pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 30;
+/// Default bytes of fetched and decoded row groups held at once.
+pub const DEFAULT_BYTE_BUDGET: u64 = 1 << 30;
+/// Default row groups that may be skipped with [`OnError::Skip`].
+pub const DEFAULT_MAX_SKIPPED: u64 = 10;
+
+/// What the loader does with a row group whose bytes are damaged (a
+/// checksum mismatch, or data the decoders refuse).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnError {
+    /// Fail: `next()` returns the error (the default).
+    #[default]
+    Fail,
+    /// Leave the row group's rows out (the batches that held them are
+    /// shorter), name it in [`Stats::skipped`](crate::Stats::skipped) and a
+    /// warning, and fail once more than `max_skipped` row groups were skipped.
+    /// The same row groups are skipped on every rank and after a resume, and
+    /// every other row is still yielded exactly once.
+    Skip,
+}
+
+impl std::str::FromStr for OnError {
+    type Err = LoaderError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "fail" => Ok(OnError::Fail),
+            "skip" => Ok(OnError::Skip),
+            other => Err(LoaderError::BadOption {
+                option: "on_error",
+                reason: format!("{other:?} is not one of fail, skip"),
+            }),
+        }
+    }
+}
+
+/// Configures and builds a [`Loader`]. Every setter is optional.
+///
+/// ```no_run
+/// use shardfeed_loader::Loader;
+/// let mut loader = Loader::builder("/data/tokens")
+///     .batch_size(256)
+///     .columns(["input_ids"])
+///     .shuffle(true)
+///     .seed(0)
+///     .pad_to(2048, 0.0)
+///     .build()?;
+/// for batch in &mut loader {
+///     let batch = batch?;
+///     let ids: &[i32] = batch.values("input_ids").unwrap();
+///     assert_eq!(ids.len(), batch.rows() * 2048);
+/// }
+/// # Ok::<(), shardfeed_loader::LoaderError>(())
+/// ```
+#[derive(Clone)]
+pub struct LoaderBuilder {
+    url: String,
+    location: Option<Location>,
+    storage_options: Vec<(String, String)>,
+    batch_size: usize,
+    columns: Option<Vec<String>>,
+    shuffle: bool,
+    seed: u64,
+    window: usize,
+    epoch: u64,
+    rank: Option<u64>,
+    world_size: Option<u64>,
+    drop_last: bool,
+    decode_threads: usize,
+    io_concurrency: usize,
+    io_threads: usize,
+    prefetch_batches: usize,
+    byte_budget: u64,
+    pinning: PinningMode,
+    list_mode: ListMode,
+    slab_bytes: Option<usize>,
+    retry: RetryPolicy,
+    cache_dir: Option<std::path::PathBuf>,
+    cache_limit: u64,
+    faults: Option<FaultConfig>,
+    on_error: OnError,
+    max_skipped: u64,
+    failpoints: Option<String>,
+}
+
+impl std::fmt::Debug for LoaderBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoaderBuilder")
+            .field("url", &shardfeed_format::redact::url(&self.url))
+            // Keys only: values may be secrets.
+            .field(
+                "storage_options",
+                &self
+                    .storage_options
+                    .iter()
+                    .map(|(k, _)| k.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .field("batch_size", &self.batch_size)
+            .field("columns", &self.columns)
+            .field("shuffle", &self.shuffle)
+            .field("seed", &self.seed)
+            .field("window", &self.window)
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("byte_budget", &self.byte_budget)
+            .field("on_error", &self.on_error)
+            .finish_non_exhaustive()
+    }
+}
+
+fn env_u64(name: &str) -> Result<Option<u64>> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| LoaderError::BadOption {
+                option: if name == "RANK" { "rank" } else { "world_size" },
+                reason: format!("environment variable {name}={v:?} is not a number"),
+            }),
+        Err(_) => Ok(None),
+    }
+}
+
+impl LoaderBuilder {
+    pub(crate) fn new(url: &str) -> Self {
+        LoaderBuilder {
+            url: url.to_string(),
+            location: None,
+            storage_options: Vec::new(),
+            batch_size: DEFAULT_BATCH_SIZE,
+            columns: None,
+            shuffle: true,
+            seed: 0,
+            window: DEFAULT_WINDOW,
+            epoch: 0,
+            rank: None,
+            world_size: None,
+            drop_last: true,
+            decode_threads: 0,
+            io_concurrency: DEFAULT_IO_CONCURRENCY,
+            io_threads: 2,
+            prefetch_batches: DEFAULT_PREFETCH_BATCHES,
+            byte_budget: DEFAULT_BYTE_BUDGET,
+            pinning: PinningMode::Auto,
+            list_mode: ListMode::Ragged,
+            slab_bytes: None,
+            retry: RetryPolicy::default(),
+            cache_dir: None,
+            cache_limit: DEFAULT_CACHE_LIMIT,
+            faults: None,
+            on_error: OnError::Fail,
+            max_skipped: DEFAULT_MAX_SKIPPED,
+            failpoints: None,
+        }
+    }
+
+    /// Read from an already resolved location (e.g. an in-memory store in tests).
+    pub fn location(mut self, location: Location) -> Self {
+        self.location = Some(location);
+        self
+    }
+    /// Read the dataset through a [`FaultyStore`](shardfeed_format::fault::FaultyStore)
+    /// injecting `faults` (latency, transient failures), as a remote store:
+    /// for tests and benchmarks of remote behaviour.
+    pub fn inject_faults(mut self, faults: FaultConfig) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+    /// Failpoints of the pipeline stages, for tests (see
+    /// [`shardfeed_format::failpoint`]); by default the `SHARDFEED_FAILPOINTS`
+    /// environment variable's.
+    #[doc(hidden)]
+    pub fn failpoints(mut self, spec: impl Into<String>) -> Self {
+        self.failpoints = Some(spec.into());
+        self
+    }
+    /// An option for the object store's builder (credentials, endpoint, ...).
+    pub fn storage_option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.storage_options.push((key.into(), value.into()));
+        self
+    }
+    /// Rows per batch (default 256).
+    pub fn batch_size(mut self, rows: usize) -> Self {
+        self.batch_size = rows;
+        self
+    }
+    /// Columns to read, in this order (default: all).
+    pub fn columns<I, S>(mut self, columns: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.columns = Some(columns.into_iter().map(Into::into).collect());
+        self
+    }
+    /// Shuffle row groups and rows (default true).
+    pub fn shuffle(mut self, shuffle: bool) -> Self {
+        self.shuffle = shuffle;
+        self
+    }
+    /// Seed of every shuffle (default 0).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+    /// Row groups per shuffle window (default 8): rows are permuted within a window.
+    pub fn window(mut self, row_groups: usize) -> Self {
+        self.window = row_groups;
+        self
+    }
+    /// The first epoch (default 0).
+    pub fn epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch;
+        self
+    }
+    /// This process's rank (default: `$RANK`, else 0).
+    pub fn rank(mut self, rank: u64) -> Self {
+        self.rank = Some(rank);
+        self
+    }
+    /// Number of ranks (default: `$WORLD_SIZE`, else 1).
+    pub fn world_size(mut self, world_size: u64) -> Self {
+        self.world_size = Some(world_size);
+        self
+    }
+    /// Drop the remainder rows (default true); see [`crate::plan`].
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.drop_last = drop_last;
+        self
+    }
+    /// Decode threads (default: all cores).
+    pub fn decode_threads(mut self, threads: usize) -> Self {
+        self.decode_threads = threads;
+        self
+    }
+    /// Storage requests in flight (default 8).
+    pub fn io_concurrency(mut self, requests: usize) -> Self {
+        self.io_concurrency = requests;
+        self
+    }
+    /// Worker threads of the I/O runtime (default 2).
+    pub fn io_threads(mut self, threads: usize) -> Self {
+        self.io_threads = threads;
+        self
+    }
+    /// Batches collated ahead of the consumer (default 16).
+    pub fn prefetch(mut self, batches: usize) -> Self {
+        self.prefetch_batches = batches;
+        self
+    }
+    /// Bytes of fetched and decoded row groups held at once, counted over
+    /// the projected columns only (default 1 GiB). No row group may decode
+    /// to more, and no batch may need more.
+    pub fn byte_budget(mut self, bytes: u64) -> Self {
+        self.byte_budget = bytes;
+        self
+    }
+    /// How slabs are allocated (default auto).
+    pub fn pinning(mut self, mode: PinningMode) -> Self {
+        self.pinning = mode;
+        self
+    }
+    /// Pad (or truncate) list columns to `length` elements filled with `value`,
+    /// with a lengths buffer, instead of values + offsets.
+    pub fn pad_to(mut self, length: usize, value: f64) -> Self {
+        self.list_mode = ListMode::Padded { to: length, value };
+        self
+    }
+    /// Keep local copies of remote shards under `dir` (shared safely by the
+    /// processes of one machine), so later epochs and runs read no data from
+    /// storage. Ignored for local datasets.
+    pub fn cache_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.cache_dir = Some(dir.into());
+        self
+    }
+    /// Bytes the cache may hold (default 64 GiB); least recently used shards go first.
+    pub fn cache_limit(mut self, bytes: u64) -> Self {
+        self.cache_limit = bytes;
+        self
+    }
+    /// How transient storage failures are retried (default: 8 retries within
+    /// 30 s, exponential backoff from 50 ms with jitter). This is the only
+    /// retry layer: the object store clients' own retries are turned off.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+    /// Bytes per slab (default: estimated from the data and batch size).
+    pub fn slab_bytes(mut self, bytes: usize) -> Self {
+        self.slab_bytes = Some(bytes);
+        self
+    }
+    /// What to do with a damaged row group (default [`OnError::Fail`]).
+    pub fn on_error(mut self, policy: OnError) -> Self {
+        self.on_error = policy;
+        self
+    }
+    /// With [`OnError::Skip`], how many row groups may be skipped over the
+    /// loader's life before it fails (default 10).
+    pub fn max_skipped(mut self, row_groups: u64) -> Self {
+        self.max_skipped = row_groups;
+        self
+    }
+
+    /// Check every option, read the manifest and the first footer, allocate
+    /// the pool. Errors name the bad option.
+    pub fn build(self) -> Result<Loader> {
+        let bad =
+            |option: &'static str, reason: String| Err(LoaderError::BadOption { option, reason });
+        if self.batch_size == 0 {
+            return bad("batch_size", "must be greater than 0".into());
+        }
+        if self.window == 0 {
+            return bad("window", "must be greater than 0".into());
+        }
+        if self.io_concurrency == 0 || self.io_threads == 0 {
+            return bad("io_concurrency", "must be greater than 0".into());
+        }
+        if let ListMode::Padded { to: 0, .. } = self.list_mode {
+            return bad("pad_to", "must be greater than 0".into());
+        }
+        if self.byte_budget < 1 << 20 {
+            return bad("byte_budget", "must be at least 1 MiB".into());
+        }
+        let failpoints = match &self.failpoints {
+            Some(spec) => Failpoints::parse(spec),
+            None => Failpoints::from_env(),
+        }
+        .map_err(|reason| LoaderError::BadOption {
+            option: "failpoints",
+            reason,
+        })?;
+        let world_size = match self.world_size {
+            Some(w) => w,
+            None => env_u64("WORLD_SIZE")?.unwrap_or(1),
+        };
+        let rank = match self.rank {
+            Some(r) => r,
+            None => env_u64("RANK")?.unwrap_or(0),
+        };
+        if world_size == 0 {
+            return bad("world_size", "must be greater than 0".into());
+        }
+        if rank >= world_size {
+            return bad(
+                "rank",
+                format!("rank {rank} is not below world_size {world_size}"),
+            );
+        }
+        let decode_threads = if self.decode_threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            self.decode_threads
+        };
+        let mut location = match &self.location {
+            Some(l) => l.clone(),
+            None => Location::parse_with_options(&self.url, self.storage_options.iter().cloned())?,
+        };
+        if let Some(faults) = &self.faults {
+            location = location.with_faults(faults.clone());
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(self.io_threads)
+            .thread_name("shardfeed-io")
+            .enable_all()
+            .build()
+            .map_err(|source| LoaderError::Io {
+                op: "start the I/O runtime".into(),
+                source,
+            })?;
+        let manifest = Arc::new(runtime.block_on(location.read_manifest_with(&self.retry))?);
+        let schema = &manifest.schema;
+        let names: Vec<String> = match &self.columns {
+            Some(c) if c.is_empty() => {
+                return bad("columns", "must name at least one column".into());
+            }
+            Some(c) => c.clone(),
+            None => schema.fields().iter().map(|f| f.name().clone()).collect(),
+        };
+        let mut roots = Vec::with_capacity(names.len());
+        for name in &names {
+            match schema.index_of(name) {
+                Ok(i) => roots.push(i),
+                Err(_) => {
+                    let known: Vec<&str> =
+                        schema.fields().iter().map(|f| f.name().as_str()).collect();
+                    return bad(
+                        "columns",
+                        format!("no column named `{name}`; the dataset has {known:?}"),
+                    );
+                }
+            }
+        }
+        let mut sorted_roots = roots.clone();
+        sorted_roots.sort();
+        sorted_roots.dedup();
+        if sorted_roots.len() != roots.len() {
+            return bad("columns", "a column is named twice".into());
+        }
+        // Decoded batches hold the projected columns in schema order.
+        let projected = schema
+            .project(&sorted_roots)
+            .map_err(|e| LoaderError::BadOption {
+                option: "columns",
+                reason: e.to_string(),
+            })?;
+        let plans = plan_columns(&projected, &names)?;
+
+        let counters = Arc::new(Counters::default());
+        let cache = match (&self.cache_dir, location.local_root()) {
+            (Some(dir), None) => Some(
+                ShardCache::new(
+                    dir,
+                    &format!(
+                        "{}|{}",
+                        location.url(),
+                        crate::state::dataset_fingerprint(&manifest)
+                    ),
+                    self.cache_limit,
+                )
+                .map_err(|source| LoaderError::Io {
+                    op: format!("create the cache folder {}", dir.display()),
+                    source,
+                })?,
+            ),
+            _ => None,
+        };
+        let fetch = Arc::new(FetchContext::new(
+            location.clone(),
+            manifest.clone(),
+            sorted_roots,
+            counters.clone(),
+            self.retry.clone(),
+            cache,
+        ));
+        let sizes = estimate_sizes(&runtime, &fetch, &manifest, &self, &plans)?;
+
+        // Memory: the budget bounds the projected bytes of row groups fetched
+        // or decoded but not yet collated. The collator holds the windows a
+        // batch touches: every row group of the batch's rows plus the rest of
+        // its first and last windows; the budget must hold that many.
+        let units = manifest.row_group_count().max(1) as u64;
+        let min_group_rows = manifest
+            .shards
+            .iter()
+            .flat_map(|s| s.row_groups.iter().copied())
+            .filter(|&r| r > 0)
+            .min()
+            .unwrap_or(1);
+        let batch_groups = (self.batch_size as u64).div_ceil(min_group_rows) + 1;
+        let needed = (2 * self.window as u64)
+            .saturating_add(batch_groups.saturating_sub(1))
+            .min(units.max(2 * self.window as u64));
+        if sizes.unit_bytes.saturating_mul(needed) > self.byte_budget {
+            return bad(
+                "byte_budget",
+                format!(
+                    "{} bytes cannot hold the {needed} row groups (~{} bytes of the projected columns each) that two shuffle windows of {} row groups and a batch of {} rows touch; raise it, or lower window or batch_size",
+                    self.byte_budget, sizes.unit_bytes, self.window, self.batch_size
+                ),
+            );
+        }
+        if sizes.batch_bytes > self.byte_budget {
+            let option = if matches!(self.list_mode, ListMode::Padded { .. }) {
+                "pad_to"
+            } else {
+                "batch_size"
+            };
+            return bad(
+                option,
+                format!(
+                    "one batch of {} rows needs about {} bytes, more than the byte budget ({} bytes); lower it or raise byte_budget",
+                    self.batch_size, sizes.batch_bytes, self.byte_budget
+                ),
+            );
+        }
+        let plan_rows = manifest.total_rows / world_size;
+        if self.drop_last && plan_rows > 0 && (self.batch_size as u64) > plan_rows {
+            return bad(
+                "batch_size",
+                format!(
+                    "{} is more than the {plan_rows} rows each of the {world_size} ranks gets per epoch: with drop_last every batch would be dropped",
+                    self.batch_size
+                ),
+            );
+        }
+        let slab_bytes = match self.slab_bytes {
+            Some(b) => b,
+            None => sizes.slab_bytes,
+        };
+        let slabs = self.prefetch_batches + 3;
+        if (slab_bytes as u64).saturating_mul(slabs as u64) > self.byte_budget.saturating_mul(4) {
+            return bad(
+                if self.slab_bytes.is_some() {
+                    "slab_bytes"
+                } else {
+                    "prefetch"
+                },
+                format!(
+                    "{slabs} slabs of {slab_bytes} bytes are more than 4x the byte budget ({} bytes); lower prefetch or slab_bytes, or raise byte_budget",
+                    self.byte_budget
+                ),
+            );
+        }
+        let pool = Arc::new(Pool::new(slabs, slab_bytes, self.pinning)?);
+        let config = Config {
+            batch_size: self.batch_size,
+            shuffle: self.shuffle,
+            seed: self.seed,
+            window: self.window,
+            rank,
+            world_size,
+            drop_last: self.drop_last,
+            decode_threads,
+            io_concurrency: self.io_concurrency,
+            prefetch_batches: self.prefetch_batches,
+            list_mode: self.list_mode,
+            fixed_width: plans.iter().all(ColumnPlan::is_fixed_width),
+            plans,
+            byte_budget: self.byte_budget,
+            needed_units: needed,
+            on_error: self.on_error,
+            max_skipped: self.max_skipped,
+            failpoints,
+        };
+        Ok(Loader::from_parts(
+            config, manifest, fetch, runtime, pool, counters, self.epoch,
+        ))
+    }
+}
+
+/// Sizes estimated from the manifest and the first footer.
+struct Sizes {
+    /// Projected bytes (fetched + decoded) of an average row group.
+    unit_bytes: u64,
+    /// Bytes of one collated batch.
+    batch_bytes: u64,
+    /// Bytes per slab: twice a batch's.
+    slab_bytes: usize,
+}
+
+fn estimate_sizes(
+    runtime: &tokio::runtime::Runtime,
+    fetch: &Arc<FetchContext>,
+    manifest: &Manifest,
+    builder: &LoaderBuilder,
+    plans: &[ColumnPlan],
+) -> Result<Sizes> {
+    let rows = builder.batch_size;
+    let overhead: usize = plans.iter().map(|p| p.overhead_bytes(rows)).sum();
+    let Some(first) = manifest.shards.iter().position(|s| s.rows > 0) else {
+        return Ok(Sizes {
+            unit_bytes: 1,
+            batch_bytes: 0,
+            slab_bytes: 64 << 10,
+        });
+    };
+    let footer = runtime.block_on(fetch.footer(first as u32))?;
+    let (leaves, _) = projection(&footer.arrow, &fetch.roots);
+    let meta = &footer.footer.metadata;
+    let (mut projected, mut all, mut cost) = (0u64, 0u64, 0u64);
+    for g in meta.row_groups() {
+        cost = cost.saturating_add(fetch.row_group_cost(&footer.arrow, g));
+        for (i, c) in g.columns().iter().enumerate() {
+            let size = c.uncompressed_size().max(0) as u64;
+            all = all.saturating_add(size);
+            if leaves.contains(&i) {
+                projected = projected.saturating_add(size);
+            }
+        }
+    }
+    let unit_bytes = cost / meta.num_row_groups().max(1) as u64;
+    // Parquet's uncompressed sizes are of encoded pages (dictionaries, bit
+    // packing); scale the dataset's Arrow bytes per row by the projected share.
+    let arrow_per_row = manifest.input_bytes as f64 / manifest.total_rows.max(1) as f64;
+    let per_row = (arrow_per_row * projected as f64 / all.max(1) as f64).ceil() as u64;
+    let padded = match builder.list_mode {
+        ListMode::Padded { to, .. } => (to as u64)
+            .saturating_mul(8)
+            .saturating_mul(plans.len() as u64),
+        ListMode::Ragged => 0,
+    };
+    let batch_bytes = (rows as u64)
+        .saturating_mul(per_row.saturating_add(padded))
+        .saturating_add(overhead as u64);
+    let slab_bytes = usize::try_from(batch_bytes.saturating_mul(2))
+        .unwrap_or(usize::MAX)
+        .max(64 << 10);
+    Ok(Sizes {
+        unit_bytes,
+        batch_bytes,
+        slab_bytes,
+    })
+}
+
+/// The options every epoch of a loader shares.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub batch_size: usize,
+    pub shuffle: bool,
+    pub seed: u64,
+    pub window: usize,
+    pub rank: u64,
+    pub world_size: u64,
+    pub drop_last: bool,
+    pub decode_threads: usize,
+    pub io_concurrency: usize,
+    pub prefetch_batches: usize,
+    pub list_mode: ListMode,
+    pub plans: Vec<ColumnPlan>,
+    /// Every projected column is fixed width.
+    pub fixed_width: bool,
+    /// Bytes of projected row groups held at once.
+    pub byte_budget: u64,
+    /// Row groups that must fit the budget at once (two windows and a batch).
+    pub needed_units: u64,
+    pub on_error: OnError,
+    pub max_skipped: u64,
+    pub failpoints: Failpoints,
+}

@@ -1,0 +1,352 @@
+//! The loader's own Parquet reader, for the column shapes training data is
+//! made of; every other column goes through parquet's Arrow reader.
+//!
+//! This module depends on `parquet` and the arrow crates only, never on the
+//! rest of the loader. It is laid out by layer:
+//!
+//! | module | layer |
+//! |---|---|
+//! | [`thrift`] | page headers (Thrift compact protocol) |
+//! | [`page`] | a chunk's pages: headers, bodies, zstd, level/value split |
+//! | [`rle`], [`bitpack`] | RLE / bit-packed hybrid keys and levels; bit unpacking |
+//! | [`levels`] | definition levels of flat nullable columns |
+//! | [`fixed`], [`list`], [`binary`] | value decoders into Arrow arrays |
+//! | [`sparse`] | the fetched byte ranges of a shard, as parquet's `ChunkReader` |
+//!
+//! [`decode_row_group`] is the one entry point. Which path decodes a column
+//! chunk is decided by [`column_path`] from this table alone:
+//!
+//! | column (Arrow type, Parquet levels) | chunk's encodings | path |
+//! |---|---|---|
+//! | `list<int32>`, required list of required items (rep 1, def 1) | PLAIN, RLE, (PLAIN\|RLE)_DICTIONARY | [`ColumnPath::List`] |
+//! | int8..uint64, float32/64 stored as INT32/INT64/FLOAT/DOUBLE, flat, required or nullable | same | [`ColumnPath::Fixed`] |
+//! | binary, string (also large), flat BYTE_ARRAY, required or nullable | same | [`ColumnPath::Bytes`] |
+//! | anything else (nested, structs, decimals, booleans, ...), or other encodings (DELTA_*, BYTE_STREAM_SPLIT, BIT_PACKED levels) | any | [`ColumnPath::Arrow`] |
+//!
+//! Pages of zstd and uncompressed chunks are read here ([`page`]); chunks
+//! of other codecs keep the own value decoders over parquet's page reader.
+//!
+//! Every count, size and offset in a footer or page is untrusted: checked
+//! arithmetic before it sizes an allocation or a slice, no output larger than
+//! [`Limits::max_bytes`], and each `unsafe` block states its invariant where
+//! it is checked, in the same module.
+
+mod binary;
+mod bitpack;
+mod fixed;
+mod levels;
+mod list;
+mod page;
+mod rle;
+mod sparse;
+#[cfg(test)]
+mod tests;
+mod thrift;
+
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, RecordBatch};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
+use parquet::basic::Encoding;
+use parquet::errors::{ParquetError, Result};
+use parquet::file::metadata::{ColumnChunkMetaData, RowGroupMetaData};
+use parquet::file::reader::ChunkReader;
+use serde::{Deserialize, Serialize};
+
+pub(crate) use sparse::SparseFile;
+
+fn general(message: String) -> ParquetError {
+    ParquetError::General(message)
+}
+
+/// Bounds on what decoding one row group may produce.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    /// No column of a row group decodes to more bytes than this (the
+    /// loader's byte budget), and no page decompresses to more.
+    pub max_bytes: usize,
+}
+
+impl Limits {
+    /// Check that `count` items of `width` bytes fit [`Limits::max_bytes`].
+    fn check(
+        &self,
+        count: usize,
+        width: usize,
+        err: &dyn Fn(String) -> ParquetError,
+    ) -> Result<()> {
+        match count.checked_mul(width) {
+            Some(bytes) if bytes <= self.max_bytes => Ok(()),
+            _ => Err(err(format!(
+                "{count} values of {width} bytes would exceed the loader's byte budget ({} bytes)",
+                self.max_bytes
+            ))),
+        }
+    }
+}
+
+/// The only leaf column under root column `root`, if it has exactly one.
+fn single_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<usize> {
+    let descr = arrow.metadata().file_metadata().schema_descr();
+    let mut leaves = (0..descr.num_columns()).filter(|&i| descr.get_column_root_idx(i) == root);
+    let leaf = leaves.next()?;
+    leaves.next().is_none().then_some(leaf)
+}
+
+/// Whether the own decoders read every encoding of `chunk`.
+fn own_encodings(chunk: &ColumnChunkMetaData) -> bool {
+    chunk.encodings().all(|e| {
+        matches!(
+            e,
+            Encoding::PLAIN | Encoding::RLE | Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY
+        )
+    })
+}
+
+/// How one column chunk is decoded (see the table in the module docs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum ColumnPath {
+    /// Own list decoder, leaf column index.
+    List(usize),
+    /// Own fixed-width decoder.
+    Fixed(fixed::FixedLeaf),
+    /// Own binary/string decoder: leaf column index, and whether UTF-8.
+    Bytes(usize, bool),
+    /// parquet's Arrow reader.
+    Arrow,
+}
+
+/// The path of root column `root` in row group `meta`: the module's table.
+pub(crate) fn column_path(
+    arrow: &ArrowReaderMetadata,
+    meta: &RowGroupMetaData,
+    root: usize,
+) -> ColumnPath {
+    let own = |leaf: usize| own_encodings(meta.column(leaf));
+    if let Some(leaf) = list::list_leaf(arrow, root) {
+        return if own(leaf) {
+            ColumnPath::List(leaf)
+        } else {
+            ColumnPath::Arrow
+        };
+    }
+    if let Some((leaf, utf8)) = binary::bytes_leaf(arrow, root) {
+        return if own(leaf) {
+            ColumnPath::Bytes(leaf, utf8)
+        } else {
+            ColumnPath::Arrow
+        };
+    }
+    match fixed::fixed_leaf(arrow, root) {
+        Some(f) if own(f.leaf) => ColumnPath::Fixed(f),
+        _ => ColumnPath::Arrow,
+    }
+}
+
+/// Column chunks decoded by each path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecodePaths {
+    /// `list<int32>` chunks decoded by the own list decoder.
+    pub own_list: u64,
+    /// Fixed-width chunks decoded by the own decoder.
+    pub own_fixed: u64,
+    /// Binary and string chunks decoded by the own decoder.
+    pub own_bytes: u64,
+    /// Chunks decoded by parquet's Arrow reader.
+    pub parquet: u64,
+}
+
+impl DecodePaths {
+    /// Add `other`'s counts.
+    pub fn add(&mut self, other: &DecodePaths) {
+        self.own_list += other.own_list;
+        self.own_fixed += other.own_fixed;
+        self.own_bytes += other.own_bytes;
+        self.parquet += other.parquet;
+    }
+
+    /// Chunks decoded by the own decoders.
+    pub fn own(&self) -> u64 {
+        self.own_list + self.own_fixed + self.own_bytes
+    }
+}
+
+/// Leaf columns under the projected top-level `roots`, and the mask.
+pub(crate) fn projection(
+    arrow: &ArrowReaderMetadata,
+    roots: &[usize],
+) -> (Vec<usize>, ProjectionMask) {
+    let descr = arrow.metadata().file_metadata().schema_descr();
+    let leaves = (0..descr.num_columns())
+        .filter(|&i| roots.contains(&descr.get_column_root_idx(i)))
+        .collect();
+    (leaves, ProjectionMask::roots(descr, roots.iter().copied()))
+}
+
+/// Uncompressed bytes per batch that parquet's Arrow reader decodes at once:
+/// large enough to amortise per-batch work, small enough that its growing
+/// buffers stay in the allocator's reusable sizes.
+const ARROW_BATCH_BYTES: u64 = 1 << 20;
+
+/// Decode the projected `roots` (top-level columns, sorted) of row group
+/// `rg` of `file`, each column by the path [`column_path`] gives: one or
+/// more batches holding every row of the row group, and the paths taken.
+/// Columns whose own decoder keeps a dictionary come back with a dictionary
+/// type instead of the file's type.
+pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
+    file: Arc<R>,
+    arrow: &ArrowReaderMetadata,
+    rg: usize,
+    roots: &[usize],
+    limits: &Limits,
+) -> Result<(Vec<RecordBatch>, DecodePaths)> {
+    let metadata = arrow.metadata();
+    if rg >= metadata.num_row_groups() {
+        return Err(general(format!(
+            "row group {rg} of {}",
+            metadata.num_row_groups()
+        )));
+    }
+    let meta = metadata.row_group(rg);
+    let rows = usize::try_from(meta.num_rows())
+        .map_err(|_| general(format!("a row group of {} rows", meta.num_rows())))?;
+    let mut paths = DecodePaths::default();
+    let chosen: Vec<(usize, ColumnPath)> = roots
+        .iter()
+        .map(|&root| (root, column_path(arrow, meta, root)))
+        .collect();
+    let (_, mask) = projection(arrow, roots);
+    if chosen.iter().all(|(_, p)| *p == ColumnPath::Arrow) {
+        paths.parquet += chosen.len() as u64;
+        let (leaves, _) = projection(arrow, roots);
+        let projected: u64 = leaves
+            .iter()
+            .map(|&leaf| meta.column(leaf).uncompressed_size().max(0) as u64)
+            .sum();
+        let batch_rows = ((rows as u64).saturating_mul(ARROW_BATCH_BYTES) / projected.max(1))
+            .clamp(1, rows.max(1) as u64) as usize;
+        return Ok((arrow_batches(file, arrow, mask, rg, batch_rows)?, paths));
+    }
+    let mut columns: Vec<Option<ArrayRef>> = vec![None; roots.len()];
+    for (i, &(root, path)) in chosen.iter().enumerate() {
+        let data_type = arrow.schema().field(root).data_type();
+        let array = match path {
+            ColumnPath::List(leaf) => {
+                paths.own_list += 1;
+                list::decode_list_i32(file.clone(), meta.column(leaf), rows, data_type, limits)?
+            }
+            ColumnPath::Bytes(leaf, utf8) => {
+                paths.own_bytes += 1;
+                binary::decode_bytes(file.clone(), meta.column(leaf), rows, utf8, limits)?
+            }
+            ColumnPath::Fixed(leaf) => {
+                paths.own_fixed += 1;
+                fixed::decode_fixed(
+                    file.clone(),
+                    meta.column(leaf.leaf),
+                    &leaf,
+                    rows,
+                    data_type,
+                    limits,
+                )?
+            }
+            ColumnPath::Arrow => continue,
+        };
+        if array.len() != rows {
+            return Err(general(format!(
+                "column {} decoded to {} rows, the footer says {rows}",
+                arrow.schema().field(root).name(),
+                array.len()
+            )));
+        }
+        columns[i] = Some(array);
+    }
+    let others: Vec<usize> = chosen
+        .iter()
+        .filter(|(_, p)| *p == ColumnPath::Arrow)
+        .map(|(root, _)| *root)
+        .collect();
+    if !others.is_empty() {
+        paths.parquet += others.len() as u64;
+        let descr = metadata.file_metadata().schema_descr();
+        let mask = ProjectionMask::roots(descr, others.iter().copied());
+        let batches = arrow_batches(file, arrow, mask, rg, rows.max(1))?;
+        let other_schema = Arc::new(arrow.schema().project(&others)?);
+        let batch = arrow_select::concat::concat_batches(&other_schema, &batches)?;
+        if batch.num_rows() != rows {
+            return Err(general(format!(
+                "parquet's reader decoded {} rows, the footer says {rows}",
+                batch.num_rows()
+            )));
+        }
+        for (k, root) in others.iter().enumerate() {
+            let i = roots
+                .iter()
+                .position(|r| r == root)
+                .expect("a projected root");
+            columns[i] = Some(batch.column(k).clone());
+        }
+    }
+    let columns: Vec<ArrayRef> = columns
+        .into_iter()
+        .map(|c| c.expect("every column decoded"))
+        .collect();
+    // Dictionary-kept columns differ in type from the file's schema.
+    let fields: Vec<arrow_schema::Field> = roots
+        .iter()
+        .zip(&columns)
+        .map(|(&root, c)| {
+            arrow
+                .schema()
+                .field(root)
+                .clone()
+                .with_data_type(c.data_type().clone())
+        })
+        .collect();
+    let schema = Arc::new(arrow_schema::Schema::new(fields));
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(rows));
+    Ok((
+        vec![RecordBatch::try_new_with_options(
+            schema, columns, &options,
+        )?],
+        paths,
+    ))
+}
+
+/// Row group `rg`'s `mask` columns through parquet's Arrow reader, in
+/// batches of `batch_rows` rows.
+fn arrow_batches<R: ChunkReader + 'static>(
+    file: Arc<R>,
+    arrow: &ArrowReaderMetadata,
+    mask: ProjectionMask,
+    rg: usize,
+    batch_rows: usize,
+) -> Result<Vec<RecordBatch>> {
+    ParquetRecordBatchReaderBuilder::new_with_metadata(ArcReader(file), arrow.clone())
+        .with_projection(mask)
+        .with_row_groups(vec![rg])
+        .with_batch_size(batch_rows.max(1))
+        .build()?
+        .map(|b| b.map_err(ParquetError::from))
+        .collect()
+}
+
+/// An `Arc` of a chunk reader, as a chunk reader.
+struct ArcReader<R>(Arc<R>);
+
+impl<R: ChunkReader> parquet::file::reader::Length for ArcReader<R> {
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+}
+
+impl<R: ChunkReader> ChunkReader for ArcReader<R> {
+    type T = R::T;
+    fn get_read(&self, start: u64) -> Result<Self::T> {
+        self.0.get_read(start)
+    }
+    fn get_bytes(&self, start: u64, length: usize) -> Result<bytes::Bytes> {
+        self.0.get_bytes(start, length)
+    }
+}

@@ -1,0 +1,593 @@
+//! One pass over an epoch: the threads and channels of
+//! `fetch -> decode -> shuffle -> collate -> consumer`, cancellation, and
+//! how failures travel.
+//!
+//! * **Every failure reaches `next()` as an error** naming the stage (and
+//!   the shard and row group where one is known). A stage that fails sends
+//!   its error downstream and stops; a panic in any stage is caught and sent
+//!   the same way; a stage whose input closes before the plan says it should
+//!   (its upstream stopped without a word) reports that upstream stage. Only
+//!   a cancelled pass ends quietly.
+//! * **The end of an epoch is a fact of the plan**: the consumer counts the
+//!   plan's batches, and a channel that closes before the last one is an
+//!   error, never an early end (see [`crate::Loader`]).
+//! * Panics caught here print nothing (the message goes into the error):
+//!   a process-wide panic hook, chained to the previous one, stays quiet
+//!   only on threads that are inside a stage.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
+use futures::{FutureExt, StreamExt};
+use shardfeed_format::Manifest;
+use shardfeed_format::failpoint::Action;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::batch::Batch;
+use crate::collate::Collator;
+use crate::config::{Config, OnError};
+use crate::decode::{Fetched, decode};
+use crate::fetch::FetchContext;
+use crate::pinned::Pool;
+use crate::plan::{EpochPlan, PlanOptions};
+use crate::shuffle::{LoadedWindow, Shuffler};
+use crate::stats::Counters;
+use crate::{LoaderError, Result};
+
+/// A decoded segment's rows, or the mark of a skipped one.
+pub(crate) enum DecodedSegment {
+    /// The segment's rows, in order.
+    Rows(Vec<RecordBatch>),
+    /// A damaged row group left out under [`OnError::Skip`]: its rows hold
+    /// no data (`schema`: the projected columns, for an empty placeholder).
+    Skipped { schema: SchemaRef },
+}
+
+/// A decoded segment by sequence number, or the error that stopped the
+/// pipeline, with the budget its row group holds.
+pub(crate) type Decoded = (u64, Result<DecodedSegment>, Option<OwnedSemaphorePermit>);
+
+type FetchedRx = Arc<Mutex<tokio::sync::mpsc::Receiver<Result<(Fetched, OwnedSemaphorePermit)>>>>;
+
+thread_local! {
+    /// Set while this thread runs stage code whose panics are caught.
+    static IN_STAGE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Install (once) the panic hook that keeps caught stage panics quiet and
+/// hands every other panic to the hook that was there before.
+fn install_quiet_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !IN_STAGE.with(Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// The message of a caught panic.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// Run `f` as stage code: a panic is caught (quietly) and returned as its message.
+fn catch<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    let was = IN_STAGE.with(|s| s.replace(true));
+    let result = std::panic::catch_unwind(AssertUnwindSafe(f));
+    IN_STAGE.with(|s| s.set(was));
+    result.map_err(|payload| panic_message(payload.as_ref()))
+}
+
+/// A future polled as stage code (see [`catch`]).
+struct Quiet<F>(F);
+
+impl<F: Future + Unpin> Future for Quiet<F> {
+    type Output = F::Output;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let was = IN_STAGE.with(|s| s.replace(true));
+        let out = Pin::new(&mut self.0).poll(cx);
+        IN_STAGE.with(|s| s.set(was));
+        out
+    }
+}
+
+/// The error of failpoint `action` at `stage` ([`Action::Stop`] and
+/// [`Action::Exit`] are handled by the caller and by the failpoint).
+pub(crate) fn injected(stage: &'static str, action: Action, cancel: &AtomicBool) -> LoaderError {
+    match action {
+        Action::Panic => panic!("injected panic in the {stage} stage (failpoint)"),
+        Action::Block => {
+            while !cancel.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            LoaderError::Closed
+        }
+        _ => LoaderError::Stage {
+            stage,
+            shard: None,
+            row_group: None,
+            detail: "injected failure (failpoint)".into(),
+        },
+    }
+}
+
+/// Whether `error` is about damaged bytes of one row group (what
+/// [`OnError::Skip`] skips), rather than storage, options or a bug.
+fn is_damage(error: &LoaderError) -> bool {
+    matches!(
+        error,
+        LoaderError::Corrupt {
+            row_group: Some(_),
+            ..
+        } | LoaderError::Decode {
+            row_group: Some(_),
+            ..
+        }
+    )
+}
+
+/// What the passes of one loader share.
+pub(crate) struct Pipeline {
+    pub config: Arc<Config>,
+    pub manifest: Arc<Manifest>,
+    pub fetch: Arc<FetchContext>,
+    pub runtime: Arc<tokio::runtime::Runtime>,
+    pub pool: Arc<Pool>,
+    pub counters: Arc<Counters>,
+    /// Batches yielded and still alive (holding a pooled slab).
+    pub held: Arc<AtomicUsize>,
+    /// The byte budget, in KiB permits, over every pass.
+    pub permits: Arc<Semaphore>,
+    /// The projected columns, as stored (placeholders of skipped segments).
+    pub schema: SchemaRef,
+}
+
+/// A running pass: the threads and channels of one epoch.
+pub(crate) struct Pass {
+    pub epoch: u64,
+    pub output: Receiver<Result<Batch>>,
+    cancel: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    fetch_task: tokio::task::JoinHandle<()>,
+    /// The next batch the consumer will receive.
+    pub next_index: u64,
+    /// Batches of the pass, from the plan.
+    pub batches: u64,
+    /// Positions of the pass, from the plan.
+    pub positions: u64,
+    /// Set when the shuffle stage has assembled the pass's last window:
+    /// fetching and decoding are over, only collation remains.
+    pub assembled_all: Arc<AtomicBool>,
+    /// Disconnected when this pass's collator has finished.
+    pub collated: Receiver<()>,
+}
+
+impl Pass {
+    /// Cancel the pass: stop I/O, unblock and join every thread.
+    pub fn stop(mut self) {
+        self.cancel.store(true, Ordering::SeqCst);
+        self.fetch_task.abort();
+        // Unblock a collator waiting to hand over a batch.
+        let output = std::mem::replace(&mut self.output, crossbeam_channel::never());
+        drop(output);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Pipeline {
+    /// The plan of `epoch` for this loader's rank.
+    pub fn plan(&self, epoch: u64) -> EpochPlan {
+        let c = &self.config;
+        EpochPlan::new(
+            &self.manifest,
+            PlanOptions {
+                seed: c.seed,
+                epoch,
+                rank: c.rank,
+                world_size: c.world_size,
+                shuffle: c.shuffle,
+                window: c.window,
+                batch_size: c.batch_size,
+                drop_last: c.drop_last,
+            },
+        )
+    }
+
+    /// Start the pass of `epoch` from position `position`; its collator
+    /// begins once `after` disconnects (the previous pass's collator is done).
+    pub fn launch(&self, epoch: u64, position: u64, after: Option<Receiver<()>>) -> Pass {
+        install_quiet_hook();
+        let plan = Arc::new(self.plan(epoch));
+        let config = self.config.clone();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let start_position = position.min(plan.positions());
+        let start_window = if plan.window_count() == 0 || start_position >= plan.positions() {
+            plan.window_count()
+        } else {
+            plan.window_of(start_position)
+        };
+        let first_seq = if start_window < plan.window_count() {
+            plan.window(start_window).first_segment as u64
+        } else {
+            plan.segments().len() as u64
+        };
+        let segments: Vec<(u64, crate::plan::Segment)> = plan
+            .segments()
+            .iter()
+            .enumerate()
+            .skip(first_seq as usize)
+            .map(|(i, s)| (i as u64, *s))
+            .collect();
+
+        let (fetched_tx, fetched_rx) = tokio::sync::mpsc::channel::<
+            Result<(Fetched, OwnedSemaphorePermit)>,
+        >(2 * config.decode_threads);
+        let fetched_rx: FetchedRx = Arc::new(Mutex::new(fetched_rx));
+        let (decoded_tx, decoded_rx) = unbounded::<Decoded>();
+        let (output_tx, output_rx) = bounded::<Result<Batch>>(config.prefetch_batches);
+
+        // Set by the fetch stage once it has sent every segment of the pass
+        // (or an error): a decode thread that finds the stage's channel
+        // closed before then reports that the fetch stage stopped.
+        let fetched_all = Arc::new(AtomicBool::new(false));
+        let fetch_task = {
+            let fetched_all_by_work = fetched_all.clone();
+            let fetch = self.fetch.clone();
+            let semaphore = self.permits.clone();
+            let counters = self.counters.clone();
+            let config = config.clone();
+            let cancel = cancel.clone();
+            // The most permits one row group takes: `needed_units` of them
+            // always fit the budget, so a large row group cannot deadlock
+            // a window waiting for its last member.
+            let total = (config.byte_budget >> 10).max(1) as u32;
+            let max_unit = (total as u64 / config.needed_units.max(1)).max(1) as u32;
+            let work = async move {
+                // Admission is sequential, in plan order: each segment takes
+                // its share of the budget before any later one can, so the
+                // segments a window waits for are never starved by later ones.
+                let admitted = futures::stream::iter(segments).then(|(seq, segment)| {
+                    let fetch = fetch.clone();
+                    let semaphore = semaphore.clone();
+                    let config = config.clone();
+                    let cancel = cancel.clone();
+                    async move {
+                        match config.failpoints.hit("fetch", seq) {
+                            None => {}
+                            Some(Action::Block) => std::future::pending::<()>().await,
+                            Some(Action::Panic) => {
+                                panic!("injected panic in the fetch stage (failpoint)")
+                            }
+                            Some(Action::Stop) => return Err(LoaderError::Closed),
+                            Some(action) => return Err(injected("fetch", action, &cancel)),
+                        }
+                        let footer = fetch.footer(segment.shard).await?;
+                        let cost = fetch.segment_cost(&footer, segment, max_unit);
+                        let permit = semaphore
+                            .acquire_many_owned(cost)
+                            .await
+                            .map_err(|_| LoaderError::Closed)?;
+                        Ok((seq, segment, footer, permit))
+                    }
+                });
+                let mut results = std::pin::pin!(
+                    admitted
+                        .map(|admitted| {
+                            let fetch = fetch.clone();
+                            async move {
+                                let (seq, segment, footer, permit) = admitted?;
+                                fetch.fetch(seq, segment, footer).await.map(|f| (f, permit))
+                            }
+                        })
+                        .buffered(config.io_concurrency)
+                );
+                while let Some(result) = results.next().await {
+                    if let Err(LoaderError::Closed) = result {
+                        // Cancelled, or a silent stop injected by a failpoint.
+                        return;
+                    }
+                    let failed = result.is_err();
+                    Counters::add(&counters.decode_queue, 1);
+                    if failed {
+                        // The error itself tells the rest of the pipeline.
+                        fetched_all_by_work.store(true, Ordering::SeqCst);
+                    }
+                    if fetched_tx.send(result).await.is_err() || failed {
+                        return;
+                    }
+                }
+                fetched_all_by_work.store(true, Ordering::SeqCst);
+            };
+            let decoded_tx = decoded_tx.clone();
+            let panicked = fetched_all.clone();
+            self.runtime.spawn(async move {
+                if let Err(payload) = Quiet(AssertUnwindSafe(Box::pin(work)).catch_unwind()).await {
+                    panicked.store(true, Ordering::SeqCst);
+                    let _ = decoded_tx.send((
+                        u64::MAX,
+                        Err(LoaderError::Stage {
+                            stage: "fetch",
+                            shard: None,
+                            row_group: None,
+                            detail: format!("panicked: {}", panic_message(payload.as_ref())),
+                        }),
+                        None,
+                    ));
+                }
+            })
+        };
+
+        let mut threads = Vec::new();
+        for i in 0..config.decode_threads {
+            let decoder = Decoder {
+                rx: fetched_rx.clone(),
+                tx: decoded_tx.clone(),
+                manifest: self.manifest.clone(),
+                roots: self.fetch.roots.clone(),
+                counters: self.counters.clone(),
+                config: config.clone(),
+                cancel: cancel.clone(),
+                schema: self.schema.clone(),
+                fetched_all: fetched_all.clone(),
+            };
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("shardfeed-decode-{i}"))
+                    .spawn(move || decoder.run())
+                    .expect("spawn a decode thread"),
+            );
+        }
+        drop(decoded_tx);
+        // One assembled window queued ahead of the collator: the shuffle stage
+        // works up to two windows ahead, which absorbs a slow window (its
+        // permuted windows hold their row groups' budget, so the byte budget
+        // still bounds it).
+        let (windows_tx, windows_rx) = bounded::<Result<LoadedWindow>>(1);
+        let assembled_all = Arc::new(AtomicBool::new(false));
+        {
+            let assembled = assembled_all.clone();
+            let mut shuffler = Shuffler {
+                config: config.clone(),
+                plan: plan.clone(),
+                decoded: decoded_rx,
+                waiting: BTreeMap::new(),
+                counters: self.counters.clone(),
+                cancel: cancel.clone(),
+            };
+            let cancel = cancel.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("shardfeed-shuffle".into())
+                    .spawn(move || {
+                        let ran = catch(|| shuffler.run(start_window, &windows_tx, &assembled));
+                        if let Err(message) = ran
+                            && !cancel.load(Ordering::SeqCst)
+                        {
+                            let _ = windows_tx.send(Err(LoaderError::Stage {
+                                stage: "shuffle",
+                                shard: None,
+                                row_group: None,
+                                detail: format!("panicked: {message}"),
+                            }));
+                        }
+                    })
+                    .expect("spawn the shuffle thread"),
+            );
+        }
+        let collated;
+        {
+            let mut collator = Collator {
+                config,
+                plan: plan.clone(),
+                windows_in: windows_rx,
+                windows: Vec::new(),
+                pool: self.pool.clone(),
+                counters: self.counters.clone(),
+                cancel: cancel.clone(),
+                held: self.held.clone(),
+            };
+            let (collated_tx, collated_rx) = bounded::<()>(0);
+            let cancel = cancel.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("shardfeed-collate".into())
+                    .spawn(move || {
+                        if let Some(after) = after {
+                            // Slabs go to the previous pass's batches first.
+                            while !cancel.load(Ordering::SeqCst)
+                                && matches!(
+                                    after.recv_timeout(Duration::from_millis(20)),
+                                    Err(RecvTimeoutError::Timeout)
+                                )
+                            {}
+                        }
+                        let ran = catch(|| collator.run(start_position, &output_tx));
+                        if let Err(message) = ran
+                            && !cancel.load(Ordering::SeqCst)
+                        {
+                            let _ = output_tx.send(Err(LoaderError::Stage {
+                                stage: "collate",
+                                shard: None,
+                                row_group: None,
+                                detail: format!("panicked: {message}"),
+                            }));
+                        }
+                        drop(collated_tx);
+                    })
+                    .expect("spawn the collate thread"),
+            );
+            collated = collated_rx;
+        }
+        let batch_size = self.config.batch_size as u64;
+        Pass {
+            epoch,
+            output: output_rx,
+            cancel,
+            threads,
+            fetch_task,
+            next_index: start_position / batch_size,
+            batches: plan.batches(),
+            positions: plan.positions(),
+            assembled_all,
+            collated,
+        }
+    }
+}
+
+/// A decode thread of one pass.
+struct Decoder {
+    rx: FetchedRx,
+    tx: Sender<Decoded>,
+    manifest: Arc<Manifest>,
+    roots: Vec<usize>,
+    counters: Arc<Counters>,
+    config: Arc<Config>,
+    cancel: Arc<AtomicBool>,
+    schema: SchemaRef,
+    fetched_all: Arc<AtomicBool>,
+}
+
+impl Decoder {
+    /// Decode until the pass ends; a thread that stops before then (without
+    /// having sent an error) reports it, so that the segment it held is
+    /// never silently missing.
+    fn run(self) {
+        if let Err(detail) = self.work()
+            && !self.cancel.load(Ordering::SeqCst)
+        {
+            let _ = self.tx.send((
+                u64::MAX,
+                Err(LoaderError::Stage {
+                    stage: detail.0,
+                    shard: None,
+                    row_group: None,
+                    detail: detail.1.into(),
+                }),
+                None,
+            ));
+        }
+    }
+
+    /// The decode loop; `Err((stage, what))` when it ends before the pass
+    /// does without having sent an error.
+    fn work(&self) -> std::result::Result<(), (&'static str, &'static str)> {
+        loop {
+            let next = self.rx.lock().expect("fetch receiver").blocking_recv();
+            let Some(item) = next else {
+                if self.fetched_all.load(Ordering::SeqCst) {
+                    return Ok(());
+                }
+                return Err((
+                    "fetch",
+                    "stopped before every segment of the pass was fetched",
+                ));
+            };
+            self.counters.decode_queue.fetch_sub(1, Ordering::Relaxed);
+            let started = Instant::now();
+            let (seq, result, permit) = match item {
+                Ok((fetched, permit)) => {
+                    let seq = fetched.seq;
+                    (seq, self.decode(seq, fetched), Some(permit))
+                }
+                Err(e) => (u64::MAX, Err(e), None),
+            };
+            Counters::add_time(&self.counters.decode_busy_ns, started.elapsed());
+            let result = match result {
+                Err(e) if self.config.on_error == OnError::Skip && is_damage(&e) => {
+                    self.skip(e).map(|()| DecodedSegment::Skipped {
+                        schema: self.schema.clone(),
+                    })
+                }
+                Err(LoaderError::Closed) => {
+                    return Err((
+                        "decode",
+                        "a decode thread stopped before the end of the pass",
+                    ));
+                }
+                other => other,
+            };
+            let failed = result.is_err();
+            if self.tx.send((seq, result, permit)).is_err() || failed {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Check and decode one fetched segment, as stage code.
+    fn decode(&self, seq: u64, fetched: Fetched) -> Result<DecodedSegment> {
+        let segment = fetched.segment;
+        let entry = &self.manifest.shards[segment.shard as usize];
+        let action = self.config.failpoints.hit("decode", seq);
+        let decoded = catch(|| match action {
+            None => decode(
+                fetched,
+                entry,
+                &self.roots,
+                self.config.byte_budget,
+                &self.counters,
+            ),
+            Some(Action::Stop) => Err(LoaderError::Closed),
+            Some(action) => Err(injected("decode", action, &self.cancel)),
+        });
+        let named = |detail: String| LoaderError::Stage {
+            stage: "decode",
+            shard: Some(entry.path.clone()),
+            row_group: Some(segment.row_group as usize),
+            detail,
+        };
+        match decoded {
+            Ok(Ok(batches)) => Ok(DecodedSegment::Rows(batches)),
+            Ok(Err(LoaderError::Stage {
+                stage: "decode",
+                detail,
+                ..
+            })) => Err(named(detail)),
+            Ok(Err(e)) => Err(e),
+            Err(message) => Err(named(format!("panicked: {message}"))),
+        }
+    }
+
+    /// Record a skipped row group; an error once more than `max_skipped`
+    /// distinct row groups were skipped over the loader's life.
+    fn skip(&self, error: LoaderError) -> Result<()> {
+        let (shard, row_group) = match &error {
+            LoaderError::Corrupt {
+                shard, row_group, ..
+            }
+            | LoaderError::Decode {
+                shard, row_group, ..
+            } => (shard.clone(), row_group.unwrap_or(0)),
+            _ => unreachable!("only damage is skipped"),
+        };
+        let count = self
+            .counters
+            .record_skip(&shard, row_group, &error.to_string());
+        if count as u64 > self.config.max_skipped {
+            return Err(LoaderError::TooManySkipped {
+                max: self.config.max_skipped,
+                last: Box::new(error),
+            });
+        }
+        Ok(())
+    }
+}

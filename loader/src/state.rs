@@ -1,0 +1,157 @@
+//! The resume state: small, versioned, and tied to what shaped the order.
+//!
+//! A state names the dataset by a fingerprint of its manifest (every
+//! shard's path, rows, row groups, size and checksums, and the schema), and
+//! carries every option that shapes the order. Resuming from a state of
+//! another dataset, or with an option that changes the order, fails with a
+//! message naming what differs: silently skipping the first N rows of a
+//! different dataset is the bug this prevents.
+//!
+//! [`PLAN_VERSION`] names the order algorithm itself ([`crate::plan`]);
+//! golden tests pin it, and a change to the order must bump it so that old
+//! states are refused rather than resumed at the wrong rows.
+
+use serde::{Deserialize, Serialize};
+use shardfeed_format::Manifest;
+use shardfeed_format::permute::hash_words;
+
+use crate::{LoaderError, Result};
+
+/// The state format this build writes and reads.
+pub const STATE_VERSION: u32 = 2;
+/// The order algorithm of [`crate::plan`] this build implements.
+pub const PLAN_VERSION: u32 = 1;
+
+/// Where a loader is: enough to continue exactly there in a new process.
+/// Serialized as JSON it is well under 1 KB.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoaderState {
+    /// State format version ([`STATE_VERSION`]).
+    pub version: u32,
+    /// Order algorithm version ([`PLAN_VERSION`]).
+    #[serde(default)]
+    pub plan: u32,
+    /// The shuffle seed.
+    pub seed: u64,
+    /// The epoch.
+    pub epoch: u64,
+    /// Positions of this epoch already yielded to the consumer (rows of
+    /// skipped row groups included).
+    pub position: u64,
+    /// The rank.
+    pub rank: u64,
+    /// The number of ranks.
+    pub world_size: u64,
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// Whether rows are shuffled.
+    pub shuffle: bool,
+    /// Row groups per shuffle window.
+    pub window: usize,
+    /// Whether remainders are dropped.
+    #[serde(default = "default_true")]
+    pub drop_last: bool,
+    /// The dataset's fingerprint ([`dataset_fingerprint`]).
+    pub dataset: String,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl LoaderState {
+    /// JSON text.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a state always serializes")
+    }
+
+    /// Parse JSON written by [`LoaderState::to_json`].
+    pub fn from_json(text: &str) -> Result<Self> {
+        serde_json::from_str(text).map_err(|e| LoaderError::BadState {
+            reason: e.to_string(),
+        })
+    }
+
+    /// Check that this state can resume a loader whose own state is
+    /// `current`: same versions, dataset and order options. The error names
+    /// what differs.
+    pub(crate) fn check_compatible(&self, current: &LoaderState) -> Result<()> {
+        let refuse = |reason: String| Err(LoaderError::BadState { reason });
+        if self.version != STATE_VERSION {
+            return refuse(format!(
+                "the state has format version {}, this loader reads version {STATE_VERSION}",
+                self.version
+            ));
+        }
+        if self.plan != PLAN_VERSION {
+            return refuse(format!(
+                "the state was saved by a loader whose order algorithm (version {}) differs from this one's (version {PLAN_VERSION}): resuming would not continue with the rows that were not yet yielded",
+                self.plan
+            ));
+        }
+        if self.dataset != current.dataset {
+            return refuse(format!(
+                "the state belongs to another dataset (fingerprint {}, this loader's dataset is {}): a state only resumes the dataset it was saved from",
+                self.dataset, current.dataset
+            ));
+        }
+        for (what, a, b) in [
+            ("seed", self.seed, current.seed),
+            ("rank", self.rank, current.rank),
+            ("world_size", self.world_size, current.world_size),
+            (
+                "batch_size",
+                self.batch_size as u64,
+                current.batch_size as u64,
+            ),
+            ("window", self.window as u64, current.window as u64),
+            ("shuffle", self.shuffle as u64, current.shuffle as u64),
+            ("drop_last", self.drop_last as u64, current.drop_last as u64),
+        ] {
+            if a != b {
+                return refuse(format!(
+                    "the state has {what} {a} but this loader has {b}: the order would differ"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A fingerprint of everything in a manifest that the order and the rows
+/// depend on: the schema, and each shard's path, rows, row groups, size and
+/// checksums. 16 hex digits.
+pub fn dataset_fingerprint(manifest: &Manifest) -> String {
+    let text = |s: &str| -> u64 {
+        let words: Vec<u64> = s
+            .as_bytes()
+            .chunks(8)
+            .map(|c| {
+                let mut w = [0u8; 8];
+                w[..c.len()].copy_from_slice(c);
+                u64::from_le_bytes(w)
+            })
+            .chain([s.len() as u64])
+            .collect();
+        hash_words(&words)
+    };
+    let schema = serde_json::to_string(&manifest.schema).expect("a schema serializes");
+    let mut words = vec![
+        text(&schema),
+        manifest.total_rows,
+        manifest.shards.len() as u64,
+    ];
+    for shard in &manifest.shards {
+        words.extend([
+            text(&shard.path),
+            shard.rows,
+            shard.bytes,
+            u64::from(shard.crc32.0),
+            u64::from(shard.footer_crc32.0),
+            shard.footer_len,
+            shard.row_groups.len() as u64,
+        ]);
+        words.extend(shard.row_groups.iter().copied());
+    }
+    format!("{:016x}", hash_words(&words))
+}
