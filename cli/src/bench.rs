@@ -7,7 +7,7 @@ use clap::Args;
 use serde::Serialize;
 use shardfeed_format::fault::FaultConfig;
 use shardfeed_format::size::parse_size;
-use shardfeed_loader::{Loader, PinningMode, Stats};
+use shardfeed_loader::{DecodePaths, Loader, OnError, PinningMode, SkippedRowGroup, Stats};
 
 /// Arguments of `bench`.
 #[derive(Args, Clone)]
@@ -70,6 +70,13 @@ pub struct BenchArgs {
     /// Size limit of the cache, e.g. 100GB.
     #[arg(long)]
     pub cache_limit: Option<String>,
+    /// What to do with a damaged row group: `fail` (default) or `skip` (left
+    /// out, named in the report and a warning; see --max-skipped).
+    #[arg(long, default_value = "fail")]
+    pub on_error: String,
+    /// With `--on-error skip`: row groups that may be skipped before the run fails.
+    #[arg(long, default_value_t = shardfeed_loader::DEFAULT_MAX_SKIPPED)]
+    pub max_skipped: u64,
 }
 
 /// What `bench` measured.
@@ -106,6 +113,10 @@ pub struct BenchReport {
     pub step_ms: Option<f64>,
     /// Peak resident memory of the process.
     pub peak_rss_bytes: Option<u64>,
+    /// Column chunks decoded by each path (the own decoders, or parquet's reader).
+    pub decode_paths: DecodePaths,
+    /// Row groups skipped as damaged (`--on-error skip`).
+    pub skipped: Vec<SkippedRowGroup>,
     /// The loader's counters.
     pub stats: Stats,
 }
@@ -132,6 +143,8 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         .decode_threads(args.threads)
         .byte_budget(parse_size(&args.byte_budget).context("invalid --byte-budget")?)
         .pinning(args.pinning.parse::<PinningMode>()?)
+        .on_error(args.on_error.parse::<OnError>()?)
+        .max_skipped(args.max_skipped)
         .rank(0)
         .world_size(1);
     if let Some(columns) = &args.columns {
@@ -190,6 +203,8 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         },
         step_ms: args.step_ms,
         peak_rss_bytes: shardfeed_preprocess::peak_rss_bytes(),
+        decode_paths: stats.decode_paths,
+        skipped: stats.skipped.clone(),
         stats,
     })
 }
@@ -209,6 +224,12 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
         report.mb_per_s,
         report.time_to_first_batch_ms
     );
+    for skip in &report.skipped {
+        println!(
+            "skipped shard {} row group {}: {}",
+            skip.shard, skip.row_group, skip.error
+        );
+    }
     if report.epochs > 1 {
         println!(
             "after the first epoch: {:.0} rows/s",

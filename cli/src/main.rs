@@ -376,6 +376,8 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         storage_options: Vec::new(),
         cache_dir: None,
         cache_limit: None,
+        on_error: "fail".into(),
+        max_skipped: shardfeed_loader::DEFAULT_MAX_SKIPPED,
     };
     bench::print(&bench::measure(&args)?, false)?;
     println!("dataset: {}", dataset.display());
@@ -400,6 +402,16 @@ fn main() -> ExitCode {
     // the configured budgets; `shard` under a small budget purges at once.
     // SAFETY: sets an allocator option; valid at any time.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    // Warnings (skipped row groups, retries) on stderr; `SHARDFEED_LOG` (or
+    // `RUST_LOG`) sets the filter, e.g. `SHARDFEED_LOG=shardfeed_loader=debug`.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHARDFEED_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Shard(args) => run_shard(&args).map(|()| true),
@@ -429,7 +441,16 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Each cause once: library errors often repeat their source's
+            // message in their own.
+            let mut message = e.to_string();
+            for cause in e.chain().skip(1) {
+                let cause = cause.to_string();
+                if !message.contains(&cause) {
+                    message = format!("{message}: {cause}");
+                }
+            }
+            eprintln!("error: {message}");
             ExitCode::FAILURE
         }
     }

@@ -174,21 +174,34 @@ impl Manifest {
             if !seen.insert(shard.path.as_str()) {
                 return Err(invalid(format!("shard {} is listed twice", shard.path)));
             }
-            let group_rows: u64 = shard.row_groups.iter().sum();
+            let group_rows = shard
+                .row_groups
+                .iter()
+                .try_fold(0u64, |acc, &r| acc.checked_add(r))
+                .ok_or_else(|| invalid(format!("shard {}'s row counts overflow", shard.path)))?;
             if group_rows != shard.rows {
                 return Err(invalid(format!(
                     "shard {} has {} rows but its row groups hold {group_rows}",
                     shard.path, shard.rows
                 )));
             }
-            if shard.footer_len < 8 || shard.footer_len + 4 > shard.bytes {
+            if shard.footer_len < 8
+                || shard
+                    .footer_len
+                    .checked_add(4)
+                    .is_none_or(|end| end > shard.bytes)
+            {
                 return Err(invalid(format!(
                     "shard {} has footer_len {} for {} bytes",
                     shard.path, shard.footer_len, shard.bytes
                 )));
             }
         }
-        let rows: u64 = self.shards.iter().map(|s| s.rows).sum();
+        let rows = self
+            .shards
+            .iter()
+            .try_fold(0u64, |acc, s| acc.checked_add(s.rows))
+            .ok_or_else(|| invalid("the shards' row counts overflow".into()))?;
         if rows != self.total_rows {
             return Err(invalid(format!(
                 "total_rows is {} but the shards hold {rows}",
@@ -355,6 +368,15 @@ mod tests {
         m.shards[1].rows = 9;
         let err = Manifest::from_json(&m.to_json(), "mem").unwrap_err();
         assert!(err.to_string().contains("part-000001"), "{err}");
+
+        let mut m = sample();
+        m.shards[0].footer_len = u64::MAX - 2;
+        let err = Manifest::from_json(&m.to_json(), "mem").unwrap_err();
+        assert!(err.to_string().contains("footer_len"), "{err}");
+
+        let mut m = sample();
+        m.shards[0].row_groups = vec![u64::MAX, 2];
+        assert!(Manifest::from_json(&m.to_json(), "mem").is_err());
 
         let mut m = sample();
         m.format_version = 99;

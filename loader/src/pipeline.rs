@@ -329,7 +329,7 @@ impl Pipeline {
                             stage: "fetch",
                             shard: None,
                             row_group: None,
-                            detail: format!("panicked: {}", panic_message(payload.as_ref())),
+                            detail: format!("panic: {}", panic_message(payload.as_ref())),
                         }),
                         None,
                     ));
@@ -387,7 +387,7 @@ impl Pipeline {
                                 stage: "shuffle",
                                 shard: None,
                                 row_group: None,
-                                detail: format!("panicked: {message}"),
+                                detail: format!("panic: {message}"),
                             }));
                         }
                     })
@@ -429,7 +429,7 @@ impl Pipeline {
                                 stage: "collate",
                                 shard: None,
                                 row_group: None,
-                                detail: format!("panicked: {message}"),
+                                detail: format!("panic: {message}"),
                             }));
                         }
                         drop(collated_tx);
@@ -563,7 +563,7 @@ impl Decoder {
                 ..
             })) => Err(named(detail)),
             Ok(Err(e)) => Err(e),
-            Err(message) => Err(named(format!("panicked: {message}"))),
+            Err(message) => Err(named(format!("panic: {message}"))),
         }
     }
 

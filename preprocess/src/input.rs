@@ -394,8 +394,7 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
         let (schema, estimate) = match source {
             Source::File { path, format, .. } => match format {
                 InputFormat::Parquet => {
-                    let builder = ParquetRecordBatchReaderBuilder::try_new(open_file(path)?)
-                        .map_err(|e| PreprocessError::read(path, None, e))?;
+                    let builder = parquet_builder(path)?;
                     let uncompressed: i64 = builder
                         .metadata()
                         .row_groups()
@@ -405,7 +404,7 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
                     let schema = builder.schema().clone();
                     let ratio = match parquet_ratio {
                         Some(r) => r,
-                        None => *parquet_ratio.insert(arrow_to_parquet_ratio(builder)),
+                        None => *parquet_ratio.insert(arrow_to_parquet_ratio(builder, path)?),
                     };
                     (schema, (uncompressed.max(0) as f64 * ratio) as u64)
                 }
@@ -440,24 +439,67 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
     Ok((schema, bytes))
 }
 
-/// Arrow bytes per Parquet uncompressed byte, measured on the first row group.
-fn arrow_to_parquet_ratio(builder: ParquetRecordBatchReaderBuilder<File>) -> f64 {
+/// A Parquet reader of `path`. A file whose footer says it holds fewer rows
+/// than its row groups do (old writers left the file-level count at 0) is
+/// read by its row groups' counts: parquet's reader would read no row of it.
+fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+    use parquet::file::metadata::{FileMetaData, ParquetMetaData};
+    let file = open_file(path)?;
+    let err = |e| PreprocessError::read(path, None, e);
+    let metadata = ArrowReaderMetadata::load(&file, Default::default()).map_err(err)?;
+    let md = metadata.metadata();
+    let groups: i64 = md
+        .row_groups()
+        .iter()
+        .map(|g| g.num_rows().max(0))
+        .fold(0, i64::saturating_add);
+    if md.file_metadata().num_rows() == groups {
+        return Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(
+            file, metadata,
+        ));
+    }
+    let f = md.file_metadata();
+    let fixed = FileMetaData::new(
+        f.version(),
+        groups,
+        f.created_by().map(str::to_string),
+        f.key_value_metadata().cloned(),
+        f.schema_descr_ptr(),
+        f.column_orders().cloned(),
+    );
+    let fixed = ParquetMetaData::new(fixed, md.row_groups().to_vec());
+    let metadata = ArrowReaderMetadata::try_new(std::sync::Arc::new(fixed), Default::default())
+        .map_err(err)?;
+    Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(
+        file, metadata,
+    ))
+}
+
+/// Arrow bytes per Parquet uncompressed byte, measured on the first row
+/// group of `path`. A row group that fails to decode fails the run here,
+/// naming the file (the reader keeps failing if asked again, so its errors
+/// must never be skipped over).
+fn arrow_to_parquet_ratio(
+    builder: ParquetRecordBatchReaderBuilder<File>,
+    path: &Path,
+) -> Result<f64> {
     let Some(first) = builder.metadata().row_groups().first() else {
-        return 1.0;
+        return Ok(1.0);
     };
     let encoded = first.total_byte_size().max(1) as f64;
-    let decoded: u64 = match builder
+    let reader = builder
         .with_row_groups(vec![0])
         .with_batch_size(8192)
         .build()
-    {
-        Ok(reader) => reader
-            .flatten()
-            .map(|b| crate::pipeline::batch_bytes(&b))
-            .sum(),
-        Err(_) => return 1.0,
-    };
-    (decoded as f64 / encoded).max(1.0)
+        .map_err(|e| PreprocessError::read(path, Some("row group 0".into()), e))?;
+    let mut decoded = 0u64;
+    for batch in reader {
+        let batch =
+            batch.map_err(|e| PreprocessError::read(path, Some("row group 0".into()), e))?;
+        decoded += crate::pipeline::batch_bytes(&batch);
+    }
+    Ok((decoded as f64 / encoded).max(1.0))
 }
 
 /// The first difference between two schemas' fields, ignoring schema-level metadata.
@@ -527,8 +569,7 @@ pub(crate) fn open(source: &Source, schema: &SchemaRef) -> Result<BatchIter> {
             let path = path.clone();
             match format {
                 InputFormat::Parquet => {
-                    let builder = ParquetRecordBatchReaderBuilder::try_new(open_file(&path)?)
-                        .map_err(|e| PreprocessError::read(&path, None, e))?;
+                    let builder = parquet_builder(&path)?;
                     let meta = builder.metadata();
                     let rows = meta.file_metadata().num_rows().max(1) as u64;
                     let bytes: i64 = meta

@@ -1,8 +1,10 @@
 //! End-to-end tests of the `shardfeed` binary and libraries.
 
+mod forge;
 mod support;
 
 mod cloud;
 mod loader;
 mod shard;
 mod storage;
+mod trust;

@@ -25,6 +25,11 @@ pub struct Run {
 }
 
 impl Run {
+    /// Run `command` to its end.
+    pub fn from_command(command: &mut Command) -> Run {
+        Run::from(command.output().expect("run shardfeed"))
+    }
+
     fn from(output: Output) -> Run {
         Run {
             ok: output.status.success(),

@@ -1,0 +1,575 @@
+//! Trust: failed stages, forged datasets, truncated files, wrapping limits,
+//! nested retries and the byte budget. Every case ends in an error naming
+//! the stage, shard, row group or option (never a panic, a signal, a hang
+//! or a silently short epoch), or in the right rows.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, Schema};
+use parquet::basic::Encoding;
+use shardfeed_fixtures::Kind;
+use shardfeed_loader::{Loader, LoaderError, OnError, RetryPolicy};
+
+use crate::forge::{self, Chunk};
+use crate::support::*;
+
+/// Iterate an epoch: the batches' ids, then the error that ended it (if any).
+fn drain(loader: &mut Loader, column: &str) -> (Vec<Vec<i64>>, Option<LoaderError>) {
+    let mut batches = Vec::new();
+    for batch in loader.by_ref() {
+        match batch {
+            Ok(b) => batches.push(b.values::<i64>(column).unwrap().to_vec()),
+            Err(e) => return (batches, Some(e)),
+        }
+    }
+    (batches, None)
+}
+
+fn tokens(dir: &Path) -> String {
+    sharded(dir, Kind::Tokens, 1200, 40, 64 << 10)
+}
+
+/// Fault 1: whatever stage fails, panics or stops early, `next()` returns
+/// an error naming it before the plan's last batch, never the end of the
+/// epoch; the loader then drops (joining its threads).
+#[test]
+fn a_failed_or_stopped_stage_is_an_error_in_next_never_a_short_epoch() {
+    let tmp = tempdir();
+    let url = tokens(tmp.path());
+    let cases = [
+        ("fetch=panic@6", "fetch"),
+        ("fetch=error@6", "fetch"),
+        ("fetch=stop@6", "fetch"),
+        ("decode=panic@5", "decode"),
+        ("decode=error@5", "decode"),
+        ("decode=stop@5", "decode"),
+        ("shuffle=panic@2", "shuffle"),
+        ("shuffle=stop@2", "shuffle"),
+        ("collate=panic@4", "collate"),
+        ("collate=error@4", "collate"),
+        ("collate=stop@4", "collate"),
+    ];
+    for (spec, stage) in cases {
+        let mut loader = Loader::builder(&url)
+            .batch_size(16)
+            .window(2)
+            .decode_threads(2)
+            .failpoints(spec)
+            .build()
+            .unwrap();
+        let planned = loader.len() as usize;
+        let (batches, error) = drain(&mut loader, "id");
+        let error = error.unwrap_or_else(|| {
+            panic!(
+                "{spec}: the epoch ended after {} of {planned} batches without an error",
+                batches.len()
+            )
+        });
+        assert!(batches.len() < planned, "{spec}");
+        match &error {
+            LoaderError::Stage { stage: s, .. } => assert_eq!(*s, stage, "{spec}: {error}"),
+            other => panic!("{spec}: {other}"),
+        }
+        let message = error.to_string();
+        assert!(message.contains(stage), "{spec}: {message}");
+        if spec.starts_with("decode=panic") {
+            assert!(
+                message.contains("shards/") && message.contains("row group"),
+                "{spec}: {message}"
+            );
+        }
+        drop(loader);
+    }
+}
+
+/// Fault 1, as a user meets it: `bench` exits non-zero naming the stage,
+/// shard and row group; no panic message, no signal.
+#[test]
+fn bench_reports_a_panicking_decode_stage_and_exits_non_zero() {
+    let tmp = tempdir();
+    let url = tokens(tmp.path());
+    let run = Run::from_command(
+        bin()
+            .args(["bench", &url, "--batch-size", "16", "--threads", "2"])
+            .env("SHARDFEED_FAILPOINTS", "decode=panic@5"),
+    )
+    .failure();
+    assert!(
+        run.stderr.contains("decode stage") && run.stderr.contains("row group"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// Fault 2a: a column chunk with a second dictionary page (keys valid for
+/// the first, a smaller one after) is refused, not looked up out of bounds.
+#[test]
+fn a_second_dictionary_page_is_refused() {
+    let tmp = tempdir();
+    let big: Vec<u8> = (0..1000i64).flat_map(|v| v.to_le_bytes()).collect();
+    let small: Vec<u8> = (0..2i64).flat_map(|v| v.to_le_bytes()).collect();
+    // Ten rows, every key 999: valid for the first dictionary only.
+    let mut keys = vec![10u8];
+    keys.extend(forge::rle_run(10, 999, 10));
+    let first = forge::dictionary_page(1000, &big);
+    let mut pages = first.clone();
+    pages.extend(forge::data_page(10, forge::RLE_DICTIONARY, &keys));
+    pages.extend(forge::dictionary_page(2, &small));
+    let file = forge::parquet_file(
+        "message m { required int64 v; }",
+        10,
+        vec![Chunk {
+            pages,
+            num_values: 10,
+            data_offset: first.len(),
+            dictionary: true,
+            encodings: vec![Encoding::PLAIN, Encoding::RLE, Encoding::RLE_DICTIONARY],
+        }],
+    );
+    let schema = Schema::new(vec![Field::new("v", DataType::Int64, false)]);
+    let url = forge::dataset(tmp.path(), schema, file);
+    let mut loader = Loader::builder(&url).batch_size(5).build().unwrap();
+    let (batches, error) = drain(&mut loader, "v");
+    let error = error.expect("an error").to_string();
+    assert!(batches.is_empty());
+    assert!(
+        error.contains("shards/part-000000.parquet")
+            && error.contains("row group 0")
+            && error.contains("dictionary page"),
+        "{error}"
+    );
+}
+
+/// Fault 2b: a manifest whose schema says Int64 for an Int32 column is
+/// refused when the shard's footer is read, naming the column.
+#[test]
+fn a_manifest_schema_that_disagrees_with_the_shards_is_refused() {
+    let tmp = tempdir();
+    let url = sharded(tmp.path(), Kind::Images, 40, 8, 1 << 20);
+    let path = Path::new(&url).join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let fields = manifest["schema"]["fields"].as_array_mut().unwrap();
+    let label = fields.iter_mut().find(|f| f["name"] == "label").unwrap();
+    assert_eq!(label["data_type"], "Int32");
+    label["data_type"] = "Int64".into();
+    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    // Refused when the first footer is read: at build, or in next().
+    let error = match Loader::builder(&url)
+        .columns(["label"])
+        .batch_size(4)
+        .build()
+    {
+        Err(e) => e.to_string(),
+        Ok(mut loader) => drain(&mut loader, "label")
+            .1
+            .expect("an error before the epoch ends")
+            .to_string(),
+    };
+    assert!(
+        error.contains("shards/") && error.contains("`label` Int32") && error.contains("Int64"),
+        "{error}"
+    );
+}
+
+/// A list chunk of `rows` rows of 2 ids each, plain; `claimed`: the chunk's
+/// value count in the footer.
+fn list_file(rows: usize, claimed: i64) -> Vec<u8> {
+    let levels = rows * 2;
+    // Repetition levels 0,1,0,1,... bit-packed, then definition levels all 1.
+    let mut rep = vec![(levels.div_ceil(8) as u8) << 1 | 1];
+    rep.extend((0..levels.div_ceil(8)).map(|_| 0b1010_1010u8));
+    let mut body = forge::levels(&rep);
+    body.extend(forge::levels(&forge::rle_run(levels as u64, 1, 1)));
+    body.extend((0..levels as i32).flat_map(|v| v.to_le_bytes()));
+    let pages = forge::data_page(levels as i32, forge::PLAIN, &body);
+    forge::parquet_file(
+        "message m { required group ids (LIST) { repeated group list { required int32 element; } } }",
+        rows as i64,
+        vec![Chunk {
+            pages,
+            num_values: claimed,
+            data_offset: 0,
+            dictionary: false,
+            encodings: vec![Encoding::PLAIN, Encoding::RLE],
+        }],
+    )
+}
+
+fn list_schema() -> Schema {
+    Schema::new(vec![Field::new(
+        "ids",
+        DataType::List(Arc::new(Field::new("element", DataType::Int32, false))),
+        false,
+    )])
+}
+
+/// Fault 3: counts near 2^64 and 2^62, and a few bytes claiming millions
+/// of levels, are errors or correct rows: no wrap, no capacity overflow, no
+/// allocation sized by the claim.
+#[test]
+fn huge_counts_from_a_forged_dataset_are_checked_before_use() {
+    let tmp = tempdir();
+    // A footer claiming 2^62 values for 3 rows of 2 values: read correctly.
+    let url = forge::dataset(&tmp.path().join("a"), list_schema(), list_file(3, 1 << 62));
+    let mut loader = Loader::builder(&url)
+        .batch_size(3)
+        .shuffle(false)
+        .build()
+        .unwrap();
+    let batch = loader.next().unwrap().unwrap();
+    assert_eq!(batch.values::<i32>("ids").unwrap(), &[0, 1, 2, 3, 4, 5]);
+    assert_eq!(batch.offsets("ids").unwrap(), &[0, 2, 4, 6]);
+
+    // A 47-byte page claiming 2^27 levels, all row starts, for 3 rows.
+    let n = 1u64 << 27;
+    let mut body = forge::levels(&forge::rle_run(n, 0, 1));
+    body.extend(forge::levels(&forge::rle_run(n, 1, 1)));
+    let page = forge::data_page(n as i32, forge::PLAIN, &body);
+    assert!(page.len() < 64, "{} bytes", page.len());
+    let file = forge::parquet_file(
+        "message m { required group ids (LIST) { repeated group list { required int32 element; } } }",
+        3,
+        vec![Chunk {
+            pages: page,
+            num_values: n as i64,
+            data_offset: 0,
+            dictionary: false,
+            encodings: vec![Encoding::PLAIN, Encoding::RLE],
+        }],
+    );
+    let url = forge::dataset(&tmp.path().join("b"), list_schema(), file);
+    let mut loader = Loader::builder(&url).batch_size(3).build().unwrap();
+    let error = loader.next().unwrap().unwrap_err().to_string();
+    assert!(
+        error.contains("row group 0") && error.contains("more than the row group's 3 rows"),
+        "{error}"
+    );
+
+    // A page header field claiming a binary of 2^64 - 3 bytes.
+    let mut keys = vec![0u8];
+    keys.extend(forge::rle_run(4, 0, 0));
+    let page = forge::data_page_with(4, forge::PLAIN, &[0; 32], |t| {
+        t.binary(9, u64::MAX - 2, b"");
+    });
+    let file = forge::parquet_file(
+        "message m { required int64 v; }",
+        4,
+        vec![Chunk {
+            pages: page,
+            num_values: 4,
+            data_offset: 0,
+            dictionary: false,
+            encodings: vec![Encoding::PLAIN, Encoding::RLE],
+        }],
+    );
+    let schema = Schema::new(vec![Field::new("v", DataType::Int64, false)]);
+    let url = forge::dataset(&tmp.path().join("c"), schema, file);
+    let mut loader = Loader::builder(&url).batch_size(4).build().unwrap();
+    let error = loader.next().unwrap().unwrap_err().to_string();
+    assert!(
+        error.contains("row group 0") && error.contains("page header"),
+        "{error}"
+    );
+
+    // A manifest footer_len of 2^64 - 3: the manifest is refused.
+    let path = tmp.path().join("c/manifest.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut manifest: serde_json::Value = serde_json::from_str(&text).unwrap();
+    manifest["shards"][0]["footer_len"] = (u64::MAX - 2).into();
+    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let error = Loader::builder(&url).build().unwrap_err().to_string();
+    assert!(
+        error.contains("footer_len") && error.contains("part-000000"),
+        "{error}"
+    );
+}
+
+/// Fault 4: shards truncated while an epoch is read (as `cp` or `rsync
+/// --inplace` over a live dataset does) give an error naming the shard,
+/// not SIGBUS.
+#[test]
+fn shards_truncated_while_read_are_an_error_not_a_signal() {
+    let tmp = tempdir();
+    let url = sharded(tmp.path(), Kind::Tokens, 3000, 32, 256 << 10);
+    let mut loader = Loader::builder(&url)
+        .batch_size(16)
+        .window(2)
+        .prefetch(1)
+        .byte_budget(4 << 20)
+        .build()
+        .unwrap();
+    assert!(loader.next().unwrap().is_ok());
+    for entry in std::fs::read_dir(Path::new(&url).join("shards")).unwrap() {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(entry.unwrap().path())
+            .unwrap();
+        file.set_len(4096).unwrap();
+    }
+    let (_, error) = drain(&mut loader, "id");
+    let error = error.expect("an error before the epoch ends").to_string();
+    assert!(
+        error.contains("shards/") && error.contains("truncated or replaced"),
+        "{error}"
+    );
+}
+
+/// Fault 8: options whose memory would wrap or exceed the budget are
+/// refused, naming the option.
+#[test]
+fn options_whose_memory_exceeds_the_budget_are_refused() {
+    let tmp = tempdir();
+    let url = tokens(tmp.path());
+    let option = |builder: shardfeed_loader::LoaderBuilder| match builder.build() {
+        Err(LoaderError::BadOption { option, reason }) => (option, reason),
+        other => panic!("not refused: {:?}", other.map(|_| ())),
+    };
+    let (name, reason) = option(Loader::builder(&url).batch_size(1_000_000_000));
+    assert_eq!(name, "batch_size", "{reason}");
+    let (name, reason) = option(Loader::builder(&url).batch_size(64).pad_to(1 << 40, 0.0));
+    assert_eq!(name, "pad_to", "{reason}");
+    let run = shardfeed(&["bench", &url, "--batch-size", "1000000000"]).failure();
+    assert!(run.stderr.contains("batch_size"), "{}", run.stderr);
+}
+
+/// Fault 9: one retry layer. A server answering 503 to everything gets
+/// exactly 1 + max_retries requests for the manifest.
+#[test]
+fn retries_are_one_layer_counted_against_a_failing_server() {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counted = requests.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            counted.fetch_add(1, Ordering::SeqCst);
+            let _ = stream.write_all(
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+            );
+        }
+    });
+    let policy = RetryPolicy {
+        max_retries: 2,
+        timeout: std::time::Duration::from_secs(30),
+        initial_backoff: std::time::Duration::from_millis(1),
+        max_backoff: std::time::Duration::from_millis(2),
+    };
+    let error = Loader::builder(&format!("http://127.0.0.1:{port}/ds"))
+        .storage_option("allow_http", "true")
+        .retry(policy)
+        .build()
+        .unwrap_err();
+    assert!(error.to_string().contains("manifest.json"), "{error}");
+    assert_eq!(requests.load(Ordering::SeqCst), 3);
+}
+
+/// Fault 10: the byte budget counts the projected columns only: one column
+/// of a wide table fits a budget that all forty would not.
+#[test]
+fn the_byte_budget_counts_only_the_projected_columns() {
+    let tmp = tempdir();
+    let url = sharded(tmp.path(), Kind::Tabular, 40_000, 2048, 4 << 20);
+    assert!(matches!(
+        Loader::builder(&url).byte_budget(2 << 20).build(),
+        Err(LoaderError::BadOption {
+            option: "byte_budget",
+            ..
+        })
+    ));
+    let mut loader = Loader::builder(&url)
+        .columns(["label"])
+        .byte_budget(2 << 20)
+        .batch_size(1000)
+        .build()
+        .unwrap();
+    let rows: usize = loader.by_ref().map(|b| b.unwrap().rows()).sum();
+    assert_eq!(rows, 40_000);
+}
+
+/// The damaged row group of `url`'s first shard at `row_group`: one byte of
+/// its first column chunk flipped (its checksum then fails).
+fn damage(url: &str, row_group: usize) {
+    let manifest = manifest(Path::new(url));
+    let path = Path::new(url).join(&manifest.shards[0].path);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let meta = parquet::file::metadata::ParquetMetaDataReader::new()
+        .parse_and_finish(&bytes::Bytes::from(bytes.clone()))
+        .unwrap();
+    let (start, len) = meta.row_group(row_group).column(0).byte_range();
+    bytes[(start + len / 2) as usize] ^= 0x55;
+    std::fs::write(&path, bytes).unwrap();
+}
+
+/// The bad data policy: with `skip`, a damaged row group's rows are left
+/// out on every rank and after a resume, every other row comes exactly
+/// once, and the skip is named; past `max_skipped` the loader fails.
+#[test]
+fn damaged_row_groups_are_skipped_deterministically_only_when_asked() {
+    let tmp = tempdir();
+    let url = sharded(tmp.path(), Kind::Tokens, 600, 50, 1 << 30);
+    damage(&url, 3);
+    let build = |rank: u64, policy: OnError| {
+        Loader::builder(&url)
+            .batch_size(20)
+            .window(2)
+            .seed(5)
+            .rank(rank)
+            .world_size(2)
+            .on_error(policy)
+            .build()
+            .unwrap()
+    };
+    // Fail (the default): an error naming the shard and row group.
+    let failed = (0..2)
+        .filter_map(|rank| drain(&mut build(rank, OnError::Fail), "id").1)
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(failed[0].contains("row group 3"), "{failed:?}");
+    // Skip: the same batch count on both ranks, every other row once.
+    let mut seen = Vec::new();
+    let mut batches = Vec::new();
+    let mut skipped = Vec::new();
+    for rank in 0..2 {
+        let mut loader = build(rank, OnError::Skip);
+        let (got, error) = drain(&mut loader, "id");
+        assert!(error.is_none(), "{error:?}");
+        assert_eq!(got.len() as u64, loader.len());
+        batches.push(got.len());
+        seen.extend(got.into_iter().flatten());
+        skipped.extend(loader.stats().skipped);
+    }
+    assert_eq!(batches[0], batches[1]);
+    assert_eq!(skipped.len(), 1);
+    assert_eq!(skipped[0].row_group, 3);
+    seen.sort();
+    let expected: Vec<i64> = (0..600).filter(|i| !(150..200).contains(i)).collect();
+    assert_eq!(seen, expected);
+    // Resume mid-epoch on rank 0: the rest equals the uninterrupted run's.
+    let mut whole = build(0, OnError::Skip);
+    let all = drain(&mut whole, "id").0;
+    let mut first = build(0, OnError::Skip);
+    let head: Vec<_> = (0..4)
+        .map(|_| {
+            first
+                .next()
+                .unwrap()
+                .unwrap()
+                .values::<i64>("id")
+                .unwrap()
+                .to_vec()
+        })
+        .collect();
+    let state = first.state();
+    drop(first);
+    let mut resumed = build(0, OnError::Skip);
+    resumed.resume(&state).unwrap();
+    let rest = drain(&mut resumed, "id").0;
+    assert_eq!([head, rest].concat(), all);
+    // Past max_skipped: an error.
+    let mut strict = Loader::builder(&url)
+        .batch_size(20)
+        .on_error(OnError::Skip)
+        .max_skipped(0)
+        .build()
+        .unwrap();
+    let error = drain(&mut strict, "id").1.expect("an error").to_string();
+    assert!(
+        error.contains("max_skipped (0)") && error.contains("row group 3"),
+        "{error}"
+    );
+    // The CLI: the skip in --json.
+    let run = shardfeed(&[
+        "bench",
+        &url,
+        "--on-error",
+        "skip",
+        "--batch-size",
+        "100",
+        "--json",
+    ])
+    .success();
+    let report = run.json();
+    assert_eq!(report["skipped"].as_array().unwrap().len(), 1, "{report}");
+    assert_eq!(report["rows"], 550);
+    assert!(
+        run.stderr.contains("skipping a damaged row group"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// Shards written by `shard` take the own decoders for every column of the
+/// token, tabular and image datasets (`decode_paths` in stats and `bench --json`).
+#[test]
+fn shards_written_by_shard_take_the_own_decode_path_for_every_column() {
+    let tmp = tempdir();
+    for (kind, rows) in [
+        (Kind::Tokens, 300),
+        (Kind::Tabular, 5000),
+        (Kind::Images, 60),
+    ] {
+        let url = sharded(
+            &tmp.path().join(format!("{kind:?}")),
+            kind,
+            rows,
+            100,
+            1 << 30,
+        );
+        let run = shardfeed(&["bench", &url, "--batch-size", "10", "--json"]).success();
+        let paths = &run.json()["decode_paths"];
+        assert_eq!(paths["parquet"], 0, "{kind:?}: {paths}");
+        let own = ["own_list", "own_fixed", "own_bytes"]
+            .iter()
+            .map(|k| paths[k].as_u64().unwrap())
+            .sum::<u64>();
+        let columns = kind.schema().fields().len() as u64;
+        let groups = manifest(Path::new(&url)).row_group_count() as u64;
+        // Each row group once per epoch, and maybe some of the next epoch
+        // started ahead.
+        assert!(own >= columns * groups, "{kind:?}: {paths}");
+    }
+}
+
+/// Resume states are tied to their dataset and order: another dataset, an
+/// older state format or a changed option is refused naming it.
+#[test]
+fn states_from_another_dataset_or_order_are_refused() {
+    let tmp = tempdir();
+    let a = sharded(&tmp.path().join("a"), Kind::Tokens, 300, 30, 1 << 30);
+    let b = sharded(&tmp.path().join("b"), Kind::Tokens, 301, 30, 1 << 30);
+    let mut loader = Loader::builder(&a).batch_size(10).build().unwrap();
+    loader.next().unwrap().unwrap();
+    let state = loader.state();
+    assert!(state.to_json().len() < 1024);
+    let mut other = Loader::builder(&b).batch_size(10).build().unwrap();
+    let error = other.resume(&state).unwrap_err().to_string();
+    assert!(error.contains("another dataset"), "{error}");
+    let mut reseeded = Loader::builder(&a).batch_size(10).seed(9).build().unwrap();
+    let error = reseeded.resume(&state).unwrap_err().to_string();
+    assert!(error.contains("seed"), "{error}");
+    let mut old = state.clone();
+    old.version = 1;
+    let error = Loader::builder(&a)
+        .batch_size(10)
+        .build()
+        .unwrap()
+        .resume(&old)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("format version 1"), "{error}");
+    // The same dataset and options: resumes.
+    let mut same = Loader::builder(&a).batch_size(10).build().unwrap();
+    same.resume(&state).unwrap();
+    assert_eq!(
+        same.next().unwrap().unwrap().values::<i64>("id").unwrap(),
+        loader.next().unwrap().unwrap().values::<i64>("id").unwrap()
+    );
+}
