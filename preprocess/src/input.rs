@@ -4,13 +4,13 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, BinaryArray, Int32Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+pub use crate::input_format::InputFormat;
 use crate::options::READ_BATCH_ROWS;
 use crate::{PreprocessError, Result, ShardOptions};
 
@@ -18,69 +18,6 @@ use crate::{PreprocessError, Result, ShardOptions};
 const READ_BATCH_BYTES: u64 = 2 << 20;
 /// Files of a folder input read as one unit of work.
 const FILES_PER_UNIT: usize = 512;
-
-/// The format of an input file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum InputFormat {
-    /// Apache Parquet, any codec.
-    Parquet,
-    /// Arrow IPC, file or stream.
-    Ipc,
-    /// JSON Lines: one JSON object per line.
-    JsonLines,
-    /// CSV with a header row.
-    Csv,
-    /// A folder of arbitrary files, ImageFolder-style: one row per file with
-    /// its relative `path`, its `bytes`, and a `label` (with `label_index`)
-    /// from the parent folder's name.
-    Files,
-}
-
-impl InputFormat {
-    /// The format implied by a file name's extension.
-    pub fn from_path(path: &Path) -> Option<Self> {
-        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
-        Some(match ext.as_str() {
-            "parquet" | "pq" | "parq" => InputFormat::Parquet,
-            "arrow" | "arrows" | "ipc" | "feather" => InputFormat::Ipc,
-            "jsonl" | "ndjson" | "json" => InputFormat::JsonLines,
-            "csv" => InputFormat::Csv,
-            _ => return None,
-        })
-    }
-
-    /// The name used by `--format`.
-    pub fn name(self) -> &'static str {
-        match self {
-            InputFormat::Parquet => "parquet",
-            InputFormat::Ipc => "arrow",
-            InputFormat::JsonLines => "jsonl",
-            InputFormat::Csv => "csv",
-            InputFormat::Files => "files",
-        }
-    }
-}
-
-impl FromStr for InputFormat {
-    type Err = PreprocessError;
-    fn from_str(s: &str) -> Result<Self> {
-        Ok(match s.to_ascii_lowercase().as_str() {
-            "parquet" => InputFormat::Parquet,
-            "arrow" | "ipc" | "feather" => InputFormat::Ipc,
-            "jsonl" | "json" | "ndjson" => InputFormat::JsonLines,
-            "csv" => InputFormat::Csv,
-            "files" | "imagefolder" => InputFormat::Files,
-            other => {
-                return Err(PreprocessError::BadOption {
-                    option: "--format",
-                    reason: format!(
-                        "unknown format {other:?}; use parquet, arrow, jsonl, csv or files"
-                    ),
-                });
-            }
-        })
-    }
-}
 
 /// One unit of reading work, in dataset order.
 #[derive(Clone, Debug)]
@@ -497,7 +434,7 @@ fn arrow_to_parquet_ratio(
     for batch in reader {
         let batch =
             batch.map_err(|e| PreprocessError::read(path, Some("row group 0".into()), e))?;
-        decoded += crate::pipeline::batch_bytes(&batch);
+        decoded += crate::measure::batch_bytes(&batch);
     }
     Ok((decoded as f64 / encoded).max(1.0))
 }

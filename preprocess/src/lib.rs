@@ -22,19 +22,25 @@
 mod encode;
 mod error;
 mod input;
+mod input_format;
+mod measure;
 mod options;
 mod output;
 mod pipeline;
 mod remote;
+mod run;
 mod shuffle;
 mod task;
 mod writer;
 
 pub use error::{BoxError, PreprocessError, Result};
-pub use input::{InputFormat, files_schema};
+pub use input::files_schema;
+pub use input_format::InputFormat;
+pub use measure::peak_rss_bytes;
 pub use options::{
     DEFAULT_MEMORY_BUDGET, DEFAULT_ROW_GROUP_BYTES, DEFAULT_SHARD_SIZE, DEFAULT_ZSTD_LEVEL,
     Progress, READ_BATCH_ROWS, ShardOptions, TaskSplit, TaskStage,
 };
-pub use pipeline::{ShardSummary, peak_rss_bytes, shard};
+pub use pipeline::ShardSummary;
+pub use run::shard;
 pub use task::{CommitSummary, commit};

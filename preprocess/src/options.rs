@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
 
-use crate::input::InputFormat;
+use crate::input_format::InputFormat;
 use crate::{PreprocessError, Result};
 
 /// Default target compressed bytes per shard: 128 MiB.

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use object_store::{ObjectStoreExt, WriteMultipart};
-use shardfeed_format::{Location, MANIFEST_FILE, ShardEntry};
+use shardfeed_format::{Location, MANIFEST_FILE, ShardEntry, TaskRecord, task_record_path};
 use tokio::runtime::Handle;
 
 use crate::writer::Publish;
@@ -217,4 +217,11 @@ impl Publish for StorePublish {
         let _ = std::fs::remove_file(staged);
         result
     }
+}
+
+/// Write this task's record (after its shards).
+pub(crate) async fn write_record(location: &Location, record: &TaskRecord) -> Result<()> {
+    let relative = task_record_path(record.task_index, record.num_tasks);
+    let body = serde_json::to_vec_pretty(record).expect("a task record always serializes");
+    Ok(location.put(&relative, body).await?)
 }

@@ -15,11 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use std::sync::Arc;
-
-use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, RecordBatch};
-use arrow_schema::DataType;
+use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use arrow_select::concat::concat_batches;
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
@@ -30,9 +26,10 @@ use shardfeed_format::{
 
 use crate::encode::{EncodedRowGroup, Encoder, writer_properties};
 use crate::input::{self, Inputs, Source};
+use crate::measure::{batch_bytes, peak_rss_bytes};
 use crate::output;
 use crate::writer::{OpenShard, Publish};
-use crate::{PreprocessError, Progress, Result, ShardOptions, remote, shuffle};
+use crate::{PreprocessError, Progress, Result, ShardOptions, shuffle};
 
 /// What a finished `shard` run did.
 #[derive(Clone, Debug, Serialize)]
@@ -63,105 +60,6 @@ pub struct ShardSummary {
     pub threads: usize,
     /// Peak resident memory of this process, when the OS tells it.
     pub peak_rss_bytes: Option<u64>,
-}
-
-/// The in-memory bytes of a batch's rows (slices count only what they cover).
-pub(crate) fn batch_bytes(batch: &RecordBatch) -> u64 {
-    batch
-        .columns()
-        .iter()
-        .map(|c| array_bytes(c.as_ref()))
-        .sum()
-}
-
-/// The bytes of the rows an array covers, following list offsets so that a
-/// slice of a list column is not charged for its parent's whole child array.
-fn array_bytes(array: &dyn Array) -> u64 {
-    let nulls = array
-        .logical_nulls()
-        .map_or(0, |_| array.len().div_ceil(8) as u64);
-    match array.data_type() {
-        DataType::List(_) => {
-            let list = array.as_list::<i32>();
-            let o = list.value_offsets();
-            let (start, end) = (o[0] as usize, o[o.len() - 1] as usize);
-            nulls
-                + 4 * o.len() as u64
-                + array_bytes(list.values().slice(start, end - start).as_ref())
-        }
-        DataType::LargeList(_) => {
-            let list = array.as_list::<i64>();
-            let o = list.value_offsets();
-            let (start, end) = (o[0] as usize, o[o.len() - 1] as usize);
-            nulls
-                + 8 * o.len() as u64
-                + array_bytes(list.values().slice(start, end - start).as_ref())
-        }
-        DataType::Map(_, _) => {
-            let map = array.as_map();
-            let o = map.value_offsets();
-            let (start, end) = (o[0] as usize, o[o.len() - 1] as usize);
-            let entries: ArrayRef = Arc::new(map.entries().clone());
-            nulls + 4 * o.len() as u64 + array_bytes(entries.slice(start, end - start).as_ref())
-        }
-        DataType::FixedSizeList(_, size) => {
-            let list = array.as_fixed_size_list();
-            let size = *size as usize;
-            let values = list.values().slice(list.offset() * size, list.len() * size);
-            nulls + array_bytes(values.as_ref())
-        }
-        DataType::Struct(_) => {
-            nulls
-                + array
-                    .as_struct()
-                    .columns()
-                    .iter()
-                    .map(|c| array_bytes(c.as_ref()))
-                    .sum::<u64>()
-        }
-        _ => array.to_data().get_slice_memory_size().unwrap_or(0) as u64,
-    }
-}
-
-/// Peak resident set size of this process (Linux), in bytes.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// Turn `inputs` (files, folders, globs, local or object store URLs) into a dataset at `output`.
-///
-/// The manifest is written last, after every shard is in place; an error or
-/// a kill at any point leaves no manifest (and so no dataset), and running
-/// the same call again completes it.
-pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<ShardSummary> {
-    let started = Instant::now();
-    options.validate()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("shardfeed-io")
-        .enable_all()
-        .build()
-        .map_err(|e| PreprocessError::io("start I/O runtime for", output, e))?;
-    // Remote inputs are staged on local disk first (deleted at the end).
-    let (local_inputs, _staged) = remote::stage(inputs, options, runtime.handle())?;
-    let given = inputs.to_vec();
-    let mut inputs = input::resolve(&local_inputs, options)?;
-    // Messages name the inputs as the user gave them.
-    inputs.given = given;
-    let location = Location::parse_with_options(output, options.storage_options.iter().cloned())?;
-    let handle = runtime.handle();
-    output::prepare(&location, options.overwrite, handle)?;
-    if let Some(task) = options.task {
-        inputs.sources = crate::task::split(std::mem::take(&mut inputs.sources), task)?;
-        if let Some(seed) = options.shuffle_seed {
-            // One global permutation across tasks: scatter through the store.
-            return crate::task::shuffled(&inputs, &location, options, task, seed, handle, started);
-        }
-    }
-    write_dataset(&inputs, &location, options, handle, started)
 }
 
 /// Shard resolved `inputs` into `location`: the manifest, or for a task of a
@@ -201,7 +99,7 @@ pub(crate) fn write_dataset(
     let manifest = Manifest::new((*inputs.schema).clone(), write_options, shards, input_bytes);
     match options.task {
         // A split run: this task's record; `commit` writes the manifest.
-        Some(task) => handle.block_on(crate::task::write_record(
+        Some(task) => handle.block_on(output::write_record(
             location,
             &TaskRecord {
                 task_index: task.index,

@@ -24,7 +24,7 @@ use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
 use shardfeed_format::permute::{SplitMix64, hash_words};
 
-use crate::pipeline::batch_bytes;
+use crate::measure::batch_bytes;
 use crate::{PreprocessError, Result};
 
 /// Rows per batch emitted by the gather phase.

@@ -15,9 +15,7 @@ use std::fs::File;
 
 use parquet::file::metadata::ParquetMetaDataReader;
 use serde::Serialize;
-use shardfeed_format::{
-    Location, MANIFEST_FILE, Manifest, TASKS_DIR, TaskRecord, task_record_path,
-};
+use shardfeed_format::{Location, MANIFEST_FILE, Manifest, TASKS_DIR, TaskRecord};
 
 use crate::input::{InputFormat, Inputs, Source};
 use crate::options::{TaskSplit, TaskStage};
@@ -71,7 +69,7 @@ pub(crate) fn shuffled(
             shuffled: true,
             tasks: Some(task.count),
             threads: options.effective_threads(),
-            peak_rss_bytes: crate::peak_rss_bytes(),
+            peak_rss_bytes: crate::measure::peak_rss_bytes(),
         });
     }
     wait_for_scatter(location, task.count, options, handle)?;
@@ -329,13 +327,6 @@ pub(crate) fn split(sources: Vec<Source>, task: TaskSplit) -> Result<Vec<Source>
     Ok(mine)
 }
 
-/// Write this task's record (after its shards).
-pub(crate) async fn write_record(location: &Location, record: &TaskRecord) -> Result<()> {
-    let relative = task_record_path(record.task_index, record.num_tasks);
-    let body = serde_json::to_vec_pretty(record).expect("a task record always serializes");
-    Ok(location.put(&relative, body).await?)
-}
-
 /// What `commit` did.
 #[derive(Clone, Debug, Serialize)]
 pub struct CommitSummary {
@@ -536,6 +527,7 @@ fn parse_record_name(name: &str) -> Option<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shardfeed_format::task_record_path;
 
     #[test]
     fn record_names_round_trip() {
