@@ -264,6 +264,11 @@ pub struct TaskRecord {
     pub input_bytes: u64,
     /// The shardfeed version that wrote them.
     pub tool_version: String,
+    /// The split run this task belongs to: every task of one run has the
+    /// same (`--run-id`, or a fingerprint of the inputs and options);
+    /// `commit` refuses records of mixed runs.
+    #[serde(default)]
+    pub run_id: String,
 }
 
 /// A dataset's summary: what `shardfeed inspect --json` prints.

@@ -110,7 +110,26 @@ pub enum PreprocessError {
         /// What is missing or inconsistent.
         reason: String,
     },
-    /// A pipeline thread stopped because another one failed first.
+    /// Another writer holds the dataset's lock.
+    #[error(
+        "{url} is being written by {holder}; a second writer would replace or remove its shards. Wait for it to finish; if that run died on another machine, delete {url}/_shardfeed.lock"
+    )]
+    Locked {
+        /// The dataset.
+        url: String,
+        /// Who holds the lock.
+        holder: String,
+    },
+    /// The output holds task records of another split run.
+    #[error("{url} holds task records of another run: {detail}")]
+    OtherRun {
+        /// The dataset.
+        url: String,
+        /// Which records, and what to do.
+        detail: String,
+    },
+    /// A pipeline thread stopped because another one failed first (that
+    /// error is the one reported), or a failpoint stopped the run.
     #[error("cancelled")]
     Cancelled,
 }

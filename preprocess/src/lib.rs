@@ -23,6 +23,7 @@ mod encode;
 mod error;
 mod input;
 mod input_format;
+mod lock;
 mod measure;
 mod options;
 mod output;
@@ -36,6 +37,7 @@ mod writer;
 pub use error::{BoxError, PreprocessError, Result};
 pub use input::files_schema;
 pub use input_format::InputFormat;
+pub use lock::LOCK_FILE;
 pub use measure::peak_rss_bytes;
 pub use options::{
     DEFAULT_MEMORY_BUDGET, DEFAULT_ROW_GROUP_BYTES, DEFAULT_SHARD_SIZE, DEFAULT_ZSTD_LEVEL,

@@ -73,9 +73,19 @@ pub struct ShardOptions {
     pub stage: TaskStage,
     /// How long the gather stage waits for every task's scatter (`--wait-timeout`).
     pub wait_timeout: std::time::Duration,
+    /// The identity of a split run (`--run-id`): every task of one run must
+    /// share it. By default a fingerprint of the inputs (names and sizes)
+    /// and the options that shape the output.
+    pub run_id: Option<String>,
     /// The seed recorded in the manifest when it differs from the one the
     /// pipeline shuffles with (a gather stage's own seed).
     pub(crate) recorded_seed: Option<u64>,
+    /// This process's attempt: names its staging files.
+    pub(crate) attempt: String,
+    /// Failure injection for tests (`SHARDFEED_FAILPOINTS`).
+    pub(crate) failpoints: shardfeed_format::failpoint::Failpoints,
+    /// The split run's identity, resolved (`run_id` or the fingerprint).
+    pub(crate) run: String,
 }
 
 /// The stages of a task of a split run with `--shuffle`: every task scatters
@@ -136,7 +146,11 @@ impl Default for ShardOptions {
             task: None,
             stage: TaskStage::Both,
             wait_timeout: std::time::Duration::from_secs(3600),
+            run_id: None,
             recorded_seed: None,
+            attempt: String::new(),
+            failpoints: Default::default(),
+            run: String::new(),
         }
     }
 }
@@ -241,6 +255,12 @@ impl ShardOptions {
     /// Wait at most `timeout` for the other tasks' scatter.
     pub fn with_wait_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.wait_timeout = timeout;
+        self
+    }
+    /// Name the split run this task belongs to (`--run-id`), e.g. the
+    /// engine's job id; every task of the run must pass the same.
+    pub fn with_run_id(mut self, run_id: impl Into<String>) -> Self {
+        self.run_id = Some(run_id.into());
         self
     }
     /// Report progress to `progress`.

@@ -52,19 +52,16 @@ fn is_ours(name: &str) -> bool {
         && (name.ends_with(".parquet") || name.ends_with(".tmp"))
 }
 
-/// Delete shard files under `shards/` that the new manifest does not list,
-/// left by an earlier, interrupted or larger run; with `only`, just the files
-/// whose name starts with it (one task's).
+/// Delete shard files (final or staged) under `shards/` that the new
+/// manifest does not list, left by an earlier, interrupted or larger run.
+/// Only for a writer that holds the dataset's lock: no other run's files
+/// can be in progress.
 pub(crate) fn remove_stale(
     location: &Location,
     keep: &[ShardEntry],
     runtime: &Handle,
-    only: Option<&str>,
 ) -> Result<()> {
     let keep: std::collections::HashSet<&str> = keep.iter().map(|s| s.path.as_str()).collect();
-    let is_ours = |name: &str| {
-        is_ours(name) && only.is_none_or(|p| name.trim_start_matches('.').starts_with(p))
-    };
     if let Some(root) = location.local_root() {
         let dir = root.join("shards");
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -88,15 +85,31 @@ pub(crate) fn remove_stale(
     Ok(())
 }
 
+/// Delete what a split run left (`_tasks/`, `_scatter/`): a single run
+/// with `--overwrite` replaces the whole dataset.
+pub(crate) fn remove_split_run(location: &Location, runtime: &Handle) -> Result<()> {
+    for folder in [shardfeed_format::TASKS_DIR, "_scatter"] {
+        for meta in runtime.block_on(location.list(folder))? {
+            runtime.block_on(location.delete(&meta.location))?;
+        }
+        if let Some(root) = location.local_root() {
+            let _ = std::fs::remove_dir_all(root.join(folder));
+        }
+    }
+    Ok(())
+}
+
 /// How files reach `location`: renamed into place on a local file system,
 /// uploaded from a local staging folder (in `temp_dir`) to an object store.
+/// Staged files carry `attempt`, so two runs never write the same one.
 pub(crate) fn publisher(
     location: &Location,
     runtime: &Handle,
     temp_dir: Option<&Path>,
+    attempt: &str,
 ) -> Result<Box<dyn Publish>> {
     Ok(match location.local_root() {
-        Some(root) => Box::new(LocalPublish::new(root)?),
+        Some(root) => Box::new(LocalPublish::new(root, attempt)?),
         None => Box::new(StorePublish::new(
             location.clone(),
             runtime.clone(),
@@ -110,15 +123,17 @@ pub(crate) fn publisher(
 /// final name.
 pub(crate) struct LocalPublish {
     root: PathBuf,
+    attempt: String,
 }
 
 impl LocalPublish {
-    pub(crate) fn new(root: &Path) -> Result<Self> {
+    pub(crate) fn new(root: &Path, attempt: &str) -> Result<Self> {
         let shards = root.join("shards");
         std::fs::create_dir_all(&shards)
             .map_err(|e| PreprocessError::io("create output folder", &shards, e))?;
         Ok(LocalPublish {
             root: root.to_path_buf(),
+            attempt: attempt.to_string(),
         })
     }
 }
@@ -130,7 +145,7 @@ impl Publish for LocalPublish {
             .file_name()
             .expect("shard paths name a file")
             .to_string_lossy();
-        final_path.with_file_name(format!(".{name}.tmp"))
+        final_path.with_file_name(format!(".{name}.{}.tmp", self.attempt))
     }
 
     fn publish(&self, staged: &Path, relative: &str) -> Result<()> {

@@ -74,11 +74,23 @@ pub(crate) fn write_dataset(
     if let Some(progress) = &options.progress {
         progress.start(inputs.estimated_bytes);
     }
-    let publish = output::publisher(location, handle, options.temp_dir.as_deref())?;
+    let publish = output::publisher(
+        location,
+        handle,
+        options.temp_dir.as_deref(),
+        &options.attempt,
+    )?;
     let threads = options.effective_threads();
     let (shards, input_bytes) = run(inputs, options, threads, publish.as_ref())?;
-    let task_prefix = options.task.map(|t| format!("task-{:05}-", t.index));
-    output::remove_stale(location, &shards, handle, task_prefix.as_deref())?;
+    if options.task.is_none() {
+        // This run holds the dataset's lock: files it does not list (of an
+        // earlier, larger or killed run) are stale. Tasks leave that to
+        // `commit`: another attempt of theirs may be writing.
+        output::remove_stale(location, &shards, handle)?;
+        if options.overwrite {
+            output::remove_split_run(location, handle)?;
+        }
+    }
     let rows: u64 = shards.iter().map(|s| s.rows).sum();
     if rows == 0 && options.task.is_none() {
         return Err(PreprocessError::NoRows {
@@ -109,9 +121,15 @@ pub(crate) fn write_dataset(
                 shards: manifest.shards.clone(),
                 input_bytes,
                 tool_version: manifest.tool_version.clone(),
+                run_id: options.run.clone(),
             },
         ))?,
-        None => handle.block_on(location.write_manifest(&manifest))?,
+        None => {
+            if options.failpoints.hit("manifest", 0).is_some() {
+                return Err(PreprocessError::Cancelled);
+            }
+            handle.block_on(location.write_manifest(&manifest))?
+        }
     }
     let seconds = started.elapsed().as_secs_f64();
     Ok(ShardSummary {
@@ -209,6 +227,7 @@ fn run(
                 publish,
                 &cancelled,
                 options.progress.as_deref(),
+                &options.failpoints,
             )
         });
         let produced = produce(inputs, options, read_rx, job_tx, token_rx);
@@ -457,6 +476,7 @@ fn write_shards(
     publish: &dyn Publish,
     cancelled: &AtomicBool,
     progress: Option<&dyn Progress>,
+    failpoints: &shardfeed_format::failpoint::Failpoints,
 ) -> Result<(Vec<ShardEntry>, u64)> {
     let mut waiting: BTreeMap<u64, EncodedRowGroup> = BTreeMap::new();
     let mut next_seq = 0u64;
@@ -479,6 +499,7 @@ fn write_shards(
                 }
                 let shard = open.as_mut().expect("opened above");
                 shard.append(group)?;
+                failpoint(failpoints, "shard-appended", next_seq - 1)?;
                 raw_bytes += raw;
                 let _ = tokens.send(());
                 if let Some(p) = progress {
@@ -486,6 +507,7 @@ fn write_shards(
                 }
                 if shard.bytes() >= shard_size {
                     shards.push(open.take().expect("open").finish(publish)?);
+                    failpoint(failpoints, "shard-published", shards.len() as u64 - 1)?;
                 }
             }
         }
@@ -494,6 +516,7 @@ fn write_shards(
         }
         if let Some(shard) = open.take() {
             shards.push(shard.finish(publish)?);
+            failpoint(failpoints, "shard-published", shards.len() as u64 - 1)?;
         }
         Ok(())
     })();
@@ -504,4 +527,21 @@ fn write_shards(
         return Err(e);
     }
     Ok((shards, raw_bytes))
+}
+
+/// Carry out failpoint `point` at `item`: `exit` ends the process (as a
+/// kill would), `block` waits forever (until killed), others fail the run.
+fn failpoint(
+    failpoints: &shardfeed_format::failpoint::Failpoints,
+    point: &str,
+    item: u64,
+) -> Result<()> {
+    use shardfeed_format::failpoint::Action;
+    match failpoints.hit(point, item) {
+        None => Ok(()),
+        Some(Action::Block) => loop {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        },
+        Some(_) => Err(PreprocessError::Cancelled),
+    }
 }

@@ -5,6 +5,9 @@ use std::time::Instant;
 
 use shardfeed_format::Location;
 
+use shardfeed_format::failpoint::Failpoints;
+
+use crate::lock::{Lock, check_unlocked, run_id};
 use crate::pipeline::{ShardSummary, write_dataset};
 use crate::{PreprocessError, Result, ShardOptions, input, output, remote, task};
 
@@ -12,10 +15,18 @@ use crate::{PreprocessError, Result, ShardOptions, input, output, remote, task};
 ///
 /// The manifest is written last, after every shard is in place; an error or
 /// a kill at any point leaves no manifest (and so no dataset), and running
-/// the same call again completes it.
+/// the same call again completes it. A second `shard` (or `commit`) into the
+/// same output while one runs is refused (see [`crate::LOCK_FILE`]).
 pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<ShardSummary> {
     let started = Instant::now();
     options.validate()?;
+    let mut options = options.clone();
+    options.attempt = run_id();
+    options.failpoints = Failpoints::from_env().map_err(|reason| PreprocessError::BadOption {
+        option: "SHARDFEED_FAILPOINTS",
+        reason,
+    })?;
+    let options = &mut options;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("shardfeed-io")
@@ -30,13 +41,26 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
     inputs.given = given;
     let location = Location::parse_with_options(output, options.storage_options.iter().cloned())?;
     let handle = runtime.handle();
+    let Some(split) = options.task else {
+        let lock = Lock::acquire(&location, handle, "shard", &options.attempt)?;
+        output::prepare(&location, options.overwrite, handle)?;
+        let summary = write_dataset(&inputs, &location, options, handle, started)?;
+        lock.release()?;
+        return Ok(summary);
+    };
+    // A task of a split run: no lock (tasks run side by side), but none may
+    // be held by a single run or a commit.
+    check_unlocked(&location, handle)?;
+    options.run = match &options.run_id {
+        Some(id) => id.clone(),
+        None => task::run_fingerprint(&inputs, options, split.count)?,
+    };
+    task::claim_output(&location, options, handle)?;
     output::prepare(&location, options.overwrite, handle)?;
-    if let Some(task) = options.task {
-        inputs.sources = task::split(std::mem::take(&mut inputs.sources), task)?;
-        if let Some(seed) = options.shuffle_seed {
-            // One global permutation across tasks: scatter through the store.
-            return task::shuffled(&inputs, &location, options, task, seed, handle, started);
-        }
+    inputs.sources = task::split(std::mem::take(&mut inputs.sources), split)?;
+    if let Some(seed) = options.shuffle_seed {
+        // One global permutation across tasks: scatter through the store.
+        return task::shuffled(&inputs, &location, options, split, seed, handle, started);
     }
     write_dataset(&inputs, &location, options, handle, started)
 }

@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 
+use object_store::ObjectStoreExt;
 use parquet::file::metadata::ParquetMetaDataReader;
 use serde::Serialize;
 use shardfeed_format::{Location, MANIFEST_FILE, Manifest, TASKS_DIR, TaskRecord};
@@ -128,7 +129,12 @@ fn scatter(
         temp.as_deref(),
     )?;
     let (_dir, files) = spilled.into_files();
-    let publish = output::publisher(location, handle, options.temp_dir.as_deref())?;
+    let publish = output::publisher(
+        location,
+        handle,
+        options.temp_dir.as_deref(),
+        &options.attempt,
+    )?;
     for (to, path) in files.iter().enumerate() {
         if path.exists() {
             publish.publish(path, &scatter_file(to, task.index))?;
@@ -243,6 +249,85 @@ fn gather_inputs(
     ))
 }
 
+/// The identity of a split run when no `--run-id` is given: a fingerprint of
+/// every input (its path and size, in order) and of the options that shape
+/// the output. Every task of a run computes the same one; a task run later
+/// on other inputs or options (a stale record after `--overwrite`) does not.
+pub(crate) fn run_fingerprint(
+    inputs: &Inputs,
+    options: &ShardOptions,
+    tasks: usize,
+) -> Result<String> {
+    use shardfeed_format::permute::hash_words;
+    let text = |s: &str| -> u64 { hash_words(&s.bytes().map(u64::from).collect::<Vec<_>>()) };
+    let mut words = vec![
+        tasks as u64,
+        options.zstd_level as u64,
+        options.shard_size,
+        options.row_group_rows.unwrap_or(0),
+        options.effective_row_group_bytes(),
+        options.shuffle_seed.map_or(u64::MAX, |s| s),
+    ];
+    for source in &inputs.sources {
+        match source {
+            Source::File { path, .. } => {
+                let size = std::fs::metadata(path)
+                    .map_err(|e| PreprocessError::io("read metadata of", path, e))?
+                    .len();
+                words.extend([text(&path.display().to_string()), size]);
+            }
+            Source::Files { root, files, .. } => {
+                words.push(text(&root.display().to_string()));
+                for (file, _) in files {
+                    words.push(text(file));
+                }
+            }
+        }
+    }
+    Ok(format!("{:016x}", hash_words(&words)))
+}
+
+/// Before a task writes: records of another split run under `_tasks/` are
+/// removed with `--overwrite`, and refused without it (they would be
+/// committed with this run's).
+pub(crate) fn claim_output(
+    location: &Location,
+    options: &ShardOptions,
+    handle: &tokio::runtime::Handle,
+) -> Result<()> {
+    let mut others = Vec::new();
+    for meta in handle.block_on(location.list(TASKS_DIR))? {
+        let name = meta.location.filename().unwrap_or_default().to_string();
+        if parse_record_name(&name).is_none() {
+            continue;
+        }
+        let bytes = handle.block_on(location.read(&format!("{TASKS_DIR}/{name}")))?;
+        let run = serde_json::from_slice::<TaskRecord>(&bytes)
+            .map_or_else(|_| String::new(), |r| r.run_id);
+        if run != options.run {
+            others.push((name, run, meta.location));
+        }
+    }
+    if others.is_empty() {
+        return Ok(());
+    }
+    if options.overwrite {
+        for (_, _, path) in &others {
+            handle.block_on(location.delete(path))?;
+        }
+        return Ok(());
+    }
+    let (name, run, _) = &others[0];
+    Err(PreprocessError::OtherRun {
+        url: location.url().to_string(),
+        detail: format!(
+            "{TASKS_DIR}/{name} (run {run:?}, and {} more) is not of this run ({:?}); pass --overwrite to replace that run, or give every task the same --run-id",
+            others.len() - 1,
+            options.run
+        ),
+    })
+}
+
 /// One unit of input and its weight.
 struct Unit {
     source: Source,
@@ -355,9 +440,16 @@ pub fn commit(output: &str, storage_options: &[(String, String)]) -> Result<Comm
         .enable_all()
         .build()
         .map_err(|e| PreprocessError::io("start I/O runtime for", output, e))?;
+    let lock = crate::lock::Lock::acquire(
+        &location,
+        runtime.handle(),
+        "commit",
+        &crate::lock::run_id(),
+    )?;
     let (summary, keep) = runtime.block_on(commit_at(&location))?;
-    output::remove_stale(&location, &keep, runtime.handle(), None)?;
+    output::remove_stale(&location, &keep, runtime.handle())?;
     runtime.block_on(remove_scatter(&location))?;
+    lock.release()?;
     Ok(summary)
 }
 
@@ -418,6 +510,18 @@ async fn commit_at(
         )));
     }
     let first = &records[&0];
+    let other_runs: Vec<String> = records
+        .values()
+        .filter(|r| r.run_id != first.run_id)
+        .map(|r| format!("task {} (run {:?})", r.task_index, r.run_id))
+        .collect();
+    if !other_runs.is_empty() {
+        return Err(incomplete(format!(
+            "task records of different runs: task 0 is of run {:?}, but {}; re-run those tasks with this run's inputs and options (or --run-id)",
+            first.run_id,
+            other_runs.join(", ")
+        )));
+    }
     for record in records.values() {
         if let Some(detail) = crate::input::schema_difference(&first.schema, &record.schema) {
             return Err(incomplete(format!(
@@ -461,6 +565,28 @@ async fn commit_at(
                         ))
                     )));
                 }
+            }
+        }
+        for shard in &record.shards {
+            // The bytes in place are the ones the record describes: its
+            // footer's checksum (one ranged read per shard).
+            let range = shard.bytes.saturating_sub(shard.footer_len)..shard.bytes;
+            let path = location.child(&shard.path);
+            let footer = location
+                .retry()
+                .run(|| location.store().get_range(&path, range.clone()), || {})
+                .await
+                .map_err(|e| shardfeed_format::FormatError::Store {
+                    op: "read",
+                    url: location.url_of(&shard.path),
+                    error: shardfeed_format::StoreError(e),
+                })?;
+            if shardfeed_format::Crc32::of(&footer) != shard.footer_crc32 {
+                return Err(incomplete(format!(
+                    "shard {} is not the one task {} recorded (another attempt replaced it); re-run that task",
+                    location.url_of(&shard.path),
+                    record.task_index
+                )));
             }
         }
         shards.extend(record.shards.iter().cloned());

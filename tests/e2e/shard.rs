@@ -424,30 +424,24 @@ fn killing_shard_never_leaves_a_broken_dataset_and_a_rerun_completes() {
             "2",
         ],
     );
-    // Time a full run, then kill runs at points spread across it.
-    let started = std::time::Instant::now();
-    shardfeed(&args).success();
-    let full = started.elapsed();
-    std::fs::remove_dir_all(&out).unwrap();
-    let mut killed_mid_run = 0;
-    for fraction in [0.05, 0.2, 0.35, 0.5, 0.65, 0.8, 0.95] {
-        let mut child = bin().args(&args).spawn().unwrap();
-        std::thread::sleep(full.mul_f64(fraction));
-        let finished = child.try_wait().unwrap().is_some();
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-        if !finished {
-            killed_mid_run += 1;
-        }
-        if out.join("manifest.json").exists() {
-            shardfeed(&["verify", &s(&out)]).success();
-            std::fs::remove_file(out.join("manifest.json")).unwrap();
-        }
+    // Killed (an abrupt exit, as SIGKILL) at points spread across a run:
+    // mid-shard, after the first and the fourth shard, just before the
+    // manifest. None leaves a manifest; each leaves its staging files.
+    for point in [
+        "shard-appended=exit@3",
+        "shard-published=exit@0",
+        "shard-appended=exit@20",
+        "shard-published=exit@4",
+        "manifest=exit@0",
+    ] {
+        let run = Run::from_command(bin().args(&args).env("SHARDFEED_FAILPOINTS", point));
+        assert_eq!(run.code, Some(137), "{point}: {}", run.stderr);
+        assert!(!out.join("manifest.json").exists(), "{point}");
+        assert!(
+            out.join("_shardfeed.lock").exists(),
+            "{point}: the lock stays"
+        );
     }
-    assert!(
-        killed_mid_run >= 3,
-        "runs ended before they could be killed"
-    );
     // The interrupted output holds no manifest; the same command completes it.
     assert!(!out.join("manifest.json").exists());
     shardfeed(&args).success();
@@ -698,18 +692,16 @@ fn split_runs_commit_to_the_same_rows_and_refuse_while_a_task_is_missing() {
     );
     assert!(!split.join("manifest.json").exists());
 
-    // Task 2 killed mid-way: still refused; its re-run completes the dataset.
-    let started = std::time::Instant::now();
-    shardfeed(&task(2)).success();
-    let full = started.elapsed();
-    std::fs::remove_file(split.join("_tasks/task-00002-of-00004.json")).unwrap();
-    let mut child = bin().args(task(2)).spawn().unwrap();
-    std::thread::sleep(full / 3);
-    child.kill().unwrap();
-    child.wait().unwrap();
-    if !split.join("_tasks/task-00002-of-00004.json").exists() {
-        shardfeed(&["commit", &s(&split)]).failure();
-    }
+    // Task 2 killed mid-way (an abrupt exit after its second row group):
+    // still refused; its re-run completes the dataset.
+    let killed = Run::from_command(
+        bin()
+            .args(task(2))
+            .env("SHARDFEED_FAILPOINTS", "shard-appended=exit@1"),
+    );
+    assert_eq!(killed.code, Some(137), "{}", killed.stderr);
+    assert!(!split.join("_tasks/task-00002-of-00004.json").exists());
+    shardfeed(&["commit", &s(&split)]).failure();
     task_rows.push(
         shardfeed(&task(2)).success().json()["rows"]
             .as_u64()
@@ -849,4 +841,194 @@ fn shuffled_split_runs_give_one_permutation_mixing_every_input() {
         );
     }
     assert_eq!(m.options.shuffle_seed, Some(3));
+}
+
+/// Wait until `path` exists (a child process reached a point), for at most a
+/// minute: an event, not a timing assumption.
+fn wait_for(path: &Path, child: &mut std::process::Child) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !path.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "the child ended ({status}) before {} appeared",
+                path.display()
+            );
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Fault 5: a second `shard` into a folder a run is writing is refused
+/// (naming the first run) and changes nothing; once the first is killed, a
+/// re-run takes over its lock and completes the dataset.
+#[test]
+fn a_second_writer_is_refused_and_a_killed_writers_lock_is_taken_over() {
+    let tmp = tempdir();
+    let inputs = generated(
+        &tmp.path().join("in"),
+        Kind::Tokens,
+        3000,
+        6,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    let out = tmp.path().join("ds");
+    let args = shard_args(
+        &inputs,
+        &out,
+        &["--shard-size", "256KiB", "--row-group-rows", "64"],
+    );
+    // The first run stops (alive) after publishing its second shard.
+    let mut first = bin()
+        .args(&args)
+        .env("SHARDFEED_FAILPOINTS", "shard-published=block@1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&out.join("shards/part-000001.parquet"), &mut first);
+    let before = snapshot(&out.join("shards"));
+    let refused = shardfeed(&args).failure();
+    assert!(
+        refused.stderr.contains("is being written by `shard` run")
+            && refused.stderr.contains(&format!("process {}", first.id())),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(
+        snapshot(&out.join("shards")),
+        before,
+        "the refused run touched the shards"
+    );
+    first.kill().unwrap();
+    first.wait().unwrap();
+    shardfeed(&args).success();
+    shardfeed(&["verify", &s(&out)]).success();
+    assert_eq!(ids(&read_all(&out)), (0..3000).collect::<Vec<i64>>());
+    assert!(!out.join("_shardfeed.lock").exists());
+}
+
+/// Fault 5: two attempts of one split task (a retried task whose first
+/// attempt still lives) stage into files of their own: the second neither
+/// overwrites nor removes the first's, and the committed dataset verifies.
+#[test]
+fn attempts_of_one_task_never_share_a_file() {
+    let tmp = tempdir();
+    let inputs = generated(
+        &tmp.path().join("in"),
+        Kind::Tokens,
+        2000,
+        4,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    let out = tmp.path().join("ds");
+    // Shards of several row groups: attempt A blocks inside its first shard.
+    let extra = ["--shard-size", "1MiB", "--row-group-rows", "50"];
+    let task = |i: usize| task_args(&inputs, &out, &extra, i);
+    // Attempt A of task 1 stays alive mid-shard (after 3 row groups of its
+    // first shard, whose staging file therefore stays).
+    let mut a = bin()
+        .args(task(1))
+        .env("SHARDFEED_FAILPOINTS", "shard-appended=block@2")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let staged = |dir: &Path| -> Vec<String> {
+        std::fs::read_dir(dir.join("shards"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".tmp"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while staged(&out).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "attempt A staged nothing"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let a_files = staged(&out);
+    // Attempt B of task 1 runs to its end meanwhile, then the other tasks.
+    shardfeed(&task(1)).success();
+    for name in &a_files {
+        assert!(
+            out.join("shards").join(name).exists(),
+            "B removed A's {name}"
+        );
+    }
+    a.kill().unwrap();
+    a.wait().unwrap();
+    for i in [0, 2, 3] {
+        shardfeed(&task(i)).success();
+    }
+    shardfeed(&["commit", &s(&out)]).success();
+    shardfeed(&["verify", &s(&out)]).success();
+    let mut all = ids(&read_all(&out));
+    all.sort();
+    assert_eq!(all, (0..2000).collect::<Vec<i64>>());
+    assert!(staged(&out).is_empty(), "commit leaves no staging files");
+}
+
+/// Fault 5: after `--overwrite` with other inputs, the previous run's task
+/// records are never committed with the new run's.
+#[test]
+fn task_records_of_another_run_are_never_committed() {
+    let tmp = tempdir();
+    let inputs_in = |dir: &str, rows: u64| {
+        generated(
+            &tmp.path().join(dir),
+            Kind::Tokens,
+            rows,
+            2,
+            FileFormat::Parquet(Compression::SNAPPY),
+        )
+    };
+    let old = inputs_in("old", 400);
+    let new = inputs_in("new", 600);
+    let out = tmp.path().join("ds");
+    let extra = ["--shard-size", "1MiB", "--row-group-rows", "50"];
+    let task = |inputs: &[String], i: usize, more: &[&str]| {
+        let mut args = shard_args(inputs, &out, &[&extra[..], more].concat());
+        args.extend(["--num-tasks", "2", "--task-index"].map(String::from));
+        args.push(i.to_string());
+        args
+    };
+    for i in 0..2 {
+        shardfeed(&task(&old, i, &[])).success();
+    }
+    shardfeed(&["commit", &s(&out)]).success();
+    // Task 0 of a new run, without --overwrite: refused (the dataset exists).
+    shardfeed(&task(&new, 0, &[])).failure();
+    // With --overwrite: task 0 replaces the old run's records...
+    shardfeed(&task(&new, 0, &["--overwrite"])).success();
+    // ...so commit refuses until the new run's task 1 is there, instead of
+    // committing the old task 1 with the new task 0.
+    let refused = shardfeed(&["commit", &s(&out)]).failure();
+    assert!(refused.stderr.contains("task 1"), "{}", refused.stderr);
+    shardfeed(&task(&new, 1, &[])).success();
+    shardfeed(&["commit", &s(&out)]).success();
+    shardfeed(&["verify", &s(&out)]).success();
+    assert_eq!(manifest(&out).total_rows, 600);
+    // A task record of another run planted among this run's: refused by name.
+    let record = out.join("_tasks/task-00001-of-00002.json");
+    let mut value: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    value["run_id"] = "someone-else".into();
+    std::fs::write(&record, serde_json::to_vec(&value).unwrap()).unwrap();
+    std::fs::remove_file(out.join("manifest.json")).unwrap();
+    let refused = shardfeed(&["commit", &s(&out)]).failure();
+    assert!(
+        refused.stderr.contains("different runs") && refused.stderr.contains("task 1"),
+        "{}",
+        refused.stderr
+    );
 }
