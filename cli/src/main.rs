@@ -161,6 +161,11 @@ struct ShardArgs {
     /// rounds of tasks.
     #[arg(long, default_value = "both", requires = "num_tasks")]
     stage: String,
+    /// The split run's identity (e.g. the engine's job id), the same for
+    /// every task; by default a fingerprint of the inputs and options.
+    /// `commit` refuses task records of different runs.
+    #[arg(long, requires = "num_tasks")]
+    run_id: Option<String>,
     /// Seconds a shuffled task waits for the other tasks' scatter.
     #[arg(long, default_value_t = 3600)]
     wait_timeout: u64,
@@ -221,6 +226,9 @@ fn shard_options(args: &ShardArgs) -> Result<ShardOptions> {
             .with_task(index, count)
             .with_stage(args.stage.parse()?)
             .with_wait_timeout(std::time::Duration::from_secs(args.wait_timeout));
+        if let Some(run) = &args.run_id {
+            options = options.with_run_id(run);
+        }
     }
     options.validate()?;
     Ok(options)

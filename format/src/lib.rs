@@ -32,6 +32,7 @@ pub mod failpoint;
 pub mod fault;
 pub mod location;
 mod manifest;
+pub mod panic;
 pub mod permute;
 pub mod redact;
 pub mod retry;

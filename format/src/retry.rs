@@ -21,10 +21,19 @@ pub struct RetryPolicy {
     pub max_backoff: Duration,
 }
 
+/// Environment variable overriding the default number of retries.
+pub const MAX_RETRIES_ENV: &str = "SHARDFEED_MAX_RETRIES";
+
 impl Default for RetryPolicy {
+    /// 8 retries (or `$SHARDFEED_MAX_RETRIES`) within 30 s, backing off
+    /// exponentially from 50 ms to 2 s with jitter.
     fn default() -> Self {
+        let max_retries = std::env::var(MAX_RETRIES_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(8);
         RetryPolicy {
-            max_retries: 8,
+            max_retries,
             timeout: Duration::from_secs(30),
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(2),

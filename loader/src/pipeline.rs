@@ -15,13 +15,12 @@
 //!   a process-wide panic hook, chained to the previous one, stays quiet
 //!   only on threads that are inside a stage.
 
-use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -60,52 +59,15 @@ pub(crate) type Decoded = (u64, Result<DecodedSegment>, Option<OwnedSemaphorePer
 
 type FetchedRx = Arc<Mutex<tokio::sync::mpsc::Receiver<Result<(Fetched, OwnedSemaphorePermit)>>>>;
 
-thread_local! {
-    /// Set while this thread runs stage code whose panics are caught.
-    static IN_STAGE: Cell<bool> = const { Cell::new(false) };
-}
+use shardfeed_format::panic::{catch, message as panic_message, quietly};
 
-/// Install (once) the panic hook that keeps caught stage panics quiet and
-/// hands every other panic to the hook that was there before.
-fn install_quiet_hook() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if !IN_STAGE.with(Cell::get) {
-                previous(info);
-            }
-        }));
-    });
-}
-
-/// The message of a caught panic.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
-}
-
-/// Run `f` as stage code: a panic is caught (quietly) and returned as its message.
-fn catch<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
-    let was = IN_STAGE.with(|s| s.replace(true));
-    let result = std::panic::catch_unwind(AssertUnwindSafe(f));
-    IN_STAGE.with(|s| s.set(was));
-    result.map_err(|payload| panic_message(payload.as_ref()))
-}
-
-/// A future polled as stage code (see [`catch`]).
+/// A future polled with its panics kept quiet (they are caught around it).
 struct Quiet<F>(F);
 
 impl<F: Future + Unpin> Future for Quiet<F> {
     type Output = F::Output;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let was = IN_STAGE.with(|s| s.replace(true));
-        let out = Pin::new(&mut self.0).poll(cx);
-        IN_STAGE.with(|s| s.set(was));
-        out
+        quietly(|| Pin::new(&mut self.0).poll(cx))
     }
 }
 
@@ -216,7 +178,6 @@ impl Pipeline {
     /// Start the pass of `epoch` from position `position`; its collator
     /// begins once `after` disconnects (the previous pass's collator is done).
     pub fn launch(&self, epoch: u64, position: u64, after: Option<Receiver<()>>) -> Pass {
-        install_quiet_hook();
         let plan = Arc::new(self.plan(epoch));
         let config = self.config.clone();
         let cancel = Arc::new(AtomicBool::new(false));

@@ -376,6 +376,37 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
     Ok((schema, bytes))
 }
 
+/// parquet's reader of one file, made safe to drive on malformed bytes: it
+/// ends at its first error (asked again, the reader may repeat the error
+/// forever or panic), and a panic inside it is caught and becomes an error
+/// naming the file.
+struct Guarded {
+    reader: parquet::arrow::arrow_reader::ParquetRecordBatchReader,
+    path: PathBuf,
+    done: bool,
+}
+
+impl Iterator for Guarded {
+    type Item = Result<RecordBatch>;
+    fn next(&mut self) -> Option<Result<RecordBatch>> {
+        if self.done {
+            return None;
+        }
+        let next = match shardfeed_format::panic::catch(|| self.reader.next()) {
+            Ok(next) => next.map(|r| r.map_err(|e| PreprocessError::read(&self.path, None, e))),
+            Err(panic) => Some(Err(PreprocessError::read(
+                &self.path,
+                None,
+                format!("parquet's reader failed on malformed data: {panic}"),
+            ))),
+        };
+        if !matches!(next, Some(Ok(_))) {
+            self.done = true;
+        }
+        next
+    }
+}
+
 /// A Parquet reader of `path`. A file whose footer says it holds fewer rows
 /// than its row groups do (old writers left the file-level count at 0) is
 /// read by its row groups' counts: parquet's reader would read no row of it.
@@ -384,7 +415,16 @@ fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>>
     use parquet::file::metadata::{FileMetaData, ParquetMetaData};
     let file = open_file(path)?;
     let err = |e| PreprocessError::read(path, None, e);
-    let metadata = ArrowReaderMetadata::load(&file, Default::default()).map_err(err)?;
+    let metadata =
+        shardfeed_format::panic::catch(|| ArrowReaderMetadata::load(&file, Default::default()))
+            .map_err(|panic| {
+                PreprocessError::read(
+                    path,
+                    None,
+                    format!("parquet's footer reader failed: {panic}"),
+                )
+            })?
+            .map_err(err)?;
     let md = metadata.metadata();
     let groups: i64 = md
         .row_groups()
@@ -431,10 +471,12 @@ fn arrow_to_parquet_ratio(
         .build()
         .map_err(|e| PreprocessError::read(path, Some("row group 0".into()), e))?;
     let mut decoded = 0u64;
-    for batch in reader {
-        let batch =
-            batch.map_err(|e| PreprocessError::read(path, Some("row group 0".into()), e))?;
-        decoded += crate::measure::batch_bytes(&batch);
+    for batch in (Guarded {
+        reader,
+        path: path.to_path_buf(),
+        done: false,
+    }) {
+        decoded += crate::measure::batch_bytes(&batch?);
     }
     Ok((decoded as f64 / encoded).max(1.0))
 }
@@ -523,9 +565,11 @@ pub(crate) fn open(source: &Source, schema: &SchemaRef) -> Result<BatchIter> {
                     let reader = builder
                         .build()
                         .map_err(|e| PreprocessError::read(&path, None, e))?;
-                    Ok(Box::new(reader.map(move |r| {
-                        r.map_err(|e| PreprocessError::read(&path, None, e))
-                    })))
+                    Ok(Box::new(Guarded {
+                        reader,
+                        path,
+                        done: false,
+                    }))
                 }
                 InputFormat::Ipc => {
                     let mut file = open_file(&path)?;

@@ -173,6 +173,17 @@ pub struct Chunk {
 /// schema in its text form), with shardfeed's chunk checksums in the
 /// footer; `rows`: what the row group and the file claim.
 pub fn parquet_file(message: &str, rows: i64, chunks: Vec<Chunk>) -> Vec<u8> {
+    parquet_file_claiming(message, rows, rows, chunks)
+}
+
+/// [`parquet_file`] whose footer claims `file_rows` rows for the whole file
+/// (old writers left it at 0) and `rows` for its row group.
+pub fn parquet_file_claiming(
+    message: &str,
+    rows: i64,
+    file_rows: i64,
+    chunks: Vec<Chunk>,
+) -> Vec<u8> {
     let schema = Arc::new(parquet::schema::parser::parse_message_type(message).unwrap());
     let descr = Arc::new(SchemaDescriptor::new(schema));
     let mut file = b"PAR1".to_vec();
@@ -208,7 +219,7 @@ pub fn parquet_file(message: &str, rows: i64, chunks: Vec<Chunk>) -> Vec<u8> {
         ChunkChecksums(vec![sums]).encode(),
     )];
     let meta = ParquetMetaData::new(
-        FileMetaData::new(1, rows, None, Some(kv), descr, None),
+        FileMetaData::new(1, file_rows, None, Some(kv), descr, None),
         vec![group],
     );
     ParquetMetaDataWriter::new(&mut file, &meta)
@@ -257,4 +268,15 @@ pub fn dataset(dir: &Path, schema: arrow_schema::Schema, file: Vec<u8>) -> Strin
     );
     std::fs::write(dir.join("manifest.json"), manifest.to_json()).unwrap();
     dir.display().to_string()
+}
+
+/// A column chunk of `pages` without a dictionary, claiming `num_values`.
+pub fn plain_chunk(pages: Vec<u8>, num_values: i64) -> Chunk {
+    Chunk {
+        pages,
+        num_values,
+        data_offset: 0,
+        dictionary: false,
+        encodings: vec![Encoding::PLAIN, Encoding::RLE],
+    }
 }

@@ -573,3 +573,71 @@ fn states_from_another_dataset_or_order_are_refused() {
         loader.next().unwrap().unwrap().values::<i64>("id").unwrap()
     );
 }
+
+/// Fault 6: passwords and query values (SAS tokens, signatures) never reach
+/// messages; a query the store would drop is an error instead.
+#[test]
+fn secrets_in_urls_never_reach_messages() {
+    // Nothing listens on port 9: one attempt each.
+    let inspect = |args: &[&str]| {
+        Run::from_command(
+            bin()
+                .arg("inspect")
+                .args(args)
+                .env("SHARDFEED_MAX_RETRIES", "0"),
+        )
+        .failure()
+    };
+    let run = inspect(&["https://alice:s3cr3tpass@127.0.0.1:9/ds"]);
+    assert!(!run.stderr.contains("s3cr3tpass"), "{}", run.stderr);
+    assert!(run.stderr.contains("alice:***@127.0.0.1"), "{}", run.stderr);
+    let run = inspect(&["s3://bucket/ds?X-Amz-Signature=SECRET1"]);
+    assert!(!run.stderr.contains("SECRET1"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("only understood on Azure"),
+        "{}",
+        run.stderr
+    );
+    let run = inspect(&[
+        "az://container/ds?sv=2022-11-02&sig=SECRET2",
+        "--storage-option",
+        "azure_storage_account_name=devstoreaccount1",
+        "--storage-option",
+        "azure_storage_endpoint=http://127.0.0.1:9",
+        "--storage-option",
+        "azure_allow_http=true",
+    ]);
+    assert!(!run.stderr.contains("SECRET2"), "{}", run.stderr);
+    let builder = Loader::builder("https://u:pw123@host/ds")
+        .storage_option("aws_secret_access_key", "SECRET3");
+    let debug = format!("{builder:?}");
+    assert!(
+        !debug.contains("pw123") && !debug.contains("SECRET3"),
+        "{debug}"
+    );
+}
+
+/// Fault 7: local paths with `..` work wherever a dataset is named.
+#[test]
+fn relative_paths_with_dotdot_work_everywhere() {
+    let tmp = tempdir();
+    let inputs = shardfeed_fixtures::write_dataset(
+        &tmp.path().join("raw"),
+        Kind::Tokens,
+        200,
+        1,
+        7,
+        shardfeed_fixtures::FileFormat::Parquet(parquet::basic::Compression::SNAPPY),
+    )
+    .unwrap();
+    assert_eq!(inputs.len(), 1);
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let here = |args: &[&str]| Run::from_command(bin().args(args).current_dir(&work));
+    here(&["shard", "../raw", "--output", "../ds"]).success();
+    assert!(tmp.path().join("ds/manifest.json").exists());
+    here(&["inspect", "../ds"]).success();
+    here(&["verify", "./../ds"]).success();
+    let run = here(&["bench", "../work/../ds", "--batch-size", "10", "--json"]).success();
+    assert_eq!(run.json()["rows"], 200);
+}
