@@ -270,6 +270,18 @@ fn run_shard(args: &ShardArgs) -> Result<()> {
             summary.input_mb_per_s,
             summary.threads,
         );
+        if !summary.skipped_inputs.is_empty() {
+            println!(
+                "  left out {} input files or folders:",
+                summary.skipped_inputs.len()
+            );
+            for skip in summary.skipped_inputs.iter().take(10) {
+                println!("    {} ({})", skip.path, skip.reason);
+            }
+            if summary.skipped_inputs.len() > 10 {
+                println!("    ... (--json lists them all)");
+            }
+        }
     }
     Ok(())
 }

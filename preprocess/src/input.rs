@@ -9,6 +9,7 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, BinaryArray, Int32Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde::Serialize;
 
 pub use crate::input_format::InputFormat;
 use crate::options::READ_BATCH_ROWS;
@@ -58,6 +59,8 @@ pub(crate) struct Inputs {
     pub estimated_bytes: u64,
     /// The inputs as given, for messages.
     pub given: Vec<String>,
+    /// Files and folders of folder inputs left out.
+    pub skipped: Vec<SkippedInput>,
 }
 
 /// The schema of folder inputs.
@@ -74,39 +77,82 @@ fn is_glob(s: &str) -> bool {
     s.contains(['*', '?', '['])
 }
 
-/// Files under `dir`, recursively, as sorted relative paths.
-fn walk(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let abs = dir.join(&rel);
-        let entries = std::fs::read_dir(&abs).map_err(|e| PreprocessError::io("list", &abs, e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| PreprocessError::io("list", &abs, e))?;
-            let kind = entry
-                .file_type()
-                .map_err(|e| PreprocessError::io("stat", entry.path(), e))?;
-            let child = rel.join(entry.file_name());
-            if kind.is_dir() {
-                stack.push(child);
-            } else {
-                out.push(child);
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
+/// A file or folder of a folder input that was left out, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SkippedInput {
+    /// Its path.
+    pub path: String,
+    /// Why it was left out.
+    pub reason: String,
 }
 
-/// Hadoop/Spark side files (`_SUCCESS`, `.crc`, hidden files) are not data.
+/// Files under `dir`, recursively (following symbolic links to folders),
+/// as sorted relative paths; and what was left out: hidden files and
+/// folders (`.DS_Store`, `.git/`), and links that lead back to a folder
+/// being walked (followed once, not again).
+fn walk(dir: &Path) -> Result<(Vec<PathBuf>, Vec<SkippedInput>)> {
+    let mut files = Vec::new();
+    let mut skipped = Vec::new();
+    let mut entries = walkdir::WalkDir::new(dir)
+        .follow_links(true)
+        .sort_by_file_name()
+        .into_iter();
+    while let Some(entry) = entries.next() {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                let path = e.path().unwrap_or(dir).to_path_buf();
+                if let Some(ancestor) = e.loop_ancestor() {
+                    skipped.push(SkippedInput {
+                        path: path.display().to_string(),
+                        reason: format!("a link back to {}: not walked again", ancestor.display()),
+                    });
+                    continue;
+                }
+                let source = e
+                    .into_io_error()
+                    .unwrap_or_else(|| std::io::Error::other("cannot walk"));
+                return Err(PreprocessError::io("list", path, source));
+            }
+        };
+        if entry.depth() == 0 {
+            continue;
+        }
+        let hidden = entry.file_name().to_string_lossy().starts_with('.');
+        if hidden {
+            skipped.push(SkippedInput {
+                path: entry.path().display().to_string(),
+                reason: "hidden".into(),
+            });
+            if entry.file_type().is_dir() {
+                entries.skip_current_dir();
+            }
+            continue;
+        }
+        if entry.file_type().is_file() {
+            let rel = entry.path().strip_prefix(dir).unwrap_or(entry.path());
+            files.push(rel.to_path_buf());
+        }
+    }
+    files.sort();
+    Ok((files, skipped))
+}
+
+/// Hadoop/Spark side files (`_SUCCESS`, `_committed_...`) are not data.
 fn is_side_file(rel: &Path) -> bool {
     rel.file_name()
         .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with('_') || n.starts_with('.'))
+        .is_some_and(|n| n.starts_with('_'))
 }
 
-fn expand_folder(dir: &Path, forced: Option<InputFormat>, sources: &mut Vec<Source>) -> Result<()> {
-    let files = walk(dir)?;
+fn expand_folder(
+    dir: &Path,
+    forced: Option<InputFormat>,
+    sources: &mut Vec<Source>,
+    skipped: &mut Vec<SkippedInput>,
+) -> Result<()> {
+    let (files, left_out) = walk(dir)?;
+    skipped.extend(left_out);
     let tabular = match forced {
         Some(InputFormat::Files) => false,
         Some(_) => true,
@@ -115,6 +161,10 @@ fn expand_folder(dir: &Path, forced: Option<InputFormat>, sources: &mut Vec<Sour
     if tabular {
         for rel in files {
             if is_side_file(&rel) {
+                skipped.push(SkippedInput {
+                    path: dir.join(&rel).display().to_string(),
+                    reason: "a side file, not data".into(),
+                });
                 continue;
             }
             let path = dir.join(&rel);
@@ -180,10 +230,11 @@ pub(crate) fn resolve(given: &[String], options: &ShardOptions) -> Result<Inputs
     }
     let forced = options.format;
     let mut sources = Vec::new();
+    let mut skipped = Vec::new();
     for input in given {
         let path = PathBuf::from(input);
         if path.is_dir() {
-            expand_folder(&path, forced, &mut sources)?;
+            expand_folder(&path, forced, &mut sources, &mut skipped)?;
         } else if path.is_file() {
             push_file(path, forced, &mut sources)?;
         } else if is_glob(input) {
@@ -219,6 +270,7 @@ pub(crate) fn resolve(given: &[String], options: &ShardOptions) -> Result<Inputs
         schema,
         estimated_bytes,
         given: given.to_vec(),
+        skipped,
     })
 }
 

@@ -35,7 +35,7 @@ mod task;
 mod writer;
 
 pub use error::{BoxError, PreprocessError, Result};
-pub use input::files_schema;
+pub use input::{SkippedInput, files_schema};
 pub use input_format::InputFormat;
 pub use lock::LOCK_FILE;
 pub use measure::peak_rss_bytes;

@@ -25,7 +25,7 @@ use shardfeed_format::{
 };
 
 use crate::encode::{EncodedRowGroup, Encoder, writer_properties};
-use crate::input::{self, Inputs, Source};
+use crate::input::{self, Inputs, SkippedInput, Source};
 use crate::measure::{batch_bytes, peak_rss_bytes};
 use crate::output;
 use crate::writer::{OpenShard, Publish};
@@ -60,6 +60,9 @@ pub struct ShardSummary {
     pub threads: usize,
     /// Peak resident memory of this process, when the OS tells it.
     pub peak_rss_bytes: Option<u64>,
+    /// Files and folders of folder inputs that were left out (hidden
+    /// files, side files, links back to a folder already walked).
+    pub skipped_inputs: Vec<SkippedInput>,
 }
 
 /// Shard resolved `inputs` into `location`: the manifest, or for a task of a
@@ -146,6 +149,7 @@ pub(crate) fn write_dataset(
         tasks: options.task.map(|t| t.count),
         threads,
         peak_rss_bytes: peak_rss_bytes(),
+        skipped_inputs: inputs.skipped.clone(),
     })
 }
 

@@ -71,6 +71,7 @@ pub(crate) fn shuffled(
             tasks: Some(task.count),
             threads: options.effective_threads(),
             peak_rss_bytes: crate::measure::peak_rss_bytes(),
+            skipped_inputs: inputs.skipped.clone(),
         });
     }
     wait_for_scatter(location, task.count, options, handle)?;
@@ -244,6 +245,7 @@ fn gather_inputs(
             schema: inputs.schema.clone(),
             estimated_bytes,
             given: vec![location.url_of(&folder)],
+            skipped: Vec::new(),
         },
         staged,
     ))

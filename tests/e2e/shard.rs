@@ -1165,3 +1165,60 @@ fn malformed_parquet_inputs_fail_cleanly_or_round_trip() {
         &[0, 1, 2]
     );
 }
+
+/// ImageFolder trees as users have them: hidden files (`.DS_Store`) and
+/// folders are left out, a symbolic link to a folder is followed once (a link
+/// back up the tree is not walked again), and the summary says what was
+/// left out.
+#[test]
+fn folder_inputs_skip_hidden_files_follow_links_and_say_what_they_left_out() {
+    let tmp = tempdir();
+    let root = tmp.path().join("images");
+    let files = shardfeed_fixtures::write_image_folder(&root, 30, 3, 5).unwrap();
+    let elsewhere = tmp.path().join("more");
+    shardfeed_fixtures::write_image_folder(&elsewhere, 6, 1, 9).unwrap();
+    let class = std::fs::read_dir(&elsewhere).unwrap().next().unwrap().unwrap().path();
+    std::os::unix::fs::symlink(&class, root.join("linked")).unwrap();
+    std::os::unix::fs::symlink(&root, root.join("linked-back")).unwrap();
+    std::fs::write(root.join(".DS_Store"), b"finder").unwrap();
+    let first_class = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && !p.is_symlink())
+        .min()
+        .unwrap();
+    std::fs::write(first_class.join(".DS_Store"), b"finder").unwrap();
+    std::fs::create_dir_all(root.join(".cache")).unwrap();
+    std::fs::write(root.join(".cache/thumb.bin"), b"x").unwrap();
+    let out = tmp.path().join("ds");
+    let run = shard_small(&[s(&root)], &out, &[]).success();
+    let summary = run.json();
+    assert_eq!(summary["rows"], (files.len() + 6) as u64, "{summary}");
+    let skipped: Vec<(String, String)> = summary["skipped_inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["path"].as_str().unwrap().to_string(), s["reason"].as_str().unwrap().to_string()))
+        .collect();
+    let find = |suffix: &str| skipped.iter().find(|(p, _)| p.ends_with(suffix));
+    assert_eq!(find("/.DS_Store").map(|(_, r)| r.as_str()), Some("hidden"), "{skipped:?}");
+    assert_eq!(skipped.iter().filter(|(p, _)| p.ends_with(".DS_Store")).count(), 2);
+    assert!(find("/.cache").is_some(), "{skipped:?}");
+    assert!(
+        find("linked-back").is_some_and(|(_, r)| r.contains("link back")),
+        "{skipped:?}"
+    );
+    let labels = read_all(&out);
+    let labels = labels
+        .column_by_name("label")
+        .unwrap()
+        .as_any()
+        .downcast_ref::<arrow_array::StringArray>()
+        .unwrap()
+        .iter()
+        .flatten()
+        .filter(|l| *l == "linked")
+        .count();
+    assert_eq!(labels, 6);
+}
