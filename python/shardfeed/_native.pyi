@@ -42,8 +42,16 @@ class Loader:
         io_concurrency: int | None = None,
         inject_latency_ms: float | None = None,
         inject_failure_rate: float | None = None,
+        on_error: str = "fail",
+        max_skipped: int | None = None,
     ) -> None:
         """Build a loader; ``ValueError`` names a bad option.
+
+        ``on_error="skip"`` leaves out a damaged row group (checksum mismatch,
+        undecodable pages) instead of failing: the batches that held its rows
+        are shorter, the same ones on every rank and after a resume, and
+        ``stats()["skipped"]`` names it; past ``max_skipped`` (default 10) row
+        groups the loader fails.
 
         ``inject_latency_ms`` / ``inject_failure_rate`` read the dataset through
         a fault-injecting store (as ``shardfeed bench --inject-*``), for tests
@@ -64,7 +72,8 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """Where the loader is (under 1 KB as JSON)."""
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` was taken."""
+        """Continue exactly where ``state`` was taken; ``ValueError`` if the
+        state belongs to another dataset or order (naming what differs)."""
     def stats(self) -> dict[str, Any]:
         """Counters: rows, bytes, batches, time to first batch, waits, busy times, retries."""
     def close(self) -> None:

@@ -254,6 +254,7 @@ impl PyLoader {
         drop_last=true, pad_to=None, pad_value=0.0, prefetch=None, threads=None,
         storage_options=None, cache_dir=None, *, cache_limit=None, window=None, byte_budget=None,
         pinning="auto", io_concurrency=None, inject_latency_ms=None, inject_failure_rate=None,
+        on_error="fail", max_skipped=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -280,6 +281,8 @@ impl PyLoader {
         io_concurrency: Option<usize>,
         inject_latency_ms: Option<f64>,
         inject_failure_rate: Option<f64>,
+        on_error: &str,
+        max_skipped: Option<u64>,
     ) -> PyResult<Self> {
         let mut b = Loader::builder(&url)
             .batch_size(batch_size)
@@ -287,7 +290,11 @@ impl PyLoader {
             .seed(seed)
             .epoch(epoch)
             .drop_last(drop_last)
-            .pinning(pinning.parse().map_err(loader_error)?);
+            .pinning(pinning.parse().map_err(loader_error)?)
+            .on_error(on_error.parse().map_err(loader_error)?);
+        if let Some(n) = max_skipped {
+            b = b.max_skipped(n);
+        }
         if let Some(columns) = columns {
             b = b.columns(columns);
         }

@@ -1177,7 +1177,12 @@ fn folder_inputs_skip_hidden_files_follow_links_and_say_what_they_left_out() {
     let files = shardfeed_fixtures::write_image_folder(&root, 30, 3, 5).unwrap();
     let elsewhere = tmp.path().join("more");
     shardfeed_fixtures::write_image_folder(&elsewhere, 6, 1, 9).unwrap();
-    let class = std::fs::read_dir(&elsewhere).unwrap().next().unwrap().unwrap().path();
+    let class = std::fs::read_dir(&elsewhere)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     std::os::unix::fs::symlink(&class, root.join("linked")).unwrap();
     std::os::unix::fs::symlink(&root, root.join("linked-back")).unwrap();
     std::fs::write(root.join(".DS_Store"), b"finder").unwrap();
@@ -1199,11 +1204,26 @@ fn folder_inputs_skip_hidden_files_follow_links_and_say_what_they_left_out() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| (s["path"].as_str().unwrap().to_string(), s["reason"].as_str().unwrap().to_string()))
+        .map(|s| {
+            (
+                s["path"].as_str().unwrap().to_string(),
+                s["reason"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     let find = |suffix: &str| skipped.iter().find(|(p, _)| p.ends_with(suffix));
-    assert_eq!(find("/.DS_Store").map(|(_, r)| r.as_str()), Some("hidden"), "{skipped:?}");
-    assert_eq!(skipped.iter().filter(|(p, _)| p.ends_with(".DS_Store")).count(), 2);
+    assert_eq!(
+        find("/.DS_Store").map(|(_, r)| r.as_str()),
+        Some("hidden"),
+        "{skipped:?}"
+    );
+    assert_eq!(
+        skipped
+            .iter()
+            .filter(|(p, _)| p.ends_with(".DS_Store"))
+            .count(),
+        2
+    );
     assert!(find("/.cache").is_some(), "{skipped:?}");
     assert!(
         find("linked-back").is_some_and(|(_, r)| r.contains("link back")),

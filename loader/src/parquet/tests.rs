@@ -552,3 +552,344 @@ fn decoded_bytes_equal_parquets_reader() {
         assert_eq!(read, batch);
     }
 }
+
+/// Cases of the property tests: `SHARDFEED_PROPTEST_CASES`, else `default`.
+fn cases(default: u32) -> u32 {
+    std::env::var("SHARDFEED_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A column shape the own decoders handle.
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    Fixed(u8),
+    List,
+    Bytes(bool),
+}
+
+/// A table to write: column shapes (with nullability), rows, how many
+/// distinct values, how many nulls (per mille), and the data's seed.
+#[derive(Clone, Debug)]
+struct Table {
+    columns: Vec<(Shape, bool)>,
+    rows: usize,
+    distinct: u64,
+    nulls: u64,
+    seed: u64,
+}
+
+/// How parquet's writer writes it.
+#[derive(Clone, Debug)]
+struct Writer {
+    v2: bool,
+    dictionary: bool,
+    dictionary_limit: usize,
+    page_bytes: usize,
+    page_rows: usize,
+    codec: u8,
+    group_rows: usize,
+}
+
+fn table_strategy() -> impl proptest::strategy::Strategy<Value = Table> {
+    use proptest::prelude::*;
+    let shape = prop_oneof![
+        (0u8..10).prop_map(Shape::Fixed),
+        Just(Shape::List),
+        any::<bool>().prop_map(Shape::Bytes),
+    ];
+    (
+        proptest::collection::vec((shape, any::<bool>()), 1..4),
+        1usize..700,
+        prop_oneof![Just(3u64), Just(40), Just(u64::MAX)],
+        prop_oneof![Just(0u64), 0u64..500],
+        any::<u64>(),
+    )
+        .prop_map(|(columns, rows, distinct, nulls, seed)| Table {
+            columns,
+            rows,
+            distinct,
+            nulls,
+            seed,
+        })
+}
+
+fn writer_strategy() -> impl proptest::strategy::Strategy<Value = Writer> {
+    use proptest::prelude::*;
+    (
+        any::<bool>(),
+        prop_oneof![Just(true), Just(true), Just(false)],
+        prop_oneof![Just(64usize), Just(1024), Just(1 << 20)],
+        prop_oneof![Just(256usize), Just(4096), Just(1 << 20)],
+        prop_oneof![Just(17usize), Just(200), Just(20_000)],
+        0u8..3,
+        prop_oneof![Just(50usize), Just(333), Just(1000)],
+    )
+        .prop_map(
+            |(v2, dictionary, dictionary_limit, page_bytes, page_rows, codec, group_rows)| Writer {
+                v2,
+                dictionary,
+                dictionary_limit,
+                page_bytes,
+                page_rows,
+                codec,
+                group_rows,
+            },
+        )
+}
+
+/// The Arrow batch of `table`: every value a function of (seed, column, row).
+fn build(table: &Table) -> arrow_array::RecordBatch {
+    use arrow_array::*;
+    use arrow_schema::{Field, Schema};
+    let mix = |c: usize, r: usize, k: u64| {
+        shardfeed_format::permute::hash_words(&[table.seed, c as u64, r as u64, k])
+    };
+    let mut fields = Vec::new();
+    let mut arrays: Vec<ArrayRef> = Vec::new();
+    for (c, &(shape, nullable)) in table.columns.iter().enumerate() {
+        let valid = |r: usize| !nullable || mix(c, r, 1) % 1000 >= table.nulls;
+        let value = |r: usize| {
+            let v = mix(c, r, 2);
+            if table.distinct == u64::MAX {
+                v
+            } else {
+                v % table.distinct
+            }
+        };
+        let rows = 0..table.rows;
+        let array: ArrayRef = match shape {
+            Shape::Fixed(k) => {
+                let nulls = arrow_buffer::NullBuffer::from_iter(rows.clone().map(valid));
+                let plain: ArrayRef = match k {
+                    0 => Arc::new(Int8Array::from_iter_values(
+                        rows.clone().map(|r| value(r) as i8),
+                    )),
+                    1 => Arc::new(Int16Array::from_iter_values(
+                        rows.clone().map(|r| value(r) as i16),
+                    )),
+                    2 => Arc::new(Int32Array::from_iter_values(
+                        rows.clone().map(|r| value(r) as i32),
+                    )),
+                    3 => Arc::new(Int64Array::from_iter_values(
+                        rows.clone().map(|r| value(r) as i64),
+                    )),
+                    4 => Arc::new(UInt8Array::from_iter_values(
+                        rows.clone().map(|r| value(r) as u8),
+                    )),
+                    5 => Arc::new(UInt16Array::from_iter_values(
+                        rows.clone().map(|r| value(r) as u16),
+                    )),
+                    6 => Arc::new(UInt32Array::from_iter_values(
+                        rows.clone().map(|r| value(r) as u32),
+                    )),
+                    7 => Arc::new(UInt64Array::from_iter_values(rows.clone().map(value))),
+                    8 => Arc::new(Float32Array::from_iter_values(
+                        rows.clone().map(|r| (value(r) % 100_000) as f32 * 0.25),
+                    )),
+                    _ => Arc::new(Float64Array::from_iter_values(
+                        rows.clone().map(|r| value(r) as f64 / 7.0),
+                    )),
+                };
+                if nullable {
+                    make_array(
+                        plain
+                            .to_data()
+                            .into_builder()
+                            .nulls(Some(nulls))
+                            .build()
+                            .unwrap(),
+                    )
+                } else {
+                    plain
+                }
+            }
+            Shape::List => {
+                let item = Arc::new(Field::new("item", DataType::Int32, false));
+                let mut offsets = vec![0i32];
+                let mut values = Vec::new();
+                for r in rows.clone() {
+                    let len = (mix(c, r, 3) % 12) as usize;
+                    values.extend((0..len).map(|i| (value(r) as i32).wrapping_add(i as i32)));
+                    offsets.push(values.len() as i32);
+                }
+                Arc::new(
+                    ListArray::try_new(
+                        item,
+                        arrow_buffer::OffsetBuffer::new(offsets.into()),
+                        Arc::new(Int32Array::from(values)),
+                        None,
+                    )
+                    .unwrap(),
+                )
+            }
+            Shape::Bytes(utf8) => {
+                let text = |r: usize| format!("{}-{}", value(r), "é".repeat(r % 9));
+                let values = rows.clone().map(|r| valid(r).then(|| text(r)));
+                if utf8 {
+                    Arc::new(StringArray::from_iter(values))
+                } else {
+                    Arc::new(BinaryArray::from_iter(
+                        values.map(|v| v.map(String::into_bytes)),
+                    ))
+                }
+            }
+        };
+        let nullable = nullable && !matches!(shape, Shape::List);
+        fields.push(Field::new(
+            format!("c{c}"),
+            array.data_type().clone(),
+            nullable,
+        ));
+        arrays.push(array);
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
+}
+
+fn properties(w: &Writer) -> parquet::file::properties::WriterProperties {
+    use parquet::basic::{Compression, ZstdLevel};
+    use parquet::file::properties::{WriterProperties, WriterVersion};
+    WriterProperties::builder()
+        .set_writer_version(if w.v2 {
+            WriterVersion::PARQUET_2_0
+        } else {
+            WriterVersion::PARQUET_1_0
+        })
+        .set_dictionary_enabled(w.dictionary)
+        .set_dictionary_page_size_limit(w.dictionary_limit)
+        .set_data_page_size_limit(w.page_bytes)
+        .set_data_page_row_count_limit(w.page_rows)
+        .set_write_batch_size(64)
+        .set_compression(match w.codec {
+            0 => Compression::UNCOMPRESSED,
+            1 => Compression::ZSTD(ZstdLevel::default()),
+            _ => Compression::SNAPPY,
+        })
+        .set_max_row_group_row_count(Some(w.group_rows))
+        .build()
+}
+
+/// `array` in a form both readers' outputs share: dictionaries looked up,
+/// views as offset arrays.
+fn plain(array: &ArrayRef) -> ArrayRef {
+    use arrow_array::{BinaryArray, StringArray};
+    if let Some(d) = array.as_any_dictionary_opt() {
+        return arrow_select::take::take(d.values(), d.keys(), None).unwrap();
+    }
+    match array.data_type() {
+        DataType::BinaryView => Arc::new(BinaryArray::from_iter(array.as_binary_view().iter())),
+        DataType::Utf8View => Arc::new(StringArray::from_iter(array.as_string_view().iter())),
+        _ => array.clone(),
+    }
+}
+
+/// Every row group of `file` through the own entry point and through
+/// parquet's reader: the same values, or the own decoder's error when
+/// `may_fail`. Returns the paths taken.
+fn compare(file: &Bytes, may_fail: bool) -> std::result::Result<super::DecodePaths, String> {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let arrow = ArrowReaderMetadata::load(file, Default::default()).map_err(|e| e.to_string())?;
+    let roots: Vec<usize> = (0..arrow.schema().fields().len()).collect();
+    let mut paths = super::DecodePaths::default();
+    for rg in 0..arrow.metadata().num_row_groups() {
+        let ours = super::decode_row_group(Arc::new(file.clone()), &arrow, rg, &roots, &LIMITS);
+        let ours = match ours {
+            Ok((batches, p)) => {
+                paths.add(&p);
+                batches
+            }
+            Err(e) if may_fail => return Err(e.to_string()),
+            Err(e) => panic!("row group {rg}: {e}"),
+        };
+        for batch in &ours {
+            for column in batch.columns() {
+                column.to_data().validate_full().expect("a valid array");
+            }
+        }
+        // parquet's own reader may panic on mutated bytes: that is its
+        // business (the own entry point turns such panics into errors).
+        let theirs = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ParquetRecordBatchReaderBuilder::new_with_metadata(file.clone(), arrow.clone())
+                .with_row_groups(vec![rg])
+                .build()
+                .map(|r| r.collect::<std::result::Result<Vec<_>, _>>())
+        }));
+        let theirs: Vec<_> = match theirs {
+            Ok(Ok(Ok(batches))) => batches,
+            // parquet's reader refuses the bytes: nothing to compare with.
+            _ if may_fail => continue,
+            _ => panic!("parquet's reader failed on unmutated bytes"),
+        };
+        let ours_rows: usize = ours.iter().map(|b| b.num_rows()).sum();
+        let theirs_rows: usize = theirs.iter().map(|b| b.num_rows()).sum();
+        assert_eq!(ours_rows, theirs_rows, "row group {rg}");
+        for c in 0..roots.len() {
+            let column = |batches: &[arrow_array::RecordBatch]| {
+                let parts: Vec<ArrayRef> = batches.iter().map(|b| plain(b.column(c))).collect();
+                let parts: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+                arrow_select::concat::concat(&parts).unwrap()
+            };
+            assert_eq!(
+                column(&ours).to_data(),
+                column(&theirs).to_data(),
+                "row group {rg}, column {c}"
+            );
+        }
+    }
+    Ok(paths)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: cases(256), ..Default::default() })]
+
+    /// The own decoders give parquet's reader's values for random tables of
+    /// the supported shapes, written with random writer settings (V1/V2
+    /// pages, page and row group sizes, dictionaries on, off and falling
+    /// back, three codecs); V1 files take the own path for every column.
+    #[test]
+    fn own_decoders_equal_parquets_reader_on_random_tables(
+        table in table_strategy(),
+        writer in writer_strategy(),
+    ) {
+        let batch = build(&table);
+        let (file, _) = write_parquet(&batch, Some(properties(&writer)));
+        let paths = compare(&file, false).unwrap();
+        if !writer.v2 {
+            proptest::prop_assert_eq!(paths.parquet, 0, "{:?}", paths);
+        }
+    }
+
+    /// Bytes of a column chunk's page headers and pages flipped or rewritten:
+    /// the own decoders give an error or valid arrays equal to what parquet's
+    /// reader makes of the same bytes; never a panic, a hang or an invalid
+    /// array (under arrow's force_validate).
+    #[test]
+    fn mutated_pages_give_errors_or_the_same_values(
+        table in table_strategy(),
+        writer in writer_strategy(),
+        mutations in proptest::collection::vec((0.0f64..1.0, 0u8..4, proptest::prelude::any::<u8>()), 1..4),
+    ) {
+        let batch = build(&table);
+        let (file, arrow) = write_parquet(&batch, Some(properties(&writer)));
+        // The byte range of the row groups' column chunks.
+        let metadata = arrow.metadata();
+        let start = metadata.row_group(0).column(0).byte_range().0 as usize;
+        let last = metadata.row_group(metadata.num_row_groups() - 1);
+        let (s, l) = last.column(last.num_columns() - 1).byte_range();
+        let end = (s + l) as usize;
+        let mut bytes = file.to_vec();
+        for (at, how, value) in mutations {
+            let at = start + ((end - start) as f64 * at) as usize;
+            match how {
+                0 => bytes[at] ^= 1 << (value % 8),
+                1 => bytes[at] = value,
+                2 => bytes[at] = 0xff,
+                _ => bytes[at] = bytes[at].wrapping_add(1),
+            }
+        }
+        let mutated = Bytes::from(bytes);
+        let outcome = std::panic::catch_unwind(|| compare(&mutated, true));
+        proptest::prop_assert!(outcome.is_ok(), "a panic on mutated bytes");
+    }
+}
