@@ -442,3 +442,108 @@ mod tests {
         assert_eq!(plain, (0..350).collect::<Vec<_>>());
     }
 }
+
+#[cfg(test)]
+mod golden {
+    use super::*;
+    use shardfeed_format::{Crc32, ShardEntry, WriteOptions};
+
+    fn layout() -> Manifest {
+        let shards = [vec![10u64, 7], vec![5], vec![12, 3]]
+            .iter()
+            .enumerate()
+            .map(|(i, groups)| ShardEntry {
+                path: shardfeed_format::shard_path(i),
+                rows: groups.iter().sum(),
+                bytes: 1000,
+                row_groups: groups.clone(),
+                footer_len: 100,
+                footer_crc32: Crc32(0),
+                crc32: Crc32(0),
+            })
+            .collect();
+        Manifest::new(
+            arrow_schema::Schema::empty(),
+            WriteOptions {
+                compression: "zstd".into(),
+                zstd_level: 3,
+                shard_size: 1,
+                row_group_rows: None,
+                row_group_bytes: None,
+                shuffle_seed: None,
+            },
+            shards,
+            0,
+        )
+    }
+
+    /// Global ids (rows numbered shard by shard) of a rank's epoch.
+    fn ids(seed: u64, epoch: u64, rank: u64, world: u64) -> Vec<u64> {
+        let m = layout();
+        let plan = EpochPlan::new(
+            &m,
+            PlanOptions {
+                seed,
+                epoch,
+                rank,
+                world_size: world,
+                shuffle: true,
+                window: 2,
+                batch_size: 4,
+                drop_last: true,
+            },
+        );
+        let mut base = Vec::new();
+        let mut acc = 0;
+        for s in &m.shards {
+            base.push(
+                s.row_groups
+                    .iter()
+                    .map(|g| {
+                        acc += g;
+                        acc - g
+                    })
+                    .collect::<Vec<_>>(),
+            );
+        }
+        (0..plan.positions())
+            .map(|p| {
+                let (seg, row) = plan.locate(p);
+                let s = plan.segments()[seg];
+                base[s.shard as usize][s.row_group as usize] + row as u64
+            })
+            .collect()
+    }
+
+    /// The order of four fixed (seed, epoch, rank, world size), pinned:
+    /// saved states resume by position, so a change to the order must bump
+    /// `PLAN_VERSION` (old states are then refused) and these values with it.
+    #[test]
+    fn orders_for_fixed_seeds_are_pinned() {
+        assert_eq!(crate::state::PLAN_VERSION, 1, "update the pinned orders with the version");
+        let pinned: [((u64, u64, u64, u64), &[u64]); 4] = [
+            (
+                (0, 0, 0, 1),
+                &[
+                    20, 19, 18, 21, 17, 13, 34, 11, 14, 10, 15, 16, 35, 12, 36, 26, 23, 1, 4, 25,
+                    0, 3, 8, 6, 27, 32, 9, 24, 30, 28, 31, 22, 2, 33, 7, 29,
+                ],
+            ),
+            (
+                (7, 3, 0, 1),
+                &[
+                    16, 14, 15, 10, 12, 13, 11, 26, 31, 34, 33, 22, 36, 28, 32, 27, 23, 24, 25,
+                    30, 35, 29, 7, 8, 5, 4, 3, 9, 17, 0, 19, 2, 21, 1, 20, 6,
+                ],
+            ),
+            (
+                (7, 3, 1, 2),
+                &[30, 33, 31, 32, 1, 4, 3, 9, 19, 20, 18, 0, 17, 5, 8, 2],
+            ),
+            ((123456789, 1, 2, 3), &[16, 14, 15, 2, 3, 0, 1, 4, 5, 6, 7, 8]),
+        ];
+        for ((seed, epoch, rank, world), expected) in pinned {
+            assert_eq!(ids(seed, epoch, rank, world), expected, "seed {seed} epoch {epoch} rank {rank}/{world}");
+        }
+    }
+}
