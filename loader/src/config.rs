@@ -460,6 +460,8 @@ impl LoaderBuilder {
             counters.clone(),
             self.retry.clone(),
             cache,
+            // Idle read buffers kept for reuse: a quarter of the budget.
+            usize::try_from(self.byte_budget / 4).unwrap_or(usize::MAX),
         ));
         let sizes = estimate_sizes(&runtime, &fetch, &manifest, &self, &plans)?;
 

@@ -520,7 +520,11 @@ mod golden {
     /// `PLAN_VERSION` (old states are then refused) and these values with it.
     #[test]
     fn orders_for_fixed_seeds_are_pinned() {
-        assert_eq!(crate::state::PLAN_VERSION, 1, "update the pinned orders with the version");
+        assert_eq!(
+            crate::state::PLAN_VERSION,
+            1,
+            "update the pinned orders with the version"
+        );
         let pinned: [((u64, u64, u64, u64), &[u64]); 4] = [
             (
                 (0, 0, 0, 1),
@@ -532,18 +536,25 @@ mod golden {
             (
                 (7, 3, 0, 1),
                 &[
-                    16, 14, 15, 10, 12, 13, 11, 26, 31, 34, 33, 22, 36, 28, 32, 27, 23, 24, 25,
-                    30, 35, 29, 7, 8, 5, 4, 3, 9, 17, 0, 19, 2, 21, 1, 20, 6,
+                    16, 14, 15, 10, 12, 13, 11, 26, 31, 34, 33, 22, 36, 28, 32, 27, 23, 24, 25, 30,
+                    35, 29, 7, 8, 5, 4, 3, 9, 17, 0, 19, 2, 21, 1, 20, 6,
                 ],
             ),
             (
                 (7, 3, 1, 2),
                 &[30, 33, 31, 32, 1, 4, 3, 9, 19, 20, 18, 0, 17, 5, 8, 2],
             ),
-            ((123456789, 1, 2, 3), &[16, 14, 15, 2, 3, 0, 1, 4, 5, 6, 7, 8]),
+            (
+                (123456789, 1, 2, 3),
+                &[16, 14, 15, 2, 3, 0, 1, 4, 5, 6, 7, 8],
+            ),
         ];
         for ((seed, epoch, rank, world), expected) in pinned {
-            assert_eq!(ids(seed, epoch, rank, world), expected, "seed {seed} epoch {epoch} rank {rank}/{world}");
+            assert_eq!(
+                ids(seed, epoch, rank, world),
+                expected,
+                "seed {seed} epoch {epoch} rank {rank}/{world}"
+            );
         }
     }
 }

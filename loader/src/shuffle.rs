@@ -211,26 +211,40 @@ fn permute_keys<K: ArrowDictionaryKeyType>(
     for d in dictionaries {
         let raw = d.keys();
         let len = d.values().len();
-        let nulls = raw.logical_nulls();
-        let valid = |i: usize| nulls.as_ref().is_none_or(|n| n.is_valid(i));
-        let mut push = |i: usize, k: usize| -> std::result::Result<(), String> {
-            let k = match k < len {
-                true => k,
-                false if !valid(i) => 0,
-                false => return Err(format!("key {k} is outside its dictionary of {len} values")),
-            };
-            keys.push(K::Native::usize_as(k + shift));
-            Ok(())
+        // Every key below `len` (one vectorised pass); otherwise only null
+        // slots may hold one, and theirs become 0.
+        let checked = |key: usize, i: usize| -> std::result::Result<usize, String> {
+            if key < len {
+                Ok(key)
+            } else if raw.is_null(i) {
+                Ok(0)
+            } else {
+                Err(format!(
+                    "key {key} is outside its dictionary of {len} values"
+                ))
+            }
         };
         match raw.data_type() {
             DataType::UInt16 => {
-                for (i, &k) in raw.as_primitive::<UInt16Type>().values().iter().enumerate() {
-                    push(i, k as usize)?;
+                let ks = raw.as_primitive::<UInt16Type>().values();
+                if ks.iter().fold(0u16, |m, &k| m.max(k)) as usize >= len {
+                    for (i, &k) in ks.iter().enumerate() {
+                        keys.push(K::Native::usize_as(checked(k as usize, i)? + shift));
+                    }
+                } else {
+                    keys.extend(ks.iter().map(|&k| K::Native::usize_as(k as usize + shift)));
                 }
             }
             DataType::Int32 => {
-                for (i, &k) in raw.as_primitive::<Int32Type>().values().iter().enumerate() {
-                    push(i, usize::try_from(k).unwrap_or(usize::MAX))?;
+                let ks = raw.as_primitive::<Int32Type>().values();
+                // As unsigned: a negative key is out of range too.
+                if ks.iter().fold(0u32, |m, &k| m.max(k as u32)) as usize >= len {
+                    for (i, &k) in ks.iter().enumerate() {
+                        let k = usize::try_from(k).unwrap_or(usize::MAX);
+                        keys.push(K::Native::usize_as(checked(k, i)? + shift));
+                    }
+                } else {
+                    keys.extend(ks.iter().map(|&k| K::Native::usize_as(k as usize + shift)));
                 }
             }
             other => return Err(format!("dictionary keys of type {other}")),

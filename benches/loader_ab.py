@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Two builds of shardfeed on the same shards, interleaved: did a change cost throughput?
+
+For each dataset (generated and sharded once, with --bin-a), run `shardfeed bench`
+(--epochs 3, 2 decode threads) alternately with build A and build B, --repeat times,
+and report the median steady rate (after epoch 1), the median rate over all three
+epochs including start-up, and the ratios B/A, with pyarrow's iter_batches over the
+same files in the same run for scale.
+
+    python3 benches/loader_ab.py --bin-a /tmp/shardfeed-before --bin-b target/release/shardfeed \
+        --work /tmp/shardfeed-ab --size 300MB --repeat 5
+"""
+import argparse, json, os, statistics, subprocess, sys, time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+BATCH = {"tokens": 64, "tabular": 4096, "images": 32}
+
+
+def bench(binary, path, batch):
+    r = subprocess.run([binary, "bench", path, "--batch-size", str(batch), "--threads", "2",
+                        "--epochs", "3", "--json"], check=True, capture_output=True, text=True)
+    return json.loads(r.stdout)
+
+
+def iter_batches(path, batch):
+    m = json.load(open(os.path.join(path, "manifest.json")))
+    t, rows = time.perf_counter(), 0
+    for s in m["shards"]:
+        for b in pq.ParquetFile(os.path.join(path, s["path"])).iter_batches(batch_size=batch):
+            rows += b.num_rows
+    return rows / (time.perf_counter() - t)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--bin-a", required=True)
+    p.add_argument("--bin-b", required=True)
+    p.add_argument("--work", default="/tmp/shardfeed-ab")
+    p.add_argument("--kinds", default="tokens,tabular,images")
+    p.add_argument("--size", default="300MB")
+    p.add_argument("--repeat", type=int, default=5)
+    args = p.parse_args()
+    pa.set_cpu_count(2)
+    pa.set_io_thread_count(2)
+    rows = []
+    for kind in args.kinds.split(","):
+        batch = BATCH[kind]
+        raw, path = os.path.join(args.work, kind, "raw"), os.path.join(args.work, kind, "ds")
+        if not os.path.exists(os.path.join(path, "manifest.json")):
+            subprocess.run([args.bin_a, "generate", kind, "--size", args.size, "--files", "4", "-o", raw],
+                           check=True, capture_output=True)
+            subprocess.run([args.bin_a, "shard", raw, "-o", path, "--overwrite"], check=True, capture_output=True)
+        runs = {"a": [], "b": [], "pyarrow": []}
+        for i in range(args.repeat):
+            order = ("a", "b") if i % 2 == 0 else ("b", "a")
+            for who in order:
+                runs[who].append(bench(args.bin_a if who == "a" else args.bin_b, path, batch))
+            runs["pyarrow"].append(iter_batches(path, batch))
+        med = lambda who, key: statistics.median(r[key] for r in runs[who])
+        row = {
+            "dataset": kind,
+            "a_steady_rows_s": round(med("a", "steady_rows_per_s")),
+            "b_steady_rows_s": round(med("b", "steady_rows_per_s")),
+            "b_over_a_steady": round(med("b", "steady_rows_per_s") / med("a", "steady_rows_per_s"), 3),
+            "a_all_epochs_rows_s": round(med("a", "rows_per_s")),
+            "b_all_epochs_rows_s": round(med("b", "rows_per_s")),
+            "b_over_a_all_epochs": round(med("b", "rows_per_s") / med("a", "rows_per_s"), 3),
+            "b_peak_rss_mib": round(med("b", "peak_rss_bytes") / 2**20),
+            "a_peak_rss_mib": round(med("a", "peak_rss_bytes") / 2**20),
+            "pyarrow_iter_batches_rows_s": round(statistics.median(runs["pyarrow"])),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print("\n| dataset | A steady rows/s | B steady rows/s | B/A steady | A 3 epochs incl. start-up | B 3 epochs | B/A | peak RSS A / B | pyarrow iter_batches |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['dataset']} | {r['a_steady_rows_s']} | {r['b_steady_rows_s']} | {r['b_over_a_steady']} | "
+              f"{r['a_all_epochs_rows_s']} | {r['b_all_epochs_rows_s']} | {r['b_over_a_all_epochs']} | "
+              f"{r['a_peak_rss_mib']} / {r['b_peak_rss_mib']} MiB | {r['pyarrow_iter_batches_rows_s']} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
