@@ -532,6 +532,16 @@ impl LoaderBuilder {
                 ),
             );
         }
+        // Read ahead no further than is useful: the row groups that must be
+        // held, one more window (decoding runs a window ahead of the one the
+        // shuffle stage assembles) and two per decode thread. More would
+        // only be fresh memory the first epoch pays for.
+        let useful = sizes.unit_bytes.saturating_mul(
+            needed
+                .saturating_add(self.window as u64)
+                .saturating_add(2 * decode_threads as u64),
+        );
+        let in_flight = self.byte_budget.min(useful.max(1 << 20));
         let pool = Arc::new(Pool::new(slabs, slab_bytes, self.pinning)?);
         let config = Config {
             batch_size: self.batch_size,
@@ -548,6 +558,7 @@ impl LoaderBuilder {
             fixed_width: plans.iter().all(ColumnPlan::is_fixed_width),
             plans,
             byte_budget: self.byte_budget,
+            in_flight_bytes: in_flight,
             needed_units: needed,
             on_error: self.on_error,
             max_skipped: self.max_skipped,
@@ -640,8 +651,11 @@ pub(crate) struct Config {
     pub plans: Vec<ColumnPlan>,
     /// Every projected column is fixed width.
     pub fixed_width: bool,
-    /// Bytes of projected row groups held at once.
+    /// The byte budget: no row group's column decodes to more.
     pub byte_budget: u64,
+    /// Bytes of projected row groups fetched or decoded but not yet
+    /// collated, at most: the budget, or less when less is useful.
+    pub in_flight_bytes: u64,
     /// Row groups that must fit the budget at once (two windows and a batch).
     pub needed_units: u64,
     pub on_error: OnError,

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
-use shardfeed_format::ShardEntry;
+use shardfeed_format::{Crc32, ShardEntry};
 
 use crate::parquet::{Limits, SparseFile, decode_row_group};
 use crate::plan::Segment;
-use crate::shard::{ShardFooter, check_chunk};
+use crate::shard::{ShardFooter, check_chunk, check_chunk_crc};
 use crate::stats::Counters;
 use crate::{LoaderError, Result};
 
@@ -26,9 +26,10 @@ pub(crate) struct Fetched {
     pub seq: u64,
     pub segment: Segment,
     pub footer: Arc<FooterInfo>,
-    /// `(leaf column, file offset, bytes)`, one per projected column chunk:
-    /// owned bytes, read from the store or a local file.
-    pub chunks: Vec<(usize, u64, Bytes)>,
+    /// `(leaf column, file offset, bytes, checksum)`, one per projected
+    /// column chunk: owned bytes, read from the store or a local file; the
+    /// checksum when it was computed as the bytes were read.
+    pub chunks: Vec<(usize, u64, Bytes, Option<Crc32>)>,
 }
 
 /// Check and decode a fetched segment: its rows, as one or more batches.
@@ -47,12 +48,18 @@ pub(crate) fn decode(
         ..
     } = fetched;
     let rg = segment.row_group as usize;
-    for (leaf, _, bytes) in &chunks {
-        check_chunk(entry, &footer.footer, rg, *leaf, bytes)?;
+    for (leaf, _, bytes, crc) in &chunks {
+        match crc {
+            Some(crc) => check_chunk_crc(entry, &footer.footer, rg, *leaf, *crc)?,
+            None => check_chunk(entry, &footer.footer, rg, *leaf, bytes)?,
+        }
     }
     let file = SparseFile::new(
         entry.bytes,
-        chunks.into_iter().map(|(_, start, b)| (start, b)).collect(),
+        chunks
+            .into_iter()
+            .map(|(_, start, b, _)| (start, b))
+            .collect(),
     );
     let limits = Limits {
         max_bytes: usize::try_from(byte_budget).unwrap_or(usize::MAX),

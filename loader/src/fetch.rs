@@ -20,7 +20,7 @@ use bytes::Bytes;
 use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::file::metadata::RowGroupMetaData;
-use shardfeed_format::{Location, Manifest, RetryPolicy};
+use shardfeed_format::{Crc32, Location, Manifest, RetryPolicy};
 
 use crate::cache::ShardCache;
 use crate::decode::{Fetched, FooterInfo};
@@ -218,15 +218,15 @@ impl FetchContext {
             })
     }
 
-    /// Read `ranges` of `shard`: `pread`s of the local file, or coalesced
-    /// range requests to the store.
+    /// Read `ranges` of `shard`: `pread`s of the local file (with each
+    /// range's checksum), or coalesced range requests to the store.
     async fn read_ranges(
         &self,
         shard: u32,
         ranges: Vec<std::ops::Range<u64>>,
-    ) -> Result<Vec<Bytes>> {
+    ) -> Result<Vec<(Bytes, Option<Crc32>)>> {
         let started = Instant::now();
-        let parts = match self.local(shard).await? {
+        let parts: Vec<(Bytes, Option<Crc32>)> = match self.local(shard).await? {
             Some(file) => {
                 let len = self.entry(shard).bytes;
                 let pool = self.buffers.clone();
@@ -252,6 +252,9 @@ impl FetchContext {
                         source: e,
                     },
                 })?
+                .into_iter()
+                .map(|(bytes, crc)| (bytes, Some(crc)))
+                .collect()
             }
             None => {
                 let entry = self.entry(shard);
@@ -266,13 +269,13 @@ impl FetchContext {
                     .await
                     .map_err(|e| self.store_error(shard, e))?;
                 Counters::add(&self.counters.requests, 1);
-                parts
+                parts.into_iter().map(|bytes| (bytes, None)).collect()
             }
         };
         Counters::add_time(&self.counters.fetch_busy_ns, started.elapsed());
         Counters::add(
             &self.counters.fetched_bytes,
-            parts.iter().map(|b| b.len() as u64).sum(),
+            parts.iter().map(|(b, _)| b.len() as u64).sum(),
         );
         Ok(parts)
     }
@@ -304,7 +307,8 @@ impl FetchContext {
             .read_ranges(shard, vec![range])
             .await?
             .pop()
-            .expect("one range");
+            .expect("one range")
+            .0;
         let entry = entry.clone();
         let manifest = self.manifest.clone();
         // Parsing is CPU work: keep it off the async workers.
@@ -393,7 +397,7 @@ impl FetchContext {
             .into_iter()
             .zip(starts)
             .zip(parts)
-            .map(|((leaf, start), bytes)| (leaf, start, bytes))
+            .map(|((leaf, start), (bytes, crc))| (leaf, start, bytes, crc))
             .collect();
         Ok(Fetched {
             seq,
@@ -403,6 +407,9 @@ impl FetchContext {
         })
     }
 }
+
+/// Buffers smaller than this come from the allocator's own small pages.
+const MIN_POOLED: usize = 64 << 10;
 
 /// Read buffers recycled between row groups: a buffer freshly allocated
 /// for every chunk is fresh memory the kernel must zero on first touch
@@ -424,14 +431,18 @@ impl BufferPool {
     }
 
     /// An empty buffer with room for `len` bytes: the smallest idle one
-    /// that fits, else a new one.
+    /// that fits and is at most twice as large (a small read never ties up
+    /// a large buffer), else a new one.
     fn take(&self, len: usize) -> Vec<u8> {
         use std::sync::atomic::Ordering;
+        if len < MIN_POOLED {
+            return Vec::with_capacity(len);
+        }
         let mut free = self.free.lock().expect("buffer pool");
         let best = free
             .iter()
             .enumerate()
-            .filter(|(_, b)| b.capacity() >= len)
+            .filter(|(_, b)| b.capacity() >= len && b.capacity() / 2 <= len)
             .min_by_key(|(_, b)| b.capacity())
             .map(|(i, _)| i);
         match best {
@@ -447,7 +458,9 @@ impl BufferPool {
     /// Keep `buf` for reuse, unless the pool is full.
     fn give(&self, mut buf: Vec<u8>) {
         use std::sync::atomic::Ordering;
-        if self.idle.load(Ordering::Relaxed) + buf.capacity() > self.limit {
+        if buf.capacity() < MIN_POOLED
+            || self.idle.load(Ordering::Relaxed) + buf.capacity() > self.limit
+        {
             return;
         }
         buf.clear();
@@ -474,14 +487,18 @@ impl Drop for Pooled {
     }
 }
 
+/// Bytes read at a time: the piece just read is still in the cache when
+/// its checksum is computed, instead of a second pass over cold memory.
+const READ_PIECE: usize = 256 << 10;
+
 /// `ranges` of `file` (whose manifest size is `len`), each into its own
-/// buffer from `pool`.
+/// buffer from `pool`, with its CRC-32.
 fn read_at(
     file: &File,
     ranges: &[std::ops::Range<u64>],
     len: u64,
     pool: &Arc<BufferPool>,
-) -> std::io::Result<Vec<Bytes>> {
+) -> std::io::Result<Vec<(Bytes, Crc32)>> {
     use std::os::fd::AsRawFd;
     ranges
         .iter()
@@ -494,18 +511,20 @@ fn read_at(
             }
             let n = (r.end - r.start) as usize;
             let mut buf = pool.take(n);
+            let mut hasher = crc32fast::Hasher::new();
             let mut done = 0usize;
             while done < n {
+                let want = (n - done).min(READ_PIECE);
                 let spare = buf.spare_capacity_mut();
-                // SAFETY: `spare` holds at least `n` bytes (`take` gave a
-                // buffer of capacity >= n, empty); pread writes at most
-                // `n - done` bytes at `spare[done..]`, inside it, and never
-                // reads them; the descriptor stays open while `file` lives.
+                // SAFETY: `spare` holds at least `n` bytes (`take` gave an
+                // empty buffer of capacity >= n); pread writes at most
+                // `want <= n - done` bytes at `spare[done..]`, inside it, and
+                // reads none; the descriptor stays open while `file` lives.
                 let got = unsafe {
                     libc::pread(
                         file.as_raw_fd(),
                         spare.as_mut_ptr().add(done) as *mut libc::c_void,
-                        n - done,
+                        want,
                         (r.start + done as u64) as libc::off_t,
                     )
                 };
@@ -522,15 +541,26 @@ fn read_at(
                             return Err(e);
                         }
                     }
-                    g => done += g as usize,
+                    g => {
+                        let g = g as usize;
+                        // SAFETY: pread initialised `spare[done..done + g]`.
+                        let piece = unsafe {
+                            std::slice::from_raw_parts(spare.as_ptr().add(done) as *const u8, g)
+                        };
+                        hasher.update(piece);
+                        done += g;
+                    }
                 }
             }
             // SAFETY: pread initialised all `n` bytes above.
             unsafe { buf.set_len(n) };
-            Ok(Bytes::from_owner(Pooled {
-                buf,
-                pool: pool.clone(),
-            }))
+            Ok((
+                Bytes::from_owner(Pooled {
+                    buf,
+                    pool: pool.clone(),
+                }),
+                Crc32(hasher.finalize()),
+            ))
         })
         .collect()
 }

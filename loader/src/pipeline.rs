@@ -221,7 +221,7 @@ impl Pipeline {
             // The most permits one row group takes: `needed_units` of them
             // always fit the budget, so a large row group cannot deadlock
             // a window waiting for its last member.
-            let total = (config.byte_budget >> 10).max(1) as u32;
+            let total = (config.in_flight_bytes >> 10).clamp(1, u32::MAX as u64) as u32;
             let max_unit = (total as u64 / config.needed_units.max(1)).max(1) as u32;
             let work = async move {
                 // Admission is sequential, in plan order: each segment takes

@@ -151,6 +151,17 @@ pub fn check_chunk(
     column: usize,
     bytes: &[u8],
 ) -> Result<()> {
+    check_chunk_crc(entry, footer, row_group, column, Crc32::of(bytes))
+}
+
+/// [`check_chunk`] with the chunk's checksum already computed (`found`).
+pub fn check_chunk_crc(
+    entry: &ShardEntry,
+    footer: &ShardFooter,
+    row_group: usize,
+    column: usize,
+    found: Crc32,
+) -> Result<()> {
     let expected = footer.checksums.get(row_group, column).ok_or_else(|| {
         corrupt(
             entry,
@@ -158,7 +169,6 @@ pub fn check_chunk(
             format!("no checksum for column {column}"),
         )
     })?;
-    let found = Crc32::of(bytes);
     if found != expected {
         let name = footer
             .metadata

@@ -253,14 +253,15 @@ fn permute_keys<K: ArrowDictionaryKeyType>(
     }
     let values: Vec<&dyn Array> = dictionaries.iter().map(|d| d.values().as_ref()).collect();
     let values = arrow_select::concat::concat(&values).map_err(|e| e.to_string())?;
-    let permuted: Vec<K::Native> = order
-        .iter()
-        .map(|&g| {
-            keys.get(g as usize)
-                .copied()
-                .ok_or_else(|| format!("row {g} of a window of {rows}"))
-        })
-        .collect::<std::result::Result<_, _>>()?;
+    if order.len() != rows {
+        return Err(format!(
+            "an order of {} rows for a window of {rows}",
+            order.len()
+        ));
+    }
+    // `order` is a permutation of the window's rows (the plan's), so every
+    // index is in range; indexing checks it anyway.
+    let permuted: Vec<K::Native> = order.iter().map(|&g| keys[g as usize]).collect();
     // Null rows (their keys index their dictionary too) keep their nulls.
     let nulls = dictionaries
         .iter()
