@@ -59,7 +59,8 @@ impl Loader {
         counters: Arc<Counters>,
         epoch: u64,
     ) -> Loader {
-        let permits = (config.in_flight_bytes >> 10).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
+        let permits =
+            (config.in_flight_bytes >> 10).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
         let schema = Arc::new(
             manifest
                 .schema

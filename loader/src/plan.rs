@@ -525,7 +525,9 @@ mod golden {
             1,
             "update the pinned orders with the version"
         );
-        let pinned: [((u64, u64, u64, u64), &[u64]); 4] = [
+        // (seed, epoch, rank, world size) -> the rank's rows, in order.
+        type Case = ((u64, u64, u64, u64), &'static [u64]);
+        let pinned: [Case; 4] = [
             (
                 (0, 0, 0, 1),
                 &[
