@@ -122,11 +122,17 @@ struct ShardArgs {
     /// zstd compression level (1-22).
     #[arg(long, default_value_t = shardfeed_preprocess::DEFAULT_ZSTD_LEVEL)]
     zstd_level: i32,
-    /// Shuffle all rows globally (works for inputs larger than memory).
-    #[arg(long)]
+    /// Shuffle all rows globally (the default for a single run; works for
+    /// inputs larger than memory). A split run shuffles across its tasks only
+    /// with --shuffle: then every task must run at once, or in two rounds (--stage).
+    #[arg(long, conflicts_with = "no_shuffle")]
     shuffle: bool,
-    /// Seed of --shuffle.
-    #[arg(long, default_value_t = 0)]
+    /// Keep the input order, for data that must stay ordered (the loader then
+    /// mixes only within its windows).
+    #[arg(long)]
+    no_shuffle: bool,
+    /// Seed of the shuffle.
+    #[arg(long, default_value_t = shardfeed_preprocess::DEFAULT_SHUFFLE_SEED)]
     seed: u64,
     /// Memory budget for in-flight data.
     #[arg(long, default_value = "1GiB")]
@@ -201,7 +207,9 @@ fn shard_options(args: &ShardArgs) -> Result<ShardOptions> {
     if let Some(rows) = args.row_group_rows {
         options = options.with_row_group_rows(rows);
     }
-    if args.shuffle {
+    if args.no_shuffle {
+        options = options.without_shuffle();
+    } else if args.shuffle || args.seed != shardfeed_preprocess::DEFAULT_SHUFFLE_SEED {
         options = options.with_shuffle(args.seed);
     }
     if let Some(format) = &args.format {

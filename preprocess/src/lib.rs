@@ -13,7 +13,7 @@
 //! let summary = shard(
 //!     &["raw/*.parquet".to_string()],
 //!     "/data/ds",
-//!     &ShardOptions::default().with_shard_size(64 << 20).with_shuffle(0),
+//!     &ShardOptions::default().with_shard_size(64 << 20).with_shuffle(7),
 //! )?;
 //! println!("{} rows in {} shards", summary.rows, summary.shards);
 //! # Ok::<(), shardfeed_preprocess::PreprocessError>(())
@@ -40,8 +40,8 @@ pub use input_format::InputFormat;
 pub use lock::LOCK_FILE;
 pub use measure::peak_rss_bytes;
 pub use options::{
-    DEFAULT_MEMORY_BUDGET, DEFAULT_ROW_GROUP_BYTES, DEFAULT_SHARD_SIZE, DEFAULT_ZSTD_LEVEL,
-    Progress, READ_BATCH_ROWS, ShardOptions, TaskSplit, TaskStage,
+    DEFAULT_MEMORY_BUDGET, DEFAULT_ROW_GROUP_BYTES, DEFAULT_SHARD_SIZE, DEFAULT_SHUFFLE_SEED,
+    DEFAULT_ZSTD_LEVEL, Progress, READ_BATCH_ROWS, ShardOptions, TaskSplit, TaskStage,
 };
 pub use pipeline::ShardSummary;
 pub use run::shard;

@@ -11,6 +11,8 @@ pub const DEFAULT_SHARD_SIZE: u64 = 128 << 20;
 /// Default target uncompressed (Arrow) bytes per row group: 8 MiB, a few MiB
 /// once compressed, small enough for fine-grained shuffles in the loader.
 pub const DEFAULT_ROW_GROUP_BYTES: u64 = 8 << 20;
+/// Default seed of the global row shuffle `shard` does unless asked not to.
+pub const DEFAULT_SHUFFLE_SEED: u64 = 0;
 /// Default zstd level.
 pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
 /// Default memory budget for the whole run: 1 GiB.
@@ -47,7 +49,10 @@ pub struct ShardOptions {
     pub row_group_bytes: u64,
     /// zstd level (1 to 22).
     pub zstd_level: i32,
-    /// Seed of a global row shuffle; `None` keeps input order.
+    /// Seed of the global row shuffle (by default 0: every dataset is a
+    /// permutation of its inputs); `None` keeps input order. A split run
+    /// shuffles across its tasks only when asked ([`ShardOptions::with_shuffle`]):
+    /// that needs every task to run at once, or two rounds (`--stage`).
     pub shuffle_seed: Option<u64>,
     /// Bytes of memory the run may use for in-flight data.
     pub memory_budget: u64,
@@ -82,6 +87,9 @@ pub struct ShardOptions {
     pub(crate) recorded_seed: Option<u64>,
     /// This process's attempt: names its staging files.
     pub(crate) attempt: String,
+    /// Whether the shuffle was chosen (`with_shuffle`, `without_shuffle`)
+    /// rather than left at its default.
+    pub(crate) shuffle_chosen: bool,
     /// Failure injection for tests (`SHARDFEED_FAILPOINTS`).
     pub(crate) failpoints: shardfeed_format::failpoint::Failpoints,
     /// The split run's identity, resolved (`run_id` or the fingerprint).
@@ -134,7 +142,7 @@ impl Default for ShardOptions {
             row_group_rows: None,
             row_group_bytes: DEFAULT_ROW_GROUP_BYTES,
             zstd_level: DEFAULT_ZSTD_LEVEL,
-            shuffle_seed: None,
+            shuffle_seed: Some(DEFAULT_SHUFFLE_SEED),
             memory_budget: DEFAULT_MEMORY_BUDGET,
             threads: 0,
             overwrite: false,
@@ -149,6 +157,7 @@ impl Default for ShardOptions {
             run_id: None,
             recorded_seed: None,
             attempt: String::new(),
+            shuffle_chosen: false,
             failpoints: Default::default(),
             run: String::new(),
         }
@@ -202,9 +211,17 @@ impl ShardOptions {
         self.zstd_level = level;
         self
     }
-    /// Shuffle all rows globally with `seed`.
+    /// Shuffle all rows globally with `seed` (the default, with seed 0; for
+    /// a split run, across every task).
     pub fn with_shuffle(mut self, seed: u64) -> Self {
         self.shuffle_seed = Some(seed);
+        self.shuffle_chosen = true;
+        self
+    }
+    /// Keep the input order (`--no-shuffle`), for data that must stay ordered.
+    pub fn without_shuffle(mut self) -> Self {
+        self.shuffle_seed = None;
+        self.shuffle_chosen = true;
         self
     }
     /// Set the memory budget in bytes.

@@ -26,6 +26,11 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
         option: "SHARDFEED_FAILPOINTS",
         reason,
     })?;
+    if options.task.is_some() && !options.shuffle_chosen {
+        // A split run shuffles across tasks only when asked: that changes
+        // how its tasks must run (all at once, or two rounds).
+        options.shuffle_seed = None;
+    }
     let options = &mut options;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

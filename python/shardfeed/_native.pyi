@@ -104,7 +104,7 @@ def shard(
     row_group_rows: int | None = None,
     row_group_size: Size | None = None,
     zstd_level: int | None = None,
-    shuffle: bool = False,
+    shuffle: bool | None = None,
     seed: int = 0,
     memory_budget: Size | None = None,
     threads: int = 0,
@@ -119,7 +119,9 @@ def shard(
 ) -> dict[str, Any]:
     """Shard inputs into a dataset; returns the summary ``shardfeed shard --json`` prints.
 
-    With ``task_index`` and ``num_tasks``: that task of a split run (see ``shard_task``).
+    Rows are shuffled globally unless ``shuffle=False`` (seeded by ``seed``).
+    With ``task_index`` and ``num_tasks``: that task of a split run (see
+    ``shard_task``), which shuffles across tasks only with ``shuffle=True``.
     """
 
 def commit(output: str, *, storage_options: dict[str, str] | None = None) -> dict[str, Any]:

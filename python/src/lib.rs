@@ -542,7 +542,7 @@ fn batch_dict(py: Python<'_>, batch: Batch) -> PyResult<Bound<'_, PyDict>> {
 #[pyfunction]
 #[pyo3(signature = (
     inputs, output, *, shard_size=None, row_group_rows=None, row_group_size=None,
-    zstd_level=None, shuffle=false, seed=0, memory_budget=None, threads=0, overwrite=false,
+    zstd_level=None, shuffle=None, seed=0, memory_budget=None, threads=0, overwrite=false,
     format=None, storage_options=None, temp_dir=None, task_index=None, num_tasks=None,
     stage="both", wait_timeout=3600.0,
 ))]
@@ -555,7 +555,7 @@ fn shard<'py>(
     row_group_rows: Option<u64>,
     row_group_size: Option<Size>,
     zstd_level: Option<i32>,
-    shuffle: bool,
+    shuffle: Option<bool>,
     seed: u64,
     memory_budget: Option<Size>,
     threads: usize,
@@ -587,8 +587,15 @@ fn shard<'py>(
     if let Some(level) = zstd_level {
         options = options.with_zstd_level(level);
     }
-    if shuffle {
-        options = options.with_shuffle(seed);
+    // None: shuffled (for a split run, only when asked).
+    match shuffle {
+        Some(true) => options = options.with_shuffle(seed),
+        Some(false) => options = options.without_shuffle(),
+        None => {
+            if seed != shardfeed_preprocess::DEFAULT_SHUFFLE_SEED {
+                options = options.with_shuffle(seed);
+            }
+        }
     }
     if let Some(s) = memory_budget {
         options = options.with_memory_budget(s.bytes("memory_budget")?);

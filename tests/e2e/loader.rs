@@ -132,42 +132,6 @@ fn order_depends_only_on_seed_epoch_and_rank() {
     assert_eq!(sorted.len(), 5000 / 64 * 64);
 }
 
-fn spearman(positions: &[i64]) -> f64 {
-    // positions[k] = input position of the row at output position k (a permutation).
-    let n = positions.len() as f64;
-    let d2: f64 = positions
-        .iter()
-        .enumerate()
-        .map(|(k, &p)| (k as f64 - p as f64).powi(2))
-        .sum();
-    1.0 - 6.0 * d2 / (n * (n * n - 1.0))
-}
-
-#[test]
-fn shuffled_positions_do_not_predict_input_positions() {
-    let tmp = tempdir();
-    let url = dataset(tmp.path(), Kind::Text, 100_000, 1000, 64 << 10);
-    let mut loader = Loader::builder(&url)
-        .columns(["id"])
-        .batch_size(1000)
-        .seed(5)
-        .build()
-        .unwrap();
-    let ids: Vec<i64> = id_batches(&mut loader).into_iter().flatten().collect();
-    assert_eq!(ids.len(), 100_000);
-    let rho = spearman(&ids);
-    assert!(rho.abs() < 0.05, "rank correlation {rho}");
-    // Without shuffling the order is the input order.
-    let mut plain = Loader::builder(&url)
-        .columns(["id"])
-        .batch_size(1000)
-        .shuffle(false)
-        .build()
-        .unwrap();
-    let ids: Vec<i64> = id_batches(&mut plain).into_iter().flatten().collect();
-    assert_eq!(ids, (0..100_000).collect::<Vec<_>>());
-}
-
 #[test]
 fn resume_continues_exactly_where_the_state_was_taken() {
     let tmp = tempdir();

@@ -71,7 +71,7 @@ fn parquet_inputs_of_every_codec_round_trip_every_type() {
         assert_eq!(summary["rows"], rows, "{codec:?}");
         let (manifest, shards) = read_dataset(&out);
         assert!(shards.len() > 1, "{codec:?}: expected several shards");
-        assert_same_rows(&concat(&shards), &expected);
+        assert_same_rows(&read_all(&out), &expected);
         assert_eq!(manifest.schema.fields(), expected.schema().fields());
     }
 }
@@ -197,7 +197,8 @@ fn a_folder_of_files_becomes_one_row_per_file_with_labels() {
     let root = tmp.path().join("images");
     let files = shardfeed_fixtures::write_image_folder(&root, 120, 4, 3).unwrap();
     let out = tmp.path().join("ds");
-    shard_small(&[s(&root)], &out, &[]).success();
+    // In input order (--no-shuffle): one row per file, in path order.
+    shard_small(&[s(&root)], &out, &["--no-shuffle"]).success();
     let all = read_all(&out);
     assert_eq!(all.num_rows(), files.len());
     let col = |name: &str| all.column_by_name(name).unwrap().clone();
@@ -244,12 +245,19 @@ fn globs_and_folders_of_parquet_files_expand_in_sorted_order() {
     );
     std::fs::write(dir.join("_SUCCESS"), b"").unwrap();
     let expected = batch(Kind::Text, 0, 600, 7);
+    // In input order (--no-shuffle): rows as the inputs expand.
+    let stored = |dir: &Path| concat(&read_dataset(dir).1);
     let by_glob = tmp.path().join("glob");
-    shard_small(&[format!("{}/*.parquet", s(&dir))], &by_glob, &[]).success();
-    assert_same_rows(&read_all(&by_glob), &expected);
+    shard_small(
+        &[format!("{}/*.parquet", s(&dir))],
+        &by_glob,
+        &["--no-shuffle"],
+    )
+    .success();
+    assert_same_rows(&stored(&by_glob), &expected);
     let by_folder = tmp.path().join("folder");
-    shard_small(&[s(&dir)], &by_folder, &[]).success();
-    assert_same_rows(&read_all(&by_folder), &expected);
+    shard_small(&[s(&dir)], &by_folder, &["--no-shuffle"]).success();
+    assert_same_rows(&stored(&by_folder), &expected);
 }
 
 #[test]
@@ -292,12 +300,13 @@ print(json.dumps({"ids": ids, "groups": groups, "first_s": t.column("s").to_pyli
         String::from_utf8_lossy(&output.stderr)
     );
     let result: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    let got: Vec<i64> = result["ids"]
+    let mut got: Vec<i64> = result["ids"]
         .as_array()
         .unwrap()
         .iter()
         .map(|v| v.as_i64().unwrap())
         .collect();
+    got.sort();
     assert_eq!(got, (0..800).collect::<Vec<i64>>());
     assert_eq!(
         result["groups"].as_u64().unwrap() as usize,
@@ -1154,7 +1163,7 @@ fn malformed_parquet_inputs_fail_cleanly_or_round_trip() {
     let input = tmp.path().join("undercounted.parquet");
     std::fs::write(&input, file).unwrap();
     let out = tmp.path().join("undercounted-out");
-    shardfeed(&["shard", &s(&input), "--output", &s(&out)]).success();
+    shardfeed(&["shard", &s(&input), "--output", &s(&out), "--no-shuffle"]).success();
     let rows = read_all(&out);
     assert_eq!(
         rows.column(0)

@@ -139,10 +139,26 @@ pub fn read_dataset(dir: &Path) -> (Manifest, Vec<RecordBatch>) {
     (manifest, out)
 }
 
-/// All rows of a dataset as one batch.
+/// All rows of a dataset as one batch: in `id` order when it has an `id`
+/// column (`shard` shuffles rows unless told not to), else as stored.
 pub fn read_all(dir: &Path) -> RecordBatch {
     let (_, batches) = read_dataset(dir);
-    concat(&batches)
+    let all = concat(&batches);
+    let Some(ids) = all
+        .column_by_name("id")
+        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+    else {
+        return all;
+    };
+    let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
+    order.sort_by_key(|&i| ids.value(i as usize));
+    let order = arrow_array::UInt32Array::from(order);
+    let columns = all
+        .columns()
+        .iter()
+        .map(|c| arrow_select::take::take(c, &order, None).unwrap())
+        .collect();
+    RecordBatch::try_new(all.schema(), columns).unwrap()
 }
 
 /// Concatenate batches of one schema.
