@@ -7,7 +7,7 @@ use clap::Args;
 use serde::Serialize;
 use shardfeed_format::fault::FaultConfig;
 use shardfeed_format::size::parse_size;
-use shardfeed_loader::{DecodePaths, Loader, OnError, PinningMode, SkippedRowGroup, Stats};
+use shardfeed_loader::{DecodePaths, Loader, Mixing, OnError, PinningMode, SkippedRowGroup, Stats};
 
 /// Arguments of `bench`.
 #[derive(Args, Clone)]
@@ -39,9 +39,10 @@ pub struct BenchArgs {
     /// Shuffle seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Row groups per shuffle window.
-    #[arg(long, default_value_t = shardfeed_loader::DEFAULT_WINDOW)]
-    pub window: usize,
+    /// Row groups per shuffle window (default: 8 for a dataset shuffled at
+    /// shard time, else as many as a quarter of the byte budget holds).
+    #[arg(long)]
+    pub window: Option<usize>,
     /// Batches collated ahead.
     #[arg(long, default_value_t = shardfeed_loader::DEFAULT_PREFETCH_BATCHES)]
     pub prefetch: usize,
@@ -117,6 +118,8 @@ pub struct BenchReport {
     pub decode_paths: DecodePaths,
     /// Row groups skipped as damaged (`--on-error skip`).
     pub skipped: Vec<SkippedRowGroup>,
+    /// How well batches mixed the dataset's row groups.
+    pub mixing: Mixing,
     /// The loader's counters.
     pub stats: Stats,
 }
@@ -138,7 +141,6 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         .batch_size(args.batch_size)
         .shuffle(!args.no_shuffle)
         .seed(args.seed)
-        .window(args.window)
         .prefetch(args.prefetch)
         .decode_threads(args.threads)
         .byte_budget(parse_size(&args.byte_budget).context("invalid --byte-budget")?)
@@ -149,6 +151,9 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         .world_size(1);
     if let Some(columns) = &args.columns {
         builder = builder.columns(columns.clone());
+    }
+    if let Some(window) = args.window {
+        builder = builder.window(window);
     }
     if let Some(dir) = &args.cache_dir {
         builder = builder.cache_dir(dir);
@@ -205,6 +210,7 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         peak_rss_bytes: shardfeed_preprocess::peak_rss_bytes(),
         decode_paths: stats.decode_paths,
         skipped: stats.skipped.clone(),
+        mixing: stats.mixing.clone(),
         stats,
     })
 }
@@ -243,6 +249,17 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
             100.0 * report.steady_wait_fraction
         );
     }
+    println!(
+        "mixing: {:.1} row groups per batch, windows of {} row groups (~{:.0} rows){}",
+        report.mixing.row_groups_per_batch,
+        report.mixing.window_row_groups,
+        report.mixing.window_rows,
+        if report.mixing.shuffled_at_shard_time {
+            ""
+        } else {
+            "; the dataset is in input order"
+        }
+    );
     println!(
         "slabs: {} x {} ({}), peak RSS {}",
         report.stats.slabs,

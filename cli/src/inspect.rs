@@ -30,15 +30,15 @@ pub fn run(dataset: &str, json: bool, storage_options: &[(String, String)]) -> R
         summary.compression_ratio
     );
     println!(
-        "written by   shardfeed {} with zstd level {}{}",
-        summary.tool_version,
-        manifest.options.zstd_level,
-        manifest
-            .options
-            .shuffle_seed
-            .map(|s| format!(", shuffled with seed {s}"))
-            .unwrap_or_default()
+        "written by   shardfeed {} with zstd level {}",
+        summary.tool_version, manifest.options.zstd_level,
     );
+    match manifest.options.shuffle_seed {
+        Some(seed) => println!("order        shuffled at shard time (seed {seed})"),
+        None => println!(
+            "order        input order (--no-shuffle): the loader mixes rows only within its shuffle windows"
+        ),
+    }
     println!("schema");
     for field in manifest.schema.fields() {
         println!(

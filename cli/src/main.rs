@@ -394,7 +394,7 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         pad_to: None,
         no_shuffle: false,
         seed: 0,
-        window: shardfeed_loader::DEFAULT_WINDOW,
+        window: None,
         prefetch: shardfeed_loader::DEFAULT_PREFETCH_BATCHES,
         byte_budget: "1GiB".into(),
         pinning: "auto".into(),

@@ -229,6 +229,7 @@ impl Manifest {
             min_shard_bytes: self.shards.iter().map(|s| s.bytes).min().unwrap_or(0),
             max_shard_bytes: self.shards.iter().map(|s| s.bytes).max().unwrap_or(0),
             tool_version: &self.tool_version,
+            shuffled: self.options.shuffle_seed.is_some(),
             options: &self.options,
             schema: &self.schema,
         }
@@ -294,6 +295,9 @@ pub struct Summary<'a> {
     pub max_shard_bytes: u64,
     /// The shardfeed version that wrote the dataset.
     pub tool_version: &'a str,
+    /// Whether rows were shuffled globally at shard time (else they are in
+    /// input order, and the loader mixes only within its windows).
+    pub shuffled: bool,
     /// The options it was written with.
     pub options: &'a WriteOptions,
     /// The dataset's Arrow schema.

@@ -509,6 +509,9 @@ impl<'a> Collation<'a> {
     }
 }
 
+/// One batch in this many is measured for `Stats::mixing`.
+const MIXING_SAMPLE: u64 = 8;
+
 /// The collate stage of one pass: gathers each batch's rows into a slab.
 pub(crate) struct Collator {
     pub config: Arc<Config>,
@@ -572,6 +575,10 @@ impl Collator {
     fn collate(&mut self, index: u64, start: u64, end: u64) -> Result<Batch> {
         // Row references: (source batch among the loaded windows, row).
         let mut rows = Vec::with_capacity((end - start) as usize);
+        // Every MIXING_SAMPLE-th batch, the (window, segment) of each row:
+        // how many row groups the batch draws from.
+        let measure = index % MIXING_SAMPLE == 0;
+        let mut sources: Vec<(usize, usize)> = Vec::new();
         let first_window = self.plan.window_of(start);
         // Windows before the batch's first one are done: release them.
         self.windows.retain(|w| w.index >= first_window);
@@ -591,6 +598,17 @@ impl Collator {
                 .map(|l| l.batches.len())
                 .sum();
             let loaded = &self.windows[loaded_at];
+            if measure {
+                let mut starts = Vec::with_capacity(window.segments.len() + 1);
+                starts.push(0u64);
+                for seg in window.segments {
+                    starts.push(starts.last().expect("non-empty") + seg.rows());
+                }
+                for p in position..run_end {
+                    let row = window.row_at(p - window.start);
+                    sources.push((w, starts.partition_point(|&x| x <= row) - 1));
+                }
+            }
             let skips = loaded.has_skipped();
             for p in position..run_end {
                 let row = if loaded.permuted {
@@ -609,6 +627,12 @@ impl Collator {
                 ));
             }
             position = run_end;
+        }
+        if measure && !sources.is_empty() {
+            sources.sort_unstable();
+            sources.dedup();
+            Counters::add(&self.counters.mixing_batches, 1);
+            Counters::add(&self.counters.mixing_sources, sources.len() as u64);
         }
         let started = Instant::now();
         let sources: Vec<&RecordBatch> =

@@ -18,8 +18,14 @@ use crate::{LoaderError, Result};
 
 /// Default rows per batch.
 pub const DEFAULT_BATCH_SIZE: usize = 256;
-/// Default row groups per shuffle window.
+/// Default row groups per shuffle window of a dataset shuffled at shard time.
 pub const DEFAULT_WINDOW: usize = 8;
+/// The most row groups a window gets by default (a dataset written in input
+/// order gets as many as a quarter of the byte budget holds, up to this).
+pub const MAX_AUTO_WINDOW: usize = 256;
+/// A dataset written in input order whose windows mix fewer row groups than
+/// this (or than it has) gets a warning.
+pub const MIXED_ROW_GROUPS: u64 = 64;
 /// Default concurrent storage requests.
 pub const DEFAULT_IO_CONCURRENCY: usize = 8;
 /// Default batches collated ahead of the consumer.
@@ -28,6 +34,10 @@ pub const DEFAULT_PREFETCH_BATCHES: usize = 16;
 pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 30;
 /// Default bytes of fetched and decoded row groups held at once.
 pub const DEFAULT_BYTE_BUDGET: u64 = 1 << 30;
+/// An epoch's first window of a dataset shuffled at shard time is served as
+/// the first `1/FIRST_SLICES` of its row groups, then the rest (see
+/// [`crate::plan`]).
+pub const FIRST_SLICES: u32 = 8;
 /// Default row groups that may be skipped with [`OnError::Skip`].
 pub const DEFAULT_MAX_SKIPPED: u64 = 10;
 
@@ -87,7 +97,7 @@ pub struct LoaderBuilder {
     columns: Option<Vec<String>>,
     shuffle: bool,
     seed: u64,
-    window: usize,
+    window: Option<usize>,
     epoch: u64,
     rank: Option<u64>,
     world_size: Option<u64>,
@@ -159,7 +169,7 @@ impl LoaderBuilder {
             columns: None,
             shuffle: true,
             seed: 0,
-            window: DEFAULT_WINDOW,
+            window: None,
             epoch: 0,
             rank: None,
             world_size: None,
@@ -231,9 +241,15 @@ impl LoaderBuilder {
         self.seed = seed;
         self
     }
-    /// Row groups per shuffle window (default 8): rows are permuted within a window.
+    /// Row groups per shuffle window: rows are permuted within a window, and
+    /// a batch draws from its row groups. By default 8 for a dataset shuffled
+    /// at shard time (its row groups are random samples already), and for a
+    /// dataset written in input order as many as a quarter of the byte
+    /// budget holds (at least 8, at most 256), so that sorted data (a
+    /// class-sorted image folder, domains one after another) still gives
+    /// batches that look random; raise `byte_budget` (or this) for more.
     pub fn window(mut self, row_groups: usize) -> Self {
-        self.window = row_groups;
+        self.window = Some(row_groups);
         self
     }
     /// The first epoch (default 0).
@@ -338,7 +354,7 @@ impl LoaderBuilder {
         if self.batch_size == 0 {
             return bad("batch_size", "must be greater than 0".into());
         }
-        if self.window == 0 {
+        if self.window == Some(0) {
             return bad("window", "must be greater than 0".into());
         }
         if self.io_concurrency == 0 || self.io_threads == 0 {
@@ -465,11 +481,27 @@ impl LoaderBuilder {
         ));
         let sizes = estimate_sizes(&runtime, &fetch, &manifest, &self, &plans)?;
 
+        let shuffled_at_shard_time = manifest.options.shuffle_seed.is_some();
+        let window = match self.window {
+            Some(w) => w,
+            None if shuffled_at_shard_time || !self.shuffle => DEFAULT_WINDOW,
+            None => usize::try_from(self.byte_budget / 4 / sizes.unit_bytes.max(1))
+                .unwrap_or(MAX_AUTO_WINDOW)
+                .clamp(DEFAULT_WINDOW, MAX_AUTO_WINDOW),
+        };
+        let units = manifest.row_group_count().max(1) as u64;
+        if self.shuffle && !shuffled_at_shard_time && (window as u64) < units.min(MIXED_ROW_GROUPS)
+        {
+            tracing::warn!(
+                "{} was written in input order (shard --no-shuffle) and each shuffle window mixes only {window} of its {units} row groups: batches may hold few classes or domains; raise byte_budget or window, or shard it again with the default shuffle",
+                location.url()
+            );
+        }
+
         // Memory: the budget bounds the projected bytes of row groups fetched
         // or decoded but not yet collated. The collator holds the windows a
         // batch touches: every row group of the batch's rows plus the rest of
         // its first and last windows; the budget must hold that many.
-        let units = manifest.row_group_count().max(1) as u64;
         let min_group_rows = manifest
             .shards
             .iter()
@@ -478,15 +510,15 @@ impl LoaderBuilder {
             .min()
             .unwrap_or(1);
         let batch_groups = (self.batch_size as u64).div_ceil(min_group_rows) + 1;
-        let needed = (2 * self.window as u64)
+        let needed = (2 * window as u64)
             .saturating_add(batch_groups.saturating_sub(1))
-            .min(units.max(2 * self.window as u64));
+            .min(units.max(2 * window as u64));
         if sizes.unit_bytes.saturating_mul(needed) > self.byte_budget {
             return bad(
                 "byte_budget",
                 format!(
                     "{} bytes cannot hold the {needed} row groups (~{} bytes of the projected columns each) that two shuffle windows of {} row groups and a batch of {} rows touch; raise it, or lower window or batch_size",
-                    self.byte_budget, sizes.unit_bytes, self.window, self.batch_size
+                    self.byte_budget, sizes.unit_bytes, window, self.batch_size
                 ),
             );
         }
@@ -538,7 +570,7 @@ impl LoaderBuilder {
         // only be fresh memory the first epoch pays for.
         let useful = sizes.unit_bytes.saturating_mul(
             needed
-                .saturating_add(self.window as u64)
+                .saturating_add(window as u64)
                 .saturating_add(2 * decode_threads as u64),
         );
         let in_flight = self.byte_budget.min(useful.max(1 << 20));
@@ -547,7 +579,7 @@ impl LoaderBuilder {
             batch_size: self.batch_size,
             shuffle: self.shuffle,
             seed: self.seed,
-            window: self.window,
+            window,
             rank,
             world_size,
             drop_last: self.drop_last,

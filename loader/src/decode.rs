@@ -64,15 +64,25 @@ pub(crate) fn decode(
     let limits = Limits {
         max_bytes: usize::try_from(byte_budget).unwrap_or(usize::MAX),
     };
-    let (decoded, paths) = decode_row_group(Arc::new(file), &footer.arrow, rg, roots, &limits)
-        .map_err(|source| LoaderError::Decode {
-            shard: entry.path.clone(),
-            row_group: Some(rg),
-            source,
-        })?;
+    // Rows past the segment's end are not needed: a prefix of the row
+    // group (the own decoders stop after the pages that cover it).
+    let rows = footer.footer.metadata.row_group(rg).num_rows() as usize;
+    let want = (segment.end as usize).min(rows);
+    let (decoded, paths) = decode_row_group(
+        Arc::new(file),
+        &footer.arrow,
+        rg,
+        roots,
+        Some(want),
+        &limits,
+    )
+    .map_err(|source| LoaderError::Decode {
+        shard: entry.path.clone(),
+        row_group: Some(rg),
+        source,
+    })?;
     counters.add_paths(&paths);
     // Keep the segment's rows [start, end) of the row group.
-    let rows = footer.footer.metadata.row_group(rg).num_rows() as usize;
     let (start, end) = (segment.start as usize, segment.end as usize);
     let mut out = Vec::new();
     let mut at = 0usize;
@@ -88,11 +98,11 @@ pub(crate) fn decode(
         }
         at += n;
     }
-    if at != rows {
+    if at != want {
         return Err(LoaderError::Corrupt {
             shard: entry.path.clone(),
             row_group: Some(rg),
-            detail: format!("decoded {at} rows, the footer says {rows}"),
+            detail: format!("decoded {at} of the {want} rows asked of {rows}"),
         });
     }
     Ok(out)

@@ -336,8 +336,11 @@ impl FetchContext {
         Ok(info)
     }
 
-    /// Bytes a row group of the projected columns takes in the budget: its
-    /// compressed chunks (fetched) plus their uncompressed pages (decoded).
+    /// Bytes a row group of the projected columns takes in the budget: per
+    /// column chunk, the larger of its fetched (compressed) and decoded
+    /// (uncompressed pages) sizes. Compressed chunks are dropped once
+    /// decoded; pages stored uncompressed are decoded into views of the
+    /// fetched bytes themselves.
     pub(crate) fn row_group_cost(
         &self,
         arrow: &ArrowReaderMetadata,
@@ -348,8 +351,7 @@ impl FetchContext {
             .iter()
             .map(|&leaf| {
                 let c = meta.column(leaf);
-                (c.compressed_size().max(0) as u64)
-                    .saturating_add(c.uncompressed_size().max(0) as u64)
+                (c.compressed_size().max(0) as u64).max(c.uncompressed_size().max(0) as u64)
             })
             .fold(0, u64::saturating_add)
     }

@@ -57,7 +57,8 @@ pub use batch::{Batch, Buffer, Column, ColumnLayout, DType, Element};
 pub use collate::ListMode;
 pub use config::{
     DEFAULT_BATCH_SIZE, DEFAULT_BYTE_BUDGET, DEFAULT_CACHE_LIMIT, DEFAULT_IO_CONCURRENCY,
-    DEFAULT_MAX_SKIPPED, DEFAULT_PREFETCH_BATCHES, DEFAULT_WINDOW, LoaderBuilder, OnError,
+    DEFAULT_MAX_SKIPPED, DEFAULT_PREFETCH_BATCHES, DEFAULT_WINDOW, FIRST_SLICES, LoaderBuilder,
+    MAX_AUTO_WINDOW, MIXED_ROW_GROUPS, OnError,
 };
 pub use error::{LoaderError, Result};
 pub use loader::Loader;
@@ -65,5 +66,5 @@ pub use parquet::DecodePaths;
 pub use pinned::{Pinning, PinningMode, SlabLease};
 pub use shardfeed_format::RetryPolicy;
 pub use state::{LoaderState, PLAN_VERSION, STATE_VERSION, dataset_fingerprint};
-pub use stats::{SkippedRowGroup, Stats};
+pub use stats::{Mixing, SkippedRowGroup, Stats};
 pub use verify::{ShardProblem, VerifyReport, verify_dataset};

@@ -163,6 +163,13 @@ impl Loader {
         s.pinning = self.pipeline.pool.pinning().name().to_string();
         s.slabs = self.pipeline.pool.size();
         s.slab_bytes = self.pipeline.pool.slab_bytes();
+        let manifest = &self.pipeline.manifest;
+        let window = self.pipeline.config.window;
+        s.mixing.window_row_groups = window;
+        s.mixing.window_rows = manifest.total_rows as f64
+            / manifest.row_group_count().max(1) as f64
+            * window.min(manifest.row_group_count().max(1)) as f64;
+        s.mixing.shuffled_at_shard_time = manifest.options.shuffle_seed.is_some();
         s
     }
 

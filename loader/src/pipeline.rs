@@ -171,6 +171,14 @@ impl Pipeline {
                 window: c.window,
                 batch_size: c.batch_size,
                 drop_last: c.drop_last,
+                // Slices of row groups are random samples only when the
+                // dataset was shuffled at shard time; in a dataset written in
+                // order a slice is one class or domain.
+                first_slices: if self.manifest.options.shuffle_seed.is_some() {
+                    crate::config::FIRST_SLICES
+                } else {
+                    0
+                },
             },
         )
     }

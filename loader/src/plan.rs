@@ -11,10 +11,15 @@
 //!    wrap around to the start (those rows appear twice), as PyTorch's
 //!    `DistributedSampler` pads. Every rank therefore sees exactly `q` rows.
 //! 3. The block is a list of segments (row ranges of units, clipped at the
-//!    block's ends), cut into windows of `window` segments. The first windows
-//!    of a pass ramp up (1, 2, 4, ... segments) so the first batch waits for
-//!    one row group, not a whole window. Rows are permuted inside each window
-//!    with a seeded bijection.
+//!    block's ends), cut into windows of `window` segments; rows are permuted
+//!    inside each window with a seeded bijection. So that an epoch's first
+//!    batch needs neither a whole window decoded nor a window of one row
+//!    group, the first window is split in two: the first `1/first_slices` of
+//!    each of its segments, then the rest of them. Both halves draw from all
+//!    of the window's row groups, and the decoders stop after the pages that
+//!    cover a slice. Without shuffling, rows come in order and nothing is
+//!    split; the loader splits only datasets shuffled at shard time, whose
+//!    slices are random samples.
 //! 4. Batches are consecutive runs of `batch_size` positions; with `drop_last`
 //!    the final partial batch is dropped.
 //!
@@ -63,6 +68,9 @@ pub struct PlanOptions {
     pub batch_size: usize,
     /// Drop the cross-rank remainder and the final partial batch.
     pub drop_last: bool,
+    /// The first window is served in two: the first `1/first_slices` of its
+    /// segments' rows, then the rest (0 or 1: not split).
+    pub first_slices: u32,
 }
 
 /// One rank's epoch.
@@ -156,7 +164,7 @@ impl EpochPlan {
         let end = start + per_rank;
 
         // Walk the epoch sequence (wrapping past `total`) from `start` to `end`.
-        let mut segments = Vec::new();
+        let mut segments: Vec<Segment> = Vec::new();
         if total > 0 && per_rank > 0 {
             let mut pos = 0u64;
             let mut i = 0u64;
@@ -181,22 +189,77 @@ impl EpochPlan {
             }
         }
         let window = options.window.max(1);
-        let mut window_starts = Vec::with_capacity(segments.len().div_ceil(window) + 8);
-        let mut window_segments = Vec::with_capacity(segments.len().div_ceil(window) + 8);
+        if options.shuffle && options.first_slices > 1 && !segments.is_empty() {
+            // The first window's segments, split: their first slices, then
+            // what is left of each.
+            let first = window.min(segments.len());
+            let mut heads = Vec::with_capacity(first);
+            let mut tails = Vec::with_capacity(first);
+            for s in &segments[..first] {
+                let slice = (s.end - s.start).div_ceil(options.first_slices);
+                heads.push(Segment {
+                    end: s.start + slice,
+                    ..*s
+                });
+                if s.start + slice < s.end {
+                    tails.push(Segment {
+                        start: s.start + slice,
+                        ..*s
+                    });
+                }
+            }
+            let split_at = heads.len() + tails.len();
+            heads.extend(tails);
+            heads.extend_from_slice(&segments[first..]);
+            segments = heads;
+            // Windows: the heads, the tails, then `window` segments each.
+            let mut window_starts = Vec::with_capacity(segments.len().div_ceil(window) + 3);
+            let mut window_segments = Vec::with_capacity(segments.len().div_ceil(window) + 3);
+            let mut acc = 0u64;
+            let mut bounds = vec![0, first, split_at];
+            let mut at = split_at;
+            while at < segments.len() {
+                at = (at + window).min(segments.len());
+                bounds.push(at);
+            }
+            bounds.dedup();
+            for pair in bounds.windows(2) {
+                window_starts.push(acc);
+                window_segments.push(pair[0]);
+                acc += segments[pair[0]..pair[1]]
+                    .iter()
+                    .map(Segment::rows)
+                    .sum::<u64>();
+            }
+            window_starts.push(acc);
+            window_segments.push(segments.len());
+            debug_assert_eq!(acc, per_rank);
+            return Self::finish(options, segments, window_starts, window_segments, per_rank);
+        }
+        let mut window_starts = Vec::with_capacity(segments.len().div_ceil(window) + 1);
+        let mut window_segments = Vec::with_capacity(segments.len().div_ceil(window) + 1);
         let mut acc = 0u64;
         let mut first = 0usize;
-        let mut size = 1usize;
         while first < segments.len() {
-            let end = (first + size).min(segments.len());
+            let end = (first + window).min(segments.len());
             window_starts.push(acc);
             window_segments.push(first);
             acc += segments[first..end].iter().map(Segment::rows).sum::<u64>();
             first = end;
-            size = (size * 2).min(window);
         }
         window_starts.push(acc);
         window_segments.push(segments.len());
         debug_assert_eq!(acc, per_rank);
+        Self::finish(options, segments, window_starts, window_segments, per_rank)
+    }
+
+    fn finish(
+        options: PlanOptions,
+        segments: Vec<Segment>,
+        window_starts: Vec<u64>,
+        window_segments: Vec<usize>,
+        per_rank: u64,
+    ) -> Self {
         let positions = if options.drop_last {
             per_rank / options.batch_size as u64 * options.batch_size as u64
         } else {
@@ -350,13 +413,14 @@ mod tests {
             shuffle: bool,
             drop_last: bool,
             seed in 0u64..1000,
+            first_slices in 0u32..10,
         ) {
             let m = manifest(&layout);
             let total = m.total_rows;
             let mut seen = vec![0u32; total as usize];
             let mut batches = None;
             for rank in 0..world {
-                let plan = EpochPlan::new(&m, PlanOptions { seed, epoch: 1, rank, world_size: world, shuffle, window, batch_size: batch, drop_last });
+                let plan = EpochPlan::new(&m, PlanOptions { seed, epoch: 1, rank, world_size: world, shuffle, window, batch_size: batch, drop_last, first_slices });
                 // Every rank yields the same number of batches.
                 prop_assert_eq!(*batches.get_or_insert(plan.batches()), plan.batches());
                 for id in row_ids(&m, &plan) {
@@ -385,16 +449,19 @@ mod tests {
             seed in 0u64..100,
         ) {
             let m = manifest(&layout);
-            let opts = PlanOptions { seed, epoch: 3, rank: 0, world_size: 1, shuffle: true, window: 2, batch_size: 4, drop_last: false };
+            let opts = PlanOptions { seed, epoch: 3, rank: 0, world_size: 1, shuffle: true, window: 2, batch_size: 4, drop_last: false, first_slices: 4 };
             let a = row_ids(&m, &EpochPlan::new(&m, opts.clone()));
             let b = row_ids(&m, &EpochPlan::new(&m, opts));
             prop_assert_eq!(a, b);
         }
     }
 
+    /// No ramp-up: the first window's row groups are split into their first
+    /// slices (one window, drawing from all of them) and the rest (a second);
+    /// every later window holds `window` row groups.
     #[test]
-    fn many_windows_ramp_up_then_stay_at_the_window_size() {
-        let m = manifest(&vec![vec![10; 50]; 4]);
+    fn the_first_window_is_split_into_slices_of_all_its_row_groups() {
+        let m = manifest(&vec![vec![16; 50]; 4]);
         let plan = EpochPlan::new(
             &m,
             PlanOptions {
@@ -406,17 +473,38 @@ mod tests {
                 window: 4,
                 batch_size: 7,
                 drop_last: false,
+                first_slices: 8,
             },
         );
-        let sizes: Vec<usize> = (0..plan.window_count())
-            .map(|w| plan.window(w).segments.len())
-            .collect();
-        assert_eq!(&sizes[..4], &[1, 2, 4, 4]);
-        assert_eq!(sizes.iter().sum::<usize>(), 200);
-        assert!(sizes.iter().all(|&s| s <= 4));
+        let windows: Vec<Window> = (0..plan.window_count()).map(|w| plan.window(w)).collect();
+        assert_eq!(windows[0].segments.len(), 4);
+        assert!(
+            windows[0]
+                .segments
+                .iter()
+                .all(|s| s.start == 0 && s.end == 2)
+        );
+        assert_eq!(windows[1].segments.len(), 4);
+        assert!(
+            windows[1]
+                .segments
+                .iter()
+                .all(|s| s.start == 2 && s.end == 16)
+        );
+        let units = |w: &Window| {
+            let mut u: Vec<_> = w.segments.iter().map(|s| (s.shard, s.row_group)).collect();
+            u.sort();
+            u
+        };
+        assert_eq!(units(&windows[0]), units(&windows[1]));
+        assert!(
+            windows[2..]
+                .iter()
+                .all(|w| w.segments.len() == 4 || w.index == windows.len() - 1)
+        );
         let mut ids = row_ids(&m, &plan);
         ids.sort();
-        assert_eq!(ids, (0..2000).collect::<Vec<_>>());
+        assert_eq!(ids, (0..3200).collect::<Vec<_>>());
     }
 
     #[test]
@@ -431,6 +519,7 @@ mod tests {
             window: 2,
             batch_size: 10,
             drop_last: false,
+            first_slices: 8,
         };
         let e0 = row_ids(&m, &EpochPlan::new(&m, opts(0, true)));
         let e1 = row_ids(&m, &EpochPlan::new(&m, opts(1, true)));
@@ -491,6 +580,7 @@ mod golden {
                 window: 2,
                 batch_size: 4,
                 drop_last: true,
+                first_slices: 8,
             },
         );
         let mut base = Vec::new();
@@ -522,7 +612,7 @@ mod golden {
     fn orders_for_fixed_seeds_are_pinned() {
         assert_eq!(
             crate::state::PLAN_VERSION,
-            1,
+            2,
             "update the pinned orders with the version"
         );
         // (seed, epoch, rank, world size) -> the rank's rows, in order.
@@ -531,24 +621,24 @@ mod golden {
             (
                 (0, 0, 0, 1),
                 &[
-                    20, 19, 18, 21, 17, 13, 34, 11, 14, 10, 15, 16, 35, 12, 36, 26, 23, 1, 4, 25,
-                    0, 3, 8, 6, 27, 32, 9, 24, 30, 28, 31, 22, 2, 33, 7, 29,
+                    10, 17, 21, 14, 19, 11, 18, 12, 13, 15, 20, 16, 22, 23, 31, 30, 36, 35, 29, 33,
+                    27, 25, 28, 34, 32, 26, 24, 4, 0, 8, 5, 6, 9, 1, 2, 3,
                 ],
             ),
             (
                 (7, 3, 0, 1),
                 &[
-                    16, 14, 15, 10, 12, 13, 11, 26, 31, 34, 33, 22, 36, 28, 32, 27, 23, 24, 25, 30,
-                    35, 29, 7, 8, 5, 4, 3, 9, 17, 0, 19, 2, 21, 1, 20, 6,
+                    34, 10, 36, 35, 11, 16, 14, 13, 15, 12, 1, 7, 25, 4, 5, 31, 30, 6, 29, 9, 27,
+                    22, 32, 8, 28, 33, 3, 23, 2, 26, 0, 24, 20, 19, 21, 17,
                 ],
             ),
             (
                 (7, 3, 1, 2),
-                &[30, 33, 31, 32, 1, 4, 3, 9, 19, 20, 18, 0, 17, 5, 8, 2],
+                &[30, 1, 0, 32, 3, 2, 8, 5, 6, 33, 31, 9, 4, 7, 18, 20],
             ),
             (
                 (123456789, 1, 2, 3),
-                &[16, 14, 15, 2, 3, 0, 1, 4, 5, 6, 7, 8],
+                &[1, 14, 0, 2, 3, 15, 16, 4, 5, 6, 7, 8],
             ),
         ];
         for ((seed, epoch, rank, world), expected) in pinned {

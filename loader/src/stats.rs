@@ -28,6 +28,9 @@ pub(crate) struct Counters {
     pub oversize_batches: AtomicU64,
     pub truncated_rows: AtomicU64,
     pub decode_paths: Mutex<DecodePaths>,
+    /// Batches measured for mixing, and the row groups they drew from in all.
+    pub mixing_batches: AtomicU64,
+    pub mixing_sources: AtomicU64,
     /// Row groups skipped under `OnError::Skip`: (shard, row group) -> error.
     pub skipped: Mutex<BTreeMap<(String, usize), String>>,
 }
@@ -121,6 +124,22 @@ pub struct Stats {
     pub decode_paths: DecodePaths,
     /// Row groups skipped as damaged under `OnError::Skip`, each once.
     pub skipped: Vec<SkippedRowGroup>,
+    /// How well batches mix the dataset's row groups.
+    pub mixing: Mixing,
+}
+
+/// How well batches mix: the row groups a batch draws from (measured on one
+/// batch in eight), and the shuffle window.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Mixing {
+    /// Distinct row groups per batch, on average.
+    pub row_groups_per_batch: f64,
+    /// Row groups per shuffle window.
+    pub window_row_groups: usize,
+    /// Rows per shuffle window, on average.
+    pub window_rows: f64,
+    /// Whether the dataset was shuffled at shard time.
+    pub shuffled_at_shard_time: bool,
 }
 
 fn ms(ns: &AtomicU64) -> f64 {
@@ -150,6 +169,11 @@ impl Counters {
             slabs: 0,
             slab_bytes: 0,
             decode_paths: *self.decode_paths.lock().expect("stats lock"),
+            mixing: Mixing {
+                row_groups_per_batch: self.mixing_sources.load(Ordering::Relaxed) as f64
+                    / self.mixing_batches.load(Ordering::Relaxed).max(1) as f64,
+                ..Mixing::default()
+            },
             skipped: self
                 .skipped
                 .lock()

@@ -76,11 +76,12 @@ fn plain_views(
 /// Decode the required binary (or string) column chunk `chunk` of a row
 /// group with `rows` rows as a view array over the decompressed pages: the
 /// values are not copied again (the collator copies each straight from its
-/// page into the slab).
+/// page into the slab). With `want < rows`, decoding stops after the page
+/// that reaches `want` rows.
 pub(super) fn decode_bytes<R: ChunkReader + 'static>(
     file: Arc<R>,
     chunk: &ColumnChunkMetaData,
-    rows: usize,
+    (rows, want): (usize, usize),
     utf8: bool,
     limits: &Limits,
 ) -> Result<ArrayRef> {
@@ -132,12 +133,20 @@ pub(super) fn decode_bytes<R: ChunkReader + 'static>(
             }
             other => return Err(err(format!("encoding {other} is not supported"))),
         }
+        if want < rows && decoded >= want {
+            // A prefix was asked for: the pages after it are not decoded.
+            break;
+        }
     }
-    if decoded != rows {
+    let rows = if want < rows && decoded >= want {
+        decoded
+    } else if decoded != rows {
         return Err(err(format!(
             "holds {decoded} values; the footer says {rows} rows"
         )));
-    }
+    } else {
+        rows
+    };
     let nulls = finish_validity(validity, rows);
     if let Some(n) = &nulls {
         // Views of the non-null rows, spread over the rows (null rows: empty).

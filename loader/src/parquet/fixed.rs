@@ -79,12 +79,15 @@ fn narrow(stored: &[u8], leaf: &FixedLeaf, out: &mut Vec<u8>) {
 
 /// Decode `rows` values of the column chunk `chunk` (a [`FixedLeaf`]) of a
 /// row group into an Arrow array of type `data_type`: a `Dictionary(Int32, _)`
-/// when every data page is dictionary encoded, plain values otherwise.
+/// when every data page is dictionary encoded, plain values otherwise. With
+/// `want < rows`, decoding stops after the page that reaches `want` rows
+/// (the array then holds at least `want`).
 pub(super) fn decode_fixed<R: ChunkReader + 'static>(
     file: Arc<R>,
     chunk: &ColumnChunkMetaData,
     leaf: &FixedLeaf,
     rows: usize,
+    want: usize,
     data_type: &DataType,
     limits: &Limits,
 ) -> Result<ArrayRef> {
@@ -94,9 +97,25 @@ pub(super) fn decode_fixed<R: ChunkReader + 'static>(
     let small = matches!(&first, Some(Page::DictionaryPage { num_values, .. })
         if *num_values as usize <= 1 << 16);
     if small {
-        decode_fixed_keys::<UInt16Type, R>(pages, first, chunk, leaf, rows, data_type, limits)
+        decode_fixed_keys::<UInt16Type, R>(
+            pages,
+            first,
+            chunk,
+            leaf,
+            (rows, want),
+            data_type,
+            limits,
+        )
     } else {
-        decode_fixed_keys::<Int32Type, R>(pages, first, chunk, leaf, rows, data_type, limits)
+        decode_fixed_keys::<Int32Type, R>(
+            pages,
+            first,
+            chunk,
+            leaf,
+            (rows, want),
+            data_type,
+            limits,
+        )
     }
 }
 
@@ -106,7 +125,7 @@ fn decode_fixed_keys<K: ArrowDictionaryKeyType, R: ChunkReader + 'static>(
     first: Option<Page>,
     chunk: &ColumnChunkMetaData,
     leaf: &FixedLeaf,
-    rows: usize,
+    (rows, want): (usize, usize),
     data_type: &DataType,
     limits: &Limits,
 ) -> Result<ArrayRef>
@@ -220,12 +239,20 @@ where
             other => return Err(err(format!("encoding {other} is not supported"))),
         }
         decoded += num_values;
+        if want < rows && decoded >= want {
+            // A prefix was asked for: the pages after it are not decoded.
+            break;
+        }
     }
-    if decoded != rows {
+    let rows = if want < rows && decoded >= want {
+        decoded
+    } else if decoded != rows {
         return Err(err(format!(
             "holds {decoded} values; the footer says {rows} rows"
         )));
-    }
+    } else {
+        rows
+    };
     let nulls = finish_validity(validity, rows);
     let values = |bytes: Vec<u8>, len: usize, nulls: Option<NullBuffer>| -> Result<ArrayRef> {
         let data = ArrayData::builder(data_type.clone())

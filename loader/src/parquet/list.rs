@@ -41,11 +41,13 @@ pub(super) fn list_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<usiz
 }
 
 /// Decode the list column chunk `chunk` of a row group with `rows` rows
-/// straight into its offsets and values.
+/// straight into its offsets and values. With `want < rows`, decoding stops
+/// after the page in which row `want` starts (rows `0..want` are then
+/// complete) and the array holds exactly `want` rows.
 pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
     file: Arc<R>,
     chunk: &ColumnChunkMetaData,
-    rows: usize,
+    (rows, want): (usize, usize),
     data_type: &DataType,
     limits: &Limits,
 ) -> Result<ArrayRef> {
@@ -167,9 +169,11 @@ pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
         // Row starts (repetition level 0), as value indices: the level index
         // when every level holds a value, else the values before the level.
         // Starts past the row group's rows are counted, not stored.
+        // With a prefix asked for, one start past it marks its last row's end.
+        let prefix = want < rows;
         let mut starts = RowStarts {
             offsets: &mut offsets,
-            rows,
+            rows: if prefix { want + 1 } else { rows },
             base,
             dense,
             defs: &def_expanded,
@@ -199,7 +203,7 @@ pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
         })
         .map_err(err)?;
         let extra_rows = starts.extra;
-        if extra_rows > 0 {
+        if extra_rows > 0 && !prefix {
             return Err(err(format!(
                 "pages hold more than the row group's {rows} rows"
             )));
@@ -222,6 +226,16 @@ pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
             }
             other => return Err(err(format!("encoding {other} is not supported"))),
         }
+        if want < rows && offsets.len() > want {
+            // Rows 0..want are complete: the pages after are not decoded.
+            break;
+        }
+    }
+    if want < rows && offsets.len() > want {
+        offsets.truncate(want + 1);
+        let end = offsets[want] as usize;
+        values.truncate(end);
+        return list_array(item, offsets, values);
     }
     if offsets.len() != rows {
         return Err(err(format!(
@@ -235,6 +249,15 @@ pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
         ));
     }
     offsets.push(values.len() as i32);
+    list_array(item, offsets, values)
+}
+
+/// The list array of `offsets` (one more than its rows) and `values`.
+fn list_array(
+    item: &arrow_schema::FieldRef,
+    offsets: Vec<i32>,
+    values: Vec<i32>,
+) -> Result<ArrayRef> {
     let list = arrow_array::ListArray::try_new(
         item.clone(),
         arrow_buffer::OffsetBuffer::new(arrow_buffer::ScalarBuffer::from(offsets)),

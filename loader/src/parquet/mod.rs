@@ -191,14 +191,16 @@ const ARROW_BATCH_BYTES: u64 = 1 << 20;
 
 /// Decode the projected `roots` (top-level columns, sorted) of row group
 /// `rg` of `file`, each column by the path [`column_path`] gives: one or
-/// more batches holding every row of the row group, and the paths taken.
-/// Columns whose own decoder keeps a dictionary come back with a dictionary
-/// type instead of the file's type.
+/// more batches holding the row group's first `want` rows (all of them when
+/// `want` is `None` or not less; the own decoders then skip the pages after
+/// them), and the paths taken. Columns whose own decoder keeps a dictionary
+/// come back with a dictionary type instead of the file's type.
 pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
     file: Arc<R>,
     arrow: &ArrowReaderMetadata,
     rg: usize,
     roots: &[usize],
+    want: Option<usize>,
     limits: &Limits,
 ) -> Result<(Vec<RecordBatch>, DecodePaths)> {
     let metadata = arrow.metadata();
@@ -211,6 +213,7 @@ pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
     let meta = metadata.row_group(rg);
     let rows = usize::try_from(meta.num_rows())
         .map_err(|_| general(format!("a row group of {} rows", meta.num_rows())))?;
+    let want = want.map_or(rows, |w| w.min(rows));
     let mut paths = DecodePaths::default();
     let chosen: Vec<(usize, ColumnPath)> = roots
         .iter()
@@ -226,7 +229,14 @@ pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
             .sum();
         let batch_rows = ((rows as u64).saturating_mul(ARROW_BATCH_BYTES) / projected.max(1))
             .clamp(1, rows.max(1) as u64) as usize;
-        return Ok((arrow_batches(file, arrow, mask, rg, batch_rows)?, paths));
+        let batches = arrow_batches(file, arrow, mask, rg, batch_rows)?;
+        let decoded: usize = batches.iter().map(|b| b.num_rows()).sum();
+        if decoded != rows {
+            return Err(general(format!(
+                "parquet's reader decoded {decoded} rows, the footer says {rows}"
+            )));
+        }
+        return Ok((prefix(batches, want), paths));
     }
     let mut columns: Vec<Option<ArrayRef>> = vec![None; roots.len()];
     for (i, &(root, path)) in chosen.iter().enumerate() {
@@ -234,11 +244,17 @@ pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
         let array = match path {
             ColumnPath::List(leaf) => {
                 paths.own_list += 1;
-                list::decode_list_i32(file.clone(), meta.column(leaf), rows, data_type, limits)?
+                list::decode_list_i32(
+                    file.clone(),
+                    meta.column(leaf),
+                    (rows, want),
+                    data_type,
+                    limits,
+                )?
             }
             ColumnPath::Bytes(leaf, utf8) => {
                 paths.own_bytes += 1;
-                binary::decode_bytes(file.clone(), meta.column(leaf), rows, utf8, limits)?
+                binary::decode_bytes(file.clone(), meta.column(leaf), (rows, want), utf8, limits)?
             }
             ColumnPath::Fixed(leaf) => {
                 paths.own_fixed += 1;
@@ -247,20 +263,21 @@ pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
                     meta.column(leaf.leaf),
                     &leaf,
                     rows,
+                    want,
                     data_type,
                     limits,
                 )?
             }
             ColumnPath::Arrow => continue,
         };
-        if array.len() != rows {
+        if array.len() < want || (want == rows && array.len() != rows) {
             return Err(general(format!(
                 "column {} decoded to {} rows, the footer says {rows}",
                 arrow.schema().field(root).name(),
                 array.len()
             )));
         }
-        columns[i] = Some(array);
+        columns[i] = Some(array.slice(0, want));
     }
     let others: Vec<usize> = chosen
         .iter()
@@ -285,7 +302,7 @@ pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
                 .iter()
                 .position(|r| r == root)
                 .expect("a projected root");
-            columns[i] = Some(batch.column(k).clone());
+            columns[i] = Some(batch.column(k).slice(0, want));
         }
     }
     let columns: Vec<ArrayRef> = columns
@@ -305,13 +322,32 @@ pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
         })
         .collect();
     let schema = Arc::new(arrow_schema::Schema::new(fields));
-    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(rows));
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(want));
     Ok((
         vec![RecordBatch::try_new_with_options(
             schema, columns, &options,
         )?],
         paths,
     ))
+}
+
+/// The first `want` rows of `batches`.
+fn prefix(batches: Vec<RecordBatch>, want: usize) -> Vec<RecordBatch> {
+    let mut left = want;
+    let mut out = Vec::with_capacity(batches.len());
+    for batch in batches {
+        if left == 0 {
+            break;
+        }
+        let n = batch.num_rows().min(left);
+        out.push(if n == batch.num_rows() {
+            batch
+        } else {
+            batch.slice(0, n)
+        });
+        left -= n;
+    }
+    out
 }
 
 /// Row group `rg`'s `mask` columns through parquet's Arrow reader, in
