@@ -577,7 +577,7 @@ impl Collator {
         let mut rows = Vec::with_capacity((end - start) as usize);
         // Every MIXING_SAMPLE-th batch, the (window, segment) of each row:
         // how many row groups the batch draws from.
-        let measure = index % MIXING_SAMPLE == 0;
+        let measure = index.is_multiple_of(MIXING_SAMPLE);
         let mut sources: Vec<(usize, usize)> = Vec::new();
         let first_window = self.plan.window_of(start);
         // Windows before the batch's first one are done: release them.
