@@ -14,7 +14,7 @@ use arrow_buffer::NullBuffer;
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, Schema};
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -521,7 +521,6 @@ pub(crate) struct Collator {
     pub pool: Arc<Pool>,
     pub counters: Arc<Counters>,
     pub cancel: Arc<AtomicBool>,
-    pub held: Arc<AtomicUsize>,
 }
 
 impl Collator {
@@ -655,10 +654,8 @@ impl Collator {
             })?;
         Counters::add(&self.counters.truncated_rows, truncated);
         Counters::add_time(&self.counters.collate_busy_ns, started.elapsed());
-        let held = (!lease.is_oversize()).then(|| {
-            self.held.fetch_add(1, Ordering::SeqCst);
-            self.held.clone()
-        });
+        // Counted as held once the consumer receives it (see `Loader`).
+        let held = None;
         Ok(Batch {
             lease: Arc::new(lease),
             rows: rows.len(),

@@ -238,7 +238,13 @@ impl Loader {
         let counters = &self.pipeline.counters;
         Counters::add_time(&counters.wait_ns, waited.elapsed());
         match result {
-            Some(Ok(batch)) => {
+            Some(Ok(mut batch)) => {
+                // A pooled slab the caller now holds (counted here, not when
+                // collated: a batch on its way in the channel is not held).
+                if !batch.lease.is_oversize() {
+                    self.pipeline.held.fetch_add(1, Ordering::SeqCst);
+                    batch.held = Some(self.pipeline.held.clone());
+                }
                 if self.next_pass.is_none()
                     && let Some(r) = &self.pass
                     && r.assembled_all.load(Ordering::SeqCst)

@@ -373,7 +373,6 @@ impl Pipeline {
                 pool: self.pool.clone(),
                 counters: self.counters.clone(),
                 cancel: cancel.clone(),
-                held: self.held.clone(),
             };
             let (collated_tx, collated_rx) = bounded::<()>(0);
             let cancel = cancel.clone();
