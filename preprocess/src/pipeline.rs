@@ -378,7 +378,7 @@ fn produce(
             if let Some(p) = &options.progress {
                 p.phase("gather");
             }
-            for batch in spilled.gather() {
+            for batch in spilled.gather(options.effective_row_group_bytes()) {
                 assembler.push(batch?, &mut emit)?;
             }
         }

@@ -1,61 +1,98 @@
 //! A global row shuffle for inputs larger than memory.
 //!
-//! Scatter: every row goes to one of `B` buckets on disk, chosen by a seeded
-//! hash of its position in the input, so each bucket is a uniform random
-//! sample of all inputs. Gather: each bucket (sized to a quarter of the
-//! memory budget) is loaded, permuted with a seeded Fisher-Yates shuffle and
-//! emitted. The result is a uniformly random permutation of the whole input,
-//! a pure function of the inputs, the seed and the bucket count.
+//! Scatter: every row goes to one of `B` buckets, chosen by a seeded hash of
+//! its position in the input, so each bucket is a uniform random sample of
+//! all inputs. Gather: each bucket is loaded, permuted with a seeded
+//! Fisher-Yates shuffle and emitted in chunks. The result is a uniformly
+//! random permutation of the whole input, a pure function of the inputs, the
+//! seed and the bucket count.
 //!
-//! Memory: pending rows of all buckets share a quarter of the budget (at least
-//! 32 KiB each, plus a 32 KiB write buffer), one bucket is loaded at a time.
-//! Buckets are capped at 4096, so inputs up to ~1000x the budget keep every
-//! bucket within a quarter of it; beyond that buckets grow past it.
+//! Buckets are small, 1/32 of the memory budget each: rows are taken from a
+//! bucket in random order, and a bucket whose columns fit in the CPU's caches
+//! makes that a few nanoseconds a value instead of a cache miss each.
+//!
+//! A bucket is appended to its file on disk whenever its pending rows reach
+//! its share of 1/16 of the budget (one that never does, as with a small
+//! input, stays in memory), by a writer thread so the copy into the page
+//! cache overlaps the scatter. While one bucket is
+//! emitted, the next one is loaded, made one contiguous batch and permuted by
+//! another thread.
+//!
+//! Memory: 1/16 of the budget for the pending rows of all buckets (at least
+//! 32 KiB each); during gather, the bucket being emitted and the next one.
+//! Holding more (a whole input that would fit in the budget, say) was tried
+//! and was slower: every byte of memory is paged in (and zeroed) once, which
+//! costs more than writing it to a bucket file and reading it back from the
+//! page cache. Buckets are capped at 4096, so
+//! inputs up to 128x the budget keep every bucket within 1/32 of it; beyond
+//! that buckets grow (to a quarter of the budget at 1024x). A bucket file is
+//! reopened for each write, so the number of buckets is not limited by the
+//! open-file limit.
 
-use std::fs::File;
-use std::io::{BufReader, BufWriter};
+use std::fs::OpenOptions;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 
 use arrow_array::{RecordBatch, UInt32Array};
-use arrow_ipc::reader::StreamReader;
+use arrow_buffer::Buffer;
+use arrow_ipc::reader::StreamDecoder;
 use arrow_ipc::writer::StreamWriter;
 use arrow_schema::SchemaRef;
 use arrow_select::concat::concat_batches;
+use arrow_select::interleave::interleave_record_batch;
 use arrow_select::take::take_record_batch;
+use crossbeam_channel::{Sender, bounded};
 use shardfeed_format::permute::{SplitMix64, hash_words};
 
 use crate::measure::batch_bytes;
 use crate::{PreprocessError, Result};
 
-/// Rows per batch emitted by the gather phase.
-const GATHER_BATCH_ROWS: usize = 8192;
-/// At most this many buckets (open files) in the scatter phase.
+/// A bucket whose rows average fewer bytes is made one batch before its rows
+/// are taken in random order (cheaper than gathering from many batches).
+const CONTIGUOUS_BELOW_ROW_BYTES: u64 = 4096;
+/// At most this many buckets in the scatter phase.
 const MAX_BUCKETS: u64 = 4096;
+/// A pending part at least this large is written as it is, not concatenated
+/// with the other parts of its bucket first.
+const WHOLE_PART_BYTES: u64 = 1 << 20;
 
-/// The number of buckets for `input_bytes` under `memory_budget`: each bucket
-/// should fit in a quarter of the budget.
+/// The number of buckets for `input_bytes` under `memory_budget`: enough that
+/// each bucket fits in 1/32 of it.
 pub(crate) fn bucket_count(input_bytes: u64, memory_budget: u64) -> u64 {
     input_bytes
-        .div_ceil((memory_budget / 4).max(1))
+        .div_ceil((memory_budget / 32).max(1))
         .clamp(1, MAX_BUCKETS)
+}
+
+/// Where one bucket's rows are.
+enum Stored {
+    /// Never written: every row is still in memory.
+    Memory(Vec<RecordBatch>),
+    /// Written to this file (one or more IPC streams, one after another).
+    File(PathBuf),
+    /// Got no rows.
+    Empty,
 }
 
 struct Bucket {
     path: PathBuf,
-    writer: Option<StreamWriter<BufWriter<File>>>,
+    written: bool,
     pending: Vec<RecordBatch>,
     pending_bytes: u64,
 }
 
-/// Rows scattered to buckets on disk, waiting to be gathered.
+/// Rows scattered to buckets, waiting to be gathered.
 pub(crate) struct Spilled {
-    _dir: tempfile::TempDir,
-    buckets: Vec<PathBuf>,
+    dir: tempfile::TempDir,
+    buckets: Vec<Stored>,
     schema: SchemaRef,
     seed: u64,
 }
 
-/// Scatter `batches` into `count` buckets under a new folder in `temp_dir`.
+/// Scatter `batches` into `count` buckets: a bucket is appended to its file
+/// under a new folder in `temp_dir` whenever its pending rows reach its share
+/// of 1/16 of `memory_budget`; one that never does stays in memory.
 pub(crate) fn scatter(
     batches: impl Iterator<Item = Result<RecordBatch>>,
     schema: &SchemaRef,
@@ -65,123 +102,635 @@ pub(crate) fn scatter(
     temp_dir: Option<&Path>,
 ) -> Result<Spilled> {
     let dir = crate::output::temp_folder("shardfeed-shuffle", temp_dir)?;
-    // Rows wait in memory per bucket up to this many bytes before a write, so
-    // the pending rows of all buckets together stay within a quarter of the budget.
-    let flush_bytes = (memory_budget / 4 / count).max(32 << 10);
+    let flush_bytes = (memory_budget / 16 / count.max(1)).max(32 << 10);
     let mut buckets: Vec<Bucket> = (0..count)
         .map(|i| Bucket {
             path: dir.path().join(format!("bucket-{i:05}.arrows")),
-            writer: None,
+            written: false,
             pending: Vec::new(),
             pending_bytes: 0,
         })
         .collect();
-    let mut row = 0u64;
-    let mut targets: Vec<Vec<u32>> = vec![Vec::new(); count as usize];
-    for batch in batches {
-        let batch = batch?;
-        for t in &mut targets {
-            t.clear();
-        }
-        for i in 0..batch.num_rows() {
-            let h = hash_words(&[seed, row]);
-            let b = ((h as u128 * count as u128) >> 64) as usize;
-            targets[b].push(i as u32);
-            row += 1;
-        }
-        for (b, indices) in targets.iter().enumerate() {
-            if indices.is_empty() {
-                continue;
+    let (tx, rx) = bounded::<(PathBuf, Vec<RecordBatch>)>(1);
+    let mut spill = SpillWriter::new(schema)?;
+    let writer = std::thread::Builder::new()
+        .name("shardfeed-spill".into())
+        .spawn(move || -> Result<()> {
+            for (path, parts) in rx {
+                spill.append(&path, &parts)?;
             }
-            let part = take_record_batch(&batch, &UInt32Array::from(indices.clone()))
-                .map_err(|e| PreprocessError::read(&buckets[b].path, None, e))?;
-            let bucket = &mut buckets[b];
-            bucket.pending_bytes += batch_bytes(&part);
-            bucket.pending.push(part);
-            if bucket.pending_bytes >= flush_bytes {
-                flush(bucket, schema)?;
+            spill.finish()
+        })
+        .map_err(|e| PreprocessError::io("start a thread writing", dir.path(), e))?;
+    let scattered = (|| -> Result<()> {
+        let mut row = 0u64;
+        let mut targets: Vec<Vec<u32>> = vec![Vec::new(); count as usize];
+        for batch in batches {
+            let batch = batch?;
+            for t in &mut targets {
+                t.clear();
+            }
+            for i in 0..batch.num_rows() {
+                let h = hash_words(&[seed, row]);
+                let b = ((h as u128 * count as u128) >> 64) as usize;
+                targets[b].push(i as u32);
+                row += 1;
+            }
+            for (b, indices) in targets.iter().enumerate() {
+                if indices.is_empty() {
+                    continue;
+                }
+                let part = if indices.len() == batch.num_rows() {
+                    batch.clone()
+                } else {
+                    take_record_batch(&batch, &UInt32Array::from(indices.clone()))
+                        .map_err(|e| PreprocessError::read(&buckets[b].path, None, e))?
+                };
+                let bucket = &mut buckets[b];
+                bucket.pending_bytes += batch_bytes(&part);
+                bucket.pending.push(part);
+                if bucket.pending_bytes >= flush_bytes {
+                    flush(bucket, schema, &tx)?;
+                }
             }
         }
-    }
-    for bucket in &mut buckets {
-        flush(bucket, schema)?;
-        if let Some(mut w) = bucket.writer.take() {
-            w.finish()
-                .map_err(|e| PreprocessError::read(&bucket.path, None, e))?;
+        for bucket in &mut buckets {
+            if bucket.written {
+                flush(bucket, schema, &tx)?;
+            }
         }
-    }
+        Ok(())
+    })();
+    drop(tx);
+    let written = writer
+        .join()
+        .unwrap_or_else(|_| Err(PreprocessError::Cancelled));
+    // A failed write closes the channel, which fails the scatter with a
+    // vaguer error: report the write's own first.
+    written?;
+    scattered?;
+    let buckets = buckets
+        .into_iter()
+        .map(|b| {
+            if b.written {
+                Stored::File(b.path)
+            } else if b.pending.is_empty() {
+                Stored::Empty
+            } else {
+                Stored::Memory(b.pending)
+            }
+        })
+        .collect();
     Ok(Spilled {
-        buckets: buckets.into_iter().map(|b| b.path).collect(),
-        _dir: dir,
+        dir,
+        buckets,
         schema: schema.clone(),
         seed,
     })
 }
 
-fn flush(bucket: &mut Bucket, schema: &SchemaRef) -> Result<()> {
+/// Hand a bucket's pending rows to the writer thread.
+fn flush(
+    bucket: &mut Bucket,
+    schema: &SchemaRef,
+    tx: &Sender<(PathBuf, Vec<RecordBatch>)>,
+) -> Result<()> {
     if bucket.pending.is_empty() {
         return Ok(());
     }
-    let err = |e: arrow_schema::ArrowError| PreprocessError::read(&bucket.path, None, e);
-    let batch = concat_batches(schema, &bucket.pending).map_err(err)?;
-    bucket.pending.clear();
+    let parts = std::mem::take(&mut bucket.pending);
+    let whole = bucket.pending_bytes / parts.len() as u64 >= WHOLE_PART_BYTES;
     bucket.pending_bytes = 0;
-    if bucket.writer.is_none() {
-        let file = File::create(&bucket.path)
-            .map_err(|e| PreprocessError::io("create", &bucket.path, e))?;
-        bucket.writer = Some(
-            StreamWriter::try_new(BufWriter::with_capacity(32 << 10, file), schema).map_err(err)?,
-        );
+    let parts = if whole || parts.len() == 1 {
+        parts
+    } else {
+        vec![
+            concat_batches(schema, &parts)
+                .map_err(|e| PreprocessError::read(&bucket.path, None, e))?,
+        ]
+    };
+    bucket.written = true;
+    tx.send((bucket.path.clone(), parts))
+        .map_err(|_| PreprocessError::Cancelled)
+}
+
+/// Writes bucket files, each one Arrow IPC stream that grows by appends:
+/// the file is reopened for each write (so any number of buckets can be
+/// written without holding a file open each), and the schema message the
+/// stream writer starts with is written only when the file is created.
+struct SpillWriter {
+    schema: SchemaRef,
+    /// The schema message a stream writer writes first.
+    header: Vec<u8>,
+    /// The files created so far (they get their end-of-stream marker last).
+    created: Vec<PathBuf>,
+}
+
+/// The end-of-stream marker of the Arrow IPC stream format.
+const IPC_EOS: [u8; 8] = [0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0];
+
+impl SpillWriter {
+    fn new(schema: &SchemaRef) -> Result<Self> {
+        // (`into_inner` would end the stream: the bytes so far are the header.)
+        let header = StreamWriter::try_new(Vec::new(), schema)
+            .map_err(|e| PreprocessError::read("(shuffle bucket)", None, e))?
+            .get_ref()
+            .clone();
+        Ok(SpillWriter {
+            schema: schema.clone(),
+            header,
+            created: Vec::new(),
+        })
     }
-    let writer = bucket.writer.as_mut().expect("created above");
-    writer.write(&batch).map_err(err)
+
+    /// Append `parts` to the stream in `path`.
+    fn append(&mut self, path: &Path, parts: &[RecordBatch]) -> Result<()> {
+        let err = |e: arrow_schema::ArrowError| PreprocessError::read(path, None, e);
+        let io = |e: std::io::Error| PreprocessError::io("write", path, e);
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(io)?;
+        let new = file.metadata().map_err(io)?.len() == 0;
+        if new {
+            self.created.push(path.to_path_buf());
+        }
+        let sink = SkipHeader {
+            inner: BufWriter::with_capacity(64 << 10, file),
+            header: &self.header,
+            skipped: if new { self.header.len() } else { 0 },
+        };
+        let mut writer = StreamWriter::try_new(sink, &self.schema).map_err(err)?;
+        for part in parts {
+            writer.write(part).map_err(err)?;
+        }
+        // Not `finish` nor `into_inner`: those end the stream.
+        writer.get_mut().inner.flush().map_err(io)
+    }
+
+    /// End every stream written.
+    fn finish(self) -> Result<()> {
+        for path in &self.created {
+            let io = |e: std::io::Error| PreprocessError::io("write", path, e);
+            let mut file = OpenOptions::new().append(true).open(path).map_err(io)?;
+            file.write_all(&IPC_EOS).map_err(io)?;
+        }
+        Ok(())
+    }
+}
+
+/// A writer that drops the stream writer's schema message when appending to
+/// an existing stream (checking that it is the expected one).
+struct SkipHeader<'a, W> {
+    inner: W,
+    header: &'a [u8],
+    /// Bytes of the header seen so far.
+    skipped: usize,
+}
+
+impl<W: Write> Write for SkipHeader<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.skipped < self.header.len() {
+            let n = buf.len().min(self.header.len() - self.skipped);
+            if buf[..n] != self.header[self.skipped..self.skipped + n] {
+                return Err(std::io::Error::other(
+                    "the stream writer's schema message changed between appends",
+                ));
+            }
+            self.skipped += n;
+            return Ok(n);
+        }
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Read a bucket file.
+fn read_bucket(path: &Path) -> Result<Vec<RecordBatch>> {
+    let err = |e: arrow_schema::ArrowError| PreprocessError::read(path, None, e);
+    // One read into one buffer the batches then point into (no copy per message).
+    let mut bytes =
+        Buffer::from_vec(std::fs::read(path).map_err(|e| PreprocessError::io("read", path, e))?);
+    let mut decoder = StreamDecoder::new();
+    let mut parts = Vec::new();
+    while !bytes.is_empty() {
+        if let Some(batch) = decoder.decode(&mut bytes).map_err(err)? {
+            parts.push(batch);
+        }
+    }
+    decoder.finish().map_err(err)?;
+    Ok(parts)
 }
 
 impl Spilled {
     /// The bucket files (a bucket that got no rows has no file) and the
-    /// folder holding them (deleted when dropped).
-    pub(crate) fn into_files(self) -> (tempfile::TempDir, Vec<PathBuf>) {
-        (self._dir, self.buckets)
+    /// folder holding them (deleted when dropped); buckets still in memory
+    /// are written out first.
+    pub(crate) fn into_files(self) -> Result<(tempfile::TempDir, Vec<PathBuf>)> {
+        let mut files = Vec::with_capacity(self.buckets.len());
+        for (i, stored) in self.buckets.into_iter().enumerate() {
+            let path = self.dir.path().join(format!("bucket-{i:05}.arrows"));
+            if let Stored::Memory(parts) = &stored {
+                let mut writer = SpillWriter::new(&self.schema)?;
+                writer.append(&path, parts)?;
+                writer.finish()?;
+            }
+            files.push(path);
+        }
+        Ok((self.dir, files))
     }
 
-    /// Each bucket in turn, loaded and permuted, as batches.
-    pub(crate) fn gather(self) -> impl Iterator<Item = Result<RecordBatch>> {
-        let Spilled {
-            _dir,
-            buckets,
-            schema,
-            seed,
-        } = self;
-        buckets.into_iter().enumerate().flat_map(move |(i, path)| {
-            // Keep the folder alive until every bucket was read.
-            let _keep = &_dir;
-            match load_permuted(&path, &schema, hash_words(&[seed, i as u64, 0x6761_7468])) {
-                Ok(batches) => batches.into_iter().map(Ok).collect::<Vec<_>>(),
-                Err(e) => vec![Err(e)],
-            }
-        })
+    /// Each bucket in turn, loaded and permuted, in batches of about
+    /// `chunk_bytes`.
+    pub(crate) fn gather(self, chunk_bytes: u64) -> Gather {
+        Gather {
+            buckets: self.buckets.into_iter().enumerate().collect(),
+            loading: None,
+            current: None,
+            schema: self.schema,
+            seed: self.seed,
+            chunk_bytes: chunk_bytes.max(1),
+            _dir: self.dir,
+        }
     }
 }
 
-/// Load one bucket, permute its rows, and cut it into batches.
-fn load_permuted(path: &Path, schema: &SchemaRef, seed: u64) -> Result<Vec<RecordBatch>> {
-    if !path.exists() {
-        return Ok(Vec::new());
+/// The gather phase: an iterator of permuted batches.
+pub(crate) struct Gather {
+    buckets: std::collections::VecDeque<(usize, Stored)>,
+    /// The next bucket, being loaded and permuted by another thread.
+    loading: Option<JoinHandle<Result<Permuted>>>,
+    current: Option<Permuted>,
+    schema: SchemaRef,
+    seed: u64,
+    chunk_bytes: u64,
+    // Declared last: dropped after a loading thread was joined.
+    _dir: tempfile::TempDir,
+}
+
+/// A loaded bucket's rows.
+enum Rows {
+    /// One batch (taking rows from it is cheapest).
+    One(RecordBatch),
+    /// Batches not made one (large rows, or a column past 2 GiB of offsets),
+    /// and the row index in their concatenation where each starts.
+    Parts(Vec<RecordBatch>, Vec<u32>),
+}
+
+/// One loaded bucket and the order its rows go out in.
+struct Permuted {
+    rows: Rows,
+    order: Vec<u32>,
+    at: usize,
+    chunk_rows: usize,
+}
+
+impl Gather {
+    /// Start loading (and permuting) the next bucket on another thread.
+    fn prefetch(&mut self) -> Result<()> {
+        if self.loading.is_some() {
+            return Ok(());
+        }
+        let Some((i, stored)) = self.buckets.pop_front() else {
+            return Ok(());
+        };
+        let schema = self.schema.clone();
+        let seed = hash_words(&[self.seed, i as u64, 0x6761_7468]);
+        let chunk_bytes = self.chunk_bytes;
+        let handle = std::thread::Builder::new()
+            .name("shardfeed-gather".into())
+            .spawn(move || {
+                let parts = match stored {
+                    Stored::Memory(parts) => parts,
+                    Stored::Empty => Vec::new(),
+                    Stored::File(path) => {
+                        let parts = read_bucket(&path);
+                        let _ = std::fs::remove_file(&path);
+                        parts?
+                    }
+                };
+                permute(&schema, parts, seed, chunk_bytes)
+            })
+            .map_err(|e| PreprocessError::io("start a thread reading", self._dir.path(), e))?;
+        self.loading = Some(handle);
+        Ok(())
     }
-    let err = |e: arrow_schema::ArrowError| PreprocessError::read(path, None, e);
-    let file = File::open(path).map_err(|e| PreprocessError::io("open", path, e))?;
-    let reader =
-        StreamReader::try_new(BufReader::with_capacity(1 << 20, file), None).map_err(err)?;
-    let parts = reader
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(err)?;
-    let all = concat_batches(schema, &parts).map_err(err)?;
-    drop(parts);
-    let _ = std::fs::remove_file(path);
-    let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
+
+    fn load_next(&mut self) -> Option<Result<Permuted>> {
+        if let Err(e) = self.prefetch() {
+            return Some(Err(e));
+        }
+        let handle = self.loading.take()?;
+        let permuted = match handle.join() {
+            Ok(result) => result,
+            Err(_) => Err(PreprocessError::Cancelled),
+        };
+        // Load the following bucket while this one is emitted.
+        if let Err(e) = self.prefetch() {
+            return Some(Err(e));
+        }
+        Some(permuted)
+    }
+}
+
+/// Make a bucket's rows one batch where possible and order them by a
+/// seeded shuffle.
+fn permute(
+    schema: &SchemaRef,
+    parts: Vec<RecordBatch>,
+    seed: u64,
+    chunk_bytes: u64,
+) -> Result<Permuted> {
+    let mut starts = Vec::with_capacity(parts.len());
+    let mut rows = 0u64;
+    let mut bytes = 0u64;
+    for part in &parts {
+        starts.push(rows);
+        rows += part.num_rows() as u64;
+        bytes += batch_bytes(part);
+    }
+    let too_many = || PreprocessError::BadOption {
+        option: "--memory-budget",
+        reason: format!(
+            "a shuffle bucket would hold {rows} rows, more than the 2^32 a bucket can \
+             hold; lower the budget (more, smaller buckets) or shard with --no-shuffle"
+        ),
+    };
+    let n = u32::try_from(rows).map_err(|_| too_many())?;
+    let per_row = bytes / u64::from(n).max(1);
+    let parts_of = |parts: Vec<RecordBatch>, starts: Vec<u64>| -> Result<Rows> {
+        let starts = starts
+            .into_iter()
+            .map(|s| u32::try_from(s).map_err(|_| too_many()))
+            .collect::<Result<Vec<u32>>>()?;
+        Ok(Rows::Parts(parts, starts))
+    };
+    let rows = match parts.len() {
+        1 => Rows::One(parts.into_iter().next().expect("one part")),
+        // Large rows are copied once either way and gain nothing from being
+        // contiguous first: emit from the parts.
+        _ if per_row >= CONTIGUOUS_BELOW_ROW_BYTES => parts_of(parts, starts)?,
+        _ => match concat_batches(schema, &parts) {
+            Ok(one) => Rows::One(one),
+            // Offsets past i32: emit from the parts instead (same rows, same order).
+            Err(_) => parts_of(parts, starts)?,
+        },
+    };
+    let mut order: Vec<u32> = (0..n).collect();
     SplitMix64::new(seed).shuffle(&mut order);
-    order
-        .chunks(GATHER_BATCH_ROWS)
-        .map(|chunk| take_record_batch(&all, &UInt32Array::from(chunk.to_vec())).map_err(err))
-        .collect()
+    // Rows per chunk so a chunk is about `chunk_bytes`.
+    let chunk_rows = (chunk_bytes / per_row.max(1)).clamp(1, 1 << 16) as usize;
+    Ok(Permuted {
+        rows,
+        order,
+        at: 0,
+        chunk_rows,
+    })
+}
+
+impl Permuted {
+    fn next_chunk(&mut self) -> Option<Result<RecordBatch>> {
+        if self.at >= self.order.len() {
+            return None;
+        }
+        let end = (self.at + self.chunk_rows).min(self.order.len());
+        let chunk = &self.order[self.at..end];
+        self.at = end;
+        let taken = match &self.rows {
+            Rows::One(batch) => take_record_batch(batch, &UInt32Array::from(chunk.to_vec())),
+            Rows::Parts(parts, starts) => {
+                let pairs: Vec<(usize, usize)> = chunk
+                    .iter()
+                    .map(|&row| {
+                        let part = starts.partition_point(|&s| s <= row) - 1;
+                        (part, (row - starts[part]) as usize)
+                    })
+                    .collect();
+                let parts: Vec<&RecordBatch> = parts.iter().collect();
+                interleave_record_batch(&parts, &pairs)
+            }
+        };
+        Some(taken.map_err(|e| PreprocessError::read("(shuffle bucket)", None, e)))
+    }
+}
+
+impl Iterator for Gather {
+    type Item = Result<RecordBatch>;
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(current) = &mut self.current {
+                if let Some(chunk) = current.next_chunk() {
+                    return Some(chunk);
+                }
+                self.current = None;
+            }
+            match self.load_next()? {
+                Ok(permuted) => self.current = Some(permuted),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+}
+
+impl Drop for Gather {
+    fn drop(&mut self) {
+        // Finish a load in flight before the folder goes.
+        if let Some(handle) = self.loading.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Array, Int64Array, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
+    use std::sync::Arc;
+
+    const ROWS: i64 = 20_000;
+
+    fn input(rows: i64, per_batch: i64) -> (SchemaRef, Vec<RecordBatch>) {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("text", DataType::Utf8, true),
+        ]));
+        let batches = (0..rows)
+            .step_by(per_batch as usize)
+            .map(|start| {
+                let ids: Vec<i64> = (start..(start + per_batch).min(rows)).collect();
+                let text: Vec<Option<String>> = ids
+                    .iter()
+                    .map(|i| {
+                        (i % 7 != 0).then(|| format!("row {i} {}", "x".repeat((i % 200) as usize)))
+                    })
+                    .collect();
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(Int64Array::from(ids)),
+                        Arc::new(StringArray::from(text)),
+                    ],
+                )
+                .unwrap()
+            })
+            .collect();
+        (schema, batches)
+    }
+
+    /// (id, text) of every row the shuffle emits, in order.
+    fn shuffled(count: u64, budget: u64, chunk_bytes: u64) -> (Vec<(i64, Option<String>)>, usize) {
+        let (schema, batches) = input(ROWS, 300);
+        let temp = tempfile::tempdir().unwrap();
+        let spilled = scatter(
+            batches.into_iter().map(Ok),
+            &schema,
+            42,
+            count,
+            budget,
+            Some(temp.path()),
+        )
+        .unwrap();
+        let files = spilled
+            .buckets
+            .iter()
+            .filter(|b| matches!(b, Stored::File(_)))
+            .count();
+        let mut out = Vec::new();
+        for batch in spilled.gather(chunk_bytes) {
+            let batch = batch.unwrap();
+            let ids = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            let text = batch
+                .column(1)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap();
+            for i in 0..batch.num_rows() {
+                out.push((
+                    ids.value(i),
+                    text.is_valid(i).then(|| text.value(i).to_string()),
+                ));
+            }
+        }
+        (out, files)
+    }
+
+    #[test]
+    fn every_row_once_whatever_the_buckets_and_chunks() {
+        let (_, batches) = input(ROWS, 300);
+        let mut want: Vec<(i64, Option<String>)> = Vec::new();
+        for b in &batches {
+            let ids = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            let text = b.column(1).as_any().downcast_ref::<StringArray>().unwrap();
+            for i in 0..b.num_rows() {
+                want.push((
+                    ids.value(i),
+                    text.is_valid(i).then(|| text.value(i).to_string()),
+                ));
+            }
+        }
+        // (buckets, budget, buckets written to disk): one bucket in memory;
+        // one written to disk; buckets each appended to many times; many in
+        // memory.
+        for (count, budget, on_disk) in [
+            (1, 1 << 30, 0),
+            (1, 64 << 10, 1),
+            (7, 256 << 10, 7),
+            (300, 1 << 20, 0),
+        ] {
+            let (got, files) = shuffled(count, budget, 4096);
+            assert_eq!(files, on_disk, "{count} buckets, budget {budget}");
+            let mut sorted = got.clone();
+            sorted.sort();
+            assert_eq!(sorted, want, "{count} buckets, budget {budget}");
+            assert_ne!(got, want, "{count} buckets: rows left in input order");
+            // The same seed gives the same order, however it is chunked and
+            // whether or not buckets went to disk.
+            assert_eq!(shuffled(count, budget, 1 << 20).0, got);
+            assert_eq!(shuffled(count, 1 << 40, 4096).0, got);
+        }
+    }
+
+    #[test]
+    fn bucket_counts() {
+        assert_eq!(bucket_count(0, 1000), 1);
+        assert_eq!(bucket_count(31, 1000), 1);
+        assert_eq!(bucket_count(251, 1000), 9);
+        assert_eq!(bucket_count(10_000, 1000), 323);
+        assert_eq!(bucket_count(u64::MAX, 1000), MAX_BUCKETS);
+    }
+
+    /// Files handed to other tasks are plain IPC streams, whether the bucket
+    /// stayed in memory or was appended to many times.
+    #[test]
+    fn bucket_files_are_plain_streams() {
+        for (count, budget) in [(1, 1 << 30), (3, 256 << 10)] {
+            let (schema, batches) = input(ROWS, 100);
+            let temp = tempfile::tempdir().unwrap();
+            let spilled = scatter(
+                batches.into_iter().map(Ok),
+                &schema,
+                1,
+                count,
+                budget,
+                Some(temp.path()),
+            )
+            .unwrap();
+            let (_dir, files) = spilled.into_files().unwrap();
+            let mut rows = 0;
+            for file in &files {
+                let reader = arrow_ipc::reader::StreamReader::try_new(
+                    std::fs::File::open(file).unwrap(),
+                    None,
+                )
+                .unwrap();
+                for batch in reader {
+                    rows += batch.unwrap().num_rows();
+                }
+            }
+            assert_eq!(rows, ROWS as usize, "{count} buckets");
+            assert_eq!(files.iter().filter(|f| f.exists()).count(), count as usize);
+        }
+    }
+
+    /// A bucket that cannot be one batch is emitted from its parts: the
+    /// same rows in the same order.
+    #[test]
+    fn parts_emit_like_one_batch() {
+        let (schema, batches) = input(3000, 250);
+        let one = permute(&schema, batches.clone(), 9, 10_000).unwrap();
+        let mut starts = Vec::new();
+        let mut rows = 0u32;
+        for b in &batches {
+            starts.push(rows);
+            rows += b.num_rows() as u32;
+        }
+        let mut parts = Permuted {
+            rows: Rows::Parts(batches, starts),
+            order: one.order.clone(),
+            at: 0,
+            chunk_rows: 77,
+        };
+        let mut one = Permuted {
+            chunk_rows: 1000,
+            ..one
+        };
+        let collect = |p: &mut Permuted| {
+            let mut all = Vec::new();
+            while let Some(b) = p.next_chunk() {
+                all.push(b.unwrap());
+            }
+            concat_batches(&schema, &all).unwrap()
+        };
+        assert!(matches!(one.rows, Rows::One(_)));
+        assert_eq!(collect(&mut one), collect(&mut parts));
+    }
 }

@@ -129,7 +129,7 @@ fn scatter(
         options.memory_budget,
         temp.as_deref(),
     )?;
-    let (_dir, files) = spilled.into_files();
+    let (_dir, files) = spilled.into_files()?;
     let publish = output::publisher(
         location,
         handle,
