@@ -32,6 +32,7 @@
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use arrow_array::{RecordBatch, UInt32Array};
@@ -309,12 +310,26 @@ impl<W: Write> Write for SkipHeader<'_, W> {
     }
 }
 
-/// Read a bucket file.
+/// Read a bucket file: mapped into memory, the batches point into the page
+/// cache (no copy, no fresh memory), and the file is deleted at once (its
+/// pages live until the last batch is dropped).
 fn read_bucket(path: &Path) -> Result<Vec<RecordBatch>> {
     let err = |e: arrow_schema::ArrowError| PreprocessError::read(path, None, e);
-    // One read into one buffer the batches then point into (no copy per message).
-    let mut bytes =
-        Buffer::from_vec(std::fs::read(path).map_err(|e| PreprocessError::io("read", path, e))?);
+    let io = |e: std::io::Error| PreprocessError::io("read", path, e);
+    let file = std::fs::File::open(path).map_err(io)?;
+    if file.metadata().map_err(io)?.len() == 0 {
+        return Err(PreprocessError::read(path, None, "empty bucket file"));
+    }
+    // SAFETY: the file is this process's own, in its private temporary
+    // folder, complete (the writer thread was joined) and never written
+    // again; nothing else truncates it while it is mapped.
+    let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(io)?;
+    let _ = std::fs::remove_file(path);
+    let len = map.len();
+    let ptr = std::ptr::NonNull::new(map.as_ptr().cast_mut()).expect("a mapping is not null");
+    // SAFETY: `ptr` points to `len` readable bytes owned by `map`, which the
+    // buffer keeps alive.
+    let mut bytes = unsafe { Buffer::from_custom_allocation(ptr, len, Arc::new(map)) };
     let mut decoder = StreamDecoder::new();
     let mut parts = Vec::new();
     while !bytes.is_empty() {
@@ -407,11 +422,7 @@ impl Gather {
                 let parts = match stored {
                     Stored::Memory(parts) => parts,
                     Stored::Empty => Vec::new(),
-                    Stored::File(path) => {
-                        let parts = read_bucket(&path);
-                        let _ = std::fs::remove_file(&path);
-                        parts?
-                    }
+                    Stored::File(path) => read_bucket(&path)?,
                 };
                 permute(&schema, parts, seed, chunk_bytes)
             })
