@@ -314,6 +314,9 @@ pub(crate) fn permute(
         .first()
         .ok_or_else(|| err("a window with rows has no batches".into()))?;
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(first.num_columns());
+    // Built once for every column (a copy of the order per column cost more
+    // than some columns' gathers).
+    let mut indices: Option<UInt32Array> = None;
     for c in 0..first.num_columns() {
         let arrays: Vec<&ArrayRef> = batches.iter().map(|b| b.column(c)).collect();
         let dictionaries: Option<Vec<&dyn AnyDictionaryArray>> =
@@ -339,9 +342,9 @@ pub(crate) fn permute(
             .map_err(|e| err(e.to_string()))?;
         let plain: Vec<&dyn Array> = plain.iter().map(|a| a.as_ref()).collect();
         let all = arrow_select::concat::concat(&plain).map_err(|e| err(e.to_string()))?;
-        let indices = UInt32Array::from(order.to_vec());
+        let indices = indices.get_or_insert_with(|| UInt32Array::from(order.to_vec()));
         columns
-            .push(arrow_select::take::take(&all, &indices, None).map_err(|e| err(e.to_string()))?);
+            .push(arrow_select::take::take(&all, &*indices, None).map_err(|e| err(e.to_string()))?);
     }
     let fields: Vec<arrow_schema::Field> = first
         .schema()
