@@ -726,6 +726,16 @@ enum KeySlice<'a> {
 }
 
 impl KeySlice<'_> {
+    /// The largest of the keys in `range`, reading an `i32` key as its
+    /// `u32` bit pattern (a negative key is larger than any valid one): what
+    /// [`lookup`] needs. One vectorised pass.
+    fn max_index(&self, range: std::ops::Range<usize>) -> Option<usize> {
+        match self {
+            KeySlice::U16(k) => k[range].iter().copied().max().map(usize::from),
+            KeySlice::I32(k) => k[range].iter().map(|&k| k as u32).max().map(|m| m as usize),
+        }
+    }
+
     #[inline(always)]
     fn get(&self, row: usize) -> usize {
         match self {
@@ -834,9 +844,16 @@ fn gather_fixed(
                         stream_copy(out, &values[range.start * w..range.end * w]);
                     }
                     Fixed::Dictionary { keys, values } => {
+                        let max = keys.max_index(range.clone());
+                        // SAFETY: `max` is the largest of these keys, as
+                        // `lookup` needs it.
                         let done = match keys {
-                            KeySlice::U16(k) => lookup_width(w, &k[range.clone()], values, out)?,
-                            KeySlice::I32(k) => lookup_width(w, &k[range.clone()], values, out)?,
+                            KeySlice::U16(k) => unsafe {
+                                lookup_width(w, &k[range.clone()], max, values, out)?
+                            },
+                            KeySlice::I32(k) => unsafe {
+                                lookup_width(w, &k[range.clone()], max, values, out)?
+                            },
                         };
                         if !done {
                             for (o, row) in out.chunks_exact_mut(w).zip(range) {
@@ -874,27 +891,44 @@ fn gather_fixed(
 
 /// [`lookup`] for values of `w` bytes; false (nothing written) for other
 /// widths or unaligned buffers.
+///
+/// # Safety
+///
+/// As [`lookup`]'s.
 #[inline(always)]
-fn lookup_width<K: ArrowNativeType>(
+unsafe fn lookup_width<K: ArrowNativeType>(
     w: usize,
     keys: &[K],
+    max: Option<usize>,
     values: &[u8],
     out: &mut [u8],
 ) -> std::result::Result<bool, String> {
-    match w {
-        1 => lookup::<u8, K>(keys, values, out),
-        2 => lookup::<u16, K>(keys, values, out),
-        4 => lookup::<u32, K>(keys, values, out),
-        8 => lookup::<u64, K>(keys, values, out),
-        _ => Ok(false),
+    // SAFETY: the caller's promise about `max` is passed on.
+    unsafe {
+        match w {
+            1 => lookup::<u8, K>(keys, max, values, out),
+            2 => lookup::<u16, K>(keys, max, values, out),
+            4 => lookup::<u32, K>(keys, max, values, out),
+            8 => lookup::<u64, K>(keys, max, values, out),
+            _ => Ok(false),
+        }
     }
 }
 
-/// `out[i] = values[keys[i]]` with `T`-sized values; false (nothing written)
-/// when the buffers are not aligned for `T`, an error when a key is outside
-/// `values`.
-fn lookup<T: Copy, K: ArrowNativeType>(
+/// `out[i] = values[keys[i]]` with `T`-sized values, given `max`, the
+/// largest of `keys` as an index (`None` when there are none); false (nothing
+/// written) when the buffers are not aligned for `T`, an error when a key is
+/// outside `values`.
+///
+/// # Safety
+///
+/// `max` must be the largest of `keys`, reading an `i32` key as its `u32`
+/// bit pattern (so a negative key is larger than any valid one), and `None`
+/// only when `keys` is empty: once it is below `values`' length, the reads
+/// are unchecked.
+unsafe fn lookup<T: Copy, K: ArrowNativeType>(
     keys: &[K],
+    max: Option<usize>,
     values: &[u8],
     out: &mut [u8],
 ) -> std::result::Result<bool, String> {
@@ -906,9 +940,15 @@ fn lookup<T: Copy, K: ArrowNativeType>(
         return Ok(false);
     }
     // The unchecked reads below rely on every key indexing `values`: checked
-    // here, beside them (a negative i32 key is a huge `as_usize`).
-    let max = keys.iter().fold(0usize, |m, k| m.max(k.as_usize()));
-    if !keys.is_empty() && max >= values.len() {
+    // here, beside them (`max` is computed over the keys by the caller,
+    // where their type is known and the scan vectorises).
+    debug_assert_eq!(
+        max.is_some_and(|m| m >= values.len()),
+        keys.iter().any(|k| k.as_usize() >= values.len())
+    );
+    if let Some(max) = max
+        && max >= values.len()
+    {
         return Err(format!(
             "dictionary key {max} is outside its dictionary of {} values",
             values.len()
@@ -1241,5 +1281,37 @@ mod tests {
             .collect();
         assert_eq!(read(&[&views, &plain]), expected);
         assert_eq!(read(&[&plain, &views]), expected);
+    }
+
+    /// The key check of a slab write: the largest key (a negative i32 one
+    /// counting as larger than any valid key) decides, and a key outside the
+    /// dictionary is an error, never a read past it. (Forged arrays cannot be
+    /// built here: arrow's `force_validate` refuses them.)
+    #[test]
+    fn keys_outside_their_dictionary_are_refused_when_gathered() {
+        let values: Vec<u64> = vec![10, 11, 12];
+        // SAFETY (test): u64 is plain bytes.
+        let values = unsafe { values.as_slice().align_to::<u8>().1 };
+        let mut out = vec![0u64; 3];
+        let mut gather = |keys: KeySlice| {
+            let max = keys.max_index(0..3);
+            // SAFETY: `max` comes from `max_index` of the same keys.
+            let bytes = unsafe { out.as_mut_slice().align_to_mut::<u8>().1 };
+            match keys {
+                KeySlice::U16(k) => unsafe { lookup_width(8, k, max, values, bytes) },
+                KeySlice::I32(k) => unsafe { lookup_width(8, k, max, values, bytes) },
+            }
+        };
+        for keys in [KeySlice::U16(&[0, 1, 7]), KeySlice::I32(&[0, -1, 2])] {
+            let err = gather(keys).unwrap_err();
+            assert!(err.contains("outside its dictionary"), "{err}");
+        }
+        assert_eq!(gather(KeySlice::U16(&[2, 1, 0])), Ok(true));
+        assert_eq!(out, vec![12, 11, 10]);
+        assert_eq!(
+            KeySlice::I32(&[0, -1]).max_index(0..2),
+            Some(u32::MAX as usize)
+        );
+        assert_eq!(KeySlice::U16(&[]).max_index(0..0), None);
     }
 }
