@@ -9,7 +9,7 @@ use bytes::Bytes;
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 use shardfeed_format::{Crc32, ShardEntry};
 
-use crate::parquet::{Limits, SparseFile, decode_row_group};
+use crate::parquet::{Limits, SparseFile, decode_row_group_at_least};
 use crate::plan::Segment;
 use crate::shard::{ShardFooter, check_chunk, check_chunk_crc};
 use crate::stats::Counters;
@@ -32,7 +32,16 @@ pub(crate) struct Fetched {
     pub chunks: Vec<(usize, u64, Bytes, Option<Crc32>)>,
 }
 
-/// Check and decode a fetched segment: its rows, as one or more batches.
+/// A fetched segment, checked and decoded: its rows, as one or more
+/// batches; and the rows after them that decoding produced on the way (the
+/// rest of the pages that cover the segment's end), with the row group row
+/// they start at, for a later segment of the same row group.
+pub(crate) struct DecodedRows {
+    pub rows: Vec<RecordBatch>,
+    pub beyond: Option<(u32, Vec<RecordBatch>)>,
+}
+
+/// Check and decode a fetched segment.
 /// No column may decode to more than `byte_budget` bytes.
 pub(crate) fn decode(
     fetched: Fetched,
@@ -40,7 +49,7 @@ pub(crate) fn decode(
     roots: &[usize],
     byte_budget: u64,
     counters: &Counters,
-) -> Result<Vec<RecordBatch>> {
+) -> Result<DecodedRows> {
     let Fetched {
         segment,
         footer,
@@ -68,7 +77,7 @@ pub(crate) fn decode(
     // group (the own decoders stop after the pages that cover it).
     let rows = footer.footer.metadata.row_group(rg).num_rows() as usize;
     let want = (segment.end as usize).min(rows);
-    let (decoded, paths) = decode_row_group(
+    let (decoded, paths) = decode_row_group_at_least(
         Arc::new(file),
         &footer.arrow,
         rg,
@@ -82,28 +91,37 @@ pub(crate) fn decode(
         source,
     })?;
     counters.add_paths(&paths);
-    // Keep the segment's rows [start, end) of the row group.
+    // Keep the segment's rows [start, end) of the row group; the rows
+    // decoded past `end` go back separately.
     let (start, end) = (segment.start as usize, segment.end as usize);
     let mut out = Vec::new();
+    let mut beyond = Vec::new();
     let mut at = 0usize;
     for batch in decoded {
         let n = batch.num_rows();
         let (lo, hi) = (start.max(at), end.min(at + n));
         if lo < hi {
             out.push(if lo == at && hi == at + n {
-                batch
+                batch.clone()
             } else {
                 batch.slice(lo - at, hi - lo)
             });
         }
+        if at + n > end {
+            let from = end.max(at);
+            beyond.push(batch.slice(from - at, at + n - from));
+        }
         at += n;
     }
-    if at != want {
+    if at < want || at > rows {
         return Err(LoaderError::Corrupt {
             shard: entry.path.clone(),
             row_group: Some(rg),
             detail: format!("decoded {at} of the {want} rows asked of {rows}"),
         });
     }
-    Ok(out)
+    Ok(DecodedRows {
+        rows: out,
+        beyond: (!beyond.is_empty()).then_some((segment.end, beyond)),
+    })
 }

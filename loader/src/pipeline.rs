@@ -15,7 +15,7 @@
 //!   a process-wide panic hook, chained to the previous one, stays quiet
 //!   only on threads that are inside a stage.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -39,7 +39,7 @@ use crate::config::{Config, OnError};
 use crate::decode::{Fetched, decode};
 use crate::fetch::FetchContext;
 use crate::pinned::Pool;
-use crate::plan::{EpochPlan, PlanOptions};
+use crate::plan::{EpochPlan, PlanOptions, Segment};
 use crate::shuffle::{LoadedWindow, Shuffler};
 use crate::stats::Counters;
 use crate::{LoaderError, Result};
@@ -173,8 +173,12 @@ impl Pipeline {
                 drop_last: c.drop_last,
                 // Slices of row groups are random samples only when the
                 // dataset was shuffled at shard time; in a dataset written in
-                // order a slice is one class or domain.
-                first_slices: if self.manifest.options.shuffle_seed.is_some() {
+                // order a slice is one class or domain. A small epoch reads
+                // its first window whole (slicing would cost it too much).
+                first_slices: if self.manifest.options.shuffle_seed.is_some()
+                    && self.manifest.row_group_count() as u64 / c.world_size.max(1)
+                        >= crate::config::MIN_WINDOWS_TO_SLICE * c.window as u64
+                {
                     crate::config::FIRST_SLICES
                 } else {
                     0
@@ -200,13 +204,14 @@ impl Pipeline {
         } else {
             plan.segments().len() as u64
         };
-        let segments: Vec<(u64, crate::plan::Segment)> = plan
+        let segments: Vec<(u64, Segment)> = plan
             .segments()
             .iter()
             .enumerate()
             .skip(first_seq as usize)
             .map(|(i, s)| (i as u64, *s))
             .collect();
+        let stash = Arc::new(Stash::new(&segments));
 
         let (fetched_tx, fetched_rx) = tokio::sync::mpsc::channel::<
             Result<(Fetched, OwnedSemaphorePermit)>,
@@ -309,6 +314,7 @@ impl Pipeline {
         let mut threads = Vec::new();
         for i in 0..config.decode_threads {
             let decoder = Decoder {
+                stash: stash.clone(),
                 rx: fetched_rx.clone(),
                 tx: decoded_tx.clone(),
                 manifest: self.manifest.clone(),
@@ -422,8 +428,78 @@ impl Pipeline {
     }
 }
 
+/// Rows decoded past a segment's end, kept for the later segment of the same
+/// row group that starts there: an epoch's first window is the first slices
+/// of its row groups and the rest of each is a later segment, and decoding a
+/// slice usually decodes the whole page under it (often the whole chunk).
+/// The rest is decoded once, not twice. Which decode thread gets there first
+/// decides only whether the later segment finds its rows here or decodes
+/// them itself: the same rows either way. At most the first window's rows
+/// wait here.
+struct Stash {
+    /// `(shard, row group, first row)` of the segments that continue an
+    /// earlier segment of their row group.
+    wanted: HashSet<(u32, u32, u32)>,
+    rows: Mutex<HashMap<(u32, u32, u32), Vec<RecordBatch>>>,
+}
+
+impl Stash {
+    fn new(segments: &[(u64, Segment)]) -> Self {
+        let mut ends = HashSet::new();
+        let mut wanted = HashSet::new();
+        for (_, s) in segments {
+            if s.start > 0 && ends.contains(&(s.shard, s.row_group, s.start)) {
+                wanted.insert((s.shard, s.row_group, s.start));
+            }
+            ends.insert((s.shard, s.row_group, s.end));
+        }
+        Stash {
+            wanted,
+            rows: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Keep `rows` (row group rows from `from` on, decoded for `segment`) if
+    /// a later segment starts there.
+    fn put(&self, segment: &Segment, from: u32, rows: Vec<RecordBatch>) {
+        let key = (segment.shard, segment.row_group, from);
+        if self.wanted.contains(&key) {
+            self.rows.lock().expect("stash").insert(key, rows);
+        }
+    }
+
+    /// `segment`'s rows, when an earlier segment decoded all of them.
+    fn take(&self, segment: &Segment) -> Option<Vec<RecordBatch>> {
+        let key = (segment.shard, segment.row_group, segment.start);
+        if !self.wanted.contains(&key) {
+            return None;
+        }
+        let batches = self.rows.lock().expect("stash").remove(&key)?;
+        let mut left = segment.rows() as usize;
+        let have: usize = batches.iter().map(|b| b.num_rows()).sum();
+        if have < left {
+            return None;
+        }
+        let mut out = Vec::with_capacity(batches.len());
+        for batch in batches {
+            if left == 0 {
+                break;
+            }
+            let n = batch.num_rows().min(left);
+            out.push(if n == batch.num_rows() {
+                batch
+            } else {
+                batch.slice(0, n)
+            });
+            left -= n;
+        }
+        Some(out)
+    }
+}
+
 /// A decode thread of one pass.
 struct Decoder {
+    stash: Arc<Stash>,
     rx: FetchedRx,
     tx: Sender<Decoded>,
     manifest: Arc<Manifest>,
@@ -507,13 +583,22 @@ impl Decoder {
         let entry = &self.manifest.shards[segment.shard as usize];
         let action = self.config.failpoints.hit("decode", seq);
         let decoded = catch(|| match action {
-            None => decode(
-                fetched,
-                entry,
-                &self.roots,
-                self.config.byte_budget,
-                &self.counters,
-            ),
+            None => {
+                if let Some(rows) = self.stash.take(&segment) {
+                    return Ok(rows);
+                }
+                let decoded = decode(
+                    fetched,
+                    entry,
+                    &self.roots,
+                    self.config.byte_budget,
+                    &self.counters,
+                )?;
+                if let Some((from, rows)) = decoded.beyond {
+                    self.stash.put(&segment, from, rows);
+                }
+                Ok(decoded.rows)
+            }
             Some(Action::Stop) => Err(LoaderError::Closed),
             Some(action) => Err(injected("decode", action, &self.cancel)),
         });
@@ -557,5 +642,68 @@ impl Decoder {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{Array, Int64Array, RecordBatch};
+
+    use super::Stash;
+    use crate::plan::Segment;
+
+    fn ids(from: i64, to: i64) -> RecordBatch {
+        RecordBatch::try_from_iter([(
+            "id",
+            Arc::new(Int64Array::from_iter_values(from..to)) as Arc<dyn Array>,
+        )])
+        .unwrap()
+    }
+
+    fn seg(shard: u32, row_group: u32, start: u32, end: u32) -> Segment {
+        Segment {
+            shard,
+            row_group,
+            start,
+            end,
+        }
+    }
+
+    #[test]
+    fn stash_serves_the_rest_of_a_row_group_once() {
+        let head = seg(0, 1, 0, 4);
+        let tail = seg(0, 1, 4, 30);
+        let other = seg(0, 2, 0, 30);
+        let stash = Stash::new(&[(0, head), (1, other), (2, tail)]);
+        // Nothing kept for a segment no later one continues.
+        stash.put(&other, 30, vec![ids(30, 31)]);
+        assert!(stash.rows.lock().unwrap().is_empty());
+        // Too few rows: the tail decodes itself.
+        stash.put(&head, 4, vec![ids(4, 20)]);
+        assert!(stash.take(&tail).is_none());
+        // The whole rest, in two batches: served once, exactly the tail's rows.
+        stash.put(&head, 4, vec![ids(4, 20), ids(20, 30)]);
+        let rows = stash.take(&tail).expect("served");
+        let got: Vec<i64> = rows
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(got, (4..30).collect::<Vec<_>>());
+        assert!(stash.take(&tail).is_none(), "served twice");
+        // A tail ending before the row group does keeps only its rows.
+        let short = seg(0, 1, 4, 10);
+        let stash = Stash::new(&[(0, head), (1, short)]);
+        stash.put(&head, 4, vec![ids(4, 30)]);
+        let rows = stash.take(&short).expect("served");
+        assert_eq!(rows.iter().map(|b| b.num_rows()).sum::<usize>(), 6);
     }
 }

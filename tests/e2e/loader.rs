@@ -117,6 +117,31 @@ fn collect(url: &str, threads: usize, prefetch: usize, epoch: u64) -> Vec<Vec<i6
     id_batches(&mut loader)
 }
 
+/// Windows of 2 row groups over 50: the epoch's first window is sliced (the
+/// rest of each of its row groups decoded once and kept for its later
+/// segment, or decoded again by whichever thread gets there first): the same
+/// batches whatever the threads, every row once.
+#[test]
+fn sliced_first_window_gives_the_same_rows_whatever_the_threads() {
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Text, 5000, 100, 16 << 10);
+    let run = |threads: usize| {
+        let mut loader = Loader::builder(&url)
+            .batch_size(50)
+            .seed(4)
+            .window(2)
+            .decode_threads(threads)
+            .build()
+            .unwrap();
+        id_batches(&mut loader)
+    };
+    let one = run(1);
+    assert_eq!(run(3), one);
+    let mut all: Vec<i64> = one.into_iter().flatten().collect();
+    all.sort();
+    assert_eq!(all, (0..5000).collect::<Vec<_>>());
+}
+
 #[test]
 fn order_depends_only_on_seed_epoch_and_rank() {
     let tmp = tempdir();

@@ -13,7 +13,8 @@
 //! | [`fixed`], [`list`], [`binary`] | value decoders into Arrow arrays |
 //! | [`sparse`] | the fetched byte ranges of a shard, as parquet's `ChunkReader` |
 //!
-//! [`decode_row_group`] is the one entry point. Which path decodes a column
+//! [`decode_row_group_at_least`] is the one entry point (tests also use
+//! [`decode_row_group`], which keeps exactly the rows asked). Which path decodes a column
 //! chunk is decided by [`column_path`] from this table alone:
 //!
 //! | column (Arrow type, Parquet levels) | chunk's encodings | path |
@@ -195,7 +196,24 @@ const ARROW_BATCH_BYTES: u64 = 1 << 20;
 /// `want` is `None` or not less; the own decoders then skip the pages after
 /// them), and the paths taken. Columns whose own decoder keeps a dictionary
 /// come back with a dictionary type instead of the file's type.
+#[cfg(test)]
 pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
+    file: Arc<R>,
+    arrow: &ArrowReaderMetadata,
+    rg: usize,
+    roots: &[usize],
+    want: Option<usize>,
+    limits: &Limits,
+) -> Result<(Vec<RecordBatch>, DecodePaths)> {
+    let (batches, paths) = decode_row_group_at_least(file, arrow, rg, roots, want, limits)?;
+    let rows = arrow.metadata().row_group(rg).num_rows() as usize;
+    Ok((prefix(batches, want.map_or(rows, |w| w.min(rows))), paths))
+}
+
+/// [`decode_row_group`], except that the batches hold every row decoded on
+/// the way to the first `want`: the rows of the pages that cover them, as far
+/// as every column got (at least `want`, at most the row group's).
+pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
     file: Arc<R>,
     arrow: &ArrowReaderMetadata,
     rg: usize,
@@ -236,7 +254,7 @@ pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
                 "parquet's reader decoded {decoded} rows, the footer says {rows}"
             )));
         }
-        return Ok((prefix(batches, want), paths));
+        return Ok((batches, paths));
     }
     let mut columns: Vec<Option<ArrayRef>> = vec![None; roots.len()];
     for (i, &(root, path)) in chosen.iter().enumerate() {
@@ -277,7 +295,21 @@ pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
                 array.len()
             )));
         }
-        columns[i] = Some(array.slice(0, want));
+        columns[i] = Some(array);
+    }
+    // Rows every own-decoded column holds (columns decoded by parquet's
+    // reader hold them all).
+    let have = columns
+        .iter()
+        .flatten()
+        .map(|c| c.len())
+        .min()
+        .unwrap_or(rows)
+        .min(rows);
+    for column in columns.iter_mut().flatten() {
+        if column.len() != have {
+            *column = column.slice(0, have);
+        }
     }
     let others: Vec<usize> = chosen
         .iter()
@@ -302,7 +334,7 @@ pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
                 .iter()
                 .position(|r| r == root)
                 .expect("a projected root");
-            columns[i] = Some(batch.column(k).slice(0, want));
+            columns[i] = Some(batch.column(k).slice(0, have));
         }
     }
     let columns: Vec<ArrayRef> = columns
@@ -322,7 +354,7 @@ pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
         })
         .collect();
     let schema = Arc::new(arrow_schema::Schema::new(fields));
-    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(want));
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(have));
     Ok((
         vec![RecordBatch::try_new_with_options(
             schema, columns, &options,
@@ -332,6 +364,7 @@ pub(crate) fn decode_row_group<R: ChunkReader + 'static>(
 }
 
 /// The first `want` rows of `batches`.
+#[cfg(test)]
 fn prefix(batches: Vec<RecordBatch>, want: usize) -> Vec<RecordBatch> {
     let mut left = want;
     let mut out = Vec::with_capacity(batches.len());
