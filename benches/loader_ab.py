@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Two builds of shardfeed on the same shards, interleaved: did a change cost throughput?
 
-For each dataset (generated and sharded once, with --bin-a), run `shardfeed bench`
-(--epochs 3, 2 decode threads) alternately with build A and build B, --repeat times,
+For each dataset (generated and sharded once, with --shard-bin's defaults, --bin-a's
+unless given), run `shardfeed bench` (--epochs 3 unless given, 2 decode threads)
+alternately with build A and build B, --repeat times,
 and report the median steady rate (after epoch 1), the median rate over all three
 epochs including start-up, and the ratios B/A, with pyarrow's iter_batches over the
 same files in the same run for scale.
@@ -18,9 +19,9 @@ import pyarrow.parquet as pq
 BATCH = {"tokens": 64, "tabular": 4096, "images": 32}
 
 
-def bench(binary, path, batch):
+def bench(binary, path, batch, epochs):
     r = subprocess.run([binary, "bench", path, "--batch-size", str(batch), "--threads", "2",
-                        "--epochs", "3", "--json"], check=True, capture_output=True, text=True)
+                        "--epochs", str(epochs), "--json"], check=True, capture_output=True, text=True)
     return json.loads(r.stdout)
 
 
@@ -41,7 +42,11 @@ def main():
     p.add_argument("--kinds", default="tokens,tabular,images")
     p.add_argument("--size", default="300MB")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--shard-bin", default=None,
+                   help="the build that shards the datasets, with its defaults (default: --bin-a)")
+    p.add_argument("--epochs", type=int, default=3)
     args = p.parse_args()
+    shard_bin = args.shard_bin or args.bin_a
     pa.set_cpu_count(2)
     pa.set_io_thread_count(2)
     rows = []
@@ -51,12 +56,12 @@ def main():
         if not os.path.exists(os.path.join(path, "manifest.json")):
             subprocess.run([args.bin_a, "generate", kind, "--size", args.size, "--files", "4", "-o", raw],
                            check=True, capture_output=True)
-            subprocess.run([args.bin_a, "shard", raw, "-o", path, "--overwrite"], check=True, capture_output=True)
+            subprocess.run([shard_bin, "shard", raw, "-o", path, "--overwrite"], check=True, capture_output=True)
         runs = {"a": [], "b": [], "pyarrow": []}
         for i in range(args.repeat):
             order = ("a", "b") if i % 2 == 0 else ("b", "a")
             for who in order:
-                runs[who].append(bench(args.bin_a if who == "a" else args.bin_b, path, batch))
+                runs[who].append(bench(args.bin_a if who == "a" else args.bin_b, path, batch, args.epochs))
             runs["pyarrow"].append(iter_batches(path, batch))
         med = lambda who, key: statistics.median(r[key] for r in runs[who])
         row = {
@@ -73,7 +78,7 @@ def main():
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print("\n| dataset | A steady rows/s | B steady rows/s | B/A steady | A 3 epochs incl. start-up | B 3 epochs | B/A | peak RSS A / B | pyarrow iter_batches |")
+    print("\n| dataset | A steady rows/s | B steady rows/s | B/A steady | A all epochs incl. start-up | B all epochs | B/A | peak RSS A / B | pyarrow iter_batches |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['dataset']} | {r['a_steady_rows_s']} | {r['b_steady_rows_s']} | {r['b_over_a_steady']} | "

@@ -21,7 +21,10 @@ def du(path):
 def run_shardfeed(binary, inputs, out, shard_size):
     shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()
-    r = subprocess.run([binary, "shard", inputs, "--output", out, "--shard-size", shard_size, "--json"],
+    # --no-shuffle: the peers keep input order, so this compares like with like
+    # (benches/shard_shuffle_cost.py measures the default shuffle against it).
+    r = subprocess.run([binary, "shard", inputs, "--output", out, "--shard-size", shard_size,
+                        "--no-shuffle", "--json"],
                        check=True, capture_output=True, text=True)
     secs = time.perf_counter() - t
     summary = json.loads(r.stdout)
