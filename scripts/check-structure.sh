@@ -18,7 +18,7 @@ fi
 declare -A root_item=([PreprocessError]=error [Result]=error [BoxError]=error [ShardOptions]=options
   [Progress]=options [TaskSplit]=options [TaskStage]=options [InputFormat]=input_format
   [ShardSummary]=pipeline [shard]=run [commit]=task [CommitSummary]=task [peak_rss_bytes]=measure
-  [files_schema]=input)
+  [files_schema]=input [TokenizeOptions]=tokenize)
 declare -A uses
 for file in preprocess/src/*.rs; do
   module=$(basename "$file" .rs)

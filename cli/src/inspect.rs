@@ -39,6 +39,24 @@ pub fn run(dataset: &str, json: bool, storage_options: &[(String, String)]) -> R
             "order        input order (--no-shuffle): the loader mixes rows only within its shuffle windows"
         ),
     }
+    if let Some(t) = &manifest.options.tokenizer {
+        println!(
+            "tokenizer    {} (sha256 {}), vocabulary {}, eos id {}{}: {} -> {}",
+            t.file,
+            &t.sha256[..t.sha256.len().min(16)],
+            t.vocab_size,
+            t.eos_id.map_or("none".to_string(), |id| id.to_string()),
+            if t.add_eos { " appended" } else { "" },
+            t.text_column,
+            t.tokens_column,
+        );
+    }
+    if let Some(tokens) = summary.tokens {
+        println!(
+            "tokens       {tokens} ({:.1} per row)",
+            tokens as f64 / summary.rows.max(1) as f64
+        );
+    }
     println!("schema");
     for field in manifest.schema.fields() {
         println!(

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use shardfeed_format::Location;
 use shardfeed_format::size::{format_size, parse_size};
-use shardfeed_preprocess::{InputFormat, ShardOptions};
+use shardfeed_preprocess::{InputFormat, ShardOptions, TokenizeOptions};
 
 /// Row groups and batches are large buffers that come and go all the time:
 /// mimalloc reuses them without page faults and returns freed memory to the
@@ -182,6 +182,29 @@ struct ShardArgs {
     /// (repeatable). Credentials also come from each cloud's environment variables.
     #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = storage_option)]
     storage_options: Vec<(String, String)>,
+    /// Tokenize a text column with this Hugging Face tokenizer file
+    /// (tokenizer.json): the ids go to --tokens-column (list<int32>) with
+    /// num_tokens beside them, and the text column is dropped.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// The string column to tokenize.
+    #[arg(long, default_value = "text", requires = "tokenizer")]
+    text_column: String,
+    /// The column the token ids go to.
+    #[arg(long, default_value = "input_ids", requires = "tokenizer")]
+    tokens_column: String,
+    /// Append the tokenizer's end-of-text token to every document.
+    #[arg(long, requires = "tokenizer")]
+    add_eos: bool,
+    /// The end-of-text token, when the tokenizer marks none.
+    #[arg(long, requires = "tokenizer")]
+    eos_token: Option<String>,
+    /// Keep the text column beside the token ids.
+    #[arg(long, requires = "tokenizer")]
+    keep_text: bool,
+    /// Refuse a null text (by default rows with a null text are skipped and counted).
+    #[arg(long, requires = "tokenizer")]
+    strict: bool,
 }
 
 /// Parse `KEY=VALUE`.
@@ -228,6 +251,18 @@ fn shard_options(args: &ShardArgs) -> Result<ShardOptions> {
     }
     for (key, value) in &args.storage_options {
         options = options.with_storage_option(key, value);
+    }
+    if let Some(path) = &args.tokenizer {
+        let mut t = TokenizeOptions::new(path)
+            .with_text_column(&args.text_column)
+            .with_tokens_column(&args.tokens_column)
+            .with_add_eos(args.add_eos)
+            .with_keep_text(args.keep_text)
+            .with_strict(args.strict);
+        if let Some(eos) = &args.eos_token {
+            t = t.with_eos_token(eos);
+        }
+        options = options.with_tokenizer(t);
     }
     if let (Some(count), Some(index)) = (args.num_tasks, args.task_index) {
         options = options
@@ -278,6 +313,20 @@ fn run_shard(args: &ShardArgs) -> Result<()> {
             summary.input_mb_per_s,
             summary.threads,
         );
+        if let Some(tokens) = summary.tokens {
+            println!(
+                "  {tokens} tokens ({:.1} per row){}",
+                tokens as f64 / summary.rows.max(1) as f64,
+                if summary.null_texts_skipped > 0 {
+                    format!(
+                        "; {} rows with a null text skipped (--strict refuses them)",
+                        summary.null_texts_skipped
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
         if !summary.skipped_inputs.is_empty() {
             println!(
                 "  left out {} input files or folders:",

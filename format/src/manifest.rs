@@ -62,6 +62,31 @@ pub struct WriteOptions {
     pub row_group_bytes: Option<u64>,
     /// Seed of the global row shuffle, if the rows were shuffled.
     pub shuffle_seed: Option<u64>,
+    /// The tokenizer that turned a text column into token ids while
+    /// sharding (`shard --tokenizer`), if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<TokenizerRecord>,
+}
+
+/// What `shard --tokenizer` recorded of its tokenizer: enough to tell which
+/// file made the ids and to find the end-of-text id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenizerRecord {
+    /// The tokenizer file's name (without its folder).
+    pub file: String,
+    /// SHA-256 of the file's bytes, in hex.
+    pub sha256: String,
+    /// Vocabulary size, added tokens included.
+    pub vocab_size: u64,
+    /// The end-of-text id, when the tokenizer marks one or `--eos-token` named it.
+    pub eos_id: Option<u32>,
+    /// Whether the end-of-text id was appended to every document.
+    pub add_eos: bool,
+    /// The text column that was tokenized.
+    pub text_column: String,
+    /// The column holding the ids (`list<int32>`, or `list<uint32>` for
+    /// vocabularies past 2^31).
+    pub tokens_column: String,
 }
 
 /// One shard of a dataset.
@@ -105,6 +130,9 @@ pub struct Manifest {
     pub options: WriteOptions,
     /// The shards, in order.
     pub shards: Vec<ShardEntry>,
+    /// Token ids over all rows, for a dataset tokenized while sharding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_tokens: Option<u64>,
 }
 
 impl Manifest {
@@ -125,6 +153,7 @@ impl Manifest {
             input_bytes,
             options,
             shards,
+            total_tokens: None,
         }
     }
 
@@ -230,6 +259,7 @@ impl Manifest {
             max_shard_bytes: self.shards.iter().map(|s| s.bytes).max().unwrap_or(0),
             tool_version: &self.tool_version,
             shuffled: self.options.shuffle_seed.is_some(),
+            tokens: self.total_tokens,
             options: &self.options,
             schema: &self.schema,
         }
@@ -270,6 +300,9 @@ pub struct TaskRecord {
     /// `commit` refuses records of mixed runs.
     #[serde(default)]
     pub run_id: String,
+    /// Token ids this task wrote, for a run with a tokenizer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
 }
 
 /// A dataset's summary: what `shardfeed inspect --json` prints.
@@ -298,6 +331,10 @@ pub struct Summary<'a> {
     /// Whether rows were shuffled globally at shard time (else they are in
     /// input order, and the loader mixes only within its windows).
     pub shuffled: bool,
+    /// Token ids over all rows, for a dataset tokenized while sharding (its
+    /// tokenizer is in `options.tokenizer`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
     /// The options it was written with.
     pub options: &'a WriteOptions,
     /// The dataset's Arrow schema.
@@ -340,6 +377,7 @@ mod tests {
                 row_group_rows: Some(4),
                 row_group_bytes: None,
                 shuffle_seed: None,
+                tokenizer: None,
             },
             vec![shard(0, vec![4, 4]), shard(1, vec![3])],
             5000,

@@ -128,6 +128,22 @@ pub enum PreprocessError {
         /// Which records, and what to do.
         detail: String,
     },
+    /// The tokenizer file cannot be used (`--tokenizer`).
+    #[error("tokenizer {path}: {reason}")]
+    Tokenizer {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Tokenizing a row group's texts failed.
+    #[error("tokenizing row group {row_group}: {reason}")]
+    Tokenize {
+        /// The row group, counted over the run from 0.
+        row_group: u64,
+        /// What went wrong.
+        reason: String,
+    },
     /// A pipeline thread stopped because another one failed first (that
     /// error is the one reported), or a failpoint stopped the run.
     #[error("cancelled")]

@@ -32,6 +32,7 @@ mod remote;
 mod run;
 mod shuffle;
 mod task;
+mod tokenize;
 mod writer;
 
 pub use error::{BoxError, PreprocessError, Result};
@@ -46,3 +47,4 @@ pub use options::{
 pub use pipeline::ShardSummary;
 pub use run::shard;
 pub use task::{CommitSummary, commit};
+pub use tokenize::TokenizeOptions;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use arrow_schema::SchemaRef;
 
 use crate::input_format::InputFormat;
+use crate::tokenize::TokenizeOptions;
 use crate::{PreprocessError, Result};
 
 /// Default target compressed bytes per shard: 128 MiB.
@@ -94,6 +95,8 @@ pub struct ShardOptions {
     pub(crate) failpoints: shardfeed_format::failpoint::Failpoints,
     /// The split run's identity, resolved (`run_id` or the fingerprint).
     pub(crate) run: String,
+    /// Tokenize a text column while sharding (`--tokenizer`).
+    pub tokenize: Option<TokenizeOptions>,
 }
 
 /// The stages of a task of a split run with `--shuffle`: every task scatters
@@ -160,6 +163,7 @@ impl Default for ShardOptions {
             shuffle_chosen: false,
             failpoints: Default::default(),
             run: String::new(),
+            tokenize: None,
         }
     }
 }
@@ -177,6 +181,7 @@ impl std::fmt::Debug for ShardOptions {
             .field("overwrite", &self.overwrite)
             .field("format", &self.format)
             .field("task", &self.task)
+            .field("tokenize", &self.tokenize)
             // Keys only: values may be secrets.
             .field(
                 "storage_options",
@@ -278,6 +283,11 @@ impl ShardOptions {
     /// engine's job id; every task of the run must pass the same.
     pub fn with_run_id(mut self, run_id: impl Into<String>) -> Self {
         self.run_id = Some(run_id.into());
+        self
+    }
+    /// Tokenize a text column into token ids while sharding.
+    pub fn with_tokenizer(mut self, tokenize: TokenizeOptions) -> Self {
+        self.tokenize = Some(tokenize);
         self
     }
     /// Report progress to `progress`.

@@ -12,7 +12,7 @@
 //! only on the inputs and options: not on thread count or timing.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use arrow_array::RecordBatch;
@@ -28,6 +28,7 @@ use crate::encode::{EncodedRowGroup, Encoder, writer_properties};
 use crate::input::{self, Inputs, SkippedInput, Source};
 use crate::measure::{batch_bytes, peak_rss_bytes};
 use crate::output;
+use crate::tokenize::{TextTokenizer, check_texts};
 use crate::writer::{OpenShard, Publish};
 use crate::{PreprocessError, Progress, Result, ShardOptions, shuffle};
 
@@ -63,6 +64,11 @@ pub struct ShardSummary {
     /// Files and folders of folder inputs that were left out (hidden
     /// files, side files, links back to a folder already walked).
     pub skipped_inputs: Vec<SkippedInput>,
+    /// Token ids written, with `--tokenizer`.
+    pub tokens: Option<u64>,
+    /// Rows left out because their text was null, with `--tokenizer`
+    /// (refused instead with `--strict`).
+    pub null_texts_skipped: u64,
 }
 
 /// Shard resolved `inputs` into `location`: the manifest, or for a task of a
@@ -84,7 +90,27 @@ pub(crate) fn write_dataset(
         &options.attempt,
     )?;
     let threads = options.effective_threads();
-    let (shards, input_bytes) = run(inputs, options, threads, publish.as_ref())?;
+    let tokenizer = options
+        .tokenize
+        .as_ref()
+        .map(|t| TextTokenizer::new(t, &inputs.schema))
+        .transpose()?;
+    let Written {
+        shards,
+        input_bytes,
+        tokens,
+        null_texts,
+    } = run(
+        inputs,
+        options,
+        threads,
+        publish.as_ref(),
+        tokenizer.as_ref(),
+    )?;
+    let tokens = tokenizer.is_some().then_some(tokens);
+    let schema = tokenizer
+        .as_ref()
+        .map_or_else(|| inputs.schema.clone(), |t| t.schema());
     if options.task.is_none() {
         // This run holds the dataset's lock: files it does not list (of an
         // earlier, larger or killed run) are stale. Tasks leave that to
@@ -110,8 +136,10 @@ pub(crate) fn write_dataset(
             .is_none()
             .then_some(options.effective_row_group_bytes()),
         shuffle_seed: options.recorded_seed.or(options.shuffle_seed),
+        tokenizer: tokenizer.as_ref().map(|t| t.record()),
     };
-    let manifest = Manifest::new((*inputs.schema).clone(), write_options, shards, input_bytes);
+    let mut manifest = Manifest::new((*schema).clone(), write_options, shards, input_bytes);
+    manifest.total_tokens = tokens;
     match options.task {
         // A split run: this task's record; `commit` writes the manifest.
         Some(task) => handle.block_on(output::write_record(
@@ -125,6 +153,7 @@ pub(crate) fn write_dataset(
                 input_bytes,
                 tool_version: manifest.tool_version.clone(),
                 run_id: options.run.clone(),
+                tokens,
             },
         ))?,
         None => {
@@ -150,7 +179,20 @@ pub(crate) fn write_dataset(
         threads,
         peak_rss_bytes: peak_rss_bytes(),
         skipped_inputs: inputs.skipped.clone(),
+        tokens,
+        null_texts_skipped: null_texts,
     })
+}
+
+/// What the pipeline wrote.
+struct Written {
+    shards: Vec<ShardEntry>,
+    /// Uncompressed Arrow bytes of the input rows.
+    input_bytes: u64,
+    /// Token ids, with a tokenizer.
+    tokens: u64,
+    /// Rows skipped for a null text, with a tokenizer.
+    null_texts: u64,
 }
 
 enum ReadMsg {
@@ -159,24 +201,28 @@ enum ReadMsg {
     Failed(PreprocessError),
 }
 
-/// Run the threads; return the shards written and the uncompressed bytes.
+/// Run the threads (tokenizing on the encoder threads with `tokenizer`).
 fn run(
     inputs: &Inputs,
     options: &ShardOptions,
     threads: usize,
     publish: &dyn Publish,
-) -> Result<(Vec<ShardEntry>, u64)> {
+    tokenizer: Option<&TextTokenizer>,
+) -> Result<Written> {
     let schema = inputs.schema.clone();
+    // The shards' schema: the input's, or with the text's ids.
+    let out_schema = tokenizer.map_or_else(|| schema.clone(), |t| t.schema());
     let props =
         writer_properties(options.zstd_level).map_err(|source| PreprocessError::Encode {
             shard: "(all)".into(),
             source,
         })?;
-    let encoder =
-        Encoder::new(schema.clone(), props.clone()).map_err(|source| PreprocessError::Encode {
+    let encoder = Encoder::new(out_schema.clone(), props.clone()).map_err(|source| {
+        PreprocessError::Encode {
             shard: "(all)".into(),
             source,
-        })?;
+        }
+    })?;
     // Row groups in flight (queued, encoding, or waiting for their turn to be
     // written) are bounded by tokens; a quarter of the budget holds them.
     let group_bytes = options.effective_row_group_bytes();
@@ -193,24 +239,50 @@ fn run(
     let next_source = AtomicUsize::new(0);
     let cancelled = AtomicBool::new(false);
     let readers = threads.min(inputs.sources.len()).max(1);
+    let tokens = AtomicU64::new(0);
+    let null_texts = AtomicU64::new(0);
+    let texts = options.tokenize.as_ref().map(|t| TextCheck {
+        column: &t.text_column,
+        strict: t.strict,
+        max_bytes: options.memory_budget / 8,
+        skipped: &null_texts,
+    });
 
     std::thread::scope(|scope| {
         for _ in 0..readers {
             scope.spawn(|| {
-                read_sources(&inputs.sources, &schema, &read_tx, &next_source, &cancelled)
+                read_sources(
+                    &inputs.sources,
+                    &schema,
+                    &read_tx,
+                    &next_source,
+                    &cancelled,
+                    texts.as_ref(),
+                )
             });
         }
         for _ in 0..threads {
             let jobs = job_rx.clone();
             let done = done_tx.clone();
             let encoder = &encoder;
+            let tokens = &tokens;
             scope.spawn(move || {
                 for (seq, batch, raw) in jobs {
-                    let result = encoder.encode(seq, &batch, raw).map_err(|source| {
-                        PreprocessError::Encode {
-                            shard: format!("(row group {seq})"),
-                            source,
+                    let batch = match tokenizer.map(|t| t.apply(seq, &batch)) {
+                        None => Ok(batch),
+                        Some(Ok((batch, n))) => {
+                            tokens.fetch_add(n, Ordering::Relaxed);
+                            Ok(batch)
                         }
+                        Some(Err(e)) => Err(e),
+                    };
+                    let result = batch.and_then(|batch| {
+                        encoder
+                            .encode(seq, &batch, raw)
+                            .map_err(|source| PreprocessError::Encode {
+                                shard: format!("(row group {seq})"),
+                                source,
+                            })
                     });
                     if done.send(result).is_err() {
                         break;
@@ -226,7 +298,7 @@ fn run(
                 token_tx,
                 options.shard_size,
                 options.task.map(|t| t.index),
-                &schema,
+                &out_schema,
                 &props,
                 publish,
                 &cancelled,
@@ -245,18 +317,34 @@ fn run(
             (Err(e), _) if !matches!(e, PreprocessError::Cancelled) => Err(e),
             (_, Err(e)) => Err(e),
             (Err(e), Ok(_)) => Err(e),
-            (Ok(()), Ok(result)) => Ok(result),
+            (Ok(()), Ok((shards, input_bytes))) => Ok(Written {
+                shards,
+                input_bytes,
+                tokens: tokens.load(Ordering::SeqCst),
+                null_texts: null_texts.load(Ordering::SeqCst),
+            }),
         }
     })
 }
 
-/// Reader thread: take the next unread source, send its batches in order.
+/// How readers check texts before they are tokenized.
+struct TextCheck<'a> {
+    column: &'a str,
+    strict: bool,
+    max_bytes: u64,
+    /// Null texts skipped so far.
+    skipped: &'a AtomicU64,
+}
+
+/// Reader thread: take the next unread source, send its batches in order
+/// (texts checked when tokenizing).
 fn read_sources(
     sources: &[Source],
     schema: &SchemaRef,
     senders: &[Sender<ReadMsg>],
     next: &AtomicUsize,
     cancelled: &AtomicBool,
+    texts: Option<&TextCheck>,
 ) {
     loop {
         if cancelled.load(Ordering::Relaxed) {
@@ -275,7 +363,27 @@ fn read_sources(
             }
         };
         let mut failed = false;
+        let mut row = 0u64;
         for batch in batches {
+            let batch = match (batch, texts) {
+                (Ok(b), Some(t)) => {
+                    let first = row;
+                    row += b.num_rows() as u64;
+                    check_texts(
+                        b,
+                        t.column,
+                        t.strict,
+                        t.max_bytes,
+                        &source.display_path(),
+                        first,
+                    )
+                    .map(|(b, skipped)| {
+                        t.skipped.fetch_add(skipped, Ordering::Relaxed);
+                        b
+                    })
+                }
+                (batch, _) => batch,
+            };
             let msg = match batch {
                 Ok(b) if b.num_rows() == 0 => continue,
                 Ok(b) => ReadMsg::Batch(b),

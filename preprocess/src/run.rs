@@ -9,6 +9,7 @@ use shardfeed_format::failpoint::Failpoints;
 
 use crate::lock::{Lock, check_unlocked, run_id};
 use crate::pipeline::{ShardSummary, write_dataset};
+use crate::tokenize::TextTokenizer;
 use crate::{PreprocessError, Result, ShardOptions, input, output, remote, task};
 
 /// Turn `inputs` (files, folders, globs, local or object store URLs) into a dataset at `output`.
@@ -44,6 +45,10 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
     let mut inputs = input::resolve(&local_inputs, options)?;
     // Messages name the inputs as the user gave them.
     inputs.given = given;
+    if let Some(t) = &options.tokenize {
+        // A bad tokenizer or text column fails before any output is touched.
+        TextTokenizer::new(t, &inputs.schema)?;
+    }
     let location = Location::parse_with_options(output, options.storage_options.iter().cloned())?;
     let handle = runtime.handle();
     let Some(split) = options.task else {

@@ -72,6 +72,8 @@ pub(crate) fn shuffled(
             threads: options.effective_threads(),
             peak_rss_bytes: crate::measure::peak_rss_bytes(),
             skipped_inputs: inputs.skipped.clone(),
+            tokens: None,
+            null_texts_skipped: 0,
         });
     }
     wait_for_scatter(location, task.count, options, handle)?;
@@ -552,6 +554,7 @@ async fn commit_at(
         .collect();
     let mut shards = Vec::new();
     let mut input_bytes = 0;
+    let mut tokens: Option<u64> = None;
     for record in records.values() {
         for shard in &record.shards {
             match present.get(&shard.path) {
@@ -593,13 +596,17 @@ async fn commit_at(
         }
         shards.extend(record.shards.iter().cloned());
         input_bytes += record.input_bytes;
+        if let Some(t) = record.tokens {
+            tokens = Some(tokens.unwrap_or(0) + t);
+        }
     }
-    let manifest = Manifest::new(
+    let mut manifest = Manifest::new(
         first.schema.clone(),
         first.options.clone(),
         shards,
         input_bytes,
     );
+    manifest.total_tokens = tokens;
     if manifest.total_rows == 0 {
         return Err(PreprocessError::NoRows {
             inputs: format!("all {count} tasks of {}", location.url()),

@@ -116,12 +116,24 @@ def shard(
     num_tasks: int | None = None,
     stage: str = "both",
     wait_timeout: float = 3600.0,
+    tokenizer: str | PathLike[str] | None = None,
+    text_column: str = "text",
+    tokens_column: str = "input_ids",
+    add_eos: bool = False,
+    eos_token: str | None = None,
+    keep_text: bool = False,
+    strict: bool = False,
 ) -> dict[str, Any]:
     """Shard inputs into a dataset; returns the summary ``shardfeed shard --json`` prints.
 
     Rows are shuffled globally unless ``shuffle=False`` (seeded by ``seed``).
     With ``task_index`` and ``num_tasks``: that task of a split run (see
     ``shard_task``), which shuffles across tasks only with ``shuffle=True``.
+    With ``tokenizer`` (a Hugging Face ``tokenizer.json``): ``text_column`` is
+    encoded (the same ids as the ``tokenizers`` package's ``encode_batch``)
+    into ``tokens_column`` (``list<int32>``) plus ``num_tokens``; ``add_eos``
+    appends the end-of-text id; null texts are skipped and counted unless
+    ``strict=True``.
     """
 
 def commit(output: str, *, storage_options: dict[str, str] | None = None) -> dict[str, Any]:

@@ -538,13 +538,16 @@ fn batch_dict(py: Python<'_>, batch: Batch) -> PyResult<Bound<'_, PyDict>> {
 /// Shard `inputs` (paths, folders, globs or URLs) into a dataset at `output`;
 /// returns the summary `shardfeed shard --json` prints. With `task_index` and
 /// `num_tasks`, run that task of a split run (`shard --num-tasks N
-/// --task-index I`; see `shardfeed.shard_task`).
+/// --task-index I`; see `shardfeed.shard_task`). With `tokenizer` (a
+/// `tokenizer.json`), `text_column` is tokenized into `tokens_column`
+/// (`shard --tokenizer`).
 #[pyfunction]
 #[pyo3(signature = (
     inputs, output, *, shard_size=None, row_group_rows=None, row_group_size=None,
     zstd_level=None, shuffle=None, seed=0, memory_budget=None, threads=0, overwrite=false,
     format=None, storage_options=None, temp_dir=None, task_index=None, num_tasks=None,
-    stage="both", wait_timeout=3600.0,
+    stage="both", wait_timeout=3600.0, tokenizer=None, text_column="text",
+    tokens_column="input_ids", add_eos=false, eos_token=None, keep_text=false, strict=false,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn shard<'py>(
@@ -567,6 +570,13 @@ fn shard<'py>(
     num_tasks: Option<usize>,
     stage: &str,
     wait_timeout: f64,
+    tokenizer: Option<PathBuf>,
+    text_column: &str,
+    tokens_column: &str,
+    add_eos: bool,
+    eos_token: Option<String>,
+    keep_text: bool,
+    strict: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let inputs = match inputs {
         Inputs::One(s) => vec![s],
@@ -608,6 +618,18 @@ fn shard<'py>(
     }
     for (k, v) in storage_pairs(storage_options) {
         options = options.with_storage_option(k, v);
+    }
+    if let Some(path) = tokenizer {
+        let mut t = shardfeed_preprocess::TokenizeOptions::new(path)
+            .with_text_column(text_column)
+            .with_tokens_column(tokens_column)
+            .with_add_eos(add_eos)
+            .with_keep_text(keep_text)
+            .with_strict(strict);
+        if let Some(eos) = eos_token {
+            t = t.with_eos_token(eos);
+        }
+        options = options.with_tokenizer(t);
     }
     match (task_index, num_tasks) {
         (Some(index), Some(count)) => {

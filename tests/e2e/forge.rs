@@ -262,6 +262,7 @@ pub fn dataset(dir: &Path, schema: arrow_schema::Schema, file: Vec<u8>) -> Strin
             row_group_rows: None,
             row_group_bytes: None,
             shuffle_seed: None,
+            tokenizer: None,
         },
         vec![entry],
         1000,

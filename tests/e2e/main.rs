@@ -8,4 +8,5 @@ mod loader;
 mod mixing;
 mod shard;
 mod storage;
+mod tokenize;
 mod trust;
