@@ -266,9 +266,10 @@ fn run(
             let done = done_tx.clone();
             let encoder = &encoder;
             let tokens = &tokens;
+            let tokenizer = tokenizer.cloned();
             scope.spawn(move || {
                 for (seq, batch, raw) in jobs {
-                    let batch = match tokenizer.map(|t| t.apply(seq, &batch)) {
+                    let batch = match tokenizer.as_ref().map(|t| t.apply(seq, &batch)) {
                         None => Ok(batch),
                         Some(Ok((batch, n))) => {
                             tokens.fetch_add(n, Ordering::Relaxed);
@@ -509,7 +510,15 @@ impl Assembler {
         Assembler {
             schema,
             rows_target: options.row_group_rows,
-            bytes_target: options.effective_row_group_bytes(),
+            // Token ids take ~1.5-2x the bytes of their text (4 bytes per
+            // id, 2-3 bytes of text per id): half the target of text gives
+            // row groups of about the target once tokenized, and twice the
+            // row groups to spread the tokenizing over the threads.
+            bytes_target: if options.tokenize.is_some() {
+                (options.effective_row_group_bytes() / 2).max(1)
+            } else {
+                options.effective_row_group_bytes()
+            },
             pending: Vec::new(),
             rows: 0,
             bytes: 0,

@@ -106,7 +106,10 @@ impl TokenizeOptions {
     }
 }
 
-/// A loaded tokenizer and where its ids go.
+/// A loaded tokenizer and where its ids go. Each encoder thread works with
+/// its own copy ([`TextTokenizer::clone`]): threads sharing one contend on
+/// its regex's scratch pool (1.19M vs 1.51M tokens/s on 2 threads here).
+#[derive(Clone)]
 pub(crate) struct TextTokenizer {
     tokenizer: Tokenizer,
     /// Index of the text column in the input schema.
