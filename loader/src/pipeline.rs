@@ -475,25 +475,12 @@ impl Stash {
             return None;
         }
         let batches = self.rows.lock().expect("stash").remove(&key)?;
-        let mut left = segment.rows() as usize;
+        let want = segment.rows() as usize;
         let have: usize = batches.iter().map(|b| b.num_rows()).sum();
-        if have < left {
+        if have < want {
             return None;
         }
-        let mut out = Vec::with_capacity(batches.len());
-        for batch in batches {
-            if left == 0 {
-                break;
-            }
-            let n = batch.num_rows().min(left);
-            out.push(if n == batch.num_rows() {
-                batch
-            } else {
-                batch.slice(0, n)
-            });
-            left -= n;
-        }
-        Some(out)
+        Some(crate::parquet::prefix(batches, want))
     }
 }
 

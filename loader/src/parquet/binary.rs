@@ -13,7 +13,7 @@ use parquet::errors::Result;
 use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::reader::ChunkReader;
 
-use super::levels::{finish_validity, page_present};
+use super::levels::{decoded_rows, finish_validity, page_present};
 use super::page::{FlatPage, Pages, flat_page};
 use super::rle::gather_dictionary;
 use super::{Limits, general, single_leaf};
@@ -138,15 +138,7 @@ pub(super) fn decode_bytes<R: ChunkReader + 'static>(
             break;
         }
     }
-    let rows = if want < rows && decoded >= want {
-        decoded
-    } else if decoded != rows {
-        return Err(err(format!(
-            "holds {decoded} values; the footer says {rows} rows"
-        )));
-    } else {
-        rows
-    };
+    let rows = decoded_rows(want, rows, decoded).map_err(err)?;
     let nulls = finish_validity(validity, rows);
     if let Some(n) = &nulls {
         // Views of the non-null rows, spread over the rows (null rows: empty).

@@ -22,7 +22,7 @@ use parquet::errors::Result;
 use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::reader::ChunkReader;
 
-use super::levels::{finish_validity, page_present};
+use super::levels::{decoded_rows, finish_validity, page_present};
 use super::page::{FlatPage, Pages, flat_page};
 use super::rle::{Key, Keys, dictionary_keys};
 use super::{Limits, general, single_leaf};
@@ -244,15 +244,7 @@ where
             break;
         }
     }
-    let rows = if want < rows && decoded >= want {
-        decoded
-    } else if decoded != rows {
-        return Err(err(format!(
-            "holds {decoded} values; the footer says {rows} rows"
-        )));
-    } else {
-        rows
-    };
+    let rows = decoded_rows(want, rows, decoded).map_err(err)?;
     let nulls = finish_validity(validity, rows);
     let values = |bytes: Vec<u8>, len: usize, nulls: Option<NullBuffer>| -> Result<ArrayRef> {
         let data = ArrayData::builder(data_type.clone())

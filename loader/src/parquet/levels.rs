@@ -75,6 +75,21 @@ pub(super) fn page_present(
     append_defined(def, count, bits)
 }
 
+/// The rows a chunk's decode gives: `decoded` when a prefix of `want` rows
+/// was asked for (`want < rows`) and reached, else exactly the `rows` the
+/// footer says (any other count is an error).
+pub(super) fn decoded_rows(want: usize, rows: usize, decoded: usize) -> Result<usize, String> {
+    if want < rows && decoded >= want {
+        Ok(decoded)
+    } else if decoded != rows {
+        Err(format!(
+            "holds {decoded} values; the footer says {rows} rows"
+        ))
+    } else {
+        Ok(rows)
+    }
+}
+
 /// The null buffer of a chunk of `rows` rows from its `validity` (none: no
 /// nulls), padded with valid rows after its last null.
 pub(super) fn finish_validity(

@@ -363,9 +363,8 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
     ))
 }
 
-/// The first `want` rows of `batches`.
-#[cfg(test)]
-fn prefix(batches: Vec<RecordBatch>, want: usize) -> Vec<RecordBatch> {
+/// The first `want` rows of `batches` (all of them when they hold fewer).
+pub(crate) fn prefix(batches: Vec<RecordBatch>, want: usize) -> Vec<RecordBatch> {
     let mut left = want;
     let mut out = Vec::with_capacity(batches.len());
     for batch in batches {
