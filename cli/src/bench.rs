@@ -7,7 +7,9 @@ use clap::Args;
 use serde::Serialize;
 use shardfeed_format::fault::FaultConfig;
 use shardfeed_format::size::parse_size;
-use shardfeed_loader::{DecodePaths, Loader, Mixing, OnError, PinningMode, SkippedRowGroup, Stats};
+use shardfeed_loader::{
+    DecodePaths, Loader, Mixing, OnError, PinningMode, SkippedRowGroup, StageStats, Stats,
+};
 
 /// Arguments of `bench`.
 #[derive(Args, Clone)]
@@ -120,6 +122,18 @@ pub struct BenchReport {
     pub skipped: Vec<SkippedRowGroup>,
     /// How well batches mixed the dataset's row groups.
     pub mixing: Mixing,
+    /// Median wait in `next()`, in milliseconds (all epochs).
+    pub wait_p50_ms: f64,
+    /// 95th percentile wait in `next()`, in milliseconds.
+    pub wait_p95_ms: f64,
+    /// 99th percentile wait in `next()`, in milliseconds.
+    pub wait_p99_ms: f64,
+    /// Longest wait in `next()`, in milliseconds.
+    pub wait_max_ms: f64,
+    /// Each stage's busy fraction.
+    pub stages: std::collections::BTreeMap<String, StageStats>,
+    /// The stage the trainer waited on, or `trainer` when the loader kept ahead.
+    pub bottleneck: String,
     /// The loader's counters.
     pub stats: Stats,
 }
@@ -211,6 +225,12 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         decode_paths: stats.decode_paths,
         skipped: stats.skipped.clone(),
         mixing: stats.mixing.clone(),
+        wait_p50_ms: stats.wait.p50_ms,
+        wait_p95_ms: stats.wait.p95_ms,
+        wait_p99_ms: stats.wait.p99_ms,
+        wait_max_ms: stats.wait.max_ms,
+        stages: stats.stages.clone(),
+        bottleneck: stats.bottleneck.clone(),
         stats,
     })
 }
@@ -249,6 +269,26 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
             100.0 * report.steady_wait_fraction
         );
     }
+    println!(
+        "waits in next(): p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({:.1}% of the time)",
+        report.wait_p50_ms,
+        report.wait_p95_ms,
+        report.wait_p99_ms,
+        report.wait_max_ms,
+        100.0 * report.stats.wait_fraction
+    );
+    let busy = |name: &str| report.stages.get(name).map_or(0.0, |s| s.busy_fraction);
+    println!(
+        "bottleneck: {} (busy: fetch {:.0}%, decode {:.0}% per thread, shuffle {:.0}%, collate {:.0}%)",
+        match report.bottleneck.as_str() {
+            "trainer" => "none, the loader keeps ahead of the consumer".to_string(),
+            stage => format!("the {stage} stage"),
+        },
+        100.0 * busy("fetch"),
+        100.0 * busy("decode"),
+        100.0 * busy("shuffle"),
+        100.0 * busy("collate"),
+    );
     println!(
         "mixing: {:.1} row groups per batch, windows of {} row groups (~{:.0} rows){}",
         report.mixing.row_groups_per_batch,

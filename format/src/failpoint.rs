@@ -14,6 +14,7 @@
 //! | `stop` | the stage returns early without a word (a silent stop) |
 //! | `block` | the stage waits until the run is cancelled |
 //! | `exit` | the process exits at once with status 137 (as if killed) |
+//! | `slow:MS` | the stage's work on the item takes MS milliseconds longer (decode only) |
 //!
 //! With no spec (the normal case) a check is one branch on an empty list.
 
@@ -35,6 +36,9 @@ pub enum Action {
     Block,
     /// Exit the process with status 137.
     Exit,
+    /// Take this many milliseconds longer over the item, then work as usual
+    /// (a slow stage, for the metrics tests; honoured by `decode`).
+    Slow(u64),
 }
 
 impl FromStr for Action {
@@ -46,9 +50,14 @@ impl FromStr for Action {
             "stop" => Action::Stop,
             "block" => Action::Block,
             "exit" => Action::Exit,
+            other if other.starts_with("slow:") => {
+                Action::Slow(other["slow:".len()..].parse().map_err(|_| {
+                    format!("failpoint action {other:?}: slow:MS takes milliseconds")
+                })?)
+            }
             other => {
                 return Err(format!(
-                    "unknown failpoint action {other:?}; use panic, error, stop, block or exit"
+                    "unknown failpoint action {other:?}; use panic, error, stop, block, exit or slow:MS"
                 ));
             }
         })

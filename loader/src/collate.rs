@@ -527,7 +527,10 @@ impl Collator {
     /// Make sure window `index` is loaded (windows arrive in order).
     fn load(&mut self, index: usize) -> Result<()> {
         while !self.windows.iter().any(|w| w.index == index) {
-            match self.windows_in.recv() {
+            let waiting = Instant::now();
+            let received = self.windows_in.recv();
+            Counters::add_time(&self.counters.collate_blocked_in_ns, waiting.elapsed());
+            match received {
                 Ok(window) => self.windows.push(window?),
                 Err(_) if self.cancel.load(Ordering::SeqCst) => return Err(LoaderError::Closed),
                 Err(_) => {
@@ -564,7 +567,10 @@ impl Collator {
                 return;
             }
             let failed = result.is_err();
-            if output.send(result).is_err() || failed {
+            let sending = Instant::now();
+            let sent = output.send(result);
+            Counters::add_time(&self.counters.collate_blocked_out_ns, sending.elapsed());
+            if sent.is_err() || failed {
                 return;
             }
             position = end;
@@ -638,8 +644,14 @@ impl Collator {
             self.windows.iter().flat_map(|w| w.batches.iter()).collect();
         let collation = Collation::new(&self.config.plans, self.config.list_mode, &sources);
         let (columns, bytes) = collation.layout(&rows);
+        let mut blocked = std::time::Duration::ZERO;
         let mut lease = if bytes <= self.pool.slab_bytes() {
-            self.pool.acquire(&self.cancel).ok_or(LoaderError::Closed)?
+            // Waiting for a slab is waiting for the consumer to drop one.
+            let waiting = Instant::now();
+            let lease = self.pool.acquire(&self.cancel);
+            blocked = waiting.elapsed();
+            Counters::add_time(&self.counters.collate_blocked_out_ns, blocked);
+            lease.ok_or(LoaderError::Closed)?
         } else {
             Counters::add(&self.counters.oversize_batches, 1);
             self.pool.oversize(bytes)?
@@ -653,7 +665,10 @@ impl Collator {
                 detail: format!("batch {index}: {detail}"),
             })?;
         Counters::add(&self.counters.truncated_rows, truncated);
-        Counters::add_time(&self.counters.collate_busy_ns, started.elapsed());
+        Counters::add_time(
+            &self.counters.collate_busy_ns,
+            started.elapsed().saturating_sub(blocked),
+        );
         // Counted as held once the consumer receives it (see `Loader`).
         let held = None;
         Ok(Batch {

@@ -66,5 +66,5 @@ pub use parquet::DecodePaths;
 pub use pinned::{Pinning, PinningMode, SlabLease};
 pub use shardfeed_format::RetryPolicy;
 pub use state::{LoaderState, PLAN_VERSION, STATE_VERSION, dataset_fingerprint};
-pub use stats::{Mixing, SkippedRowGroup, Stats};
+pub use stats::{Mixing, SkippedRowGroup, StageStats, Stats, WaitSummary};
 pub use verify::{ShardProblem, VerifyReport, verify_dataset};

@@ -156,7 +156,14 @@ impl Loader {
         Ok(())
     }
 
-    /// A snapshot of the counters.
+    /// This loader's counters in Prometheus's text exposition format
+    /// (`shardfeed_*`, labelled with this rank): see [`Stats::to_prometheus`].
+    pub fn metrics_text(&self) -> String {
+        self.stats()
+            .to_prometheus(self.pipeline.config.rank as usize)
+    }
+
+    /// A snapshot of the counters since the loader was built.
     pub fn stats(&self) -> Stats {
         let mut s = self.pipeline.counters.snapshot();
         s.output_queue = self.pass.as_ref().map_or(0, |r| r.output.len() as u64);
@@ -170,6 +177,14 @@ impl Loader {
             / manifest.row_group_count().max(1) as f64
             * window.min(manifest.row_group_count().max(1)) as f64;
         s.mixing.shuffled_at_shard_time = manifest.options.shuffle_seed.is_some();
+        if let Some(started) = self.started {
+            let config = &self.pipeline.config;
+            s.derive(
+                started.elapsed(),
+                config.decode_threads,
+                config.io_concurrency,
+            );
+        }
         s
     }
 
@@ -236,7 +251,12 @@ impl Loader {
             }
         };
         let counters = &self.pipeline.counters;
-        Counters::add_time(&counters.wait_ns, waited.elapsed());
+        let wait = waited.elapsed();
+        Counters::add_time(&counters.wait_ns, wait);
+        if result.is_some() {
+            counters.waits.record(wait);
+            counters.epoch_waits.record(wait);
+        }
         match result {
             Some(Ok(mut batch)) => {
                 // A pooled slab the caller now holds (counted here, not when
@@ -292,6 +312,7 @@ impl Loader {
                 }
                 self.epoch += 1;
                 self.position = 0;
+                counters.epoch_waits.reset();
                 self.pass = self.next_pass.take().filter(|p| p.epoch == self.epoch);
                 None
             }

@@ -286,7 +286,10 @@ impl Pipeline {
                         // The error itself tells the rest of the pipeline.
                         fetched_all_by_work.store(true, Ordering::SeqCst);
                     }
-                    if fetched_tx.send(result).await.is_err() || failed {
+                    let sending = Instant::now();
+                    let sent = fetched_tx.send(result).await;
+                    Counters::add_time(&counters.fetch_blocked_out_ns, sending.elapsed());
+                    if sent.is_err() || failed {
                         return;
                     }
                 }
@@ -523,7 +526,9 @@ impl Decoder {
     /// does without having sent an error.
     fn work(&self) -> std::result::Result<(), (&'static str, &'static str)> {
         loop {
+            let waiting = Instant::now();
             let next = self.rx.lock().expect("fetch receiver").blocking_recv();
+            Counters::add_time(&self.counters.decode_blocked_in_ns, waiting.elapsed());
             let Some(item) = next else {
                 if self.fetched_all.load(Ordering::SeqCst) {
                     return Ok(());
@@ -558,7 +563,10 @@ impl Decoder {
                 other => other,
             };
             let failed = result.is_err();
-            if self.tx.send((seq, result, permit)).is_err() || failed {
+            let sending = Instant::now();
+            let sent = self.tx.send((seq, result, permit));
+            Counters::add_time(&self.counters.decode_blocked_out_ns, sending.elapsed());
+            if sent.is_err() || failed {
                 return Ok(());
             }
         }
@@ -569,8 +577,11 @@ impl Decoder {
         let segment = fetched.segment;
         let entry = &self.manifest.shards[segment.shard as usize];
         let action = self.config.failpoints.hit("decode", seq);
+        if let Some(Action::Slow(ms)) = action {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         let decoded = catch(|| match action {
-            None => {
+            None | Some(Action::Slow(_)) => {
                 if let Some(rows) = self.stash.take(&segment) {
                     return Ok(rows);
                 }

@@ -83,7 +83,10 @@ impl Shuffler {
                 assembled_all.store(true, Ordering::SeqCst);
             }
             let failed = result.is_err();
-            if output.send(result).is_err() || failed {
+            let sending = Instant::now();
+            let sent = output.send(result);
+            Counters::add_time(&self.counters.shuffle_blocked_out_ns, sending.elapsed());
+            if sent.is_err() || failed {
                 return;
             }
         }
@@ -104,7 +107,10 @@ impl Shuffler {
                 if let Some(found) = self.waiting.remove(&seq) {
                     break found;
                 }
-                match self.decoded.recv() {
+                let waiting = Instant::now();
+                let received = self.decoded.recv();
+                Counters::add_time(&self.counters.shuffle_blocked_in_ns, waiting.elapsed());
+                match received {
                     Ok((_, Err(e), _)) => return Err(e),
                     Ok((s, Ok(decoded), permit)) => {
                         self.waiting.insert(s, (decoded, permit));

@@ -24,6 +24,14 @@ pub(crate) struct Counters {
     pub decode_busy_ns: AtomicU64,
     pub shuffle_busy_ns: AtomicU64,
     pub collate_busy_ns: AtomicU64,
+    /// Time each stage waited for input, and for room for its output.
+    pub fetch_blocked_out_ns: AtomicU64,
+    pub decode_blocked_in_ns: AtomicU64,
+    pub decode_blocked_out_ns: AtomicU64,
+    pub shuffle_blocked_in_ns: AtomicU64,
+    pub shuffle_blocked_out_ns: AtomicU64,
+    pub collate_blocked_in_ns: AtomicU64,
+    pub collate_blocked_out_ns: AtomicU64,
     pub decode_queue: AtomicU64,
     pub oversize_batches: AtomicU64,
     pub truncated_rows: AtomicU64,
@@ -33,6 +41,161 @@ pub(crate) struct Counters {
     pub mixing_sources: AtomicU64,
     /// Row groups skipped under `OnError::Skip`: (shard, row group) -> error.
     pub skipped: Mutex<BTreeMap<(String, usize), String>>,
+    /// Each `next()`'s wait, since the loader started and in this epoch.
+    pub waits: Histogram,
+    pub epoch_waits: Histogram,
+}
+
+/// Buckets of a [`Histogram`]: bucket `i` holds durations up to 2^(i/4) µs
+/// (the last, anything longer: 2^(95/4) µs is ~14 minutes).
+const BUCKETS: usize = 96;
+
+/// Upper bound of bucket `i`, in seconds.
+fn bucket_bound(i: usize) -> f64 {
+    2f64.powf(i as f64 / 4.0) * 1e-6
+}
+
+/// A lock-free histogram of durations: buckets a fourth of a power of two
+/// wide (percentiles within 19%), with an exact count, sum and maximum.
+#[derive(Debug)]
+pub(crate) struct Histogram {
+    buckets: [AtomicU64; BUCKETS],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+    max_ns: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_ns: AtomicU64::new(0),
+            max_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    pub(crate) fn record(&self, elapsed: Duration) {
+        let ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
+        let us = ns as f64 / 1e3;
+        let i = if us <= 1.0 {
+            0
+        } else {
+            ((4.0 * us.log2()).ceil() as usize).min(BUCKETS - 1)
+        };
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+        self.max_ns.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    /// Forget everything recorded (a new epoch).
+    pub(crate) fn reset(&self) {
+        for b in &self.buckets {
+            b.store(0, Ordering::Relaxed);
+        }
+        self.count.store(0, Ordering::Relaxed);
+        self.sum_ns.store(0, Ordering::Relaxed);
+        self.max_ns.store(0, Ordering::Relaxed);
+    }
+
+    fn counts(&self) -> Vec<u64> {
+        self.buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    pub(crate) fn summary(&self) -> WaitSummary {
+        let counts = self.counts();
+        let total: u64 = counts.iter().sum();
+        let max_ms = self.max_ns.load(Ordering::Relaxed) as f64 / 1e6;
+        let quantile = |q: f64| -> f64 {
+            if total == 0 {
+                return 0.0;
+            }
+            let rank = ((q * total as f64).ceil() as u64).max(1);
+            let mut seen = 0;
+            for (i, &c) in counts.iter().enumerate() {
+                seen += c;
+                if seen >= rank {
+                    // The bucket's upper bound, never past the largest wait.
+                    return (bucket_bound(i) * 1e3).min(max_ms);
+                }
+            }
+            max_ms
+        };
+        WaitSummary {
+            count: total,
+            total_ms: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e6,
+            p50_ms: quantile(0.50),
+            p95_ms: quantile(0.95),
+            p99_ms: quantile(0.99),
+            max_ms,
+        }
+    }
+
+    /// Cumulative counts at each bucket's upper bound (seconds), up to the
+    /// last bucket holding anything: Prometheus's `le` buckets.
+    pub(crate) fn cumulative(&self) -> Vec<(f64, u64)> {
+        let counts = self.counts();
+        let last = counts.iter().rposition(|&c| c > 0).unwrap_or(0);
+        let mut seen = 0;
+        counts[..=last]
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| {
+                seen += c;
+                (bucket_bound(i), seen)
+            })
+            .collect()
+    }
+}
+
+/// The distribution of the consumer's waits inside `next()`: percentiles
+/// are the upper bound of the bucket they fall in (within 19%, never past
+/// the maximum, which is exact).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WaitSummary {
+    /// Calls to `next()` that returned a batch or an error.
+    pub count: u64,
+    /// Their waits added up, in milliseconds.
+    pub total_ms: f64,
+    /// Median wait, in milliseconds.
+    pub p50_ms: f64,
+    /// 95th percentile, in milliseconds.
+    pub p95_ms: f64,
+    /// 99th percentile, in milliseconds.
+    pub p99_ms: f64,
+    /// Longest wait, in milliseconds.
+    pub max_ms: f64,
+}
+
+/// What one pipeline stage did, as fractions of the wall time since the
+/// first `next()`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageStats {
+    /// Time working (not waiting for input or room for output), per worker:
+    /// 1.0 is a stage whose every worker was always busy. For `fetch`, the
+    /// time requests were in flight over the requests allowed at once: the
+    /// share of its request slots in use (a slow store fills them).
+    pub busy_fraction: f64,
+    /// Time waiting for input (the stage before it), per worker.
+    pub blocked_input_fraction: f64,
+    /// Time waiting for room for its output (the stage after it, or the
+    /// consumer holding every slab), per worker.
+    pub blocked_output_fraction: f64,
+    /// Workers of the stage: decode threads, requests allowed in flight
+    /// for `fetch`, 1 for the others.
+    pub workers: usize,
+    /// Busy time, in milliseconds (summed over workers).
+    pub busy_ms: f64,
+    /// Time blocked on input, in milliseconds (summed over workers).
+    pub blocked_input_ms: f64,
+    /// Time blocked on output, in milliseconds (summed over workers).
+    pub blocked_output_ms: f64,
 }
 
 impl Counters {
@@ -126,6 +289,25 @@ pub struct Stats {
     pub skipped: Vec<SkippedRowGroup>,
     /// How well batches mix the dataset's row groups.
     pub mixing: Mixing,
+    /// Time since the first `next()`, in milliseconds.
+    pub elapsed_ms: f64,
+    /// Fraction of `elapsed_ms` the consumer spent waiting in `next()`.
+    pub wait_fraction: f64,
+    /// The distribution of waits in `next()` since the loader started.
+    pub wait: WaitSummary,
+    /// The same over the current epoch so far.
+    pub wait_epoch: WaitSummary,
+    /// Each stage's share of the time: `fetch`, `decode`, `shuffle`, `collate`.
+    pub stages: BTreeMap<String, StageStats>,
+    /// The stage the consumer waits on: from the collator upstream, the
+    /// first stage that worked longer than it waited for its input; or
+    /// `"trainer"` when the consumer waited under 5% of the time (the loader
+    /// keeps ahead).
+    pub bottleneck: String,
+    /// Cumulative wait counts at each bucket bound in seconds (for
+    /// [`Stats::to_prometheus`]).
+    #[serde(skip)]
+    pub wait_buckets: Vec<(f64, u64)>,
 }
 
 /// How well batches mix: the row groups a batch draws from (measured on one
@@ -174,6 +356,51 @@ impl Counters {
                     / self.mixing_batches.load(Ordering::Relaxed).max(1) as f64,
                 ..Mixing::default()
             },
+            wait: self.waits.summary(),
+            wait_epoch: self.epoch_waits.summary(),
+            wait_buckets: self.waits.cumulative(),
+            elapsed_ms: 0.0,
+            wait_fraction: 0.0,
+            stages: [
+                (
+                    "fetch",
+                    &self.fetch_busy_ns,
+                    None,
+                    &self.fetch_blocked_out_ns,
+                ),
+                (
+                    "decode",
+                    &self.decode_busy_ns,
+                    Some(&self.decode_blocked_in_ns),
+                    &self.decode_blocked_out_ns,
+                ),
+                (
+                    "shuffle",
+                    &self.shuffle_busy_ns,
+                    Some(&self.shuffle_blocked_in_ns),
+                    &self.shuffle_blocked_out_ns,
+                ),
+                (
+                    "collate",
+                    &self.collate_busy_ns,
+                    Some(&self.collate_blocked_in_ns),
+                    &self.collate_blocked_out_ns,
+                ),
+            ]
+            .into_iter()
+            .map(|(name, busy, blocked_in, blocked_out)| {
+                (
+                    name.to_string(),
+                    StageStats {
+                        busy_ms: ms(busy),
+                        blocked_input_ms: blocked_in.map_or(0.0, ms),
+                        blocked_output_ms: ms(blocked_out),
+                        ..StageStats::default()
+                    },
+                )
+            })
+            .collect(),
+            bottleneck: String::new(),
             skipped: self
                 .skipped
                 .lock()
@@ -185,6 +412,201 @@ impl Counters {
                     error: error.clone(),
                 })
                 .collect(),
+        }
+    }
+}
+
+impl Stats {
+    /// Fill `elapsed_ms`, `wait_fraction`, `stages` and `bottleneck` for a
+    /// loader started `elapsed` ago with `decode_threads` decode threads and
+    /// `io_concurrency` requests in flight at most.
+    pub(crate) fn derive(
+        &mut self,
+        elapsed: Duration,
+        decode_threads: usize,
+        io_concurrency: usize,
+    ) {
+        self.elapsed_ms = elapsed.as_secs_f64() * 1e3;
+        let wall = self.elapsed_ms.max(1e-9);
+        self.wait_fraction = (self.wait_ms / wall).min(1.0);
+        for (name, stage) in self.stages.iter_mut() {
+            stage.workers = match name.as_str() {
+                "fetch" => io_concurrency,
+                "decode" => decode_threads,
+                _ => 1,
+            }
+            .max(1);
+            let per = wall * stage.workers as f64;
+            stage.busy_fraction = stage.busy_ms / per;
+            stage.blocked_input_fraction = stage.blocked_input_ms / per;
+            stage.blocked_output_fraction = stage.blocked_output_ms / per;
+        }
+        self.bottleneck = if self.elapsed_ms == 0.0 {
+            String::new()
+        } else if self.wait_fraction < 0.05 {
+            "trainer".to_string()
+        } else {
+            // From the consumer upstream: a stage that waited on its input
+            // longer than it worked is fed too slowly; the first that did
+            // not is the bottleneck.
+            let mut at = "collate";
+            for upstream in ["shuffle", "decode", "fetch"] {
+                let s = &self.stages[at];
+                if s.blocked_input_fraction <= s.busy_fraction {
+                    break;
+                }
+                at = upstream;
+            }
+            at.to_string()
+        };
+    }
+
+    /// The counters in Prometheus's text exposition format, every metric
+    /// named `shardfeed_*` and labelled `rank="RANK"`: counters of rows,
+    /// bytes, batches, requests, retries and skipped row groups, the wait
+    /// histogram (seconds) and each stage's busy seconds.
+    pub fn to_prometheus(&self, rank: usize) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let label = format!("rank=\"{rank}\"");
+        let mut counter = |name: &str, help: &str, value: f64| {
+            let _ = writeln!(out, "# HELP shardfeed_{name} {help}");
+            let _ = writeln!(out, "# TYPE shardfeed_{name} counter");
+            let _ = writeln!(out, "shardfeed_{name}{{{label}}} {value}");
+        };
+        counter("rows_total", "Rows yielded.", self.rows as f64);
+        counter(
+            "bytes_total",
+            "Bytes of collated batches yielded.",
+            self.bytes as f64,
+        );
+        counter("batches_total", "Batches yielded.", self.batches as f64);
+        counter(
+            "fetched_bytes_total",
+            "Bytes of footers and column chunks read.",
+            self.fetched_bytes as f64,
+        );
+        counter(
+            "requests_total",
+            "Requests made to object storage.",
+            self.requests as f64,
+        );
+        counter(
+            "retries_total",
+            "Storage requests retried.",
+            self.retries as f64,
+        );
+        counter(
+            "skipped_row_groups_total",
+            "Damaged row groups skipped (on_error=skip).",
+            self.skipped.len() as f64,
+        );
+        for (name, busy) in [
+            ("fetch", self.fetch_busy_ms),
+            ("decode", self.decode_busy_ms),
+            ("shuffle", self.shuffle_busy_ms),
+            ("collate", self.collate_busy_ms),
+        ] {
+            counter(
+                &format!("{name}_busy_seconds_total"),
+                &format!("Time the {name} stage spent working (summed over its workers)."),
+                busy / 1e3,
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP shardfeed_wait_seconds Time each next() waited for a batch."
+        );
+        let _ = writeln!(out, "# TYPE shardfeed_wait_seconds histogram");
+        for (bound, count) in &self.wait_buckets {
+            let _ = writeln!(
+                out,
+                "shardfeed_wait_seconds_bucket{{{label},le=\"{bound:e}\"}} {count}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "shardfeed_wait_seconds_bucket{{{label},le=\"+Inf\"}} {}",
+            self.wait.count
+        );
+        let _ = writeln!(
+            out,
+            "shardfeed_wait_seconds_sum{{{label}}} {}",
+            self.wait.total_ms / 1e3
+        );
+        let _ = writeln!(
+            out,
+            "shardfeed_wait_seconds_count{{{label}}} {}",
+            self.wait.count
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_fall_in_the_bucket_of_the_recorded_waits() {
+        let h = Histogram::default();
+        // 90 waits of 1 ms, 9 of 10 ms, one of 250 ms.
+        for _ in 0..90 {
+            h.record(Duration::from_millis(1));
+        }
+        for _ in 0..9 {
+            h.record(Duration::from_millis(10));
+        }
+        h.record(Duration::from_millis(250));
+        let s = h.summary();
+        assert_eq!(s.count, 100);
+        assert!((s.total_ms - 430.0).abs() < 1e-6, "{s:?}");
+        // Within a bucket (19%) above the true value, never below it.
+        assert!((1.0..1.19).contains(&s.p50_ms), "{s:?}");
+        assert!((10.0..11.9).contains(&s.p95_ms), "{s:?}");
+        assert!((10.0..11.9).contains(&s.p99_ms), "{s:?}");
+        assert_eq!(s.max_ms, 250.0);
+        let buckets = h.cumulative();
+        assert_eq!(buckets.last().unwrap().1, 100);
+        assert!(
+            buckets
+                .windows(2)
+                .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1)
+        );
+        h.reset();
+        assert_eq!(h.summary(), WaitSummary::default());
+    }
+
+    #[test]
+    fn prometheus_text_has_every_counter_and_a_consistent_histogram() {
+        let h = Histogram::default();
+        h.record(Duration::from_micros(300));
+        h.record(Duration::from_millis(40));
+        let stats = Stats {
+            rows: 10,
+            batches: 2,
+            wait: h.summary(),
+            wait_buckets: h.cumulative(),
+            ..Stats::default()
+        };
+        let text = stats.to_prometheus(3);
+        assert!(
+            text.contains("shardfeed_rows_total{rank=\"3\"} 10\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("shardfeed_batches_total{rank=\"3\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("shardfeed_wait_seconds_count{rank=\"3\"} 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("le=\"+Inf\"} 2\n"), "{text}");
+        // Every sample line is `name{labels} value`.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (_, value) = line.rsplit_once(' ').unwrap();
+            value.parse::<f64>().unwrap();
         }
     }
 }

@@ -75,7 +75,11 @@ class Loader:
         """Continue exactly where ``state`` was taken; ``ValueError`` if the
         state belongs to another dataset or order (naming what differs)."""
     def stats(self) -> dict[str, Any]:
-        """Counters: rows, bytes, batches, time to first batch, waits, busy times, retries."""
+        """Counters: rows, bytes, batches, time to first batch, waits (``wait``: p50/p95/p99/max
+        since start, ``wait_epoch``: this epoch), ``wait_fraction``, ``stages`` (busy fractions),
+        ``bottleneck``, busy times, retries."""
+    def metrics_text(self) -> str:
+        """The counters in Prometheus's text format (``shardfeed_*``, ``rank`` label)."""
     def close(self) -> None:
         """Stop every thread and release the pool; held batches stay valid."""
     def __enter__(self) -> Loader: ...

@@ -425,6 +425,14 @@ impl PyLoader {
         py.detach(|| self.with_loader(|l| l.resume(&state).map_err(loader_error)))
     }
 
+    /// The counters in Prometheus's text exposition format (`shardfeed_*`,
+    /// labelled with this loader's rank), to serve from a trainer's metrics
+    /// endpoint; `shardfeed.metrics.LoaderCollector` registers it with
+    /// `prometheus_client`.
+    fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| self.with_loader(|l| Ok(l.metrics_text())))
+    }
+
     /// Counters: rows, bytes, batches, time to first batch, wait and busy
     /// times (seconds), queue depths, retries, pinning and pool size.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

@@ -252,3 +252,36 @@ def test_on_error_skip_leaves_out_a_damaged_row_group(tmp_path, tokens_dataset):
     assert [(s["shard"], s["row_group"]) for s in skipped] == [(shard.relative_to(ds).as_posix(), 1)]
     with pytest.raises(ValueError, match="on_error"):
         shardfeed.Loader(str(ds), 64, on_error="ignore")
+
+
+def test_metrics_text_parses_and_equals_stats(tokens_dataset):
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from shardfeed.metrics import LoaderCollector
+
+    loader = shardfeed.Loader(tokens_dataset, 100, seed=1, rank=0, world_size=1)
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    families = {f.name: f for f in text_string_to_metric_families(loader.metrics_text())}
+    value = lambda name: families[name].samples[0].value  # noqa: E731
+    assert value("shardfeed_rows") == stats["rows"] == len(loader) * 100
+    assert value("shardfeed_batches") == stats["batches"]
+    assert value("shardfeed_bytes") == stats["bytes"]
+    assert families["shardfeed_rows"].samples[0].labels == {"rank": "0"}
+    wait = families["shardfeed_wait_seconds"]
+    count = [s for s in wait.samples if s.name.endswith("_count")][0].value
+    assert count == stats["wait"]["count"] >= stats["batches"]
+    buckets = [s.value for s in wait.samples if s.name.endswith("_bucket")]
+    assert buckets == sorted(buckets) and buckets[-1] == count
+    # Percentiles and stages in stats().
+    w = stats["wait"]
+    assert 0 <= w["p50_ms"] <= w["p95_ms"] <= w["p99_ms"] <= w["max_ms"]
+    assert set(stats["stages"]) == {"fetch", "decode", "shuffle", "collate"}
+    assert stats["bottleneck"] in {"trainer", "fetch", "decode", "shuffle", "collate"}
+    # The prometheus_client collector serves the same families.
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(LoaderCollector(loader))
+    exposed = prometheus_client.generate_latest(registry).decode()
+    assert f'shardfeed_rows_total{{rank="0"}} {float(stats["rows"])}' in exposed

@@ -5,6 +5,7 @@ mod support;
 
 mod cloud;
 mod loader;
+mod metrics;
 mod mixing;
 mod shard;
 mod storage;

@@ -1,0 +1,103 @@
+//! Where the time goes: wait percentiles, stage fractions and the bottleneck
+//! `bench` names, on a slow store (injected latency) and a slow decode (a
+//! failpoint that makes each row group's decode take longer).
+
+use shardfeed_fixtures::Kind;
+
+use crate::support::*;
+
+/// `bench --json` of the dataset at `url` with `extra` options and failpoints.
+fn bench(url: &str, extra: &[&str], failpoints: &str) -> serde_json::Value {
+    let mut args = vec![
+        "bench",
+        url,
+        "--batch-size",
+        "50",
+        "--threads",
+        "2",
+        "--json",
+    ];
+    args.extend(extra);
+    Run::from_command(bin().args(&args).env("SHARDFEED_FAILPOINTS", failpoints))
+        .success()
+        .json()
+}
+
+/// The report's waits and stages hold together.
+fn check_consistent(report: &serde_json::Value) {
+    let f = |v: &serde_json::Value| v.as_f64().unwrap();
+    let (p50, p95, p99, max) = (
+        f(&report["wait_p50_ms"]),
+        f(&report["wait_p95_ms"]),
+        f(&report["wait_p99_ms"]),
+        f(&report["wait_max_ms"]),
+    );
+    assert!(p50 <= p95 && p95 <= p99 && p99 <= max, "{report}");
+    let stats = &report["stats"];
+    // The histogram's sum is the loader's total wait, every call counted.
+    assert!(
+        (f(&stats["wait"]["total_ms"]) - f(&stats["wait_ms"])).abs() < 1.0,
+        "{stats}"
+    );
+    assert!(
+        f(&stats["wait"]["count"]) >= f(&report["batches"]),
+        "{stats}"
+    );
+    for stage in ["fetch", "decode", "shuffle", "collate"] {
+        let s = &report["stages"][stage];
+        for key in [
+            "busy_fraction",
+            "blocked_input_fraction",
+            "blocked_output_fraction",
+        ] {
+            let v = f(&s[key]);
+            assert!((0.0..=1.05).contains(&v), "{stage} {key} = {v}: {report}");
+        }
+    }
+}
+
+#[test]
+fn the_bottleneck_is_the_slow_store_or_the_slow_decode() {
+    let tmp = tempdir();
+    // 12 row groups of tokens.
+    let url = sharded(tmp.path(), Kind::Tokens, 600, 50, 1 << 30);
+
+    // Every read waits 400 ms: decoding waits on fetching.
+    let slow_store = bench(&url, &["--inject-latency-ms", "400"], "");
+    check_consistent(&slow_store);
+    assert_eq!(slow_store["bottleneck"], "fetch", "{slow_store}");
+    assert!(
+        slow_store["stages"]["decode"]["blocked_input_fraction"]
+            .as_f64()
+            .unwrap()
+            > slow_store["stages"]["decode"]["busy_fraction"]
+                .as_f64()
+                .unwrap(),
+        "{slow_store}"
+    );
+
+    // Every row group's decode takes 400 ms longer: the decode threads are
+    // busy, the stages after them wait for their input.
+    let slow_decode = bench(&url, &[], "decode=slow:400");
+    check_consistent(&slow_decode);
+    assert_eq!(slow_decode["bottleneck"], "decode", "{slow_decode}");
+    assert!(
+        slow_decode["stages"]["decode"]["busy_fraction"]
+            .as_f64()
+            .unwrap()
+            > 0.5,
+        "{slow_decode}"
+    );
+    // The human report names it in one line.
+    let text = Run::from_command(
+        bin()
+            .args(["bench", &url, "--batch-size", "50", "--threads", "2"])
+            .env("SHARDFEED_FAILPOINTS", "decode=slow:400"),
+    )
+    .success();
+    assert!(
+        text.stdout.contains("bottleneck: the decode stage"),
+        "{}",
+        text.stdout
+    );
+}
