@@ -80,6 +80,10 @@ pub struct BenchArgs {
     /// With `--on-error skip`: row groups that may be skipped before the run fails.
     #[arg(long, default_value_t = shardfeed_loader::DEFAULT_MAX_SKIPPED)]
     pub max_skipped: u64,
+    /// Write a trace of the pipeline to this file (Chrome trace-event JSON:
+    /// open it in ui.perfetto.dev or chrome://tracing).
+    #[arg(long)]
+    pub trace: Option<std::path::PathBuf>,
 }
 
 /// What `bench` measured.
@@ -177,6 +181,9 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     }
     if let Some(pad) = args.pad_to {
         builder = builder.pad_to(pad, 0.0);
+    }
+    if let Some(path) = &args.trace {
+        builder = builder.trace(path);
     }
     let mut loader = builder.build()?;
     let step = args.step_ms.map(|ms| Duration::from_secs_f64(ms / 1000.0));

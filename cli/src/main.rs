@@ -455,6 +455,7 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         cache_limit: None,
         on_error: "fail".into(),
         max_skipped: shardfeed_loader::DEFAULT_MAX_SKIPPED,
+        trace: None,
     };
     bench::print(&bench::measure(&args)?, false)?;
     println!("dataset: {}", dataset.display());

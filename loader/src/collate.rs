@@ -669,6 +669,8 @@ impl Collator {
             &self.counters.collate_busy_ns,
             started.elapsed().saturating_sub(blocked),
         );
+        self.counters
+            .span("collate batch", started, crate::trace::Args::Index(index));
         // Counted as held once the consumer receives it (see `Loader`).
         let held = None;
         Ok(Batch {

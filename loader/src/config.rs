@@ -123,6 +123,7 @@ pub struct LoaderBuilder {
     on_error: OnError,
     max_skipped: u64,
     failpoints: Option<String>,
+    trace: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for LoaderBuilder {
@@ -195,6 +196,7 @@ impl LoaderBuilder {
             on_error: OnError::Fail,
             max_skipped: DEFAULT_MAX_SKIPPED,
             failpoints: None,
+            trace: None,
         }
     }
 
@@ -340,6 +342,15 @@ impl LoaderBuilder {
         self.slab_bytes = Some(bytes);
         self
     }
+    /// Write a trace of the pipeline to `path` (Chrome trace-event JSON,
+    /// for ui.perfetto.dev or chrome://tracing): a track per thread, spans
+    /// of fetches, decodes (shard, row group), shuffled windows, collated
+    /// batches and consumer waits. Streamed, bounded memory; complete once
+    /// the loader is dropped.
+    pub fn trace(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.trace = Some(path.into());
+        self
+    }
     /// What to do with a damaged row group (default [`OnError::Fail`]).
     pub fn on_error(mut self, policy: OnError) -> Self {
         self.on_error = policy;
@@ -456,7 +467,14 @@ impl LoaderBuilder {
             })?;
         let plans = plan_columns(&projected, &names)?;
 
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(Counters {
+            trace: self
+                .trace
+                .as_deref()
+                .map(crate::trace::Tracer::create)
+                .transpose()?,
+            ..Counters::default()
+        });
         let cache = match (&self.cache_dir, location.local_root()) {
             (Some(dir), None) => Some(
                 ShardCache::new(

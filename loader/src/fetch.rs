@@ -273,6 +273,8 @@ impl FetchContext {
             }
         };
         Counters::add_time(&self.counters.fetch_busy_ns, started.elapsed());
+        self.counters
+            .span("fetch", started, crate::trace::Args::Index(shard as u64));
         Counters::add(
             &self.counters.fetched_bytes,
             parts.iter().map(|(b, _)| b.len() as u64).sum(),

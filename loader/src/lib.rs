@@ -51,6 +51,7 @@ pub mod shard;
 mod shuffle;
 mod state;
 mod stats;
+mod trace;
 mod verify;
 
 pub use batch::{Batch, Buffer, Column, ColumnLayout, DType, Element};

@@ -253,6 +253,9 @@ impl Loader {
         let counters = &self.pipeline.counters;
         let wait = waited.elapsed();
         Counters::add_time(&counters.wait_ns, wait);
+        if let Some(t) = &counters.trace {
+            t.span("wait", waited, wait, crate::trace::Args::None);
+        }
         if result.is_some() {
             counters.waits.record(wait);
             counters.epoch_waits.record(wait);

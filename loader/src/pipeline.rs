@@ -540,14 +540,26 @@ impl Decoder {
             };
             self.counters.decode_queue.fetch_sub(1, Ordering::Relaxed);
             let started = Instant::now();
+            let mut args = crate::trace::Args::None;
             let (seq, result, permit) = match item {
                 Ok((fetched, permit)) => {
                     let seq = fetched.seq;
+                    args = crate::trace::Args::RowGroup {
+                        shard: fetched.segment.shard,
+                        row_group: fetched.segment.row_group,
+                    };
                     (seq, self.decode(seq, fetched), Some(permit))
                 }
                 Err(e) => (u64::MAX, Err(e), None),
             };
             Counters::add_time(&self.counters.decode_busy_ns, started.elapsed());
+            self.counters.span("decode", started, args);
+            if let Some(t) = &self.counters.trace {
+                t.counter(
+                    "decode_queue",
+                    self.counters.decode_queue.load(Ordering::Relaxed),
+                );
+            }
             let result = match result {
                 Err(e) if self.config.on_error == OnError::Skip && is_damage(&e) => {
                     self.skip(e).map(|()| DecodedSegment::Skipped {

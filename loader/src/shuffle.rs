@@ -172,6 +172,11 @@ impl Shuffler {
             let permuted = permute(&batches, &order, index)?;
             batches.clear();
             Counters::add_time(&self.counters.shuffle_busy_ns, started.elapsed());
+            self.counters.span(
+                "shuffle window",
+                started,
+                crate::trace::Args::Index(index as u64),
+            );
             // The permuted window keeps its row groups' budget until the
             // collator is done with it: the budget bounds decoded and permuted
             // windows together.

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -44,6 +44,17 @@ pub(crate) struct Counters {
     /// Each `next()`'s wait, since the loader started and in this epoch.
     pub waits: Histogram,
     pub epoch_waits: Histogram,
+    /// The trace being written, if one was asked for.
+    pub trace: Option<crate::trace::Tracer>,
+}
+
+impl Counters {
+    /// Trace a span `name` from `started` to now (when tracing).
+    pub(crate) fn span(&self, name: &'static str, started: Instant, args: crate::trace::Args) {
+        if let Some(t) = &self.trace {
+            t.span(name, started, started.elapsed(), args);
+        }
+    }
 }
 
 /// Buckets of a [`Histogram`]: bucket `i` holds durations up to 2^(i/4) µs

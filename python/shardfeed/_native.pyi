@@ -44,6 +44,7 @@ class Loader:
         inject_failure_rate: float | None = None,
         on_error: str = "fail",
         max_skipped: int | None = None,
+        trace: str | PathLike[str] | None = None,
     ) -> None:
         """Build a loader; ``ValueError`` names a bad option.
 

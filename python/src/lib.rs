@@ -254,7 +254,7 @@ impl PyLoader {
         drop_last=true, pad_to=None, pad_value=0.0, prefetch=None, threads=None,
         storage_options=None, cache_dir=None, *, cache_limit=None, window=None, byte_budget=None,
         pinning="auto", io_concurrency=None, inject_latency_ms=None, inject_failure_rate=None,
-        on_error="fail", max_skipped=None,
+        on_error="fail", max_skipped=None, trace=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -283,6 +283,7 @@ impl PyLoader {
         inject_failure_rate: Option<f64>,
         on_error: &str,
         max_skipped: Option<u64>,
+        trace: Option<PathBuf>,
     ) -> PyResult<Self> {
         let mut b = Loader::builder(&url)
             .batch_size(batch_size)
@@ -294,6 +295,9 @@ impl PyLoader {
             .on_error(on_error.parse().map_err(loader_error)?);
         if let Some(n) = max_skipped {
             b = b.max_skipped(n);
+        }
+        if let Some(path) = trace {
+            b = b.trace(path);
         }
         if let Some(columns) = columns {
             b = b.columns(columns);

@@ -285,3 +285,18 @@ def test_metrics_text_parses_and_equals_stats(tokens_dataset):
     registry.register(LoaderCollector(loader))
     exposed = prometheus_client.generate_latest(registry).decode()
     assert f'shardfeed_rows_total{{rank="0"}} {float(stats["rows"])}' in exposed
+
+
+def test_trace_file_is_written_when_the_loader_closes(tmp_path, tokens_dataset):
+    path = tmp_path / "trace.json"
+    loader = shardfeed.Loader(tokens_dataset, 100, seed=1, trace=str(path))
+    batches = sum(1 for _ in loader)
+    loader.close()
+    del loader
+    import gc
+
+    gc.collect()
+    events = json.load(open(path))
+    waits = [e for e in events if e.get("ph") == "X" and e["name"] == "wait"]
+    assert len(waits) >= batches
+    assert {"decode", "collate batch"} <= {e["name"] for e in events if e.get("ph") == "X"}

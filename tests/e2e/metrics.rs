@@ -101,3 +101,61 @@ fn the_bottleneck_is_the_slow_store_or_the_slow_decode() {
         text.stdout
     );
 }
+
+#[test]
+fn the_trace_has_every_stage_and_its_waits_sum_to_the_loaders() {
+    let tmp = tempdir();
+    let url = sharded(tmp.path(), Kind::Tokens, 600, 50, 1 << 30);
+    let trace = tmp.path().join("trace.json");
+    // Decodes take long enough that both decode threads get row groups.
+    let report = bench(
+        &url,
+        &["--trace", &s(&trace), "--epochs", "2"],
+        "decode=slow:30",
+    );
+    let events: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&trace).unwrap()).expect("a JSON array");
+    let spans = |name: &str| -> Vec<&serde_json::Value> {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["name"] == name)
+            .collect()
+    };
+    for name in ["fetch", "decode", "collate batch", "wait"] {
+        assert!(!spans(name).is_empty(), "no {name} span");
+    }
+    // Every decode span names its shard and row group.
+    let decodes = spans("decode");
+    // 12 row groups in each of 2 epochs (and some of the third, begun ahead).
+    assert!(decodes.len() >= 2 * 12, "{}", decodes.len());
+    assert!(decodes.iter().all(|e| e["args"]["row_group"].is_u64()));
+    let threads: std::collections::HashSet<u64> =
+        decodes.iter().map(|e| e["tid"].as_u64().unwrap()).collect();
+    // Two decode threads per pass (each epoch's pass starts its own).
+    assert!(threads.len() >= 2, "{threads:?}");
+    // Threads are named, and the decode queue is a counter track.
+    assert!(events.iter().any(|e| {
+        e["ph"] == "M"
+            && e["args"]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("shardfeed-decode")
+    }));
+    assert!(
+        events
+            .iter()
+            .any(|e| e["ph"] == "C" && e["name"] == "decode_queue")
+    );
+    // The consumer's waits add up to the loader's wait time, within 1%.
+    let waited_ms: f64 = spans("wait")
+        .iter()
+        .map(|e| e["dur"].as_f64().unwrap() / 1e3)
+        .sum();
+    let wait_ms = report["stats"]["wait_ms"].as_f64().unwrap();
+    assert!(
+        (waited_ms - wait_ms).abs() <= 0.01 * wait_ms + 0.01,
+        "spans {waited_ms} ms, stats {wait_ms} ms"
+    );
+    let dropped = events.last().unwrap();
+    assert_eq!(dropped["args"]["dropped"], 0, "{dropped}");
+}

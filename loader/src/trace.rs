@@ -1,0 +1,221 @@
+//! A trace of the pipeline in the Chrome trace-event format (JSON array),
+//! which ui.perfetto.dev and chrome://tracing open: a track per thread, a
+//! span per fetch, decode (with shard and row group), shuffled window,
+//! collated batch and consumer wait, and counters of the decode queue.
+//!
+//! Events go through a bounded channel to a writer thread that streams them
+//! to the file, so memory stays bounded however long the run: when the
+//! writer falls behind, events are dropped and counted (the file's last
+//! event says how many).
+
+use std::cell::Cell;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Sender, TrySendError, bounded};
+
+use crate::{LoaderError, Result};
+
+/// Events queued for the writer at most.
+const QUEUE: usize = 1 << 16;
+
+/// A span's or counter's arguments.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Args {
+    None,
+    /// A row group of a shard (by index in the manifest).
+    RowGroup {
+        shard: u32,
+        row_group: u32,
+    },
+    /// A window or batch index.
+    Index(u64),
+}
+
+enum Event {
+    Span {
+        name: &'static str,
+        tid: u32,
+        start: Duration,
+        dur: Duration,
+        args: Args,
+    },
+    Counter {
+        name: &'static str,
+        at: Duration,
+        value: u64,
+    },
+    Thread {
+        tid: u32,
+        name: String,
+    },
+}
+
+static NEXT_TID: AtomicU32 = AtomicU32::new(1);
+
+thread_local! {
+    /// This thread's id in traces (0: none yet).
+    static TID: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Writes a trace file while the loader runs; finished when dropped.
+pub(crate) struct Tracer {
+    origin: Instant,
+    tx: Option<Sender<Event>>,
+    dropped: std::sync::Arc<AtomicU64>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Tracer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tracer").finish_non_exhaustive()
+    }
+}
+
+impl Tracer {
+    /// Start writing a trace to `path`.
+    pub(crate) fn create(path: &Path) -> Result<Self> {
+        let file = File::create(path).map_err(|source| LoaderError::Io {
+            op: format!("create trace file {}", path.display()),
+            source,
+        })?;
+        let (tx, rx) = bounded::<Event>(QUEUE);
+        let dropped = std::sync::Arc::new(AtomicU64::new(0));
+        let lost = dropped.clone();
+        let writer = std::thread::Builder::new()
+            .name("shardfeed-trace".into())
+            .spawn(move || {
+                let mut out = BufWriter::new(file);
+                let _ = out.write_all(b"[\n");
+                let mut first = true;
+                for event in rx {
+                    let _ = write_event(&mut out, &event, &mut first);
+                }
+                let _ = write!(
+                    out,
+                    "{}{{\"name\":\"shardfeed_trace_dropped_events\",\"ph\":\"C\",\"ts\":0,\"pid\":1,\"args\":{{\"dropped\":{}}}}}\n]\n",
+                    if first { "" } else { ",\n" },
+                    lost.load(Ordering::Relaxed)
+                );
+                let _ = out.flush();
+            })
+            .map_err(|source| LoaderError::Io {
+                op: "start the trace writer".into(),
+                source,
+            })?;
+        Ok(Tracer {
+            origin: Instant::now(),
+            tx: Some(tx),
+            dropped,
+            writer: Some(writer),
+        })
+    }
+
+    fn send(&self, event: Event) {
+        if let Some(tx) = &self.tx
+            && let Err(TrySendError::Full(_)) = tx.try_send(event)
+        {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// This thread's trace id, named on first use.
+    fn tid(&self) -> u32 {
+        TID.with(|t| {
+            if t.get() == 0 {
+                let id = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+                t.set(id);
+                let name = std::thread::current()
+                    .name()
+                    .unwrap_or("consumer")
+                    .to_string();
+                self.send(Event::Thread {
+                    tid: id,
+                    name: format!("{name} #{id}"),
+                });
+            }
+            t.get()
+        })
+    }
+
+    /// A span `name` on this thread from `started` for `dur`.
+    pub(crate) fn span(&self, name: &'static str, started: Instant, dur: Duration, args: Args) {
+        let tid = self.tid();
+        self.send(Event::Span {
+            name,
+            tid,
+            start: started.saturating_duration_since(self.origin),
+            dur,
+            args,
+        });
+    }
+
+    /// Counter `name` at `value` now.
+    pub(crate) fn counter(&self, name: &'static str, value: u64) {
+        self.send(Event::Counter {
+            name,
+            at: self.origin.elapsed(),
+            value,
+        });
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        // Closing the channel lets the writer finish the file.
+        self.tx.take();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn write_event(out: &mut impl Write, event: &Event, first: &mut bool) -> std::io::Result<()> {
+    if !*first {
+        out.write_all(b",\n")?;
+    }
+    *first = false;
+    match event {
+        Event::Span {
+            name,
+            tid,
+            start,
+            dur,
+            args,
+        } => {
+            write!(
+                out,
+                "{{\"name\":\"{name}\",\"cat\":\"shardfeed\",\"ph\":\"X\",\"pid\":1,\"tid\":{tid},\"ts\":{:.3},\"dur\":{:.3}",
+                us(*start),
+                us(*dur)
+            )?;
+            match args {
+                Args::None => {}
+                Args::RowGroup { shard, row_group } => write!(
+                    out,
+                    ",\"args\":{{\"shard\":{shard},\"row_group\":{row_group}}}"
+                )?,
+                Args::Index(i) => write!(out, ",\"args\":{{\"index\":{i}}}")?,
+            }
+            out.write_all(b"}")
+        }
+        Event::Counter { name, at, value } => write!(
+            out,
+            "{{\"name\":\"{name}\",\"ph\":\"C\",\"pid\":1,\"ts\":{:.3},\"args\":{{\"value\":{value}}}}}",
+            us(*at)
+        ),
+        Event::Thread { tid, name } => write!(
+            out,
+            "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
+            serde_json::to_string(name).unwrap_or_else(|_| "\"thread\"".into())
+        ),
+    }
+}
