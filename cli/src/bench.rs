@@ -165,6 +165,9 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         .pinning(args.pinning.parse::<PinningMode>()?)
         .on_error(args.on_error.parse::<OnError>()?)
         .max_skipped(args.max_skipped)
+        // The bench's consumer does no work: it always waits (the report
+        // names the bottleneck instead).
+        .slow_warning(None)
         .rank(0)
         .world_size(1);
     if let Some(columns) = &args.columns {

@@ -96,6 +96,7 @@ impl RetryPolicy {
                         && started.elapsed() < self.timeout =>
                 {
                     attempt += 1;
+                    tracing::info!(attempt, error = %e, "retrying a storage request after a transient error");
                     on_retry();
                     tokio::time::sleep(self.backoff(attempt, salt)).await;
                 }

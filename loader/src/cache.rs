@@ -121,6 +121,7 @@ impl ShardCache {
                 break;
             }
             if path != keep && std::fs::remove_file(&path).is_ok() {
+                tracing::debug!(path = %path.display(), bytes = len, "evicted from the shard cache");
                 total -= len;
             }
         }

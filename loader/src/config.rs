@@ -46,6 +46,9 @@ pub const FIRST_SLICES: u32 = 8;
 pub const MIN_WINDOWS_TO_SLICE: u64 = 16;
 /// Default row groups that may be skipped with [`OnError::Skip`].
 pub const DEFAULT_MAX_SKIPPED: u64 = 10;
+/// Default of [`LoaderBuilder::slow_warning`]: a warning when the consumer
+/// waited for more than a quarter of the time over 500 batches.
+pub const DEFAULT_SLOW_WARNING: (f64, u64) = (0.25, 500);
 
 /// What the loader does with a row group whose bytes are damaged (a
 /// checksum mismatch, or data the decoders refuse).
@@ -124,6 +127,7 @@ pub struct LoaderBuilder {
     max_skipped: u64,
     failpoints: Option<String>,
     trace: Option<std::path::PathBuf>,
+    slow_warning: Option<(f64, u64)>,
 }
 
 impl std::fmt::Debug for LoaderBuilder {
@@ -197,6 +201,7 @@ impl LoaderBuilder {
             max_skipped: DEFAULT_MAX_SKIPPED,
             failpoints: None,
             trace: None,
+            slow_warning: Some(DEFAULT_SLOW_WARNING),
         }
     }
 
@@ -349,6 +354,14 @@ impl LoaderBuilder {
     /// the loader is dropped.
     pub fn trace(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.trace = Some(path.into());
+        self
+    }
+    /// Warn (through `tracing`, and Python's `logging`) when the consumer
+    /// waited in `next()` for more than `fraction` of the time over the last
+    /// `batches` batches, naming the bottleneck stage; at most once per
+    /// epoch. `None` turns it off. Default [`DEFAULT_SLOW_WARNING`].
+    pub fn slow_warning(mut self, warning: Option<(f64, u64)>) -> Self {
+        self.slow_warning = warning;
         self
     }
     /// What to do with a damaged row group (default [`OnError::Fail`]).
@@ -619,6 +632,7 @@ impl LoaderBuilder {
             on_error: self.on_error,
             max_skipped: self.max_skipped,
             failpoints,
+            slow_warning: self.slow_warning.filter(|&(f, n)| f > 0.0 && n > 0),
         };
         Ok(Loader::from_parts(
             config, manifest, fetch, runtime, pool, counters, self.epoch,
@@ -716,5 +730,8 @@ pub(crate) struct Config {
     pub needed_units: u64,
     pub on_error: OnError,
     pub max_skipped: u64,
+    /// Warn when the consumer waited more than this fraction of the last so
+    /// many batches.
+    pub slow_warning: Option<(f64, u64)>,
     pub failpoints: Failpoints,
 }

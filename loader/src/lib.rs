@@ -58,8 +58,8 @@ pub use batch::{Batch, Buffer, Column, ColumnLayout, DType, Element};
 pub use collate::ListMode;
 pub use config::{
     DEFAULT_BATCH_SIZE, DEFAULT_BYTE_BUDGET, DEFAULT_CACHE_LIMIT, DEFAULT_IO_CONCURRENCY,
-    DEFAULT_MAX_SKIPPED, DEFAULT_PREFETCH_BATCHES, DEFAULT_WINDOW, FIRST_SLICES, LoaderBuilder,
-    MAX_AUTO_WINDOW, MIXED_ROW_GROUPS, OnError,
+    DEFAULT_MAX_SKIPPED, DEFAULT_PREFETCH_BATCHES, DEFAULT_SLOW_WARNING, DEFAULT_WINDOW,
+    FIRST_SLICES, LoaderBuilder, MAX_AUTO_WINDOW, MIXED_ROW_GROUPS, OnError,
 };
 pub use error::{LoaderError, Result};
 pub use loader::Loader;

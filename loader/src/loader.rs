@@ -31,6 +31,9 @@ pub struct Loader {
     /// pass's last window is assembled, so the epoch boundary costs no wait.
     next_pass: Option<Pass>,
     started: Option<Instant>,
+    /// The slow-consumer warning's window: its start, the wait and batches
+    /// counted then, and the epoch last warned about.
+    watch: (Instant, u64, u64, Option<u64>),
 }
 
 impl std::fmt::Debug for Loader {
@@ -68,6 +71,7 @@ impl Loader {
                 .expect("roots were checked against the schema"),
         );
         Loader {
+            watch: (Instant::now(), 0, 0, None),
             dataset: dataset_fingerprint(&manifest),
             pipeline: Pipeline {
                 config: Arc::new(config),
@@ -296,6 +300,7 @@ impl Loader {
                     .map(|(_, b)| b.bytes())
                     .sum();
                 Counters::add(&counters.bytes, bytes as u64);
+                self.watch_waits();
                 Some(Ok(batch))
             }
             Some(Err(e)) => {
@@ -320,6 +325,38 @@ impl Loader {
                 None
             }
         }
+    }
+}
+
+impl Loader {
+    /// Warn once per epoch when the consumer waited for more than the
+    /// configured fraction over the last window of batches.
+    fn watch_waits(&mut self) {
+        let Some((fraction, every)) = self.pipeline.config.slow_warning else {
+            return;
+        };
+        let counters = &self.pipeline.counters;
+        let batches = counters.batches.load(Ordering::Relaxed);
+        let (since, wait_then, batches_then, warned) = self.watch;
+        if batches < batches_then + every {
+            return;
+        }
+        let wait_now = counters.wait_ns.load(Ordering::Relaxed);
+        let wall = since.elapsed().as_nanos().max(1) as f64;
+        let waited = wait_now.saturating_sub(wait_then) as f64 / wall;
+        let mut warned = warned;
+        if waited > fraction && warned != Some(self.epoch) {
+            warned = Some(self.epoch);
+            let stats = self.stats();
+            tracing::warn!(
+                epoch = self.epoch,
+                bottleneck = stats.bottleneck.as_str(),
+                "the trainer waited for data {:.0}% of the time over the last {every} batches; the {} stage is the bottleneck (stats().stages has each stage's busy and blocked time)",
+                100.0 * waited,
+                stats.bottleneck
+            );
+        }
+        self.watch = (Instant::now(), wait_now, batches, warned);
     }
 }
 

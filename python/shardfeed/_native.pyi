@@ -45,6 +45,7 @@ class Loader:
         on_error: str = "fail",
         max_skipped: int | None = None,
         trace: str | PathLike[str] | None = None,
+        slow_warning: tuple[float, int] | None = (0.25, 500),
     ) -> None:
         """Build a loader; ``ValueError`` names a bad option.
 

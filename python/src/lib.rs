@@ -255,6 +255,7 @@ impl PyLoader {
         storage_options=None, cache_dir=None, *, cache_limit=None, window=None, byte_budget=None,
         pinning="auto", io_concurrency=None, inject_latency_ms=None, inject_failure_rate=None,
         on_error="fail", max_skipped=None, trace=None,
+        slow_warning=Some(shardfeed_loader::DEFAULT_SLOW_WARNING),
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -284,6 +285,7 @@ impl PyLoader {
         on_error: &str,
         max_skipped: Option<u64>,
         trace: Option<PathBuf>,
+        slow_warning: Option<(f64, u64)>,
     ) -> PyResult<Self> {
         let mut b = Loader::builder(&url)
             .batch_size(batch_size)
@@ -299,6 +301,7 @@ impl PyLoader {
         if let Some(path) = trace {
             b = b.trace(path);
         }
+        b = b.slow_warning(slow_warning);
         if let Some(columns) = columns {
             b = b.columns(columns);
         }
@@ -729,6 +732,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Freed memory is reused, never returned: the loader's budgets bound it.
     // SAFETY: sets an allocator option; valid at any time.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    // Log records go to Python's `logging` (loggers named after the Rust
+    // modules, e.g. `shardfeed_loader.loader`).
+    pyo3_log::init();
     m.add_class::<PyLoader>()?;
     m.add_class::<SlabView>()?;
     m.add_function(wrap_pyfunction!(shard, m)?)?;

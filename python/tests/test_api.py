@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import threading
@@ -229,7 +230,8 @@ def test_a_state_from_another_dataset_is_refused(tokens_dataset, kinds_dataset):
         reseeded.load_state_dict(state)
 
 
-def test_on_error_skip_leaves_out_a_damaged_row_group(tmp_path, tokens_dataset):
+def test_on_error_skip_leaves_out_a_damaged_row_group(tmp_path, tokens_dataset, caplog):
+    caplog.set_level(logging.WARNING)
     import json
     import shutil
 
@@ -250,6 +252,11 @@ def test_on_error_skip_leaves_out_a_damaged_row_group(tmp_path, tokens_dataset):
     assert len(loader) * 64 - seen <= rows
     skipped = loader.stats()["skipped"]
     assert [(s["shard"], s["row_group"]) for s in skipped] == [(shard.relative_to(ds).as_posix(), 1)]
+    # The skip reached Python's logging as a warning.
+    assert any(
+        r.levelno == logging.WARNING and "skipping a damaged row group" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
     with pytest.raises(ValueError, match="on_error"):
         shardfeed.Loader(str(ds), 64, on_error="ignore")
 
@@ -300,3 +307,24 @@ def test_trace_file_is_written_when_the_loader_closes(tmp_path, tokens_dataset):
     waits = [e for e in events if e.get("ph") == "X" and e["name"] == "wait"]
     assert len(waits) >= batches
     assert {"decode", "collate batch"} <= {e["name"] for e in events if e.get("ph") == "X"}
+
+
+def test_a_slow_stage_is_named_in_a_logging_warning(tokens_dataset, monkeypatch, caplog):
+    # Each row group's decode takes 20 ms longer (a failpoint): the trainer waits on decode.
+    monkeypatch.setenv("SHARDFEED_FAILPOINTS", "decode=slow:20")
+    caplog.set_level(logging.WARNING)
+    loader = shardfeed.Loader(tokens_dataset, 100, seed=0, threads=1, slow_warning=(0.05, 5))
+    for _ in loader:
+        pass
+    warnings = [r for r in caplog.records if r.name.startswith("shardfeed_loader")]
+    assert any("the decode stage is the bottleneck" in r.getMessage() for r in warnings), [
+        r.getMessage() for r in caplog.records
+    ]
+    assert loader.stats()["bottleneck"] == "decode"
+    # Once per epoch at most, and not at all when turned off.
+    assert sum("bottleneck" in r.getMessage() for r in warnings) == 1
+    caplog.clear()
+    quiet = shardfeed.Loader(tokens_dataset, 100, seed=0, threads=1, slow_warning=None)
+    for _ in quiet:
+        pass
+    assert not [r for r in caplog.records if "bottleneck" in r.getMessage()]
