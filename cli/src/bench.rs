@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::report::Timeline;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
@@ -84,6 +85,11 @@ pub struct BenchArgs {
     /// open it in ui.perfetto.dev or chrome://tracing).
     #[arg(long)]
     pub trace: Option<std::path::PathBuf>,
+    /// Write one self-contained HTML page to this file: rows/s over time,
+    /// the wait of each batch, each stage's busy and blocked time, queue
+    /// depths, and the run's settings.
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
 }
 
 /// What `bench` measured.
@@ -190,6 +196,7 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     }
     let mut loader = builder.build()?;
     let step = args.step_ms.map(|ms| Duration::from_secs_f64(ms / 1000.0));
+    let mut timeline = args.report.as_ref().map(|_| Timeline::default());
     let started = Instant::now();
     let mut first_epoch = None;
     for epoch in 0..args.epochs {
@@ -198,8 +205,20 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
             first_epoch = Some((started.elapsed().as_secs_f64(), stats.wait_ms, stats.rows));
         }
         loader.set_epoch(epoch);
-        for batch in &mut loader {
+        loop {
+            let asked = Instant::now();
+            let Some(batch) = loader.next() else {
+                break;
+            };
             let batch = batch?;
+            if let Some(timeline) = timeline.as_mut() {
+                let t = started.elapsed().as_secs_f64();
+                timeline.batch(t, asked.elapsed().as_secs_f64() * 1e3, batch.rows() as u64);
+                if timeline.batches.len() % 10 == 1 {
+                    let s = loader.stats();
+                    timeline.queues(t, s.decode_queue, s.output_queue);
+                }
+            }
             if let Some(step) = step {
                 // The GPU works on this batch; the loader keeps prefetching.
                 std::thread::sleep(step);
@@ -209,7 +228,7 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     }
     let seconds = started.elapsed().as_secs_f64();
     let stats = loader.stats();
-    Ok(BenchReport {
+    let report = BenchReport {
         dataset: args.dataset.clone(),
         rows: stats.rows,
         bytes: stats.bytes,
@@ -242,7 +261,40 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         stages: stats.stages.clone(),
         bottleneck: stats.bottleneck.clone(),
         stats,
-    })
+    };
+    if let (Some(path), Some(timeline)) = (&args.report, &timeline) {
+        let settings = [
+            ("dataset", args.dataset.clone()),
+            ("batch size", args.batch_size.to_string()),
+            ("decode threads", args.threads.to_string()),
+            ("epochs", args.epochs.to_string()),
+            ("shuffle", (!args.no_shuffle).to_string()),
+            ("seed", args.seed.to_string()),
+            (
+                "window",
+                args.window.map_or("auto".into(), |w| w.to_string()),
+            ),
+            ("prefetch", args.prefetch.to_string()),
+            ("byte budget", args.byte_budget.clone()),
+            (
+                "pinning",
+                format!("{} ({})", args.pinning, report.stats.pinning),
+            ),
+            (
+                "slabs",
+                format!("{} x {} bytes", report.stats.slabs, report.stats.slab_bytes),
+            ),
+            (
+                "step",
+                args.step_ms.map_or("none".into(), |s| format!("{s} ms")),
+            ),
+            ("shardfeed", env!("CARGO_PKG_VERSION").to_string()),
+        ]
+        .map(|(k, v)| (k.to_string(), v));
+        std::fs::write(path, crate::report::html(&report, timeline, &settings))
+            .with_context(|| format!("cannot write --report {}", path.display()))?;
+    }
+    Ok(report)
 }
 
 /// Print a report.

@@ -22,6 +22,7 @@ mod bench;
 mod generate;
 mod inspect;
 mod progress;
+mod report;
 
 /// shardfeed: shard datasets into zstd Parquet, then stream them to GPUs.
 #[derive(Parser)]
@@ -456,6 +457,7 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         on_error: "fail".into(),
         max_skipped: shardfeed_loader::DEFAULT_MAX_SKIPPED,
         trace: None,
+        report: None,
     };
     bench::print(&bench::measure(&args)?, false)?;
     println!("dataset: {}", dataset.display());

@@ -347,13 +347,13 @@ impl Loader {
         let mut warned = warned;
         if waited > fraction && warned != Some(self.epoch) {
             warned = Some(self.epoch);
-            let stats = self.stats();
+            let stage = self.stats().limiting_stage();
             tracing::warn!(
                 epoch = self.epoch,
-                bottleneck = stats.bottleneck.as_str(),
+                bottleneck = stage.as_str(),
                 "the trainer waited for data {:.0}% of the time over the last {every} batches; the {} stage is the bottleneck (stats().stages has each stage's busy and blocked time)",
                 100.0 * waited,
-                stats.bottleneck
+                stage
             );
         }
         self.watch = (Instant::now(), wait_now, batches, warned);

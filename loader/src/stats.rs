@@ -311,9 +311,11 @@ pub struct Stats {
     /// Each stage's share of the time: `fetch`, `decode`, `shuffle`, `collate`.
     pub stages: BTreeMap<String, StageStats>,
     /// The stage the consumer waits on: from the collator upstream, the
-    /// first stage that worked longer than it waited for its input; or
-    /// `"trainer"` when the consumer waited under 5% of the time (the loader
-    /// keeps ahead).
+    /// first stage that waited for its input under a quarter of its time
+    /// (the busiest stage when that one mostly waited for room for its
+    /// output: the waits were transients); or
+    /// `"trainer"` when, past the first batch, the consumer waited under 5% of
+    /// the time (the loader keeps ahead).
     pub bottleneck: String,
     /// Cumulative wait counts at each bucket bound in seconds (for
     /// [`Stats::to_prometheus`]).
@@ -427,6 +429,10 @@ impl Counters {
     }
 }
 
+/// A stage waiting for its input this fraction of its time or more is
+/// starved: the bottleneck is further upstream.
+const STARVED: f64 = 0.25;
+
 impl Stats {
     /// Fill `elapsed_ms`, `wait_fraction`, `stages` and `bottleneck` for a
     /// loader started `elapsed` ago with `decode_threads` decode threads and
@@ -454,22 +460,50 @@ impl Stats {
         }
         self.bottleneck = if self.elapsed_ms == 0.0 {
             String::new()
-        } else if self.wait_fraction < 0.05 {
+        } else if (self.wait_ms - self.time_to_first_batch_ms).max(0.0) / wall < 0.05 {
+            // Past the first batch (start-up has its own figure), the
+            // consumer hardly waited.
             "trainer".to_string()
         } else {
-            // From the consumer upstream: a stage that waited on its input
-            // longer than it worked is fed too slowly; the first that did
-            // not is the bottleneck.
-            let mut at = "collate";
-            for upstream in ["shuffle", "decode", "fetch"] {
-                let s = &self.stages[at];
-                if s.blocked_input_fraction <= s.busy_fraction {
-                    break;
-                }
-                at = upstream;
-            }
-            at.to_string()
+            self.limiting_stage()
         };
+    }
+
+    /// The stage that limits the pipeline: from the collator upstream, the
+    /// first stage that waited for its input under a quarter of its time
+    /// (the busiest stage when that one mostly waited for room for its
+    /// output: the consumer's waits were transients).
+    pub fn limiting_stage(&self) -> String {
+        // From the consumer upstream: a stage that waited on its input
+        // for a quarter of its time or more is fed too slowly; the
+        // first that did not is the bottleneck.
+        if ["fetch", "decode", "shuffle", "collate"]
+            .iter()
+            .any(|s| !self.stages.contains_key(*s))
+        {
+            // Not measured (a snapshot before the first `next()`).
+            return String::new();
+        }
+        let mut at = "collate";
+        for upstream in ["shuffle", "decode", "fetch"] {
+            if self.stages[at].blocked_input_fraction < STARVED {
+                break;
+            }
+            at = upstream;
+        }
+        let stage = &self.stages[at];
+        if stage.blocked_output_fraction > stage.busy_fraction {
+            // Not limited by its input nor by its own work: the waits
+            // were transients (epoch starts); the busiest stage is the
+            // one closest to its limit.
+            self.stages
+                .iter()
+                .max_by(|a, b| a.1.busy_fraction.total_cmp(&b.1.busy_fraction))
+                .map_or(at, |(name, _)| name.as_str())
+                .to_string()
+        } else {
+            at.to_string()
+        }
     }
 
     /// The counters in Prometheus's text exposition format, every metric

@@ -159,3 +159,77 @@ fn the_trace_has_every_stage_and_its_waits_sum_to_the_loaders() {
     let dropped = events.last().unwrap();
     assert_eq!(dropped["args"]["dropped"], 0, "{dropped}");
 }
+
+/// Run `command`, killing it after `limit`.
+fn run_with_limit(command: &mut std::process::Command, limit: std::time::Duration) -> Run {
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the browser (apt-get install chromium, or set SHARDFEED_CHROMIUM)");
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            panic!("the browser did not finish within {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Run::from_output(child.wait_with_output().unwrap())
+}
+
+#[test]
+fn the_html_report_is_self_contained_and_renders_in_a_headless_browser() {
+    let tmp = tempdir();
+    let url = sharded(tmp.path(), Kind::Tokens, 600, 50, 1 << 30);
+    let html = tmp.path().join("report.html");
+    let report = bench(&url, &["--report", &s(&html), "--epochs", "2"], "");
+    let page = std::fs::read_to_string(&html).unwrap();
+    // One file: no scripts, no references to anything outside it.
+    for outside in ["<script", "src=", "href=", "url(", "@import"] {
+        assert!(!page.contains(outside), "{outside} in the report");
+    }
+    assert!(
+        page.contains(&format!("{} rows", report["rows"])),
+        "the summary"
+    );
+    // A real browser parses it into the four plots and draws them.
+    let browser = std::env::var("SHARDFEED_CHROMIUM").unwrap_or_else(|_| "chromium".into());
+    let flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+    ];
+    let file_url = format!("file://{}", html.display());
+    let limit = std::time::Duration::from_secs(90);
+    let dom = run_with_limit(
+        std::process::Command::new(&browser)
+            .args(flags)
+            .args(["--dump-dom", &file_url]),
+        limit,
+    );
+    assert!(dom.ok, "{}", dom.stderr);
+    assert_eq!(
+        dom.stdout.matches("<svg class=\"plot\"").count(),
+        4,
+        "{}",
+        dom.stdout
+    );
+    assert!(dom.stdout.matches("<polyline class=\"series\"").count() >= 4);
+    assert!(dom.stdout.contains("<rect class=\"bar\""));
+    let shot = tmp.path().join("report.png");
+    let screenshot = run_with_limit(
+        std::process::Command::new(&browser).args(flags).args([
+            "--window-size=1000,1500",
+            &format!("--screenshot={}", shot.display()),
+            &file_url,
+        ]),
+        limit,
+    );
+    assert!(screenshot.ok, "{}", screenshot.stderr);
+    let png = std::fs::read(&shot).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    // A blank page of that size compresses to a few KB; plots and text do not.
+    assert!(png.len() > 40_000, "{} bytes", png.len());
+}

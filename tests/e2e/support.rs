@@ -30,6 +30,11 @@ impl Run {
         Run::from(command.output().expect("run shardfeed"))
     }
 
+    /// The outcome of a process that has ended.
+    pub fn from_output(output: Output) -> Run {
+        Run::from(output)
+    }
+
     fn from(output: Output) -> Run {
         Run {
             ok: output.status.success(),
