@@ -243,6 +243,7 @@ impl Pipeline {
                 let admitted = futures::stream::iter(segments).then(|(seq, segment)| {
                     let fetch = fetch.clone();
                     let semaphore = semaphore.clone();
+                    let counters = counters.clone();
                     let config = config.clone();
                     let cancel = cancel.clone();
                     async move {
@@ -258,9 +259,15 @@ impl Pipeline {
                         let footer = fetch.footer(segment.shard).await?;
                         let cost = fetch.segment_cost(&footer, segment, max_unit);
                         let permit = semaphore
+                            .clone()
                             .acquire_many_owned(cost)
                             .await
                             .map_err(|_| LoaderError::Closed)?;
+                        if let Some(t) = &counters.trace {
+                            let held =
+                                (total as u64).saturating_sub(semaphore.available_permits() as u64);
+                            t.counter("bytes_in_flight", held << 10);
+                        }
                         Ok((seq, segment, footer, permit))
                     }
                 });

@@ -46,13 +46,28 @@ pub(crate) struct Counters {
     pub epoch_waits: Histogram,
     /// The trace being written, if one was asked for.
     pub trace: Option<crate::trace::Tracer>,
+    /// How long each fetch, row group decode, shuffled window and collated
+    /// batch took.
+    pub fetch_latency: Histogram,
+    pub decode_latency: Histogram,
+    pub shuffle_latency: Histogram,
+    pub collate_latency: Histogram,
 }
 
 impl Counters {
-    /// Trace a span `name` from `started` to now (when tracing).
+    /// A unit of a stage's work, `name`, from `started` to now: into the
+    /// stage's latency histogram, and the trace when tracing.
     pub(crate) fn span(&self, name: &'static str, started: Instant, args: crate::trace::Args) {
+        let took = started.elapsed();
+        match name {
+            "fetch" => self.fetch_latency.record(took),
+            "decode" => self.decode_latency.record(took),
+            "shuffle window" => self.shuffle_latency.record(took),
+            "collate batch" => self.collate_latency.record(took),
+            _ => {}
+        }
         if let Some(t) = &self.trace {
-            t.span(name, started, started.elapsed(), args);
+            t.span(name, started, took, args);
         }
     }
 }
@@ -321,6 +336,12 @@ pub struct Stats {
     /// [`Stats::to_prometheus`]).
     #[serde(skip)]
     pub wait_buckets: Vec<(f64, u64)>,
+    /// How long each unit of a stage's work took (a fetch, a row group's
+    /// decode, a shuffled window, a collated batch), by stage.
+    pub stage_latency: BTreeMap<String, WaitSummary>,
+    /// Their cumulative counts at each bucket bound in seconds, by stage.
+    #[serde(skip)]
+    pub stage_buckets: BTreeMap<String, Vec<(f64, u64)>>,
 }
 
 /// How well batches mix: the row groups a batch draws from (measured on one
@@ -342,6 +363,16 @@ fn ms(ns: &AtomicU64) -> f64 {
 }
 
 impl Counters {
+    fn latencies(&self) -> impl Iterator<Item = (&'static str, &Histogram)> {
+        [
+            ("fetch", &self.fetch_latency),
+            ("decode", &self.decode_latency),
+            ("shuffle", &self.shuffle_latency),
+            ("collate", &self.collate_latency),
+        ]
+        .into_iter()
+    }
+
     pub(crate) fn snapshot(&self) -> Stats {
         Stats {
             rows: self.rows.load(Ordering::Relaxed),
@@ -372,6 +403,14 @@ impl Counters {
             wait: self.waits.summary(),
             wait_epoch: self.epoch_waits.summary(),
             wait_buckets: self.waits.cumulative(),
+            stage_latency: self
+                .latencies()
+                .map(|(n, h)| (n.to_string(), h.summary()))
+                .collect(),
+            stage_buckets: self
+                .latencies()
+                .map(|(n, h)| (n.to_string(), h.cumulative()))
+                .collect(),
             elapsed_ms: 0.0,
             wait_fraction: 0.0,
             stages: [
@@ -584,6 +623,35 @@ impl Stats {
             "shardfeed_wait_seconds_count{{{label}}} {}",
             self.wait.count
         );
+        let _ = writeln!(
+            out,
+            "# HELP shardfeed_stage_seconds Time each unit of a stage's work took (a fetch, a row group's decode, a shuffled window, a collated batch)."
+        );
+        let _ = writeln!(out, "# TYPE shardfeed_stage_seconds histogram");
+        for (stage, buckets) in &self.stage_buckets {
+            let summary = self.stage_latency.get(stage).cloned().unwrap_or_default();
+            for (bound, count) in buckets {
+                let _ = writeln!(
+                    out,
+                    "shardfeed_stage_seconds_bucket{{{label},stage=\"{stage}\",le=\"{bound:e}\"}} {count}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "shardfeed_stage_seconds_bucket{{{label},stage=\"{stage}\",le=\"+Inf\"}} {}",
+                summary.count
+            );
+            let _ = writeln!(
+                out,
+                "shardfeed_stage_seconds_sum{{{label},stage=\"{stage}\"}} {}",
+                summary.total_ms / 1e3
+            );
+            let _ = writeln!(
+                out,
+                "shardfeed_stage_seconds_count{{{label},stage=\"{stage}\"}} {}",
+                summary.count
+            );
+        }
         out
     }
 }

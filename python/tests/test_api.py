@@ -282,6 +282,12 @@ def test_metrics_text_parses_and_equals_stats(tokens_dataset):
     assert count == stats["wait"]["count"] >= stats["batches"]
     buckets = [s.value for s in wait.samples if s.name.endswith("_bucket")]
     assert buckets == sorted(buckets) and buckets[-1] == count
+    # Each stage's latency histogram, labelled by stage.
+    stage = families["shardfeed_stage_seconds"]
+    decode_count = [
+        s.value for s in stage.samples if s.name.endswith("_count") and s.labels["stage"] == "decode"
+    ]
+    assert decode_count == [stats["stage_latency"]["decode"]["count"]] and decode_count[0] > 0
     # Percentiles and stages in stats().
     w = stats["wait"]
     assert 0 <= w["p50_ms"] <= w["p95_ms"] <= w["p99_ms"] <= w["max_ms"]

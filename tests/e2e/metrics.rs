@@ -141,11 +141,14 @@ fn the_trace_has_every_stage_and_its_waits_sum_to_the_loaders() {
                 .unwrap()
                 .starts_with("shardfeed-decode")
     }));
-    assert!(
-        events
-            .iter()
-            .any(|e| e["ph"] == "C" && e["name"] == "decode_queue")
-    );
+    for counter in ["decode_queue", "bytes_in_flight"] {
+        assert!(
+            events
+                .iter()
+                .any(|e| e["ph"] == "C" && e["name"] == counter),
+            "no {counter} counter"
+        );
+    }
     // The consumer's waits add up to the loader's wait time, within 1%.
     let waited_ms: f64 = spans("wait")
         .iter()
