@@ -204,7 +204,8 @@ pub struct WaitSummary {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StageStats {
     /// Time working (not waiting for input or room for output), per worker:
-    /// 1.0 is a stage whose every worker was always busy. For `fetch`, the
+    /// 1.0 is a stage whose every worker was always busy (briefly more where
+    /// the next epoch's pass, with its own workers, overlaps this one's end). For `fetch`, the
     /// time requests were in flight over the requests allowed at once: the
     /// share of its request slots in use (a slow store fills them).
     pub busy_fraction: f64,

@@ -51,7 +51,9 @@ fn check_consistent(report: &serde_json::Value) {
             "blocked_output_fraction",
         ] {
             let v = f(&s[key]);
-            assert!((0.0..=1.05).contains(&v), "{stage} {key} = {v}: {report}");
+            // Up to 1 per worker, and up to 2 where the next epoch's pass (its
+            // own workers) overlaps the end of this one.
+            assert!((0.0..=2.05).contains(&v), "{stage} {key} = {v}: {report}");
         }
     }
 }
