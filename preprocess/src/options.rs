@@ -4,7 +4,7 @@ use std::sync::Arc;
 use arrow_schema::SchemaRef;
 
 use crate::input_format::InputFormat;
-use crate::tokenize::TokenizeOptions;
+use crate::tokenize::{TextTokenizer, TokenizeOptions};
 use crate::{PreprocessError, Result};
 
 /// Default target compressed bytes per shard: 128 MiB.
@@ -97,6 +97,9 @@ pub struct ShardOptions {
     pub(crate) run: String,
     /// Tokenize a text column while sharding (`--tokenizer`).
     pub tokenize: Option<TokenizeOptions>,
+    /// `tokenize`'s tokenizer, loaded and checked against the inputs once
+    /// per run (by [`shard`](crate::shard), before any output is touched).
+    pub(crate) text_tokenizer: Option<Arc<TextTokenizer>>,
 }
 
 /// The stages of a task of a split run with `--shuffle`: every task scatters
@@ -164,6 +167,7 @@ impl Default for ShardOptions {
             failpoints: Default::default(),
             run: String::new(),
             tokenize: None,
+            text_tokenizer: None,
         }
     }
 }

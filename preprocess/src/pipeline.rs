@@ -90,27 +90,17 @@ pub(crate) fn write_dataset(
         &options.attempt,
     )?;
     let threads = options.effective_threads();
-    let tokenizer = options
-        .tokenize
-        .as_ref()
-        .map(|t| TextTokenizer::new(t, &inputs.schema))
-        .transpose()?;
+    // Loaded once by `shard` (a gather stage's inputs have the same schema).
+    let tokenizer = options.text_tokenizer.as_deref();
+    debug_assert_eq!(tokenizer.is_some(), options.tokenize.is_some());
     let Written {
         shards,
         input_bytes,
         tokens,
         null_texts,
-    } = run(
-        inputs,
-        options,
-        threads,
-        publish.as_ref(),
-        tokenizer.as_ref(),
-    )?;
+    } = run(inputs, options, threads, publish.as_ref(), tokenizer)?;
     let tokens = tokenizer.is_some().then_some(tokens);
-    let schema = tokenizer
-        .as_ref()
-        .map_or_else(|| inputs.schema.clone(), |t| t.schema());
+    let schema = tokenizer.map_or_else(|| inputs.schema.clone(), |t| t.schema());
     if options.task.is_none() {
         // This run holds the dataset's lock: files it does not list (of an
         // earlier, larger or killed run) are stale. Tasks leave that to
@@ -136,7 +126,7 @@ pub(crate) fn write_dataset(
             .is_none()
             .then_some(options.effective_row_group_bytes()),
         shuffle_seed: options.recorded_seed.or(options.shuffle_seed),
-        tokenizer: tokenizer.as_ref().map(|t| t.record()),
+        tokenizer: tokenizer.map(|t| t.record()),
     };
     let mut manifest = Manifest::new((*schema).clone(), write_options, shards, input_bytes);
     manifest.total_tokens = tokens;
@@ -269,7 +259,19 @@ fn run(
             let tokenizer = tokenizer.cloned();
             scope.spawn(move || {
                 for (seq, batch, raw) in jobs {
-                    let batch = match tokenizer.as_ref().map(|t| t.apply(seq, &batch)) {
+                    // The tokenizer is another library reading untrusted text:
+                    // a panic in it is this row group's error, not a crash.
+                    let tokenized = tokenizer.as_ref().map(|t| {
+                        shardfeed_format::panic::catch(|| t.apply(seq, &batch)).unwrap_or_else(
+                            |message| {
+                                Err(PreprocessError::Tokenize {
+                                    row_group: seq,
+                                    reason: format!("the tokenizer panicked: {message}"),
+                                })
+                            },
+                        )
+                    });
+                    let batch = match tokenized {
                         None => Ok(batch),
                         Some(Ok((batch, n))) => {
                             tokens.fetch_add(n, Ordering::Relaxed);

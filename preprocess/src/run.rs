@@ -45,10 +45,12 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
     let mut inputs = input::resolve(&local_inputs, options)?;
     // Messages name the inputs as the user gave them.
     inputs.given = given;
-    if let Some(t) = &options.tokenize {
-        // A bad tokenizer or text column fails before any output is touched.
-        TextTokenizer::new(t, &inputs.schema)?;
-    }
+    // A bad tokenizer or text column fails before any output is touched.
+    options.text_tokenizer = options
+        .tokenize
+        .as_ref()
+        .map(|t| TextTokenizer::new(t, &inputs.schema).map(std::sync::Arc::new))
+        .transpose()?;
     let location = Location::parse_with_options(output, options.storage_options.iter().cloned())?;
     let handle = runtime.handle();
     let Some(split) = options.task else {

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, BooleanArray, Int32Array, ListArray, RecordBatch, UInt32Array};
-use arrow_buffer::OffsetBuffer;
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
 use sha2::{Digest, Sha256};
 use shardfeed_format::TokenizerRecord;
 use tokenizers::Tokenizer;
@@ -116,8 +116,8 @@ pub(crate) struct TextTokenizer {
     text: usize,
     keep_text: bool,
     eos: Option<u32>,
-    /// Ids past `i32::MAX` exist: the list holds `uint32`.
-    unsigned: bool,
+    /// The ids' list item: `int32`, or `uint32` when ids past `i32::MAX` exist.
+    item: FieldRef,
     schema: SchemaRef,
     record: TokenizerRecord,
 }
@@ -205,28 +205,24 @@ impl TextTokenizer {
             ));
         }
         // The largest id is below the vocabulary size, added tokens included.
-        let unsigned = vocab_size > i32::MAX as u64 + 1;
-        let item = if unsigned {
+        let item_type = if vocab_size > i32::MAX as u64 + 1 {
             DataType::UInt32
         } else {
             DataType::Int32
         };
-        let mut fields: Vec<Arc<Field>> = Vec::with_capacity(input.fields().len() + 2);
-        for (i, f) in input.fields().iter().enumerate() {
-            if i != text {
-                fields.push(f.clone());
-                continue;
-            }
-            if options.keep_text {
-                fields.push(f.clone());
-            }
-            fields.push(Arc::new(Field::new(
-                &options.tokens_column,
-                DataType::List(Arc::new(Field::new("item", item.clone(), false))),
-                false,
-            )));
-            fields.push(Arc::new(Field::new("num_tokens", DataType::Int32, false)));
-        }
+        let item = Arc::new(Field::new("item", item_type, false));
+        let mut fields: Vec<FieldRef> = input.fields().iter().cloned().collect();
+        fields.splice(
+            spliced(text, options.keep_text),
+            [
+                Arc::new(Field::new(
+                    &options.tokens_column,
+                    DataType::List(item.clone()),
+                    false,
+                )),
+                Arc::new(Field::new("num_tokens", DataType::Int32, false)),
+            ],
+        );
         let schema = Arc::new(Schema::new_with_metadata(fields, input.metadata().clone()));
         let file = path
             .file_name()
@@ -246,7 +242,7 @@ impl TextTokenizer {
             text,
             keep_text: options.keep_text,
             eos: eos.filter(|_| options.add_eos),
-            unsigned,
+            item,
             schema,
             record,
         })
@@ -299,39 +295,33 @@ impl TextTokenizer {
             offsets.push(i32::try_from(ids.len()).map_err(|_| too_many())?);
         }
         let tokens = ids.len() as u64;
-        let values: ArrayRef = if self.unsigned {
-            Arc::new(UInt32Array::from(ids))
+        let ids = Buffer::from_vec(ids);
+        let len = ids.len() / 4;
+        let values: ArrayRef = if self.item.data_type() == &DataType::UInt32 {
+            Arc::new(UInt32Array::new(ScalarBuffer::new(ids, 0, len), None))
         } else {
-            // The vocabulary is at most 2^31 ids: each fits an i32.
-            Arc::new(Int32Array::from(
-                ids.into_iter().map(|id| id as i32).collect::<Vec<_>>(),
-            ))
+            // The vocabulary is at most 2^31 ids: each one's bits are the same
+            // non-negative i32 (the buffer is reinterpreted, not copied).
+            Arc::new(Int32Array::new(ScalarBuffer::new(ids, 0, len), None))
         };
-        let item = match self
-            .schema
-            .field(self.text + usize::from(self.keep_text))
-            .data_type()
-        {
-            DataType::List(item) => item.clone(),
-            other => unreachable!("the ids' column is a list, not {other}"),
-        };
-        let list = ListArray::try_new(item, OffsetBuffer::new(offsets.into()), values, None)
-            .map_err(|e| PreprocessError::Tokenize {
-                row_group: seq,
-                reason: e.to_string(),
-            })?;
-        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
-        for (i, c) in batch.columns().iter().enumerate() {
-            if i != self.text {
-                columns.push(c.clone());
-                continue;
-            }
-            if self.keep_text {
-                columns.push(c.clone());
-            }
-            columns.push(Arc::new(list.clone()));
-            columns.push(Arc::new(Int32Array::from(std::mem::take(&mut counts))));
-        }
+        let list = ListArray::try_new(
+            self.item.clone(),
+            OffsetBuffer::new(offsets.into()),
+            values,
+            None,
+        )
+        .map_err(|e| PreprocessError::Tokenize {
+            row_group: seq,
+            reason: e.to_string(),
+        })?;
+        let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+        columns.splice(
+            spliced(self.text, self.keep_text),
+            [
+                Arc::new(list) as ArrayRef,
+                Arc::new(Int32Array::from(counts)),
+            ],
+        );
         let out = RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| {
             PreprocessError::Tokenize {
                 row_group: seq,
@@ -339,6 +329,16 @@ impl TextTokenizer {
             }
         })?;
         Ok((out, tokens))
+    }
+}
+
+/// Where the ids and `num_tokens` go among the columns: in place of the
+/// text column at `text`, or after it when it is kept.
+fn spliced(text: usize, keep_text: bool) -> std::ops::Range<usize> {
+    if keep_text {
+        text + 1..text + 1
+    } else {
+        text..text + 1
     }
 }
 
