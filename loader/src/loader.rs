@@ -31,9 +31,17 @@ pub struct Loader {
     /// pass's last window is assembled, so the epoch boundary costs no wait.
     next_pass: Option<Pass>,
     started: Option<Instant>,
-    /// The slow-consumer warning's window: its start, the wait and batches
-    /// counted then, and the epoch last warned about.
-    watch: (Instant, u64, u64, Option<u64>),
+    /// The slow-consumer warning's window of batches.
+    watch: WaitWatch,
+}
+
+/// Where the slow-consumer warning's window of batches began, and the epoch
+/// last warned about.
+struct WaitWatch {
+    since: Instant,
+    wait_ns: u64,
+    batches: u64,
+    warned: Option<u64>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -71,7 +79,12 @@ impl Loader {
                 .expect("roots were checked against the schema"),
         );
         Loader {
-            watch: (Instant::now(), 0, 0, None),
+            watch: WaitWatch {
+                since: Instant::now(),
+                wait_ns: 0,
+                batches: 0,
+                warned: None,
+            },
             dataset: dataset_fingerprint(&manifest),
             pipeline: Pipeline {
                 config: Arc::new(config),
@@ -337,16 +350,14 @@ impl Loader {
         };
         let counters = &self.pipeline.counters;
         let batches = counters.batches.load(Ordering::Relaxed);
-        let (since, wait_then, batches_then, warned) = self.watch;
-        if batches < batches_then + every {
+        if batches < self.watch.batches.saturating_add(every) {
             return;
         }
         let wait_now = counters.wait_ns.load(Ordering::Relaxed);
-        let wall = since.elapsed().as_nanos().max(1) as f64;
-        let waited = wait_now.saturating_sub(wait_then) as f64 / wall;
-        let mut warned = warned;
-        if waited > fraction && warned != Some(self.epoch) {
-            warned = Some(self.epoch);
+        let wall = self.watch.since.elapsed().as_nanos().max(1) as f64;
+        let waited = wait_now.saturating_sub(self.watch.wait_ns) as f64 / wall;
+        if waited > fraction && self.watch.warned != Some(self.epoch) {
+            self.watch.warned = Some(self.epoch);
             let stage = self.stats().limiting_stage();
             tracing::warn!(
                 epoch = self.epoch,
@@ -356,7 +367,9 @@ impl Loader {
                 stage
             );
         }
-        self.watch = (Instant::now(), wait_now, batches, warned);
+        self.watch.since = Instant::now();
+        self.watch.wait_ns = wait_now;
+        self.watch.batches = batches;
     }
 }
 

@@ -8,7 +8,7 @@
 //! writer falls behind, events are dropped and counted (the file's last
 //! event says how many).
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -55,15 +55,20 @@ enum Event {
     },
 }
 
-static NEXT_TID: AtomicU32 = AtomicU32::new(1);
+/// Tracers made so far: each one's identity.
+static NEXT_TRACER: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
-    /// This thread's id in traces (0: none yet).
-    static TID: Cell<u32> = const { Cell::new(0) };
+    /// This thread's id in each trace it wrote to: (tracer, tid).
+    static TIDS: RefCell<Vec<(u64, u32)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Writes a trace file while the loader runs; finished when dropped.
 pub(crate) struct Tracer {
+    /// This tracer's identity, for the threads' ids in it.
+    id: u64,
+    /// The next thread id in this trace.
+    next_tid: AtomicU32,
     origin: Instant,
     tx: Option<Sender<Event>>,
     dropped: std::sync::Arc<AtomicU64>,
@@ -108,6 +113,8 @@ impl Tracer {
                 source,
             })?;
         Ok(Tracer {
+            id: NEXT_TRACER.fetch_add(1, Ordering::Relaxed),
+            next_tid: AtomicU32::new(1),
             origin: Instant::now(),
             tx: Some(tx),
             dropped,
@@ -123,22 +130,27 @@ impl Tracer {
         }
     }
 
-    /// This thread's trace id, named on first use.
+    /// This thread's id in this trace, named there on first use (a thread,
+    /// such as the consumer's, may write to the traces of several loaders).
     fn tid(&self) -> u32 {
-        TID.with(|t| {
-            if t.get() == 0 {
-                let id = NEXT_TID.fetch_add(1, Ordering::Relaxed);
-                t.set(id);
-                let name = std::thread::current()
-                    .name()
-                    .unwrap_or("consumer")
-                    .to_string();
-                self.send(Event::Thread {
-                    tid: id,
-                    name: format!("{name} #{id}"),
-                });
+        TIDS.with(|tids| {
+            let mut tids = tids.borrow_mut();
+            if let Some(&(_, tid)) = tids.iter().find(|(tracer, _)| *tracer == self.id) {
+                return tid;
             }
-            t.get()
+            let tid = self.next_tid.fetch_add(1, Ordering::Relaxed);
+            // Tracers of loaders since dropped are forgotten.
+            tids.retain(|(tracer, _)| *tracer > self.id.saturating_sub(64));
+            tids.push((self.id, tid));
+            let name = std::thread::current()
+                .name()
+                .unwrap_or("consumer")
+                .to_string();
+            self.send(Event::Thread {
+                tid,
+                name: format!("{name} #{tid}"),
+            });
+            tid
         })
     }
 
