@@ -229,7 +229,7 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     let seconds = started.elapsed().as_secs_f64();
     let stats = loader.stats();
     let report = BenchReport {
-        dataset: args.dataset.clone(),
+        dataset: shardfeed_format::redact::url(&args.dataset),
         rows: stats.rows,
         bytes: stats.bytes,
         batches: stats.batches,
@@ -264,7 +264,7 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     };
     if let (Some(path), Some(timeline)) = (&args.report, &timeline) {
         let settings = [
-            ("dataset", args.dataset.clone()),
+            ("dataset", report.dataset.clone()),
             ("batch size", args.batch_size.to_string()),
             ("decode threads", args.threads.to_string()),
             ("epochs", args.epochs.to_string()),

@@ -96,7 +96,13 @@ impl RetryPolicy {
                         && started.elapsed() < self.timeout =>
                 {
                     attempt += 1;
-                    tracing::info!(attempt, error = %e, "retrying a storage request after a transient error");
+                    // The store's message may quote the request's URL (a SAS
+                    // token, a presigned signature): redacted.
+                    tracing::info!(
+                        attempt,
+                        error = %crate::redact::text(&e.to_string()),
+                        "retrying a storage request after a transient error"
+                    );
                     on_retry();
                     tokio::time::sleep(self.backoff(attempt, salt)).await;
                 }
