@@ -99,25 +99,25 @@ impl std::str::FromStr for OnError {
 /// ```
 #[derive(Clone)]
 pub struct LoaderBuilder {
-    url: String,
+    pub(crate) url: String,
     location: Option<Location>,
     storage_options: Vec<(String, String)>,
-    batch_size: usize,
-    columns: Option<Vec<String>>,
-    shuffle: bool,
-    seed: u64,
+    pub(crate) batch_size: usize,
+    pub(crate) columns: Option<Vec<String>>,
+    pub(crate) shuffle: bool,
+    pub(crate) seed: u64,
     window: Option<usize>,
-    epoch: u64,
-    rank: Option<u64>,
-    world_size: Option<u64>,
-    drop_last: bool,
+    pub(crate) epoch: u64,
+    pub(crate) rank: Option<u64>,
+    pub(crate) world_size: Option<u64>,
+    pub(crate) drop_last: bool,
     decode_threads: usize,
     io_concurrency: usize,
     io_threads: usize,
-    prefetch_batches: usize,
-    byte_budget: u64,
-    pinning: PinningMode,
-    list_mode: ListMode,
+    pub(crate) prefetch_batches: usize,
+    pub(crate) byte_budget: u64,
+    pub(crate) pinning: PinningMode,
+    pub(crate) list_mode: ListMode,
     slab_bytes: Option<usize>,
     retry: RetryPolicy,
     cache_dir: Option<std::path::PathBuf>,
@@ -126,8 +126,11 @@ pub struct LoaderBuilder {
     on_error: OnError,
     max_skipped: u64,
     failpoints: Option<String>,
-    trace: Option<std::path::PathBuf>,
-    slow_warning: Option<(f64, u64)>,
+    pub(crate) trace: Option<std::path::PathBuf>,
+    pub(crate) slow_warning: Option<(f64, u64)>,
+    /// A mixture's source: keep the final partial batch (see
+    /// [`crate::plan::PlanOptions::keep_partial`]).
+    pub(crate) keep_partial: bool,
 }
 
 impl std::fmt::Debug for LoaderBuilder {
@@ -202,6 +205,7 @@ impl LoaderBuilder {
             failpoints: None,
             trace: None,
             slow_warning: Some(DEFAULT_SLOW_WARNING),
+            keep_partial: false,
         }
     }
 
@@ -574,7 +578,11 @@ impl LoaderBuilder {
             );
         }
         let plan_rows = manifest.total_rows / world_size;
-        if self.drop_last && plan_rows > 0 && (self.batch_size as u64) > plan_rows {
+        if self.drop_last
+            && !self.keep_partial
+            && plan_rows > 0
+            && (self.batch_size as u64) > plan_rows
+        {
             return bad(
                 "batch_size",
                 format!(
@@ -620,6 +628,7 @@ impl LoaderBuilder {
             rank,
             world_size,
             drop_last: self.drop_last,
+            keep_partial: self.keep_partial,
             decode_threads,
             io_concurrency: self.io_concurrency,
             prefetch_batches: self.prefetch_batches,
@@ -714,6 +723,7 @@ pub(crate) struct Config {
     pub rank: u64,
     pub world_size: u64,
     pub drop_last: bool,
+    pub keep_partial: bool,
     pub decode_threads: usize,
     pub io_concurrency: usize,
     pub prefetch_batches: usize,

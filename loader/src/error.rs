@@ -76,6 +76,16 @@ pub enum LoaderError {
         /// Why it is refused.
         reason: String,
     },
+    /// A source of a mixture failed or does not fit the others.
+    #[error("mixture source {source_index} ({url}): {error}")]
+    MixtureSource {
+        /// The source's index in the mixture.
+        source_index: usize,
+        /// Its URL (credentials redacted).
+        url: String,
+        /// What went wrong.
+        error: Box<LoaderError>,
+    },
     /// A resume state does not belong to this loader.
     #[error("cannot resume: {reason}")]
     BadState {

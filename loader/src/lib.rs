@@ -43,6 +43,8 @@ mod decode;
 mod error;
 mod fetch;
 mod loader;
+pub mod mix;
+pub mod pack;
 mod parquet;
 mod pinned;
 mod pipeline;
@@ -63,6 +65,8 @@ pub use config::{
 };
 pub use error::{LoaderError, Result};
 pub use loader::Loader;
+pub use mix::{MixStop, Mixture, MixtureBuilder, MixtureState, MixtureStats};
+pub use pack::{PackMode, PackOptions};
 pub use parquet::DecodePaths;
 pub use pinned::{Pinning, PinningMode, SlabLease};
 pub use shardfeed_format::RetryPolicy;

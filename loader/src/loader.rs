@@ -105,6 +105,35 @@ impl Loader {
         }
     }
 
+    /// The projected columns (in the dataset's order).
+    pub(crate) fn projected_schema(&self) -> &arrow_schema::Schema {
+        &self.pipeline.schema
+    }
+
+    /// The dataset's fingerprint ([`dataset_fingerprint`]).
+    pub(crate) fn fingerprint(&self) -> &str {
+        &self.dataset
+    }
+
+    /// Bytes per slab of the pool.
+    pub(crate) fn pool_slab_bytes(&self) -> usize {
+        self.pipeline.pool.slab_bytes()
+    }
+
+    /// This loader's rank and number of ranks.
+    pub(crate) fn rank(&self) -> u64 {
+        self.pipeline.config.rank
+    }
+
+    pub(crate) fn world_size(&self) -> u64 {
+        self.pipeline.config.world_size
+    }
+
+    /// Rows this rank yields per epoch.
+    pub(crate) fn rows_per_epoch(&self) -> u64 {
+        self.pipeline.plan(self.epoch).positions()
+    }
+
     /// The dataset's manifest.
     pub fn manifest(&self) -> &Manifest {
         &self.pipeline.manifest

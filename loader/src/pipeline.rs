@@ -183,6 +183,7 @@ impl Pipeline {
                 } else {
                     0
                 },
+                keep_partial: c.keep_partial,
             },
         )
     }

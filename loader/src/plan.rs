@@ -71,6 +71,10 @@ pub struct PlanOptions {
     /// The first window is served in two: the first `1/first_slices` of its
     /// segments' rows, then the rest (0 or 1: not split).
     pub first_slices: u32,
+    /// With `drop_last`, still yield the final partial batch (only the
+    /// cross-rank remainder is dropped): a mixture's sources read every row
+    /// of their rank's block this way.
+    pub keep_partial: bool,
 }
 
 /// One rank's epoch.
@@ -260,7 +264,7 @@ impl EpochPlan {
         window_segments: Vec<usize>,
         per_rank: u64,
     ) -> Self {
-        let positions = if options.drop_last {
+        let positions = if options.drop_last && !options.keep_partial {
             per_rank / options.batch_size as u64 * options.batch_size as u64
         } else {
             per_rank
@@ -421,7 +425,7 @@ mod tests {
             let mut seen = vec![0u32; total as usize];
             let mut batches = None;
             for rank in 0..world {
-                let plan = EpochPlan::new(&m, PlanOptions { seed, epoch: 1, rank, world_size: world, shuffle, window, batch_size: batch, drop_last, first_slices });
+                let plan = EpochPlan::new(&m, PlanOptions { seed, epoch: 1, rank, world_size: world, shuffle, window, batch_size: batch, drop_last, first_slices, keep_partial: false });
                 // Every rank yields the same number of batches.
                 prop_assert_eq!(*batches.get_or_insert(plan.batches()), plan.batches());
                 for id in row_ids(&m, &plan) {
@@ -450,7 +454,7 @@ mod tests {
             seed in 0u64..100,
         ) {
             let m = manifest(&layout);
-            let opts = PlanOptions { seed, epoch: 3, rank: 0, world_size: 1, shuffle: true, window: 2, batch_size: 4, drop_last: false, first_slices: 4 };
+            let opts = PlanOptions { seed, epoch: 3, rank: 0, world_size: 1, shuffle: true, window: 2, batch_size: 4, drop_last: false, first_slices: 4, keep_partial: false };
             let a = row_ids(&m, &EpochPlan::new(&m, opts.clone()));
             let b = row_ids(&m, &EpochPlan::new(&m, opts));
             prop_assert_eq!(a, b);
@@ -475,6 +479,7 @@ mod tests {
                 batch_size: 7,
                 drop_last: false,
                 first_slices: 8,
+                keep_partial: false,
             },
         );
         let windows: Vec<Window> = (0..plan.window_count()).map(|w| plan.window(w)).collect();
@@ -521,6 +526,7 @@ mod tests {
             batch_size: 10,
             drop_last: false,
             first_slices: 8,
+            keep_partial: false,
         };
         let e0 = row_ids(&m, &EpochPlan::new(&m, opts(0, true)));
         let e1 = row_ids(&m, &EpochPlan::new(&m, opts(1, true)));
@@ -583,6 +589,7 @@ mod golden {
                 batch_size: 4,
                 drop_last: true,
                 first_slices: 8,
+                keep_partial: false,
             },
         );
         let mut base = Vec::new();

@@ -7,6 +7,7 @@ mod cloud;
 mod loader;
 mod metrics;
 mod mixing;
+mod mixture;
 mod shard;
 mod storage;
 mod tokenize;

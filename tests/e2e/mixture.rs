@@ -1,0 +1,471 @@
+//! Mixtures, packing and their state, end to end on real shards.
+//!
+//! Documents carry their identity in their tokens: token `t` of document
+//! `d` of source `s` is `(s + 1) * 10^8 + d * 10^3 + t`, so every check reads
+//! the packed output alone.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::builder::{Int32Builder, ListBuilder};
+use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+use proptest::prelude::*;
+use shardfeed_loader::{Batch, Loader, MixStop, Mixture, MixtureBuilder, MixtureState, PackMode};
+
+use crate::support::*;
+
+/// A document's length: 1 to `max`, seeded.
+fn doc_len(source: usize, doc: u64, max: u64) -> u64 {
+    shardfeed_format::permute::hash_words(&[source as u64, doc, 0x006c_656e]) % max + 1
+}
+
+fn token(source: usize, doc: u64, t: u64) -> i32 {
+    ((source as u64 + 1) * 100_000_000 + doc * 1000 + t) as i32
+}
+
+/// (source, document, offset) of a token.
+fn decode(token: i32) -> (usize, u64, u64) {
+    let t = token as u64;
+    (
+        (t / 100_000_000 - 1) as usize,
+        t % 100_000_000 / 1000,
+        t % 1000,
+    )
+}
+
+/// Shard `docs` documents of source `source` (lengths 1 to `max_len`) into
+/// `dir/name` with row groups of 16 rows over several shards; returns the URL.
+fn token_source(dir: &Path, name: &str, source: usize, docs: u64, max_len: u64) -> String {
+    let mut ids = ListBuilder::new(Int32Builder::new());
+    for d in 0..docs {
+        for t in 0..doc_len(source, d, max_len) {
+            ids.values().append_value(token(source, d, t));
+        }
+        ids.append(true);
+    }
+    let batch = RecordBatch::try_from_iter([
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(0..docs as i64)) as ArrayRef,
+        ),
+        ("input_ids", Arc::new(ids.finish()) as ArrayRef),
+    ])
+    .unwrap();
+    let input = dir.join(format!("{name}.parquet"));
+    let file = std::fs::File::create(&input).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let out = dir.join(name);
+    let options = shardfeed_preprocess::ShardOptions::default()
+        .with_row_group_rows(16)
+        .with_shard_size(16 << 10);
+    shardfeed_preprocess::shard(&[s(&input)], &s(&out), &options).unwrap();
+    s(&out)
+}
+
+fn mixture(sources: &[(String, f64)]) -> MixtureBuilder {
+    Loader::builder_mixture(sources.iter().map(|(u, w)| (u.clone(), *w)))
+        .seed(5)
+        .configure(|b| b.decode_threads(2))
+}
+
+/// Per batch: the `source` column (unpacked mixtures).
+fn sources_of(batch: &Batch) -> Vec<i32> {
+    batch.values::<i32>("source").unwrap().to_vec()
+}
+
+/// A packed batch's buffers, owned.
+#[derive(Clone, Debug, PartialEq)]
+struct Packed {
+    ids: Vec<i32>,
+    pos: Vec<i32>,
+    seg: Vec<i32>,
+    cu: Vec<i32>,
+    src: Vec<i32>,
+}
+
+fn packed(batch: &Batch) -> Packed {
+    Packed {
+        ids: batch.values::<i32>("input_ids").unwrap().to_vec(),
+        pos: batch.values::<i32>("position_ids").unwrap().to_vec(),
+        seg: batch.values::<i32>("segment_ids").unwrap().to_vec(),
+        cu: batch.values::<i32>("cu_seqlens").unwrap().to_vec(),
+        src: batch.values::<i32>("source").unwrap().to_vec(),
+    }
+}
+
+/// Every token of a packed batch is where its document and offset say, and
+/// the segment buffers agree with each other.
+fn check_packed(b: &Packed, l: usize, pad: i32) {
+    assert_eq!(*b.cu.last().unwrap() as usize, b.ids.len());
+    for (k, w) in b.cu.windows(2).enumerate() {
+        let (a, z) = (w[0] as usize, w[1] as usize);
+        assert!(
+            a < z && a / l == (z - 1) / l,
+            "segment {a}..{z} within one row"
+        );
+        if b.seg[a] == 0 {
+            assert!(b.ids[a..z].iter().all(|&t| t == pad));
+            assert_eq!(b.src[k], -1);
+            continue;
+        }
+        for i in a..z {
+            let (s, _, t) = decode(b.ids[i]);
+            assert_eq!(s as i32, b.src[k], "the segment's source");
+            assert_eq!(
+                t as i32, b.pos[i],
+                "position_ids is the offset in the document"
+            );
+            assert_eq!(b.seg[i], b.seg[a]);
+        }
+        let prev = if a % l == 0 { 0 } else { b.seg[a - 1] };
+        assert_eq!(b.seg[a], prev + 1, "segment ids count the row's documents");
+    }
+}
+
+#[test]
+fn shares_hold_in_every_window_and_each_source_epoch_has_every_row_once() {
+    let tmp = tempdir();
+    let web = token_source(tmp.path(), "web", 0, 900, 4);
+    let code = token_source(tmp.path(), "code", 1, 500, 4);
+    let math = token_source(tmp.path(), "math", 2, 170, 4);
+    for weights in [vec![0.6, 0.3, 0.1], vec![0.98, 0.02]] {
+        let urls = [&web, &code, &math];
+        let sources: Vec<(String, f64)> = weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| (urls[i].clone(), w))
+            .collect();
+        let mut m = mixture(&sources)
+            .batch_size(100)
+            .mix_stop(MixStop::Never)
+            .build()
+            .unwrap();
+        let (mut order, mut ids) = (vec![], vec![]);
+        while order.len() < 30_000 {
+            let b = m.next().unwrap().unwrap();
+            order.extend(sources_of(&b));
+            ids.extend_from_slice(b.values::<i64>("id").unwrap());
+        }
+        // Shares within 0.2 percentage points over any 10,000 consecutive rows.
+        let window = 10_000;
+        for (s, w) in weights.iter().enumerate() {
+            let mut prefix = vec![0i64];
+            for &o in &order {
+                prefix.push(prefix.last().unwrap() + i64::from(o == s as i32));
+            }
+            for start in 0..=order.len() - window {
+                let share = (prefix[start + window] - prefix[start]) as f64 / window as f64;
+                assert!(
+                    (share - w).abs() <= 0.002,
+                    "weights {weights:?}: source {s} has share {share} in rows {start}..+{window}"
+                );
+            }
+        }
+        // Each source epoch is a permutation of the source's rows.
+        for (s, total) in [(0usize, 900usize), (1, 500), (2, 170)]
+            .iter()
+            .take(weights.len())
+        {
+            let drawn: Vec<i64> = order
+                .iter()
+                .zip(&ids)
+                .filter(|(o, _)| **o == *s as i32)
+                .map(|(_, &id)| id)
+                .collect();
+            let full = drawn.len() / total;
+            assert!(full >= 1 || *s == 1, "source {s} completed an epoch");
+            for e in 0..full {
+                let mut epoch: Vec<i64> = drawn[e * total..(e + 1) * total].to_vec();
+                epoch.sort_unstable();
+                assert_eq!(
+                    epoch,
+                    (0..*total as i64).collect::<Vec<_>>(),
+                    "source {s} epoch {e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn first_exhausted_ends_the_epoch_and_set_weights_applies_from_the_next_batch() {
+    let tmp = tempdir();
+    let a = token_source(tmp.path(), "a", 0, 400, 3);
+    let b = token_source(tmp.path(), "b", 1, 100, 3);
+    let sources = vec![(a, 0.5), (b, 0.5)];
+    let build = || {
+        mixture(&sources)
+            .batch_size(20)
+            .drop_last(false)
+            .build()
+            .unwrap()
+    };
+    let mut m = build();
+    // first_exhausted: b's 100 rows run out after about 200 rows.
+    let rows: usize = m.by_ref().map(|b| b.unwrap().rows()).sum();
+    assert!((199..=201).contains(&rows), "epoch of {rows} rows");
+    assert_eq!(m.epoch(), 1);
+    // The next epoch: a continues where it was, b starts its next epoch;
+    // len() simulates the blending.
+    let expected = m.len().unwrap();
+    let batches = m.by_ref().inspect(|b| assert!(b.is_ok())).count() as u64;
+    assert_eq!(batches, expected);
+
+    // set_weights: the next batch follows the new shares exactly.
+    let mut m = build();
+    let mut before = vec![];
+    for _ in 0..3 {
+        before.push(sources_of(&m.next().unwrap().unwrap()));
+    }
+    m.set_weights(&[0.9, 0.1]).unwrap();
+    let saved = m.state();
+    assert_eq!(saved.weights, vec![0.9, 0.1]);
+    let after: Vec<Vec<i32>> = (0..4)
+        .map(|_| sources_of(&m.next().unwrap().unwrap()))
+        .collect();
+    let ones: usize = after.iter().flatten().filter(|&&s| s == 1).count();
+    assert_eq!(ones, 8, "0.1 of the 80 rows after set_weights");
+    // Resume after set_weights is exact.
+    let mut resumed = build();
+    resumed
+        .resume(&MixtureState::from_json(&saved.to_json()).unwrap())
+        .unwrap();
+    let again: Vec<Vec<i32>> = (0..4)
+        .map(|_| sources_of(&resumed.next().unwrap().unwrap()))
+        .collect();
+    assert_eq!(again, after);
+}
+
+/// Reassemble documents from packed batches (split mode): the pieces of a
+/// document follow each other in the stream.
+fn documents(batches: &[Packed]) -> Vec<(usize, u64, Vec<u64>)> {
+    let mut docs: Vec<(usize, u64, Vec<u64>)> = vec![];
+    for b in batches {
+        for (i, &t) in b.ids.iter().enumerate() {
+            if b.seg[i] == 0 {
+                continue;
+            }
+            let (s, d, off) = decode(t);
+            match docs.last_mut() {
+                Some(last) if last.0 == s && last.1 == d && b.pos[i] != 0 => last.2.push(off),
+                _ => docs.push((s, d, vec![off])),
+            }
+        }
+    }
+    docs
+}
+
+#[test]
+fn split_packing_keeps_every_token_of_every_document_once_in_order() {
+    let tmp = tempdir();
+    let l = 64;
+    let urls: Vec<String> = (0..3)
+        .map(|s| {
+            token_source(
+                tmp.path(),
+                &format!("s{s}"),
+                s,
+                [300, 200, 90][s],
+                3 * l as u64,
+            )
+        })
+        .collect();
+    let sources: Vec<(String, f64)> = urls.into_iter().zip([0.6, 0.3, 0.1]).collect();
+    let mut m = mixture(&sources)
+        .batch_size(4)
+        .pack_to(l)
+        .drop_last(false)
+        .mix_stop(MixStop::AllExhausted)
+        .build()
+        .unwrap();
+    let batches: Vec<Packed> = m.by_ref().map(|b| packed(&b.unwrap())).collect();
+    let stats = m.stats();
+    assert!(batches.len() > 10);
+    for b in &batches {
+        check_packed(b, l, 0);
+    }
+    // Only the epoch's last row is padded.
+    let pads: usize = batches
+        .iter()
+        .map(|b| b.seg.iter().filter(|&&s| s == 0).count())
+        .sum();
+    assert!(pads < l);
+    let docs = documents(&batches);
+    assert_eq!(docs.len() as u64, stats.documents.iter().sum::<u64>());
+    let mut seen: HashMap<(usize, u64), u32> = HashMap::new();
+    for (s, d, offsets) in &docs {
+        let n = doc_len(*s, *d, 3 * l as u64);
+        assert_eq!(
+            offsets,
+            &(0..n).collect::<Vec<_>>(),
+            "document {d} of source {s}: every token once, in order"
+        );
+        *seen.entry((*s, *d)).or_default() += 1;
+    }
+    // all_exhausted: every source's every document at least once, the
+    // smaller sources' repeats only after a whole epoch.
+    for (s, n) in [(0, 300u64), (1, 200), (2, 90)] {
+        for d in 0..n {
+            assert!(
+                seen.get(&(s, d)).copied().unwrap_or(0) >= 1,
+                "source {s} doc {d}"
+            );
+        }
+    }
+}
+
+#[test]
+fn fit_packing_pads_little_and_never_splits_a_short_document() {
+    let tmp = tempdir();
+    let url = sharded(
+        tmp.path(),
+        shardfeed_fixtures::Kind::Tokens,
+        2500,
+        64,
+        4 << 20,
+    );
+    let l = 4096;
+    let mut m = mixture(&[(url, 1.0)])
+        .batch_size(8)
+        .pack_to(l)
+        .pack_mode(PackMode::Fit)
+        .pack_window(1000)
+        .max_segments(Some(16))
+        .drop_last(false)
+        .build()
+        .unwrap();
+    let mut docs = 0;
+    for b in m.by_ref() {
+        let b = packed(&b.unwrap());
+        for w in b.cu.windows(2) {
+            let (a, z) = (w[0] as usize, w[1] as usize);
+            assert_eq!(a / l, (z - 1) / l);
+            if b.seg[a] != 0 {
+                assert_eq!(
+                    b.pos[a], 0,
+                    "a document shorter than a row starts its segment"
+                );
+                assert!(b.seg[a] <= 16, "max_segments");
+                docs += 1;
+            }
+        }
+    }
+    let stats = m.stats();
+    assert_eq!(
+        docs, 2500,
+        "every document once, none split (all are at most 4096)"
+    );
+    let padding = stats.padding_tokens as f64 / stats.tokens as f64;
+    eprintln!("fit padding {padding}");
+    assert!(
+        padding < 0.03,
+        "fit mode padded {:.2}% of tokens",
+        100.0 * padding
+    );
+}
+
+/// Batches `from..to` of a packed mixture, as owned buffers; the weights
+/// change to 0.2/0.3/0.5 before batch `reweigh_at`.
+fn run(m: &mut Mixture, from: usize, to: usize, reweigh_at: usize) -> Vec<Packed> {
+    (from..to)
+        .map(|i| {
+            if i == reweigh_at {
+                m.set_weights(&[0.2, 0.3, 0.5]).unwrap();
+            }
+            packed(&m.next().unwrap().unwrap())
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+
+    /// Stop after a random number of batches, save, resume in a fresh
+    /// mixture: the concatenation equals the uninterrupted run, per rank,
+    /// with the weights changed at a random batch before or after the stop.
+    #[test]
+    fn resume_with_mixing_and_packing_is_exact(
+        stop in 1usize..30,
+        reweigh_at in 0usize..40,
+        world in 1u64..=3,
+        fit: bool,
+    ) {
+        let tmp = tempdir();
+        let urls: Vec<String> = (0..3)
+            .map(|s| token_source(tmp.path(), &format!("s{s}"), s, 120, 100))
+            .collect();
+        let sources: Vec<(String, f64)> = urls.into_iter().zip([0.5, 0.3, 0.2]).collect();
+        let total = 40;
+        for rank in 0..world {
+            let build = || {
+                let b = mixture(&sources)
+                    .batch_size(3)
+                    .pack_to(32)
+                    .eos_id(Some(7))
+                    .mix_stop(MixStop::Never)
+                    .rank(rank)
+                    .world_size(world);
+                let b = if fit { b.pack_mode(PackMode::Fit).pack_window(17) } else { b };
+                b.build().unwrap()
+            };
+            let whole = run(&mut build(), 0, total, reweigh_at);
+            let mut first = build();
+            let mut parts = run(&mut first, 0, stop, reweigh_at);
+            let state = MixtureState::from_json(&first.state().to_json()).unwrap();
+            prop_assert!(state.to_json().len() < 4096);
+            drop(first);
+            let mut second = build();
+            second.resume(&state).unwrap();
+            parts.extend(run(&mut second, stop, total, reweigh_at));
+            prop_assert_eq!(&parts, &whole, "rank {} of {}", rank, world);
+        }
+    }
+}
+
+#[test]
+fn a_state_of_other_datasets_or_weights_is_refused_naming_the_change() {
+    let tmp = tempdir();
+    let a = token_source(tmp.path(), "a", 0, 100, 5);
+    let b = token_source(tmp.path(), "b", 1, 100, 5);
+    let c = token_source(tmp.path(), "c", 2, 100, 5);
+    let mut m = mixture(&[(a.clone(), 0.5), (b.clone(), 0.5)])
+        .batch_size(10)
+        .build()
+        .unwrap();
+    m.next().unwrap().unwrap();
+    let state = m.state();
+
+    let mut other = mixture(&[(a.clone(), 0.5), (c.clone(), 0.5)])
+        .batch_size(10)
+        .build()
+        .unwrap();
+    let err = other.resume(&state).unwrap_err().to_string();
+    assert!(err.contains("source 1") && err.contains("dataset"), "{err}");
+    assert!(err.contains("allow_changed"), "{err}");
+    let mut reweighted = mixture(&[(a.clone(), 0.7), (b.clone(), 0.3)])
+        .batch_size(10)
+        .build()
+        .unwrap();
+    let err = reweighted.resume(&state).unwrap_err().to_string();
+    assert!(err.contains("weight 0.5 in the state but 0.7"), "{err}");
+
+    // allow_changed: the unchanged source continues, the new one starts afresh.
+    other.resume_changed(&state).unwrap();
+    let saved = other.state();
+    assert_eq!(saved.draw.sources[0].1, state.draw.sources[0].1);
+    assert_eq!(saved.draw.sources[1], (0, 0, false));
+
+    // Mismatched columns name the source and column.
+    let plain = sharded(tmp.path(), shardfeed_fixtures::Kind::Text, 50, 10, 1 << 20);
+    let err = mixture(&[(a, 0.5), (plain, 0.5)])
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("mixture source 1") && err.contains("input_ids"),
+        "{err}"
+    );
+}
