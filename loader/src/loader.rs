@@ -14,6 +14,7 @@ use crate::config::{Config, LoaderBuilder};
 use crate::fetch::FetchContext;
 use crate::pinned::{Pinning, Pool};
 use crate::pipeline::{Pass, Pipeline};
+use crate::plan::{EpochPlan, Piece};
 use crate::state::{LoaderState, PLAN_VERSION, STATE_VERSION, dataset_fingerprint};
 use crate::stats::{Counters, Stats};
 use crate::{LoaderError, Result};
@@ -96,6 +97,7 @@ impl Loader {
                 held: Arc::new(AtomicUsize::new(0)),
                 permits: Arc::new(Semaphore::new(permits)),
                 schema,
+                overrides: Vec::new(),
             },
             epoch,
             position: 0,
@@ -132,6 +134,47 @@ impl Loader {
     /// Rows this rank yields per epoch.
     pub(crate) fn rows_per_epoch(&self) -> u64 {
         self.pipeline.plan(self.epoch).positions()
+    }
+
+    /// Rows of the row groups `epoch`'s plan reads (each row group once,
+    /// whole: a row group is fetched whole however few of its rows a plan
+    /// takes).
+    pub(crate) fn planned_rows(&self, epoch: u64) -> u64 {
+        let plan = self.pipeline.plan(epoch);
+        let mut units: Vec<(u32, u32)> = plan
+            .segments()
+            .iter()
+            .map(|s| (s.shard, s.row_group))
+            .collect();
+        units.sort_unstable();
+        units.dedup();
+        let shards = &self.pipeline.manifest.shards;
+        units
+            .iter()
+            .map(|&(s, g)| shards[s as usize].row_groups[g as usize])
+            .sum()
+    }
+
+    /// Rows rank `rank` of `world` yields in `epoch` (without pieces).
+    pub(crate) fn rows_of_rank(&self, epoch: u64, rank: u64, world: u64) -> u64 {
+        self.pipeline.plan_for(epoch, rank, world).positions()
+    }
+
+    /// Plan these epochs from pieces of old ranks' sequences (an elastic
+    /// resume); other epochs keep the usual plan. Stops a pass in progress.
+    pub(crate) fn set_pending(&mut self, pending: &[(u64, Vec<Piece>)]) {
+        self.stop();
+        let overrides = pending
+            .iter()
+            .map(|(epoch, pieces)| {
+                let options = self.pipeline.plan_for(*epoch, 0, 1).options().clone();
+                let plan = EpochPlan::from_pieces(options, pieces, |rank, world| {
+                    self.pipeline.plan_for(*epoch, rank, world)
+                });
+                (*epoch, Arc::new(plan))
+            })
+            .collect();
+        self.pipeline.overrides = overrides;
     }
 
     /// The dataset's manifest.

@@ -37,6 +37,7 @@ use crate::config::LoaderBuilder;
 use crate::loader::Loader;
 use crate::pack::{Carry, Docs, Out, PackMode, PackOptions, Packer, Tokens};
 use crate::pinned::{Pinning, Pool, SlabLease};
+use crate::plan::{Piece, slice};
 use crate::state::{PLAN_VERSION, STATE_VERSION};
 use crate::stats::Stats;
 use crate::{LoaderError, Result};
@@ -602,6 +603,13 @@ struct Source {
     /// Rows drawn over the mixture's life.
     drawn: u64,
     fingerprint: String,
+    /// After an elastic resume: epochs planned from pieces of the old ranks'
+    /// sequences, and documents whose first tokens were emitted before it
+    /// (epoch, position, tokens).
+    pending: Vec<(u64, Vec<Piece>)>,
+    skips: Vec<(u64, u64, usize)>,
+    /// Tokens of the document drawn last to leave out (a skip).
+    skip: usize,
 }
 
 impl Source {
@@ -617,6 +625,9 @@ impl Source {
             position: 0,
             exhausted: false,
             drawn: 0,
+            pending: Vec::new(),
+            skips: Vec::new(),
+            skip: 0,
         }
     }
 
@@ -631,6 +642,15 @@ impl Source {
                 self.next_row += 1;
                 self.position += 1;
                 self.drawn += 1;
+                self.skip = if self.skips.is_empty() {
+                    0
+                } else {
+                    let at = (self.epoch, self.position - 1);
+                    self.skips
+                        .iter()
+                        .find(|k| (k.0, k.1) == at)
+                        .map_or(0, |k| k.2)
+                };
                 return Ok(true);
             }
             // Give the slab back before waiting for the next batch.
@@ -650,8 +670,10 @@ impl Source {
         }
     }
 
-    /// Continue at `position` of source epoch `epoch`.
+    /// Continue at `position` of source epoch `epoch` (planned from
+    /// `pending` where it names the epoch).
     fn seek(&mut self, epoch: u64, position: u64) -> Result<()> {
+        self.loader.set_pending(&self.pending);
         let mut state = self.loader.state();
         state.epoch = epoch;
         state.position = position;
@@ -789,6 +811,10 @@ impl Streams {
 impl Docs for Streams {
     fn draw(&mut self) -> Result<Option<usize>> {
         self.next_row()
+    }
+
+    fn skip(&self, source: usize) -> usize {
+        self.sources[source].skip
     }
 
     fn window_start(&mut self) {
@@ -957,6 +983,14 @@ pub struct MixtureState {
     /// `len()`).
     #[serde(default)]
     pub epoch_start: Vec<(u64, u64)>,
+    /// Per source, after an elastic resume: the epochs planned from pieces
+    /// of the old ranks' sequences (see [`crate::plan::Piece`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<Vec<(u64, Vec<Piece>)>>,
+    /// Per source, after an elastic resume: documents (epoch, position)
+    /// whose first tokens were emitted before it, and how many.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skips: Vec<Vec<(u64, u64, usize)>>,
 }
 
 impl MixtureState {
@@ -1080,6 +1114,36 @@ impl Mixture {
             window_weights: fit.as_ref().and(self.streams.applied.clone()),
             window: fit,
             epoch_start: self.epoch_start.clone(),
+            pending: if self.streams.sources.iter().all(|s| s.pending.is_empty()) {
+                Vec::new()
+            } else {
+                self.streams
+                    .sources
+                    .iter()
+                    .map(|s| {
+                        s.pending
+                            .iter()
+                            .filter(|(e, _)| *e >= s.epoch.saturating_sub(1))
+                            .cloned()
+                            .collect()
+                    })
+                    .collect()
+            },
+            skips: if self.streams.sources.iter().all(|s| s.skips.is_empty()) {
+                Vec::new()
+            } else {
+                self.streams
+                    .sources
+                    .iter()
+                    .map(|s| {
+                        s.skips
+                            .iter()
+                            .filter(|k| (k.0, k.1 + 1) >= (s.epoch, s.position))
+                            .copied()
+                            .collect()
+                    })
+                    .collect()
+            },
         }
     }
 
@@ -1098,7 +1162,9 @@ impl Mixture {
         self.resume_with(state, true)
     }
 
-    fn resume_with(&mut self, state: &MixtureState, allow_changed: bool) -> Result<()> {
+    /// The checks of a state that no option can waive: versions, the order
+    /// options, packing.
+    fn check_state(&self, state: &MixtureState) -> Result<()> {
         let refuse = |reason: String| Err(LoaderError::BadState { reason });
         if state.kind != "mixture" {
             return refuse("the state is not a mixture's".into());
@@ -1140,6 +1206,12 @@ impl Mixture {
                 state.pack
             ));
         }
+        Ok(())
+    }
+
+    fn resume_with(&mut self, state: &MixtureState, allow_changed: bool) -> Result<()> {
+        self.check_state(state)?;
+        let refuse = |reason: String| Err(LoaderError::BadState { reason });
         let n = self.streams.sources.len();
         let shapes_ok = state.sources.len() == state.draw.sources.len()
             && state.draw.counts.len() == state.sources.len()
@@ -1207,6 +1279,15 @@ impl Mixture {
             },
         };
         let carry = state.carry.filter(|c| from[c.source] == Some(c.source));
+        for (i, s) in self.streams.sources.iter_mut().enumerate() {
+            let j = from[i];
+            s.pending = j
+                .and_then(|j| state.pending.get(j).cloned())
+                .unwrap_or_default();
+            s.skips = j
+                .and_then(|j| state.skips.get(j).cloned())
+                .unwrap_or_default();
+        }
         self.restore(&draw, carry)?;
         self.epoch = state.epoch;
         self.index = state.batch;
@@ -1235,6 +1316,168 @@ impl Mixture {
         if exact {
             self.streams.pending = state.pending_weights.clone();
         }
+        Ok(())
+    }
+
+    /// Continue from the states of every rank of a job, whatever its world
+    /// size was (an elastic resume). One state of this world size is a plain
+    /// [`Mixture::resume`]; so are `world_size` states of this world size
+    /// (this rank's is used). Otherwise the states must be those of every
+    /// old rank: what they had not yet yielded of each source's epoch (and,
+    /// packing in split mode, the rest of each document they were emitting)
+    /// is split evenly over the new ranks, each taking a contiguous share of
+    /// it, so that across the two runs every row (and every token) is read
+    /// exactly once, except fewer than `world_size` rows per source and epoch
+    /// that do not divide evenly. The blending counts restart (shares hold
+    /// exactly from here). Fit-mode packing cannot be resumed elastically.
+    pub fn resume_elastic(&mut self, states: &[MixtureState]) -> Result<()> {
+        let refuse = |reason: String| Err(LoaderError::BadState { reason });
+        let Some(first) = states.first() else {
+            return refuse("no state to resume from".into());
+        };
+        let old_world = first.world_size;
+        if states.len() == 1 && old_world == self.world_size {
+            return self.resume(first);
+        }
+        if states.iter().any(|s| s.world_size != old_world) {
+            return refuse("the states were saved with different world sizes".into());
+        }
+        let mut ranks: Vec<u64> = states.iter().map(|s| s.rank).collect();
+        ranks.sort_unstable();
+        if ranks != (0..old_world).collect::<Vec<_>>() || states.len() as u64 != old_world {
+            return refuse(format!(
+                "an elastic resume needs the states of all {old_world} ranks of the saved job, once each; got ranks {ranks:?}"
+            ));
+        }
+        if old_world == self.world_size {
+            let mine = states
+                .iter()
+                .find(|s| s.rank == self.rank)
+                .expect("every rank is there");
+            return self.resume(mine);
+        }
+        if self
+            .packer
+            .as_ref()
+            .is_some_and(|p| p.options.mode == PackMode::Fit)
+        {
+            return refuse(
+                "pack_mode=\"fit\" cannot be resumed with another world size (its pack windows span ranks' documents); resume with the same world size, or use pack_mode=\"split\"".into(),
+            );
+        }
+        // Everything but rank and world size must match: check each state
+        // against this loader as if it were that rank.
+        for st in states {
+            let mut mine = st.clone();
+            mine.rank = self.rank;
+            mine.world_size = self.world_size;
+            self.check_state(&mine)?;
+            let same_sources = st.sources.len() == self.streams.sources.len()
+                && st
+                    .sources
+                    .iter()
+                    .zip(&self.streams.sources)
+                    .zip(&self.initial_weights)
+                    .all(|((a, b), w)| a.dataset == b.fingerprint && a.weight == *w);
+            let shapes_ok = st.draw.sources.len() == st.sources.len()
+                && st.carry.is_none_or(|c| c.source < st.sources.len());
+            if !same_sources || !shapes_ok {
+                return refuse(format!(
+                    "rank {}'s state is of other sources or weights than this mixture's (an elastic resume cannot start sources afresh)",
+                    st.rank
+                ));
+            }
+            if st.window.is_some() {
+                return refuse("a state holds a fit-mode pack window".into());
+            }
+        }
+        let mut states: Vec<&MixtureState> = states.iter().collect();
+        states.sort_by_key(|s| s.rank);
+        let new_world = self.world_size;
+        let me = self.rank;
+        for (i, src) in self.streams.sources.iter_mut().enumerate() {
+            // Each old rank's place in this source: epoch, position of the
+            // first row not wholly yielded, tokens of it yielded.
+            let places: Vec<(u64, u64, usize)> = states
+                .iter()
+                .map(|st| {
+                    let (epoch, position, _) = st.draw.sources[i];
+                    match st.carry.filter(|c| c.source == i) {
+                        Some(c) => (epoch, position.saturating_sub(1), c.offset),
+                        None => (epoch, position, 0),
+                    }
+                })
+                .collect();
+            let lo = places.iter().map(|p| p.0).min().expect("states");
+            let hi = places.iter().map(|p| p.0).max().expect("states");
+            let mut pending = Vec::new();
+            let mut skips = Vec::new();
+            for epoch in lo..=hi {
+                let mut rest: Vec<Piece> = Vec::new();
+                let mut marks: Vec<(u64, usize)> = Vec::new();
+                for (r, st) in states.iter().enumerate() {
+                    let (e, position, tokens) = places[r];
+                    if e > epoch {
+                        continue;
+                    }
+                    // The old rank's sequence of this epoch.
+                    let sequence = st
+                        .pending
+                        .get(i)
+                        .and_then(|p| p.iter().find(|(pe, _)| *pe == epoch))
+                        .map(|(_, pieces)| pieces.clone())
+                        .unwrap_or_else(|| {
+                            vec![Piece {
+                                rank: r as u64,
+                                world: old_world,
+                                start: 0,
+                                end: src.loader.rows_of_rank(epoch, r as u64, old_world),
+                            }]
+                        });
+                    let from = if e == epoch { position } else { 0 };
+                    let at: u64 = rest.iter().map(Piece::rows).sum();
+                    if e == epoch && tokens > 0 {
+                        marks.push((at, tokens));
+                    }
+                    rest.extend(slice(&sequence, from, u64::MAX));
+                }
+                let total: u64 = rest.iter().map(Piece::rows).sum();
+                let share = total / new_world;
+                let (a, b) = (me * share, (me + 1) * share);
+                pending.push((epoch, slice(&rest, a, b)));
+                skips.extend(
+                    marks
+                        .iter()
+                        .filter(|(at, _)| (a..b).contains(at))
+                        .map(|&(at, tokens)| (epoch, at - a, tokens)),
+                );
+            }
+            src.pending = pending;
+            src.skips = skips;
+        }
+        let draw = DrawState {
+            sources: self
+                .streams
+                .sources
+                .iter()
+                .map(|s| (s.pending.first().map_or(0, |p| p.0), 0, false))
+                .collect(),
+            drawn: 0,
+            counts: vec![0; self.streams.sources.len()],
+            ended: false,
+            weights: states[0].draw.weights.clone(),
+        };
+        self.restore(&draw, None)?;
+        if let Some(p) = &mut self.packer {
+            p.reset();
+        }
+        self.streams.anchor = None;
+        self.streams.previous_anchor = None;
+        self.streams.pending = None;
+        self.streams.applied = None;
+        self.epoch = states.iter().map(|s| s.epoch).min().expect("states");
+        self.index = 0;
+        self.epoch_start = draw.sources.iter().map(|s| (s.0, 0)).collect();
         Ok(())
     }
 
@@ -1350,6 +1593,22 @@ impl Mixture {
     /// Whether the current mixture epoch is known to yield no batch.
     pub fn is_empty(&self) -> bool {
         self.len() == Some(0)
+    }
+
+    /// After an elastic resume: rows of the row groups this rank reads for
+    /// the rest of the epochs it took over (row groups are fetched whole), per
+    /// source. Shows that each new rank reads about its share.
+    pub fn elastic_rows(&self) -> Vec<u64> {
+        self.streams
+            .sources
+            .iter()
+            .map(|s| {
+                s.pending
+                    .iter()
+                    .map(|(epoch, _)| s.loader.planned_rows(*epoch))
+                    .sum()
+            })
+            .collect()
     }
 
     /// How the slabs were allocated.

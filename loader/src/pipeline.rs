@@ -120,6 +120,8 @@ pub(crate) struct Pipeline {
     pub permits: Arc<Semaphore>,
     /// The projected columns, as stored (placeholders of skipped segments).
     pub schema: SchemaRef,
+    /// Epochs planned from pieces (after an elastic resume).
+    pub overrides: Vec<(u64, Arc<EpochPlan>)>,
 }
 
 /// A running pass: the threads and channels of one epoch.
@@ -158,15 +160,23 @@ impl Pass {
 
 impl Pipeline {
     /// The plan of `epoch` for this loader's rank.
-    pub fn plan(&self, epoch: u64) -> EpochPlan {
+    pub fn plan(&self, epoch: u64) -> Arc<EpochPlan> {
+        if let Some((_, plan)) = self.overrides.iter().find(|(e, _)| *e == epoch) {
+            return plan.clone();
+        }
+        Arc::new(self.plan_for(epoch, self.config.rank, self.config.world_size))
+    }
+
+    /// The plan of `epoch` for rank `rank` of `world_size`.
+    pub fn plan_for(&self, epoch: u64, rank: u64, world_size: u64) -> EpochPlan {
         let c = &self.config;
         EpochPlan::new(
             &self.manifest,
             PlanOptions {
                 seed: c.seed,
                 epoch,
-                rank: c.rank,
-                world_size: c.world_size,
+                rank,
+                world_size,
                 shuffle: c.shuffle,
                 window: c.window,
                 batch_size: c.batch_size,
@@ -176,7 +186,7 @@ impl Pipeline {
                 // order a slice is one class or domain. A small epoch reads
                 // its first window whole (slicing would cost it too much).
                 first_slices: if self.manifest.options.shuffle_seed.is_some()
-                    && self.manifest.row_group_count() as u64 / c.world_size.max(1)
+                    && self.manifest.row_group_count() as u64 / world_size.max(1)
                         >= crate::config::MIN_WINDOWS_TO_SLICE * c.window as u64
                 {
                     crate::config::FIRST_SLICES
@@ -191,7 +201,7 @@ impl Pipeline {
     /// Start the pass of `epoch` from position `position`; its collator
     /// begins once `after` disconnects (the previous pass's collator is done).
     pub fn launch(&self, epoch: u64, position: u64, after: Option<Receiver<()>>) -> Pass {
-        let plan = Arc::new(self.plan(epoch));
+        let plan = self.plan(epoch);
         let config = self.config.clone();
         let cancel = Arc::new(AtomicBool::new(false));
         let start_position = position.min(plan.positions());

@@ -25,6 +25,14 @@
 //!
 //! Position `k` of a rank's epoch maps to a row with arithmetic only, so a
 //! resume state is just `k`, and resuming decodes nothing before `k`'s window.
+//!
+//! **Elastic resume.** What is left of an epoch after ranks stopped is a list
+//! of [`Piece`]s: position ranges of the sequences of the ranks of the old
+//! world. [`EpochPlan::from_pieces`] plans a new rank's share of them: each
+//! piece's windows keep their old permutation (a window cut by a piece
+//! boundary keeps only its offsets inside the piece), so the rows a piece
+//! yields are exactly the old rank's rows at those positions. A plan from
+//! pieces has [`EpochPlan::remaining`] pieces too, so resumes compose.
 
 use shardfeed_format::Manifest;
 use shardfeed_format::permute::{Permutation, hash_words};
@@ -77,11 +85,64 @@ pub struct PlanOptions {
     pub keep_partial: bool,
 }
 
+/// A position range `[start, end)` of the sequence rank `rank` of
+/// `world` ranks yields in an epoch: a part of what is left of the epoch at
+/// an elastic resume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Piece {
+    /// The old rank.
+    pub rank: u64,
+    /// The old number of ranks.
+    pub world: u64,
+    /// First position.
+    pub start: u64,
+    /// One past the last.
+    pub end: u64,
+}
+
+impl Piece {
+    /// Positions in the piece.
+    pub fn rows(&self) -> u64 {
+        self.end - self.start
+    }
+}
+
+/// Positions `[from, to)` of the sequence `pieces` make, as pieces.
+pub fn slice(pieces: &[Piece], from: u64, to: u64) -> Vec<Piece> {
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    for p in pieces {
+        let (lo, hi) = (at, at + p.rows());
+        at = hi;
+        let (a, b) = (from.max(lo), to.min(hi));
+        if a < b {
+            out.push(Piece {
+                start: p.start + (a - lo),
+                end: p.start + (b - lo),
+                ..*p
+            });
+        }
+    }
+    out
+}
+
+/// The permutation of a window: its seed (none: rows in order), the size of
+/// the permuted range (the rows of its segments) and the first offset used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WindowOrder {
+    key: Option<u64>,
+    domain: u64,
+    base: u64,
+}
+
 /// One rank's epoch.
 #[derive(Clone, Debug)]
 pub struct EpochPlan {
     options: PlanOptions,
     segments: Vec<Segment>,
+    /// Plans made from pieces: each window's order, and the pieces.
+    orders: Option<Vec<WindowOrder>>,
+    pieces: Option<Vec<Piece>>,
     /// Start position of each window, plus the total.
     window_starts: Vec<u64>,
     /// First segment of each window, plus the segment count.
@@ -104,28 +165,31 @@ pub struct Window<'a> {
     /// Rows in the window.
     pub rows: u64,
     permutation: Option<Permutation>,
+    /// The window's offsets start here in the permutation's range (a window
+    /// of a piece may start inside an old window).
+    base: u64,
 }
 
 impl Window<'_> {
     /// The window-local row (in segment order) emitted at window offset `offset`.
     pub fn row_at(&self, offset: u64) -> u64 {
         match &self.permutation {
-            Some(p) => p.apply(offset),
-            None => offset,
+            Some(p) => p.apply(self.base + offset),
+            None => self.base + offset,
         }
     }
 
     /// [`Window::row_at`] of every offset of the window, in offset order.
     pub fn rows(&self) -> Vec<u32> {
         let Some(p) = &self.permutation else {
-            return (0..self.rows as u32).collect();
+            return (self.base as u32..(self.base + self.rows) as u32).collect();
         };
         let mut rows = Vec::with_capacity(self.rows as usize);
         let mut chunk = [0u64; 1024];
         let mut at = 0;
         while at < self.rows {
             let n = (self.rows - at).min(chunk.len() as u64) as usize;
-            p.apply_range(at, &mut chunk[..n]);
+            p.apply_range(self.base + at, &mut chunk[..n]);
             rows.extend(chunk[..n].iter().map(|&r| r as u32));
             at += n as u64;
         }
@@ -272,6 +336,8 @@ impl EpochPlan {
         EpochPlan {
             options,
             segments,
+            orders: None,
+            pieces: None,
             window_starts,
             window_segments,
             positions,
@@ -303,31 +369,109 @@ impl EpochPlan {
         &self.segments
     }
 
-    /// Window `index`.
-    pub fn window(&self, index: usize) -> Window<'_> {
-        let (lo, hi) = (self.window_segments[index], self.window_segments[index + 1]);
-        let start = self.window_starts[index];
-        let rows = self.window_starts[index + 1] - start;
-        let permutation = self.options.shuffle.then(|| {
-            Permutation::new(
-                rows,
+    /// The order of window `index`.
+    fn order(&self, index: usize) -> WindowOrder {
+        if let Some(orders) = &self.orders {
+            return orders[index];
+        }
+        let rows = self.window_starts[index + 1] - self.window_starts[index];
+        WindowOrder {
+            key: self.options.shuffle.then(|| {
                 hash_words(&[
                     self.options.seed,
                     self.options.epoch,
                     self.options.rank,
                     index as u64,
                     0x726f_7773,
-                ]),
-            )
-        });
+                ])
+            }),
+            domain: rows,
+            base: 0,
+        }
+    }
+
+    /// Window `index`.
+    pub fn window(&self, index: usize) -> Window<'_> {
+        let (lo, hi) = (self.window_segments[index], self.window_segments[index + 1]);
+        let start = self.window_starts[index];
+        let rows = self.window_starts[index + 1] - start;
+        let order = self.order(index);
         Window {
             index,
             first_segment: lo,
             segments: &self.segments[lo..hi],
             start,
             rows,
-            permutation,
+            permutation: order.key.map(|k| Permutation::new(order.domain, k)),
+            base: order.base,
         }
+    }
+
+    /// The plan of a rank whose epoch is `pieces` (see [`Piece`]), in
+    /// order; `plan_of(rank, world)` gives the old ranks' plans of the same
+    /// epoch. `options` supplies the batch size and `drop_last`.
+    pub fn from_pieces(
+        options: PlanOptions,
+        pieces: &[Piece],
+        mut plan_of: impl FnMut(u64, u64) -> EpochPlan,
+    ) -> Self {
+        let mut plans: Vec<((u64, u64), EpochPlan)> = Vec::new();
+        let mut segments = Vec::new();
+        let mut window_starts = Vec::new();
+        let mut window_segments = Vec::new();
+        let mut orders = Vec::new();
+        let mut acc = 0u64;
+        for piece in pieces {
+            let key = (piece.rank, piece.world);
+            let at = match plans.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    plans.push((key, plan_of(piece.rank, piece.world)));
+                    plans.len() - 1
+                }
+            };
+            let plan = &plans[at].1;
+            let end = piece.end.min(plan.positions());
+            let mut pos = piece.start;
+            while pos < end {
+                let w = plan.window_of(pos);
+                let window = plan.window(w);
+                let order = plan.order(w);
+                let stop = end.min(window.start + window.rows);
+                window_starts.push(acc);
+                window_segments.push(segments.len());
+                segments.extend_from_slice(window.segments);
+                orders.push(WindowOrder {
+                    base: order.base + (pos - window.start),
+                    ..order
+                });
+                acc += stop - pos;
+                pos = stop;
+            }
+        }
+        window_starts.push(acc);
+        window_segments.push(segments.len());
+        let mut plan = Self::finish(options, segments, window_starts, window_segments, acc);
+        plan.orders = Some(orders);
+        plan.pieces = Some(pieces.to_vec());
+        plan
+    }
+
+    /// What is left of this plan from position `from`, as pieces.
+    pub fn remaining(&self, from: u64) -> Vec<Piece> {
+        let Some(pieces) = &self.pieces else {
+            return if from < self.positions {
+                vec![Piece {
+                    rank: self.options.rank,
+                    world: self.options.world_size,
+                    start: from,
+                    end: self.positions,
+                }]
+            } else {
+                Vec::new()
+            };
+        };
+        slice(pieces, from, u64::MAX)
     }
 
     /// The window holding position `position`.
@@ -458,6 +602,40 @@ mod tests {
             let a = row_ids(&m, &EpochPlan::new(&m, opts.clone()));
             let b = row_ids(&m, &EpochPlan::new(&m, opts));
             prop_assert_eq!(a, b);
+        }
+    }
+
+    proptest! {
+        /// Pieces of old ranks' sequences, replanned: the new plan yields
+        /// exactly the old ranks' rows at those positions, in order, and its
+        /// remaining pieces from any position do too.
+        #[test]
+        fn plans_from_pieces_yield_the_old_ranks_rows(
+            layout in prop::collection::vec(prop::collection::vec(1u64..40, 1..4), 1..6),
+            world in 1u64..5,
+            window in 1usize..4,
+            cuts in prop::collection::vec((0u64..200, 0u64..200), 1..6),
+            from in 0u64..300,
+            first_slices in 0u32..9,
+        ) {
+            let m = manifest(&layout);
+            let opts = |rank, world| PlanOptions { seed: 3, epoch: 2, rank, world_size: world, shuffle: true, window, batch_size: 4, drop_last: true, first_slices, keep_partial: true };
+            let plan_of = |rank, world| EpochPlan::new(&m, opts(rank, world));
+            let pieces: Vec<Piece> = cuts.iter().enumerate().map(|(i, &(a, b))| {
+                let rank = i as u64 % world;
+                let n = plan_of(rank, world).positions();
+                let (a, b) = (a.min(n), b.min(n));
+                Piece { rank, world, start: a.min(b), end: a.max(b) }
+            }).collect();
+            let expected: Vec<u64> = pieces.iter().flat_map(|p| {
+                let ids = row_ids(&m, &plan_of(p.rank, p.world));
+                ids[p.start as usize..p.end as usize].to_vec()
+            }).collect();
+            let plan = EpochPlan::from_pieces(opts(0, 1), &pieces, plan_of);
+            prop_assert_eq!(row_ids(&m, &plan), expected.clone());
+            let from = from.min(plan.positions());
+            let rest = EpochPlan::from_pieces(opts(0, 1), &plan.remaining(from), plan_of);
+            prop_assert_eq!(row_ids(&m, &rest), expected[from as usize..].to_vec());
         }
     }
 

@@ -469,3 +469,128 @@ fn a_state_of_other_datasets_or_weights_is_refused_naming_the_change() {
         "{err}"
     );
 }
+
+/// Run `old` ranks for `steps` batches each, save, then resume on `new`
+/// ranks from all the saved states and run them to the end of the mixture
+/// epoch. Across both runs: no token twice, every document seen whole and
+/// in order (but the few of the remainder), the exhausted source's every
+/// document (but the remainder), and reads even over the new ranks.
+fn elastic(old: u64, new: u64, steps: usize) {
+    let tmp = tempdir();
+    let l = 48;
+    let sizes = [900u64, 500, 260];
+    let urls: Vec<String> = (0..3)
+        .map(|s| token_source(tmp.path(), &format!("s{s}"), s, sizes[s], 2 * l as u64))
+        .collect();
+    let sources: Vec<(String, f64)> = urls.into_iter().zip([0.5, 0.3, 0.2]).collect();
+    let build = |rank, world| {
+        // Small windows: a share of the rest holds many of them, as on real
+        // data (a piece's first and last windows are read whole).
+        mixture(&sources)
+            .configure(|b| b.window(2))
+            .batch_size(2)
+            .pack_to(l)
+            .eos_id(Some(-1))
+            .drop_last(false)
+            .rank(rank)
+            .world_size(world)
+            .build()
+            .unwrap()
+    };
+    let mut tokens: Vec<(usize, u64, u64)> = Vec::new();
+    let mut take = |b: &Packed| {
+        for (i, &t) in b.ids.iter().enumerate() {
+            if b.seg[i] != 0 && t != -1 {
+                tokens.push(decode(t));
+            }
+        }
+    };
+    let mut states = Vec::new();
+    for rank in 0..old {
+        let mut m = build(rank, old);
+        for _ in 0..steps {
+            take(&packed(&m.next().unwrap().unwrap()));
+        }
+        states.push(MixtureState::from_json(&m.state().to_json()).unwrap());
+    }
+    let mut fetched = Vec::new();
+    for rank in 0..new {
+        let mut m = build(rank, new);
+        m.resume_elastic(&states).unwrap();
+        // What the plan reads (row groups are fetched whole): measured on the
+        // plan, since fetched bytes also count how far the next epoch was
+        // read ahead, which depends on timing.
+        fetched.push(m.elastic_rows().iter().sum::<u64>());
+        let batches: Vec<Packed> = m.by_ref().map(|b| packed(&b.unwrap())).collect();
+        batches.iter().for_each(&mut take);
+        if rank == 0 {
+            // A state saved after the elastic resume resumes exactly too.
+            let mut m = build(rank, new);
+            m.resume_elastic(&states).unwrap();
+            let cut = batches.len() / 2;
+            let mut again: Vec<Packed> = (0..cut)
+                .map(|_| packed(&m.next().unwrap().unwrap()))
+                .collect();
+            let state = MixtureState::from_json(&m.state().to_json()).unwrap();
+            assert!(state.to_json().len() < 4096, "{}", state.to_json().len());
+            let mut m = build(rank, new);
+            m.resume(&state).unwrap();
+            again.extend(m.by_ref().map(|b| packed(&b.unwrap())));
+            assert_eq!(
+                again, batches,
+                "{old} -> {new}: resuming after the elastic resume"
+            );
+        }
+    }
+    // No token twice.
+    let mut sorted = tokens.clone();
+    sorted.sort_unstable();
+    let before = sorted.len();
+    sorted.dedup();
+    assert_eq!(
+        sorted.len(),
+        before,
+        "{old} -> {new}: a token was read twice"
+    );
+    // Documents: whole, but a few (the remainder: fewer than `new` rows per
+    // source, and documents whose start was read before the resume and whose
+    // rest fell in it).
+    let mut docs: HashMap<(usize, u64), Vec<u64>> = HashMap::new();
+    for (s, d, t) in sorted {
+        docs.entry((s, d)).or_default().push(t);
+    }
+    let partial = docs
+        .iter()
+        .filter(|((s, d), offsets)| offsets.len() as u64 != doc_len(*s, *d, 2 * l as u64))
+        .count();
+    assert!(
+        partial <= old as usize * 3,
+        "{old} -> {new}: {partial} documents partly read"
+    );
+    // Some source ran out: all its documents but the remainder were read.
+    let complete = (0..3)
+        .map(|s| {
+            (0..sizes[s])
+                .filter(|d| docs.contains_key(&(s, *d)))
+                .count() as u64
+        })
+        .zip(sizes)
+        .any(|(seen, n)| seen + 3 * (old + new) >= n);
+    assert!(complete, "{old} -> {new}: no source was read to its end");
+    let mean = fetched.iter().sum::<u64>() as f64 / new as f64;
+    eprintln!("{old} -> {new}: rows read per new rank {fetched:?}");
+    for (rank, f) in fetched.iter().enumerate() {
+        let ratio = *f as f64 / mean;
+        assert!(
+            (0.85..=1.15).contains(&ratio),
+            "{old} -> {new}: new rank {rank} reads row groups of {f} rows, {ratio:.2} of an even share {fetched:?}"
+        );
+    }
+}
+
+#[test]
+fn elastic_resume_splits_the_rest_of_the_epoch_over_the_new_ranks() {
+    elastic(4, 2, 25);
+    elastic(2, 3, 40);
+    elastic(8, 5, 12);
+}
