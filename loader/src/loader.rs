@@ -230,6 +230,13 @@ impl Loader {
             window: c.window,
             drop_last: c.drop_last,
             dataset: self.dataset.clone(),
+            pending: self
+                .pipeline
+                .overrides
+                .iter()
+                .filter(|(e, _)| *e >= self.epoch)
+                .map(|(e, plan)| (*e, plan.pieces().unwrap_or_default().to_vec()))
+                .collect(),
         }
     }
 
@@ -239,9 +246,88 @@ impl Loader {
     /// that change the order is refused, naming what differs.
     pub fn resume(&mut self, state: &LoaderState) -> Result<()> {
         state.check_compatible(&self.state())?;
-        self.stop();
+        self.set_pending(&state.pending);
         self.epoch = state.epoch;
         self.position = state.position;
+        Ok(())
+    }
+
+    /// Continue from the states of every rank of a job, whatever its world
+    /// size was (an elastic resume). One state of this world size is a plain
+    /// [`Loader::resume`]; so are all the states of a job of this world size
+    /// (this rank's is used). Otherwise what the old ranks had not yet
+    /// yielded of their epoch (as position ranges of their sequences, read
+    /// with their windows' order) is split evenly over the new ranks, each
+    /// taking a contiguous share, so that across the two runs every row is
+    /// read once, except fewer than `world_size` rows that do not divide
+    /// evenly and, with `drop_last`, each new rank's last partial batch.
+    pub fn resume_elastic(&mut self, states: &[LoaderState]) -> Result<()> {
+        let refuse = |reason: String| Err(LoaderError::BadState { reason });
+        let Some(first) = states.first() else {
+            return refuse("no state to resume from".into());
+        };
+        let old_world = first.world_size;
+        let (rank, world) = (self.pipeline.config.rank, self.pipeline.config.world_size);
+        if states.len() == 1 && old_world == world {
+            return self.resume(first);
+        }
+        let mut ranks: Vec<u64> = states.iter().map(|s| s.rank).collect();
+        ranks.sort_unstable();
+        if states.iter().any(|s| s.world_size != old_world)
+            || ranks != (0..old_world).collect::<Vec<_>>()
+        {
+            return refuse(format!(
+                "an elastic resume needs the states of all ranks of the saved job, once each, of one world size; got ranks {ranks:?}"
+            ));
+        }
+        if old_world == world {
+            let mine = states.iter().find(|s| s.rank == rank).expect("every rank");
+            return self.resume(mine);
+        }
+        let current = self.state();
+        for st in states {
+            let mut mine = st.clone();
+            mine.rank = rank;
+            mine.world_size = world;
+            mine.check_compatible(&current)?;
+        }
+        let mut states: Vec<&LoaderState> = states.iter().collect();
+        states.sort_by_key(|s| s.rank);
+        let lo = states.iter().map(|s| s.epoch).min().expect("states");
+        let hi = states.iter().map(|s| s.epoch).max().expect("states");
+        let mut pending = Vec::new();
+        for epoch in lo..=hi {
+            let mut rest = Vec::new();
+            for (r, st) in states.iter().enumerate() {
+                if st.epoch > epoch {
+                    continue;
+                }
+                let sequence = st
+                    .pending
+                    .iter()
+                    .find(|(e, _)| *e == epoch)
+                    .map(|(_, p)| p.clone())
+                    .unwrap_or_else(|| {
+                        vec![Piece {
+                            rank: r as u64,
+                            world: old_world,
+                            start: 0,
+                            end: self.rows_of_rank(epoch, r as u64, old_world),
+                        }]
+                    });
+                let from = if st.epoch == epoch { st.position } else { 0 };
+                rest.extend(crate::plan::slice(&sequence, from, u64::MAX));
+            }
+            let total: u64 = rest.iter().map(Piece::rows).sum();
+            let share = total / world;
+            pending.push((
+                epoch,
+                crate::plan::slice(&rest, rank * share, (rank + 1) * share),
+            ));
+        }
+        self.set_pending(&pending);
+        self.epoch = lo;
+        self.position = 0;
         Ok(())
     }
 

@@ -1520,6 +1520,11 @@ impl Mixture {
             .unwrap_or(&self.streams.blend.weights)
     }
 
+    /// The sources' URLs, as given.
+    pub fn source_urls(&self) -> Vec<String> {
+        self.streams.sources.iter().map(|s| s.url.clone()).collect()
+    }
+
     /// The mixture epoch.
     pub fn epoch(&self) -> u64 {
         self.epoch

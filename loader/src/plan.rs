@@ -457,6 +457,11 @@ impl EpochPlan {
         plan
     }
 
+    /// The pieces the plan was made from, if any.
+    pub fn pieces(&self) -> Option<&[Piece]> {
+        self.pieces.as_deref()
+    }
+
     /// What is left of this plan from position `from`, as pieces.
     pub fn remaining(&self, from: u64) -> Vec<Piece> {
         let Some(pieces) = &self.pieces else {

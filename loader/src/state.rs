@@ -53,6 +53,10 @@ pub struct LoaderState {
     pub drop_last: bool,
     /// The dataset's fingerprint ([`dataset_fingerprint`]).
     pub dataset: String,
+    /// After an elastic resume: epochs planned from pieces of the old
+    /// ranks' sequences (see [`crate::plan::Piece`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<(u64, Vec<crate::plan::Piece>)>,
 }
 
 fn default_true() -> bool {

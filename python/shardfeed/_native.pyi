@@ -2,7 +2,7 @@
 
 from os import PathLike
 from types import TracebackType
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -19,7 +19,7 @@ class Loader:
 
     def __init__(
         self,
-        url: str,
+        url: str | Mapping[str, float],
         batch_size: int,
         columns: Sequence[str] | None = None,
         shuffle: bool = True,
@@ -46,8 +46,35 @@ class Loader:
         max_skipped: int | None = None,
         trace: str | PathLike[str] | None = None,
         slow_warning: tuple[float, int] | None = (0.25, 500),
+        pack_to: int | None = None,
+        pack_mode: str = "split",
+        pack_column: str | None = None,
+        eos_id: int | None = None,
+        pad_id: int = 0,
+        pack_window: int | None = None,
+        max_segments: int | None = None,
+        mix_stop: str = "first_exhausted",
+        read_batch: int | None = None,
     ) -> None:
         """Build a loader; ``ValueError`` names a bad option.
+
+        ``url`` may be a dict of datasets to weights (shares of rows): a
+        mixture, blended exactly and deterministically (each next row from the
+        source furthest below its share). ``mix_stop``: ``"first_exhausted"``
+        (an epoch ends when a source runs out), ``"all_exhausted"`` (smaller
+        sources repeat), ``"never"``. Every source must have the columns read,
+        with the same types; batches get a ``source`` column.
+
+        ``pack_to=L`` packs a token-list column (``pack_column``, default the
+        only list column) into rows of exactly ``L`` tokens: ``input_ids``,
+        ``position_ids`` (offset in the document), ``segment_ids`` (1, 2, ...
+        per document of a row, 0 on padding) ``[B, L]`` int32, ``cu_seqlens``
+        (segment boundaries in the flattened batch, padding runs included, for
+        variable-length attention) and ``source`` (each segment's source, -1
+        for padding). ``pack_mode="split"`` cuts documents at row ends (no
+        padding; ``eos_id`` appended to each); ``"fit"`` places whole
+        documents best-fit within ``pack_window`` documents (default 1000) and
+        pads with ``pad_id``, at most ``max_segments`` per row.
 
         ``on_error="skip"`` leaves out a damaged row group (checksum mismatch,
         undecodable pages) instead of failing: the batches that held its rows
@@ -72,10 +99,20 @@ class Loader:
     def pinning(self) -> str:
         """``"cuda"`` when slabs are page-locked, else ``"page-aligned"``."""
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader is (under 1 KB as JSON)."""
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Where the loader is (under 1 KB as JSON; a mixture's under 4 KB for 8 sources)."""
+    def load_state_dict(
+        self, state: dict[str, Any] | Sequence[dict[str, Any]], allow_changed: bool = False
+    ) -> None:
         """Continue exactly where ``state`` was taken; ``ValueError`` if the
-        state belongs to another dataset or order (naming what differs)."""
+        state belongs to another dataset or order (naming what differs).
+
+        A list of every rank's ``state_dict()`` from a job with another world
+        size resumes elastically: the rest of the epoch is split over the new
+        ranks, each row (and token) read once across both runs, except fewer
+        than ``world_size`` rows per dataset and epoch. ``allow_changed=True``
+        (mixtures) starts sources whose dataset or weight changed afresh."""
+    def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> None:
+        """Change a mixture's weights from the next batch on (recorded in the state)."""
     def stats(self) -> dict[str, Any]:
         """Counters: rows, bytes, batches, time to first batch, waits (``wait``: p50/p95/p99/max
         since start, ``wait_epoch``: this epoch), ``wait_fraction``, ``stages`` (busy fractions),

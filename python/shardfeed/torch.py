@@ -46,7 +46,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
 
     def __init__(
         self,
-        url: str,
+        url: str | dict[str, float],
         batch_size: int,
         *,
         rank: int | None = None,
@@ -63,7 +63,7 @@ class IterableDataset(torch.utils.data.IterableDataset):
         self.loader_options = loader_options
         self._loader: Loader | None = None
         self._key: tuple[int, int] | None = None
-        self._state: dict[str, Any] | None = None
+        self._state: dict[str, Any] | list[dict[str, Any]] | None = None
 
     def _placement(self) -> tuple[int | None, int | None, tuple[int, int]]:
         rank, world = self.rank, self.world_size
@@ -109,13 +109,16 @@ class IterableDataset(torch.utils.data.IterableDataset):
         """Where iteration is (``num_workers=0``); pass to ``load_state_dict`` to resume."""
         return self.loader().state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state`` on the next iteration."""
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Resume from ``state`` on the next iteration; a list of every rank's
+        states of a job with another world size resumes elastically."""
         if self._loader is not None:
             self._loader.load_state_dict(state)
+            self.epoch = self._loader.epoch
         else:
             self._state = state
-        self.epoch = int(state["epoch"])
+            first = state[0] if isinstance(state, list) else state
+            self.epoch = int(first["epoch"])
 
     def __len__(self) -> int:
         return len(self.loader())

@@ -25,7 +25,10 @@ use pyo3::types::{PyDict, PyTuple};
 use shardfeed_format::fault::FaultConfig;
 use shardfeed_format::size::parse_size;
 use shardfeed_format::{FormatError, Location};
-use shardfeed_loader::{Batch, Loader, LoaderBuilder, LoaderError, LoaderState};
+use shardfeed_loader::{
+    Batch, Loader, LoaderBuilder, LoaderError, LoaderState, Mixture, MixtureBuilder, MixtureState,
+    PackMode,
+};
 use shardfeed_preprocess::{InputFormat, PreprocessError, ShardOptions};
 
 /// The extension's own allocations (decoded row groups, slabs) use mimalloc,
@@ -177,20 +180,103 @@ fn storage_pairs(options: Option<StorageOptions>) -> Vec<(String, String)> {
     }
 }
 
+/// A plain loader, or a mixture (several datasets, or packing).
+enum AnyLoader {
+    Plain(Box<Loader>),
+    Mix(Box<Mixture>),
+}
+
+/// What builds an [`AnyLoader`] (again, in a forked child).
+#[derive(Clone)]
+enum AnyBuilder {
+    Plain(LoaderBuilder),
+    Mix(MixtureBuilder),
+}
+
+/// Either kind of state.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum AnyState {
+    Plain(LoaderState),
+    Mix(Box<MixtureState>),
+}
+
+impl AnyBuilder {
+    fn build(&self) -> Result<AnyLoader, LoaderError> {
+        Ok(match self {
+            AnyBuilder::Plain(b) => AnyLoader::Plain(Box::new(b.clone().build()?)),
+            AnyBuilder::Mix(b) => AnyLoader::Mix(Box::new(b.clone().build()?)),
+        })
+    }
+}
+
+impl AnyLoader {
+    fn state(&self) -> AnyState {
+        match self {
+            AnyLoader::Plain(l) => AnyState::Plain(l.state()),
+            AnyLoader::Mix(m) => AnyState::Mix(Box::new(m.state())),
+        }
+    }
+
+    /// Resume from one state (JSON text) or, for a mixture, every rank's.
+    fn resume(&mut self, states: &[String], allow_changed: bool) -> Result<(), LoaderError> {
+        match self {
+            AnyLoader::Plain(l) => match states {
+                [one] => l.resume(&LoaderState::from_json(one)?),
+                many => {
+                    let parsed = many
+                        .iter()
+                        .map(|t| LoaderState::from_json(t))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    l.resume_elastic(&parsed)
+                }
+            },
+            AnyLoader::Mix(m) => {
+                let parsed = states
+                    .iter()
+                    .map(|t| MixtureState::from_json(t))
+                    .collect::<Result<Vec<_>, _>>()?;
+                match parsed.as_slice() {
+                    [one] if allow_changed => m.resume_changed(one),
+                    many => m.resume_elastic(many),
+                }
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        match self {
+            AnyLoader::Plain(l) => l.stop(),
+            AnyLoader::Mix(m) => m.stop(),
+        }
+    }
+
+    fn next_interruptible(
+        &mut self,
+        interrupted: impl FnMut() -> bool,
+    ) -> Option<Result<Batch, LoaderError>> {
+        match self {
+            AnyLoader::Plain(l) => l.next_interruptible(interrupted),
+            AnyLoader::Mix(m) => m.next_interruptible(interrupted),
+        }
+    }
+}
+
 struct Inner {
-    loader: Option<Loader>,
+    loader: Option<AnyLoader>,
     closed: bool,
 }
 
-/// Streams a shardfeed dataset as batches: `dict[str, numpy.ndarray]` whose
-/// arrays are zero-copy views of one pooled (pinned when CUDA is present)
-/// slab. Iterating yields the current epoch's batches for this rank; the next
-/// iteration continues with the following epoch unless `set_epoch` is called.
+/// Streams a shardfeed dataset (or a weighted mixture of several) as
+/// batches: `dict[str, numpy.ndarray]` whose arrays are zero-copy views of
+/// one pooled (pinned when CUDA is present) slab. Iterating yields the
+/// current epoch's batches for this rank; the next iteration continues with
+/// the following epoch unless `set_epoch` is called.
 #[pyclass(name = "Loader", module = "shardfeed._native", frozen)]
 struct PyLoader {
     /// Everything `Loader(...)` was given, kept to rebuild the loader in a
     /// forked child.
-    builder: LoaderBuilder,
+    builder: AnyBuilder,
     /// The process that built `inner`'s threads; another pid means we are a
     /// forked child whose copy of the loader has no threads.
     pid: AtomicU32,
@@ -211,10 +297,10 @@ impl PyLoader {
             if let Some(old) = inner.loader.take() {
                 // Its threads and runtime exist only in the parent: never
                 // join or drop them here. Continue where the parent was.
-                let state = old.state();
+                let state = serde_json::to_string(&old.state()).expect("states serialize");
                 std::mem::forget(old);
-                let mut fresh = self.builder.clone().build().map_err(loader_error)?;
-                fresh.resume(&state).map_err(loader_error)?;
+                let mut fresh = self.builder.build().map_err(loader_error)?;
+                fresh.resume(&[state], false).map_err(loader_error)?;
                 inner.loader = Some(fresh);
             }
             self.pid.store(me, Ordering::SeqCst);
@@ -225,7 +311,7 @@ impl PyLoader {
             .map_err(|_| ShardfeedError::new_err("the loader is unusable after a panic"))
     }
 
-    fn with_loader<T>(&self, f: impl FnOnce(&mut Loader) -> PyResult<T>) -> PyResult<T> {
+    fn with_any<T>(&self, f: impl FnOnce(&mut AnyLoader) -> PyResult<T>) -> PyResult<T> {
         let mut inner = self.lock()?;
         if inner.closed {
             return Err(ShardfeedError::new_err("the loader is closed"));
@@ -255,12 +341,14 @@ impl PyLoader {
         storage_options=None, cache_dir=None, *, cache_limit=None, window=None, byte_budget=None,
         pinning="auto", io_concurrency=None, inject_latency_ms=None, inject_failure_rate=None,
         on_error="fail", max_skipped=None, trace=None,
-        slow_warning=Some(shardfeed_loader::DEFAULT_SLOW_WARNING),
+        slow_warning=Some(shardfeed_loader::DEFAULT_SLOW_WARNING), pack_to=None, pack_mode="split",
+        pack_column=None, eos_id=None, pad_id=0, pack_window=None, max_segments=None,
+        mix_stop="first_exhausted", read_batch=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        url: String,
+        url: &Bound<'_, PyAny>,
         batch_size: usize,
         columns: Option<Vec<String>>,
         shuffle: bool,
@@ -286,8 +374,41 @@ impl PyLoader {
         max_skipped: Option<u64>,
         trace: Option<PathBuf>,
         slow_warning: Option<(f64, u64)>,
+        pack_to: Option<usize>,
+        pack_mode: &str,
+        pack_column: Option<String>,
+        eos_id: Option<i32>,
+        pad_id: i32,
+        pack_window: Option<usize>,
+        max_segments: Option<usize>,
+        mix_stop: &str,
+        read_batch: Option<usize>,
     ) -> PyResult<Self> {
-        let mut b = Loader::builder(&url)
+        // A str is one dataset; a dict maps datasets to weights.
+        let sources: Option<Vec<(String, f64)>> = match url.extract::<String>() {
+            Ok(_) => None,
+            Err(_) => Some(
+                url.extract::<std::collections::BTreeMap<String, f64>>()
+                    .map_err(|_| bad_option("url", "must be a str, or a dict of str to weight"))?
+                    .into_iter()
+                    .collect(),
+            ),
+        };
+        // Keep the dict's order (BTreeMap sorts): read it again as pairs.
+        let sources = match sources {
+            None => None,
+            Some(_) => Some(
+                url.call_method0("items")?
+                    .try_iter()?
+                    .map(|item| item?.extract::<(String, f64)>())
+                    .collect::<PyResult<Vec<_>>>()?,
+            ),
+        };
+        let first = match &sources {
+            Some(list) => list.first().map(|s| s.0.clone()).unwrap_or_default(),
+            None => url.extract::<String>()?,
+        };
+        let mut b = Loader::builder(&first)
             .batch_size(batch_size)
             .shuffle(shuffle)
             .seed(seed)
@@ -347,10 +468,45 @@ impl PyLoader {
                 ..FaultConfig::default()
             });
         }
-        let builder = b;
-        let loader = py
-            .detach(|| builder.clone().build())
-            .map_err(loader_error)?;
+        let mixing = sources.is_some() || pack_to.is_some();
+        let builder = if mixing {
+            let list = sources.unwrap_or_else(|| vec![(first.clone(), 1.0)]);
+            let mut m = Loader::builder_mixture(list)
+                .configure(|_| b)
+                .mix_stop(mix_stop.parse().map_err(loader_error)?);
+            if let Some(n) = read_batch {
+                m = m.read_batch(n);
+            }
+            if let Some(length) = pack_to {
+                let mut options = shardfeed_loader::PackOptions::new(length);
+                options.mode = pack_mode.parse::<PackMode>().map_err(loader_error)?;
+                options.eos_id = eos_id;
+                options.pad_id = pad_id;
+                if let Some(w) = pack_window {
+                    options.window = w;
+                }
+                options.max_segments = max_segments;
+                m = m.pack(options);
+                if let Some(c) = pack_column {
+                    m = m.pack_column(c);
+                }
+            } else if pack_column.is_some() || eos_id.is_some() || pack_window.is_some() {
+                return Err(bad_option(
+                    "pack_to",
+                    "pack_column, eos_id and pack_window need pack_to",
+                ));
+            }
+            AnyBuilder::Mix(m)
+        } else {
+            if mix_stop != "first_exhausted" || read_batch.is_some() {
+                return Err(bad_option(
+                    "mix_stop",
+                    "mix_stop and read_batch apply to mixtures (a dict of datasets) and packing",
+                ));
+            }
+            AnyBuilder::Plain(b)
+        };
+        let loader = py.detach(|| builder.build()).map_err(loader_error)?;
         Ok(PyLoader {
             builder,
             pid: AtomicU32::new(std::process::id()),
@@ -368,7 +524,7 @@ impl PyLoader {
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let mut signal: Option<PyErr> = None;
         let next = py.detach(|| {
-            self.with_loader(|loader| {
+            self.with_any(|loader| {
                 Ok(loader.next_interruptible(|| {
                     Python::attach(|py| match py.check_signals() {
                         Ok(()) => false,
@@ -390,17 +546,36 @@ impl PyLoader {
         }
     }
 
-    /// Batches per epoch for this rank (the same on every rank).
+    /// Batches per epoch for this rank (the same on every rank). A packed
+    /// loader, or a mixture with `mix_stop="never"`, has no length
+    /// (`TypeError`): its epochs end with its documents' tokens.
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        py.detach(|| self.with_loader(|l| Ok(l.len() as usize)))
+        let len = py.detach(|| {
+            self.with_any(|l| {
+                Ok(match l {
+                    AnyLoader::Plain(l) => Some(l.len()),
+                    AnyLoader::Mix(m) => m.len(),
+                })
+            })
+        })?;
+        len.map(|n| n as usize).ok_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err(
+                "this loader's epochs have no length known ahead (packing, or mix_stop=\"never\")",
+            )
+        })
     }
 
-    /// Move to `epoch`, from its start (stops a pass in progress).
+    /// Move to `epoch`, from its start (stops a pass in progress). A mixture
+    /// accepts only its current epoch (a no-op): its epochs follow from its
+    /// sources.
     fn set_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<()> {
         py.detach(|| {
-            self.with_loader(|l| {
-                l.set_epoch(epoch);
-                Ok(())
+            self.with_any(|l| match l {
+                AnyLoader::Plain(l) => {
+                    l.set_epoch(epoch);
+                    Ok(())
+                }
+                AnyLoader::Mix(m) => m.set_epoch(epoch).map_err(loader_error),
             })
         })
     }
@@ -408,28 +583,100 @@ impl PyLoader {
     /// The current epoch.
     #[getter]
     fn epoch(&self, py: Python<'_>) -> PyResult<u64> {
-        py.detach(|| self.with_loader(|l| Ok(l.epoch())))
+        py.detach(|| {
+            self.with_any(|l| {
+                Ok(match l {
+                    AnyLoader::Plain(l) => l.epoch(),
+                    AnyLoader::Mix(m) => m.epoch(),
+                })
+            })
+        })
     }
 
     /// How the slabs were allocated: `"cuda"` (page-locked) or `"page-aligned"`.
     #[getter]
     fn pinning(&self, py: Python<'_>) -> PyResult<String> {
-        py.detach(|| self.with_loader(|l| Ok(l.pinning().name().to_string())))
+        py.detach(|| {
+            self.with_any(|l| {
+                Ok(match l {
+                    AnyLoader::Plain(l) => l.pinning(),
+                    AnyLoader::Mix(m) => m.pinning(),
+                }
+                .name()
+                .to_string())
+            })
+        })
     }
 
-    /// Where the loader is: a small dict for `load_state_dict` (under 1 KB as JSON).
+    /// Where the loader is: a small dict for `load_state_dict` (under 1 KB as
+    /// JSON; a mixture's under 4 KB for 8 sources).
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let state = py.detach(|| self.with_loader(|l| Ok(l.state())))?;
+        let state = py.detach(|| self.with_any(|l| Ok(l.state())))?;
         to_python(py, &state)
     }
 
-    /// Continue exactly where `state_dict()` was taken.
-    fn load_state_dict(&self, py: Python<'_>, state: &Bound<'_, PyAny>) -> PyResult<()> {
-        let text: String = json_module(py)?
-            .call_method1("dumps", (state,))?
-            .extract()?;
-        let state = LoaderState::from_json(&text).map_err(loader_error)?;
-        py.detach(|| self.with_loader(|l| l.resume(&state).map_err(loader_error)))
+    /// Continue exactly where `state_dict()` was taken. `state` may also be
+    /// the list of every rank's `state_dict()` of a job with another world
+    /// size (an elastic resume): the rest of the epoch is split over the new
+    /// ranks. `allow_changed=True` (mixtures) starts sources whose dataset or
+    /// weight changed afresh instead of refusing the state.
+    #[pyo3(signature = (state, allow_changed=false))]
+    fn load_state_dict(
+        &self,
+        py: Python<'_>,
+        state: &Bound<'_, PyAny>,
+        allow_changed: bool,
+    ) -> PyResult<()> {
+        let json = json_module(py)?;
+        let texts: Vec<String> = if state.is_instance_of::<pyo3::types::PyList>()
+            || state.is_instance_of::<pyo3::types::PyTuple>()
+        {
+            state
+                .try_iter()?
+                .map(|s| json.call_method1("dumps", (s?,))?.extract())
+                .collect::<PyResult<_>>()?
+        } else {
+            vec![json.call_method1("dumps", (state,))?.extract()?]
+        };
+        if texts.is_empty() {
+            return Err(bad_option("state", "an empty list of states"));
+        }
+        py.detach(|| self.with_any(|l| l.resume(&texts, allow_changed).map_err(loader_error)))
+    }
+
+    /// Change a mixture's weights (a dict of dataset to weight, or a list in
+    /// the sources' order) from the next batch on; recorded in the state.
+    fn set_weights(&self, py: Python<'_>, weights: &Bound<'_, PyAny>) -> PyResult<()> {
+        let given: Vec<f64> = match weights.extract::<Vec<f64>>() {
+            Ok(list) => list,
+            Err(_) => {
+                let map: std::collections::HashMap<String, f64> = weights
+                    .extract()
+                    .map_err(|_| bad_option("weights", "a dict of dataset to weight, or a list"))?;
+                let AnyBuilder::Mix(_) = &self.builder else {
+                    return Err(bad_option("weights", "only a mixture has weights"));
+                };
+                let urls = py.detach(|| {
+                    self.with_any(|l| match l {
+                        AnyLoader::Mix(m) => Ok(m.source_urls()),
+                        AnyLoader::Plain(_) => Ok(Vec::new()),
+                    })
+                })?;
+                if map.len() != urls.len() || urls.iter().any(|u| !map.contains_key(u)) {
+                    return Err(bad_option(
+                        "weights",
+                        format!("name every source once: {urls:?}"),
+                    ));
+                }
+                urls.iter().map(|u| map[u]).collect()
+            }
+        };
+        py.detach(|| {
+            self.with_any(|l| match l {
+                AnyLoader::Mix(m) => m.set_weights(&given).map_err(loader_error),
+                AnyLoader::Plain(_) => Err(bad_option("weights", "only a mixture has weights")),
+            })
+        })
     }
 
     /// The counters in Prometheus's text exposition format (`shardfeed_*`,
@@ -437,14 +684,31 @@ impl PyLoader {
     /// endpoint; `shardfeed.metrics.LoaderCollector` registers it with
     /// `prometheus_client`.
     fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
-        py.detach(|| self.with_loader(|l| Ok(l.metrics_text())))
+        py.detach(|| {
+            self.with_any(|l| {
+                Ok(match l {
+                    AnyLoader::Plain(l) => l.metrics_text(),
+                    AnyLoader::Mix(m) => m.metrics_text(),
+                })
+            })
+        })
     }
 
     /// Counters: rows, bytes, batches, time to first batch, wait and busy
-    /// times (seconds), queue depths, retries, pinning and pool size.
+    /// times (seconds), queue depths, retries, pinning and pool size. A
+    /// mixture's: batches, rows, documents per source, packed and padding
+    /// tokens, and each source's loader counters under `sources`.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let stats = py.detach(|| self.with_loader(|l| Ok(l.stats())))?;
-        to_python(py, &stats)
+        let value = py.detach(|| {
+            self.with_any(|l| {
+                Ok(match l {
+                    AnyLoader::Plain(l) => serde_json::to_value(l.stats()),
+                    AnyLoader::Mix(m) => serde_json::to_value(m.stats()),
+                }
+                .expect("stats serialize"))
+            })
+        })?;
+        to_python(py, &value)
     }
 
     /// Stop every thread and release the pool. Batches still held stay valid.

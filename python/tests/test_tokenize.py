@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -91,3 +92,35 @@ def test_the_tokenized_dataset_loads_and_resumes(tokenized):
     resumed = shardfeed.Loader(str(out), 64, seed=9, drop_last=False, columns=["id", "input_ids"])
     resumed.load_state_dict(state)
     assert [sorted(rows_of(b)) for b in resumed] == after
+
+
+def test_the_tokenized_dataset_packs_with_one_eos_at_each_document_end(tokenized):
+    tok_file, docs, out, summary = tokenized
+    eos = tokenizers.Tokenizer.from_file(str(tok_file)).token_to_id("<|endoftext|>")
+    length = 128
+    options = dict(batch_size=8, pack_to=length, seed=4, drop_last=False, threads=2)
+    packed = shardfeed.Loader(str(out), **options)
+    batches = [{k: v.copy() for k, v in b.items()} for b in packed]
+    ids = np.concatenate([b["input_ids"].reshape(-1) for b in batches])
+    pos = np.concatenate([b["position_ids"].reshape(-1) for b in batches])
+    seg = np.concatenate([b["segment_ids"].reshape(-1) for b in batches])
+    real = seg != 0
+    assert real.sum() == summary["tokens"]  # every token once
+    # Split the stream into documents where positions restart: each ends with
+    # its only eos.
+    ids, pos = ids[real], pos[real]
+    starts = np.flatnonzero(pos == 0)
+    assert len(starts) == DOCS
+    for a, z in zip(starts, list(starts[1:]) + [len(ids)]):
+        doc = ids[a:z]
+        assert doc[-1] == eos and (doc == eos).sum() == 1
+    # Resume mid-epoch continues with the same packed rows.
+    again = shardfeed.Loader(str(out), **options)
+    for _ in range(25):
+        next(again)
+    state = again.state_dict()
+    resumed = shardfeed.Loader(str(out), **options)
+    resumed.load_state_dict(state)
+    rest = [b["input_ids"].copy() for b in resumed]
+    assert all((a == b["input_ids"]).all() for a, b in zip(rest, batches[25:]))
+    assert len(rest) == len(batches) - 25

@@ -1,0 +1,204 @@
+"""Mixtures, packing and their state from Python: `Loader({url: weight, ...}, pack_to=L)`,
+`state_dict()` / `load_state_dict()` (in a new process, and with another world size),
+`set_weights`, and refusals that name what changed.
+
+Token `t` of document `d` of source `s` is `(s + 1) * 10**8 + d * 1000 + t`, so every check
+reads the packed batches alone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import shardfeed
+from conftest import make_dataset
+
+L = 64
+SIZES = (600, 300, 120)
+
+
+def doc_len(s: int, d: int) -> int:
+    return (d * 7919 + s * 104729) % (3 * L) + 1
+
+
+def source_table(s: int, docs: int) -> pa.Table:
+    tokens = [
+        [(s + 1) * 10**8 + d * 1000 + t for t in range(doc_len(s, d))] for d in range(docs)
+    ]
+    return pa.table(
+        {
+            "id": pa.array(np.arange(docs, dtype=np.int64)),
+            "input_ids": pa.array(tokens, type=pa.list_(pa.int32())),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, float]:
+    urls = []
+    for s, n in enumerate(SIZES):
+        root = tmp_path_factory.mktemp(f"source{s}")
+        urls.append(make_dataset(root, source_table(s, n), 2, row_group_rows=16, shard_size="32KiB"))
+    return dict(zip(urls, (0.6, 0.3, 0.1)))
+
+
+def decode(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    t = tokens.astype(np.int64)
+    return t // 10**8 - 1, t % 10**8 // 1000, t % 1000
+
+
+def check(batch: dict[str, np.ndarray]) -> None:
+    """The packed buffers agree with each other and with the tokens."""
+    ids, pos, seg = batch["input_ids"], batch["position_ids"], batch["segment_ids"]
+    cu, src = batch["cu_seqlens"], batch["source"]
+    assert ids.dtype == np.int32 and ids.shape[1] == L and pos.shape == ids.shape
+    assert cu[0] == 0 and cu[-1] == ids.size and len(src) == len(cu) - 1
+    flat_ids, flat_pos, flat_seg = ids.reshape(-1), pos.reshape(-1), seg.reshape(-1)
+    for k in range(len(cu) - 1):
+        a, z = int(cu[k]), int(cu[k + 1])
+        assert a // L == (z - 1) // L, "a segment stays in its row"
+        if flat_seg[a] == 0:
+            assert src[k] == -1
+            continue
+        s, _, t = decode(flat_ids[a:z][flat_ids[a:z] != -1])
+        assert (s == src[k]).all()
+        assert (t == flat_pos[a:z][: len(t)]).all()
+
+
+def documents(batches) -> dict[tuple[int, int], list[int]]:
+    docs: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for b in batches:
+        keep = (b["segment_ids"] != 0) & (b["input_ids"] != -1)
+        s, d, t = decode(b["input_ids"][keep])
+        for key, off in zip(zip(s.tolist(), d.tolist()), t.tolist()):
+            docs[key].append(off)
+    return docs
+
+
+def loader(sources, **options):
+    base = dict(batch_size=4, pack_to=L, eos_id=-1, seed=3, threads=2, drop_last=False)
+    base.update(options)
+    return shardfeed.Loader(sources, **base)
+
+
+def test_packed_mixture_has_every_token_of_every_document_once(sources):
+    m = loader(sources, mix_stop="all_exhausted")
+    batches = [{k: v.copy() for k, v in b.items()} for b in m]
+    for b in batches:
+        check(b)
+    docs = documents(batches)
+    for (s, d), offsets in docs.items():
+        # all_exhausted repeats the smaller sources: a whole number of copies.
+        n = doc_len(s, d)
+        assert sorted(offsets) == sorted(list(range(n)) * (len(offsets) // n)), (s, d)
+    for s, n in enumerate(SIZES):
+        assert all((s, d) in docs for d in range(n)), f"source {s} was not read to its end"
+    stats = m.stats()
+    assert stats["tokens"] == sum(b["input_ids"].size for b in batches)
+    with pytest.raises(TypeError):
+        len(m)  # packed: the epoch's length depends on the tokens
+
+
+def digest(batches) -> list[str]:
+    return [
+        hashlib.sha256(b"".join(np.ascontiguousarray(b[k]).tobytes() for k in sorted(b))).hexdigest()
+        for b in batches
+    ]
+
+
+RESUME = """
+import json, sys, hashlib
+import numpy as np
+import shardfeed
+sources, options, state, n = json.loads(sys.stdin.read())
+m = shardfeed.Loader(sources, **options)
+m.load_state_dict(state)
+for _ in range(n):
+    b = next(m)
+    print(hashlib.sha256(b"".join(np.ascontiguousarray(b[k]).tobytes() for k in sorted(b))).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("pack_mode", ["split", "fit"])
+def test_resume_in_a_new_process_continues_exactly(sources, pack_mode):
+    options = dict(batch_size=4, pack_to=L, eos_id=-1, seed=3, threads=2, mix_stop="never",
+                   pack_mode=pack_mode, pack_window=40)
+    reference = shardfeed.Loader(sources, **options)
+    whole = digest(next(reference) for _ in range(30))
+    first = shardfeed.Loader(sources, **options)
+    head = digest(next(first) for _ in range(11))
+    state = first.state_dict()
+    assert len(json.dumps(state)) < 4096
+    out = subprocess.run(
+        [sys.executable, "-c", RESUME],
+        input=json.dumps([sources, options, state, 19]),
+        capture_output=True, text=True, check=True,
+        cwd=Path(__file__).parent,
+    )
+    assert head + out.stdout.split() == whole
+
+
+def test_elastic_resume_from_every_rank_state(sources):
+    old, new = 2, 3
+    seen = []
+    states = []
+    for rank in range(old):
+        m = loader(sources, rank=rank, world_size=old)
+        seen += [{k: v.copy() for k, v in next(m).items()} for _ in range(15)]
+        states.append(m.state_dict())
+    for rank in range(new):
+        m = loader(sources, rank=rank, world_size=new)
+        m.load_state_dict(states)
+        seen += [{k: v.copy() for k, v in b.items()} for b in m]
+    tokens = np.concatenate([b["input_ids"][(b["segment_ids"] != 0) & (b["input_ids"] != -1)]
+                             for b in seen])
+    assert len(np.unique(tokens)) == len(tokens), "a token was read twice"
+    docs = documents(seen)
+    partial = [k for k, v in docs.items() if len(v) != doc_len(*k)]
+    assert len(partial) <= 2 * old, partial
+
+
+def test_set_weights_and_refused_states_name_what_changed(sources, tmp_path):
+    urls = list(sources)
+    unpacked = shardfeed.Loader(sources, batch_size=50, seed=1, threads=2, mix_stop="never")
+    first = next(unpacked)
+    assert first["source"].dtype == np.int32 and set(first) >= {"id", "input_ids", "source"}
+    unpacked.set_weights({urls[0]: 0.0, urls[1]: 1.0, urls[2]: 0.0})
+    assert (next(unpacked)["source"] == 1).all()
+    state = unpacked.state_dict()
+    assert state["weights"] == [0.0, 1.0, 0.0]
+
+    other = make_dataset(tmp_path, source_table(2, 50), 1, row_group_rows=16)
+    changed = {urls[0]: 0.6, urls[1]: 0.3, other: 0.1}
+    m = shardfeed.Loader(changed, batch_size=50, seed=1, threads=2, mix_stop="never")
+    with pytest.raises(ValueError, match="source 2"):
+        m.load_state_dict(state)
+    m.load_state_dict(state, allow_changed=True)  # the changed source starts afresh
+    reweighted = {urls[0]: 0.5, urls[1]: 0.4, urls[2]: 0.1}
+    m = shardfeed.Loader(reweighted, batch_size=50, seed=1, threads=2, mix_stop="never")
+    with pytest.raises(ValueError, match="weight 0.6 in the state but 0.5"):
+        m.load_state_dict(state)
+
+
+def test_a_single_dataset_packs_and_torch_takes_mixtures(sources):
+    url = next(iter(sources))
+    single = shardfeed.Loader(url, batch_size=2, pack_to=L, drop_last=False, threads=2)
+    batches = [{k: v.copy() for k, v in b.items()} for b in single]
+    assert (np.concatenate([b["source"] for b in batches]) <= 0).all()
+    docs = documents(batches)
+    assert len(docs) == SIZES[0] and all(len(v) == doc_len(*k) for k, v in docs.items())
+
+    torch = pytest.importorskip("torch")
+    from shardfeed.torch import IterableDataset
+
+    ds = IterableDataset(sources, batch_size=2, pack_to=L, threads=2, mix_stop="never")
+    batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=None)))
+    assert batch["input_ids"].shape == (2, L) and batch["input_ids"].dtype == torch.int32
