@@ -9,14 +9,16 @@ use serde::Serialize;
 use shardfeed_format::fault::FaultConfig;
 use shardfeed_format::size::parse_size;
 use shardfeed_loader::{
-    DecodePaths, Loader, Mixing, OnError, PinningMode, SkippedRowGroup, StageStats, Stats,
+    DecodePaths, Loader, LoaderBuilder, MixStop, Mixing, MixtureStats, OnError, PackMode,
+    PackOptions, PinningMode, SkippedRowGroup, StageStats, Stats,
 };
 
 /// Arguments of `bench`.
 #[derive(Args, Clone)]
 pub struct BenchArgs {
-    /// Dataset URL or path.
-    pub dataset: String,
+    /// Dataset URL or path (optional with --mix).
+    #[arg(required_unless_present = "mix")]
+    pub dataset: Option<String>,
     /// Rows per batch.
     #[arg(long, default_value_t = 256)]
     pub batch_size: usize,
@@ -90,6 +92,40 @@ pub struct BenchArgs {
     /// depths, and the run's settings.
     #[arg(long)]
     pub report: Option<std::path::PathBuf>,
+    /// Blend datasets by weight (shares of rows), URL=WEIGHT; repeatable.
+    /// With the positional dataset too, it is the first source (weight 1).
+    #[arg(long = "mix", value_name = "URL=WEIGHT", value_parser = mix_source)]
+    pub mix: Vec<(String, f64)>,
+    /// When a mixture's epoch ends: first_exhausted, all_exhausted or never
+    /// (then stop after --max-batches).
+    #[arg(long, default_value = "first_exhausted")]
+    pub mix_stop: String,
+    /// Pack the token-list column into rows of this many tokens.
+    #[arg(long)]
+    pub pack_to: Option<usize>,
+    /// split (documents cut at row ends) or fit (whole documents best-fit, padded).
+    #[arg(long, default_value = "split")]
+    pub pack_mode: String,
+    /// Token appended after every packed document.
+    #[arg(long)]
+    pub eos_id: Option<i32>,
+    /// Documents per best-fit window (--pack-mode fit).
+    #[arg(long)]
+    pub pack_window: Option<usize>,
+    /// Stop after this many batches (in all).
+    #[arg(long)]
+    pub max_batches: Option<u64>,
+}
+
+fn mix_source(text: &str) -> Result<(String, f64), String> {
+    let (url, weight) = text
+        .rsplit_once('=')
+        .ok_or_else(|| "expected URL=WEIGHT".to_string())?;
+    let weight: f64 = weight
+        .trim()
+        .parse()
+        .map_err(|_| format!("{weight:?} is not a number"))?;
+    Ok((url.to_string(), weight))
 }
 
 /// What `bench` measured.
@@ -148,9 +184,9 @@ pub struct BenchReport {
     pub stats: Stats,
 }
 
-/// Stream the dataset and measure.
-pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
-    let mut builder = Loader::builder(&args.dataset);
+/// The loader options of `args` for the dataset at `url`.
+fn loader_builder(args: &BenchArgs, url: &str) -> Result<LoaderBuilder> {
+    let mut builder = Loader::builder(url);
     for (key, value) in &args.storage_options {
         builder = builder.storage_option(key, value);
     }
@@ -194,7 +230,16 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     if let Some(path) = &args.trace {
         builder = builder.trace(path);
     }
-    let mut loader = builder.build()?;
+    Ok(builder)
+}
+
+/// Stream the dataset and measure.
+pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
+    let url = args
+        .dataset
+        .as_deref()
+        .context("name a dataset, or sources with --mix")?;
+    let mut loader = loader_builder(args, url)?.build()?;
     let step = args.step_ms.map(|ms| Duration::from_secs_f64(ms / 1000.0));
     let mut timeline = args.report.as_ref().map(|_| Timeline::default());
     let started = Instant::now();
@@ -224,12 +269,18 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
                 std::thread::sleep(step);
             }
             drop(batch);
+            if args
+                .max_batches
+                .is_some_and(|n| loader.stats().batches >= n)
+            {
+                break;
+            }
         }
     }
     let seconds = started.elapsed().as_secs_f64();
     let stats = loader.stats();
     let report = BenchReport {
-        dataset: shardfeed_format::redact::url(&args.dataset),
+        dataset: shardfeed_format::redact::url(url),
         rows: stats.rows,
         bytes: stats.bytes,
         batches: stats.batches,
@@ -367,6 +418,151 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
         report.stats.slabs,
         shardfeed_format::size::format_size(report.stats.slab_bytes as u64),
         report.stats.pinning,
+        report
+            .peak_rss_bytes
+            .map(shardfeed_format::size::format_size)
+            .unwrap_or_else(|| "unknown".into())
+    );
+    Ok(())
+}
+
+/// What `bench --mix` / `--pack-to` measured.
+#[derive(Serialize)]
+pub struct MixReport {
+    /// The sources and their weights.
+    pub sources: Vec<(String, f64)>,
+    /// Rows yielded (packed rows when packing, else documents).
+    pub rows: u64,
+    /// Batches yielded.
+    pub batches: u64,
+    /// Mixture epochs streamed.
+    pub epochs: u64,
+    /// Wall time.
+    pub seconds: f64,
+    /// Rows per second.
+    pub rows_per_s: f64,
+    /// Tokens per second (packed tokens, padding excluded; unpacked: the
+    /// tokens of the list column read).
+    pub tokens_per_s: f64,
+    /// Share of the packed tokens that are padding.
+    pub padding_fraction: f64,
+    /// Documents drawn from each source, as shares of all.
+    pub shares: Vec<f64>,
+    /// From the first `next()` to the first batch.
+    pub time_to_first_batch_ms: f64,
+    /// Peak resident memory of the process.
+    pub peak_rss_bytes: Option<u64>,
+    /// The mixture's counters (each source's loader's among them).
+    pub stats: MixtureStats,
+}
+
+/// Stream a mixture (or one packed dataset) and measure.
+pub fn measure_mix(args: &BenchArgs) -> Result<MixReport> {
+    let mut sources = args.mix.clone();
+    if let Some(url) = &args.dataset {
+        sources.insert(0, (url.clone(), 1.0));
+    }
+    let template = loader_builder(args, &sources[0].0)?;
+    let mut builder = Loader::builder_mixture(sources.clone())
+        .configure(|_| template)
+        .mix_stop(args.mix_stop.parse::<MixStop>()?);
+    if let Some(length) = args.pack_to {
+        let mut options = PackOptions::new(length);
+        options.mode = args.pack_mode.parse::<PackMode>()?;
+        options.eos_id = args.eos_id;
+        if let Some(w) = args.pack_window {
+            options.window = w;
+        }
+        builder = builder.pack(options);
+    }
+    let mut mixture = builder.build()?;
+    let never = args.mix_stop == "never";
+    if never && args.max_batches.is_none() {
+        anyhow::bail!("--mix-stop never needs --max-batches");
+    }
+    let started = Instant::now();
+    let mut tokens = 0u64;
+    let mut epochs = 0;
+    let mut batches = 0u64;
+    'epochs: while epochs < args.epochs || never {
+        while let Some(batch) = mixture.next() {
+            let batch = batch?;
+            if args.pack_to.is_none() {
+                // Unpacked: count the tokens of the list columns read.
+                for column in batch.columns() {
+                    if let shardfeed_loader::ColumnLayout::Ragged { values, .. } = &column.layout {
+                        tokens += values.len() as u64;
+                    }
+                }
+            }
+            drop(batch);
+            batches += 1;
+            if args.max_batches.is_some_and(|n| batches >= n) {
+                break 'epochs;
+            }
+        }
+        epochs += 1;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let stats = mixture.stats();
+    if args.pack_to.is_some() {
+        tokens = stats.tokens - stats.padding_tokens;
+    }
+    let documents: u64 = stats.documents.iter().sum();
+    Ok(MixReport {
+        sources: sources
+            .iter()
+            .map(|(u, w)| (shardfeed_format::redact::url(u), *w))
+            .collect(),
+        rows: stats.rows,
+        batches: stats.batches,
+        epochs,
+        seconds,
+        rows_per_s: stats.rows as f64 / seconds,
+        tokens_per_s: tokens as f64 / seconds,
+        padding_fraction: stats.padding_tokens as f64 / stats.tokens.max(1) as f64,
+        shares: stats
+            .documents
+            .iter()
+            .map(|&d| d as f64 / documents.max(1) as f64)
+            .collect(),
+        time_to_first_batch_ms: stats.first_batch_s * 1e3,
+        peak_rss_bytes: shardfeed_preprocess::peak_rss_bytes(),
+        stats,
+    })
+}
+
+/// Print a mixture report.
+pub fn print_mix(report: &MixReport, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        return Ok(());
+    }
+    println!(
+        "{} rows, {} batches in {:.2} s: {:.0} rows/s, {:.0} tokens/s; first batch after {:.1} ms",
+        report.rows,
+        report.batches,
+        report.seconds,
+        report.rows_per_s,
+        report.tokens_per_s,
+        report.time_to_first_batch_ms
+    );
+    for ((url, weight), share) in report.sources.iter().zip(&report.shares) {
+        println!(
+            "  {url}: weight {weight}, {:.2}% of documents",
+            100.0 * share
+        );
+    }
+    if report.stats.tokens > 0 {
+        println!(
+            "packed {} tokens, {:.2}% padding",
+            report.stats.tokens,
+            100.0 * report.padding_fraction
+        );
+    }
+    println!(
+        "consumer waited {:.2} s; peak RSS {}",
+        report.stats.wait_s,
         report
             .peak_rss_bytes
             .map(shardfeed_format::size::format_size)

@@ -435,7 +435,7 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
     }
     println!("stream: shuffled batches of 256 rows through the loader");
     let args = bench::BenchArgs {
-        dataset: dataset.display().to_string(),
+        dataset: Some(dataset.display().to_string()),
         batch_size: 256,
         columns: None,
         threads: 0,
@@ -458,6 +458,13 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         max_skipped: shardfeed_loader::DEFAULT_MAX_SKIPPED,
         trace: None,
         report: None,
+        mix: Vec::new(),
+        mix_stop: "first_exhausted".into(),
+        pack_to: None,
+        pack_mode: "split".into(),
+        eos_id: None,
+        pack_window: None,
+        max_batches: None,
     };
     bench::print(&bench::measure(&args)?, false)?;
     println!("dataset: {}", dataset.display());
@@ -512,6 +519,11 @@ fn main() -> ExitCode {
             storage_options,
         } => run_verify(&dataset, threads, json, &storage_options),
         Command::Generate(args) => generate::run(&args).map(|()| true),
+        Command::Bench(args) if !args.mix.is_empty() || args.pack_to.is_some() => {
+            bench::measure_mix(&args)
+                .and_then(|r| bench::print_mix(&r, args.json))
+                .map(|()| true)
+        }
         Command::Bench(args) => bench::measure(&args)
             .and_then(|r| bench::print(&r, args.json))
             .map(|()| true),
