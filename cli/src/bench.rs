@@ -485,7 +485,7 @@ pub fn measure_mix(args: &BenchArgs) -> Result<MixReport> {
     let mut epochs = 0;
     let mut batches = 0u64;
     'epochs: while epochs < args.epochs || never {
-        while let Some(batch) = mixture.next() {
+        for batch in mixture.by_ref() {
             let batch = batch?;
             if args.pack_to.is_none() {
                 // Unpacked: count the tokens of the list columns read.
