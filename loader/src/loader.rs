@@ -380,6 +380,15 @@ impl Loader {
             && self.pipeline.held.load(Ordering::SeqCst) >= self.pipeline.pool.size()
     }
 
+    /// Start the pass of the current epoch (fetching and decoding ahead)
+    /// without waiting for a batch; `next()` does it when needed.
+    pub(crate) fn start(&mut self) {
+        if self.pass.is_none() {
+            self.started.get_or_insert_with(Instant::now);
+            self.pass = Some(self.pipeline.launch(self.epoch, self.position, None));
+        }
+    }
+
     /// [`Iterator::next`] that calls `interrupted` about every 20 ms while it
     /// waits for a batch; when that returns `true` it gives up the wait with
     /// [`LoaderError::Interrupted`] and the pass goes on: the next call
@@ -388,10 +397,7 @@ impl Loader {
         &mut self,
         mut interrupted: impl FnMut() -> bool,
     ) -> Option<Result<Batch>> {
-        if self.pass.is_none() {
-            self.started.get_or_insert_with(Instant::now);
-            self.pass = Some(self.pipeline.launch(self.epoch, self.position, None));
-        }
+        self.start();
         let waited = Instant::now();
         let pass = self.pass.as_ref().expect("started above");
         let result = loop {

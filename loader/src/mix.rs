@@ -343,6 +343,11 @@ impl MixtureBuilder {
             };
             sources.push(build(i, projection)?);
         }
+        // Every source reads ahead at once: the first batch waits for the
+        // slowest source's first rows, not for each source in turn.
+        for s in &mut sources {
+            s.loader.start();
+        }
         let reference = sources[0].loader.projected_schema();
         for (i, s) in sources.iter().enumerate() {
             let schema = s.loader.projected_schema();
@@ -678,6 +683,7 @@ impl Source {
         state.epoch = epoch;
         state.position = position;
         self.loader.resume(&state)?;
+        self.loader.start();
         self.batch = None;
         self.next_row = 0;
         self.epoch = epoch;
