@@ -8,7 +8,9 @@ read by a fresh process, interleaved:
   * python-packing: `shardfeed.Loader({...}, batch_size=...)` unpacked, then packing in
     Python as LLM training scripts do: numpy concatenate (with an eos after each document)
     and cut into [B, L] rows (input_ids only: less work than the packed loader does);
-  * plain: one source alone through the plain loader (`bench URL`), for reference.
+  * packed-single: the largest source alone, packed (`bench URL --pack-to L`);
+  * plain: the same source through the plain loader (`bench URL`): packed-single / plain is
+    what packing itself costs, packed / plain what the mixture of three adds.
 
 Reports tokens per second (medians of --repeat runs, the order rotated each time) and the
 ratios.
@@ -21,9 +23,9 @@ PYTHON_PACK = r"""
 import sys, time, json
 import numpy as np
 import shardfeed
-sources, batch, length, threads, eos = json.loads(sys.argv[1])
+sources, batch, length, threads, eos, limit = json.loads(sys.argv[1])
 loader = shardfeed.Loader(sources, batch_size=64, columns=["input_ids"], threads=threads,
-                          drop_last=False)
+                          drop_last=False, mix_stop="never" if limit else "first_exhausted")
 t = time.perf_counter()
 buffer = np.empty(0, dtype=np.int32)
 tokens = 0
@@ -39,6 +41,8 @@ for b in loader:
         tokens += packed.size
         rows += batch
     buffer = buffer[n * batch * length:]
+    if limit and tokens >= limit:
+        break
 print(json.dumps({"seconds": time.perf_counter() - t, "tokens": tokens}))
 """
 
@@ -57,6 +61,9 @@ def main():
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=1,
+                   help="with more than 1: as many tokens as that many epochs (mixtures with "
+                        "--mix-stop never and --max-batches): the steady state")
     a = p.parse_args()
     os.makedirs(a.work, exist_ok=True)
     total_mb = float(a.size.rstrip("MB"))
@@ -75,14 +82,32 @@ def main():
     mix = [arg for u, w in weights.items() for arg in ("--mix", f"{u}={w}")]
     common = ["--threads", str(a.threads), "--columns", "input_ids", "--json"]
     eos = 0
+    stop = []
+    limit = 0
+    if a.epochs > 1:
+        # One epoch's batches and tokens, then N times as many with mix_stop never.
+        probe = run([a.bin, "bench", *mix, "--pack-to", str(a.pack_to), "--eos-id", str(eos),
+                     "--batch-size", str(a.batch_size), *common])
+        unprobe = run([a.bin, "bench", *mix, "--batch-size", "64", *common])
+        limit = a.epochs * probe["stats"]["tokens"]
+        stop = ["--mix-stop", "never"]
+    pack_stop = stop + (["--max-batches", str(a.epochs * probe["batches"])] if stop else [])
+    unpack_stop = stop + (["--max-batches", str(a.epochs * unprobe["batches"])] if stop else [])
+    epochs = ["--epochs", str(a.epochs)]
     runs = {
         "packed": lambda: run([a.bin, "bench", *mix, "--pack-to", str(a.pack_to), "--eos-id",
-                               str(eos), "--batch-size", str(a.batch_size), *common]),
-        "unpacked": lambda: run([a.bin, "bench", *mix, "--batch-size", "64", *common]),
+                               str(eos), "--batch-size", str(a.batch_size), *pack_stop,
+                               *common]),
+        "unpacked": lambda: run([a.bin, "bench", *mix, "--batch-size", "64", *unpack_stop,
+                                 *common]),
         "python-packing": lambda: run([sys.executable, "-c", PYTHON_PACK,
                                        json.dumps([weights, a.batch_size, a.pack_to,
-                                                   a.threads, eos])]),
-        "plain": lambda: run([a.bin, "bench", urls[0], "--batch-size", "64", *common]),
+                                                   a.threads, eos, limit])]),
+        "packed-single": lambda: run([a.bin, "bench", urls[0], "--pack-to", str(a.pack_to),
+                                      "--eos-id", str(eos), "--batch-size", str(a.batch_size),
+                                      *epochs, *common]),
+        "plain": lambda: run([a.bin, "bench", urls[0], "--batch-size", "64", *epochs,
+                              *common]),
     }
     results = {k: [] for k in runs}
     names = list(runs)
@@ -92,7 +117,7 @@ def main():
         order = names[rep % len(names):] + names[:rep % len(names)]
         for name in order:
             r = runs[name]()
-            if name in ("packed", "unpacked"):
+            if name in ("packed", "unpacked", "packed-single"):
                 results[name].append(r["tokens_per_s"])
             elif name == "python-packing":
                 results[name].append(r["tokens"] / r["seconds"])
@@ -103,6 +128,7 @@ def main():
     print(json.dumps({"tokens_per_s": med, "runs": results}, indent=1))
     print(f"packed / unpacked mixture: {med['packed'] / med['unpacked']:.2f}")
     print(f"packed / python packing:   {med['packed'] / med['python-packing']:.2f}")
+    print(f"packed-single / plain:     {med['packed-single'] / med['plain']:.2f}")
     print(f"packed / plain loader:     {med['packed'] / med['plain']:.2f}")
 
 

@@ -212,6 +212,16 @@ impl Out<'_> {
     }
 }
 
+/// `out[i] = first + i`, in 32-bit lanes (a 64-bit counter would halve the
+/// vector width).
+fn iota(out: &mut [i32], first: i32) {
+    let mut v = first;
+    for p in out {
+        *p = v;
+        v = v.wrapping_add(1);
+    }
+}
+
 /// The document being emitted in split mode: its tail continues in the
 /// next row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -374,9 +384,7 @@ impl Packer {
                     out.input_ids[at + own] = eos.expect("only eos is past the tokens");
                 }
                 segment += 1;
-                for (i, p) in out.position_ids[at..at + take].iter_mut().enumerate() {
-                    *p = (carry.offset + i) as i32;
-                }
+                iota(&mut out.position_ids[at..at + take], carry.offset as i32);
                 out.segment_ids[at..at + take].fill(segment);
                 out.segment(at + take, carry.source as i32);
                 col += take;
@@ -546,9 +554,7 @@ impl Packer {
                 let doc = self.chunk.docs[d];
                 let from = doc.start + first;
                 out.input_ids[at..at + len].copy_from_slice(&self.chunk.tokens[from..from + len]);
-                for (i, p) in out.position_ids[at..at + len].iter_mut().enumerate() {
-                    *p = (first + i) as i32;
-                }
+                iota(&mut out.position_ids[at..at + len], first as i32);
                 out.segment_ids[at..at + len].fill(segment as i32 + 1);
                 out.segment(at + len, doc.source as i32);
                 col += len;
