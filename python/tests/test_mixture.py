@@ -202,3 +202,16 @@ def test_a_single_dataset_packs_and_torch_takes_mixtures(sources):
     ds = IterableDataset(sources, batch_size=2, pack_to=L, threads=2, mix_stop="never")
     batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=None)))
     assert batch["input_ids"].shape == (2, L) and batch["input_ids"].dtype == torch.int32
+
+
+def test_the_jax_example_builds_global_batches(sources):
+    jax = pytest.importorskip("jax")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+    from jax_pretrain import global_batches, step
+
+    batches = global_batches(sources, 4, L, eos_id=-1, threads=2, seed=1)
+    first = next(batches)
+    assert first["input_ids"].shape == (4 * jax.process_count(), L)
+    reference = loader(sources, mix_stop="never", seed=1)
+    assert (np.asarray(first["input_ids"]) == next(reference)["input_ids"]).all()
+    assert int(step(next(batches))) > 0
