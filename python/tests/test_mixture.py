@@ -204,14 +204,31 @@ def test_a_single_dataset_packs_and_torch_takes_mixtures(sources):
     assert batch["input_ids"].shape == (2, L) and batch["input_ids"].dtype == torch.int32
 
 
-def test_the_jax_example_builds_global_batches(sources):
-    jax = pytest.importorskip("jax")
-    sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
-    from jax_pretrain import global_batches, step
+JAX_EXAMPLE = """
+import json, sys
+import numpy as np
+import jax
+sys.path.insert(0, sys.argv[2])
+from jax_pretrain import global_batches, step
+import shardfeed
+sources, length = json.loads(sys.argv[1])
+batches = global_batches(sources, 4, length, eos_id=-1, threads=2, seed=1)
+first = next(batches)
+assert first["input_ids"].shape == (4 * jax.process_count(), length)
+reference = shardfeed.Loader(sources, batch_size=4, pack_to=length, eos_id=-1, seed=1,
+                             threads=2, mix_stop="never")
+assert (np.asarray(first["input_ids"]) == next(reference)["input_ids"]).all()
+assert int(step(next(batches))) > 0
+print("ok")
+"""
 
-    batches = global_batches(sources, 4, L, eos_id=-1, threads=2, seed=1)
-    first = next(batches)
-    assert first["input_ids"].shape == (4 * jax.process_count(), L)
-    reference = loader(sources, mix_stop="never", seed=1)
-    assert (np.asarray(first["input_ids"]) == next(reference)["input_ids"]).all()
-    assert int(step(next(batches))) > 0
+
+def test_the_jax_example_builds_global_batches(sources):
+    # In a child: JAX's threads in this process would make later fork()s unsafe.
+    pytest.importorskip("jax")
+    examples = str(Path(__file__).parents[1] / "examples")
+    out = subprocess.run(
+        [sys.executable, "-c", JAX_EXAMPLE, json.dumps([sources, L]), examples],
+        capture_output=True, text=True, cwd=Path(__file__).parent,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
