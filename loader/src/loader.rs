@@ -293,38 +293,23 @@ impl Loader {
         }
         let mut states: Vec<&LoaderState> = states.iter().collect();
         states.sort_by_key(|s| s.rank);
+        let stops: Vec<crate::plan::Stop> = states
+            .iter()
+            .map(|st| crate::plan::Stop {
+                epoch: st.epoch,
+                position: st.position,
+                tokens: 0,
+                pending: &st.pending,
+            })
+            .collect();
         let lo = states.iter().map(|s| s.epoch).min().expect("states");
-        let hi = states.iter().map(|s| s.epoch).max().expect("states");
-        let mut pending = Vec::new();
-        for epoch in lo..=hi {
-            let mut rest = Vec::new();
-            for (r, st) in states.iter().enumerate() {
-                if st.epoch > epoch {
-                    continue;
-                }
-                let sequence = st
-                    .pending
-                    .iter()
-                    .find(|(e, _)| *e == epoch)
-                    .map(|(_, p)| p.clone())
-                    .unwrap_or_else(|| {
-                        vec![Piece {
-                            rank: r as u64,
-                            world: old_world,
-                            start: 0,
-                            end: self.rows_of_rank(epoch, r as u64, old_world),
-                        }]
-                    });
-                let from = if st.epoch == epoch { st.position } else { 0 };
-                rest.extend(crate::plan::slice(&sequence, from, u64::MAX));
-            }
-            let total: u64 = rest.iter().map(Piece::rows).sum();
-            let share = total / world;
-            pending.push((
-                epoch,
-                crate::plan::slice(&rest, rank * share, (rank + 1) * share),
-            ));
-        }
+        let pending: Vec<(u64, Vec<Piece>)> =
+            crate::plan::elastic_share(&stops, old_world, rank, world, |e, r, w| {
+                self.rows_of_rank(e, r, w)
+            })
+            .into_iter()
+            .map(|(epoch, pieces, _)| (epoch, pieces))
+            .collect();
         self.set_pending(&pending);
         self.epoch = lo;
         self.position = 0;

@@ -37,7 +37,7 @@ use crate::config::LoaderBuilder;
 use crate::loader::Loader;
 use crate::pack::{Carry, Docs, Out, PackMode, PackOptions, Packer, Tokens};
 use crate::pinned::{Pinning, Pool, SlabLease};
-use crate::plan::{Piece, slice};
+use crate::plan::{Piece, Stop, elastic_share};
 use crate::state::{PLAN_VERSION, STATE_VERSION};
 use crate::stats::Stats;
 use crate::{LoaderError, Result};
@@ -1076,6 +1076,17 @@ impl Mixture {
         Ok(())
     }
 
+    /// `f` of every source; empty when every list is (as states leave
+    /// elastic fields out when unused).
+    fn per_source<T>(&self, f: impl Fn(&Source) -> Vec<T>) -> Vec<Vec<T>> {
+        let lists: Vec<Vec<T>> = self.streams.sources.iter().map(f).collect();
+        if lists.iter().all(Vec::is_empty) {
+            Vec::new()
+        } else {
+            lists
+        }
+    }
+
     /// Where the mixture is; [`Mixture::resume`] continues from it.
     pub fn state(&self) -> MixtureState {
         let packing = self.packer.as_ref();
@@ -1120,36 +1131,20 @@ impl Mixture {
             window_weights: fit.as_ref().and(self.streams.applied.clone()),
             window: fit,
             epoch_start: self.epoch_start.clone(),
-            pending: if self.streams.sources.iter().all(|s| s.pending.is_empty()) {
-                Vec::new()
-            } else {
-                self.streams
-                    .sources
+            pending: self.per_source(|s| {
+                s.pending
                     .iter()
-                    .map(|s| {
-                        s.pending
-                            .iter()
-                            .filter(|(e, _)| *e >= s.epoch.saturating_sub(1))
-                            .cloned()
-                            .collect()
-                    })
+                    .filter(|(e, _)| *e >= s.epoch.saturating_sub(1))
+                    .cloned()
                     .collect()
-            },
-            skips: if self.streams.sources.iter().all(|s| s.skips.is_empty()) {
-                Vec::new()
-            } else {
-                self.streams
-                    .sources
+            }),
+            skips: self.per_source(|s| {
+                s.skips
                     .iter()
-                    .map(|s| {
-                        s.skips
-                            .iter()
-                            .filter(|k| (k.0, k.1 + 1) >= (s.epoch, s.position))
-                            .copied()
-                            .collect()
-                    })
+                    .filter(|k| (k.0, k.1 + 1) >= (s.epoch, s.position))
+                    .copied()
                     .collect()
-            },
+            }),
         }
     }
 
@@ -1414,49 +1409,25 @@ impl Mixture {
                     }
                 })
                 .collect();
-            let lo = places.iter().map(|p| p.0).min().expect("states");
-            let hi = places.iter().map(|p| p.0).max().expect("states");
+            let stops: Vec<Stop> = states
+                .iter()
+                .zip(&places)
+                .map(|(st, &(epoch, position, tokens))| Stop {
+                    epoch,
+                    position,
+                    tokens,
+                    pending: st.pending.get(i).map_or(&[], |p| p.as_slice()),
+                })
+                .collect();
             let mut pending = Vec::new();
             let mut skips = Vec::new();
-            for epoch in lo..=hi {
-                let mut rest: Vec<Piece> = Vec::new();
-                let mut marks: Vec<(u64, usize)> = Vec::new();
-                for (r, st) in states.iter().enumerate() {
-                    let (e, position, tokens) = places[r];
-                    if e > epoch {
-                        continue;
-                    }
-                    // The old rank's sequence of this epoch.
-                    let sequence = st
-                        .pending
-                        .get(i)
-                        .and_then(|p| p.iter().find(|(pe, _)| *pe == epoch))
-                        .map(|(_, pieces)| pieces.clone())
-                        .unwrap_or_else(|| {
-                            vec![Piece {
-                                rank: r as u64,
-                                world: old_world,
-                                start: 0,
-                                end: src.loader.rows_of_rank(epoch, r as u64, old_world),
-                            }]
-                        });
-                    let from = if e == epoch { position } else { 0 };
-                    let at: u64 = rest.iter().map(Piece::rows).sum();
-                    if e == epoch && tokens > 0 {
-                        marks.push((at, tokens));
-                    }
-                    rest.extend(slice(&sequence, from, u64::MAX));
-                }
-                let total: u64 = rest.iter().map(Piece::rows).sum();
-                let share = total / new_world;
-                let (a, b) = (me * share, (me + 1) * share);
-                pending.push((epoch, slice(&rest, a, b)));
-                skips.extend(
-                    marks
-                        .iter()
-                        .filter(|(at, _)| (a..b).contains(at))
-                        .map(|&(at, tokens)| (epoch, at - a, tokens)),
-                );
+            for (epoch, pieces, marks) in
+                elastic_share(&stops, old_world, me, new_world, |e, r, w| {
+                    src.loader.rows_of_rank(e, r, w)
+                })
+            {
+                pending.push((epoch, pieces));
+                skips.extend(marks.into_iter().map(|(at, t)| (epoch, at, t)));
             }
             src.pending = pending;
             src.skips = skips;

@@ -126,6 +126,88 @@ pub fn slice(pieces: &[Piece], from: u64, to: u64) -> Vec<Piece> {
     out
 }
 
+/// Where an old rank stopped, for an elastic resume: its epoch, the first
+/// position it had not wholly yielded, and how many tokens of that row it
+/// had (packing: the rest of a document), and the pieces its epochs were
+/// planned from (after an earlier elastic resume).
+#[derive(Clone, Debug)]
+pub struct Stop<'a> {
+    /// The epoch.
+    pub epoch: u64,
+    /// The position in the rank's sequence of that epoch.
+    pub position: u64,
+    /// Tokens of the row at `position` already yielded.
+    pub tokens: usize,
+    /// Epochs of this rank planned from pieces.
+    pub pending: &'a [(u64, Vec<Piece>)],
+}
+
+/// One epoch of an elastic share: the epoch, its pieces, and the rows in
+/// them whose first tokens were yielded before (position, tokens).
+pub type EpochShare = (u64, Vec<Piece>, Vec<(u64, usize)>);
+
+/// New rank `rank` of `world`'s share of what the old ranks (`stops`, in
+/// rank order, of `old_world`) had left: for each epoch from the earliest
+/// old rank's to the latest's, the old ranks' remaining sequences are
+/// concatenated in rank order and cut into `world` equal contiguous shares
+/// (the last `total mod world` rows are dropped). Returns per epoch the
+/// share's pieces and the rows in it whose first tokens were yielded
+/// (position in the share, tokens). `rows_of(epoch, rank, world)` is a
+/// rank's positions in an epoch planned as usual.
+pub fn elastic_share(
+    stops: &[Stop],
+    old_world: u64,
+    rank: u64,
+    world: u64,
+    rows_of: impl Fn(u64, u64, u64) -> u64,
+) -> Vec<EpochShare> {
+    let Some(lo) = stops.iter().map(|s| s.epoch).min() else {
+        return Vec::new();
+    };
+    let hi = stops.iter().map(|s| s.epoch).max().unwrap_or(lo);
+    let mut out = Vec::new();
+    for epoch in lo..=hi {
+        let mut rest: Vec<Piece> = Vec::new();
+        let mut marks: Vec<(u64, usize)> = Vec::new();
+        for (r, stop) in stops.iter().enumerate() {
+            if stop.epoch > epoch {
+                continue;
+            }
+            let sequence = stop
+                .pending
+                .iter()
+                .find(|(e, _)| *e == epoch)
+                .map(|(_, pieces)| pieces.clone())
+                .unwrap_or_else(|| {
+                    vec![Piece {
+                        rank: r as u64,
+                        world: old_world,
+                        start: 0,
+                        end: rows_of(epoch, r as u64, old_world),
+                    }]
+                });
+            let from = if stop.epoch == epoch {
+                stop.position
+            } else {
+                0
+            };
+            if stop.epoch == epoch && stop.tokens > 0 {
+                marks.push((rest.iter().map(Piece::rows).sum(), stop.tokens));
+            }
+            rest.extend(slice(&sequence, from, u64::MAX));
+        }
+        let share = rest.iter().map(Piece::rows).sum::<u64>() / world;
+        let (a, b) = (rank * share, (rank + 1) * share);
+        let marks = marks
+            .into_iter()
+            .filter(|(at, _)| (a..b).contains(at))
+            .map(|(at, tokens)| (at - a, tokens))
+            .collect();
+        out.push((epoch, slice(&rest, a, b), marks));
+    }
+    out
+}
+
 /// The permutation of a window: its seed (none: rows in order), the size of
 /// the permuted range (the rows of its segments) and the first offset used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
