@@ -1760,13 +1760,18 @@ impl Mixture {
             dense("cu_seqlens", int32(vec![segments + 1], 3 * region)),
             dense(SOURCE_COLUMN, int32(vec![segments], 3 * region + cu_region)),
         ];
-        Ok(Some(Batch {
+        Ok(Some(self.batch(lease, rows, columns)))
+    }
+
+    /// A batch of this mixture's epoch over `lease`.
+    fn batch(&self, lease: SlabLease, rows: usize, columns: Vec<Column>) -> Batch {
+        Batch {
             lease: Arc::new(lease),
             rows,
             columns,
             index: self.index,
             held: None,
-        }))
+        }
     }
 
     fn next_rows(&mut self) -> Result<Option<Batch>> {
@@ -1825,13 +1830,7 @@ impl Mixture {
         for (offset, bytes) in copies {
             slab[offset..offset + bytes.len()].copy_from_slice(bytes);
         }
-        Ok(Some(Batch {
-            lease: Arc::new(lease),
-            rows,
-            columns,
-            index: self.index,
-            held: None,
-        }))
+        Ok(Some(self.batch(lease, rows, columns)))
     }
 
     /// [`Iterator::next`] that calls `interrupted` while it waits; see
