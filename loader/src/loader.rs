@@ -117,6 +117,11 @@ impl Loader {
         &self.dataset
     }
 
+    /// The loader's counters (shared with its threads).
+    pub(crate) fn counters(&self) -> Arc<Counters> {
+        self.pipeline.counters.clone()
+    }
+
     /// Bytes per slab of the pool.
     pub(crate) fn pool_slab_bytes(&self) -> usize {
         self.pipeline.pool.slab_bytes()

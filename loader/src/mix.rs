@@ -26,8 +26,10 @@
 //! fetch and decode ahead on their own threads.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+mod thread;
+pub use thread::Mixture;
 
 use serde::{Deserialize, Serialize};
 use shardfeed_format::permute::hash_words;
@@ -36,7 +38,7 @@ use crate::batch::{Batch, Buffer, Column, ColumnLayout, DType};
 use crate::config::LoaderBuilder;
 use crate::loader::Loader;
 use crate::pack::{Carry, Docs, Out, PackMode, PackOptions, Packer, Tokens};
-use crate::pinned::{Pinning, Pool, SlabLease};
+use crate::pinned::{Pool, SlabLease};
 use crate::plan::{Piece, Stop, elastic_share};
 use crate::state::{PLAN_VERSION, STATE_VERSION};
 use crate::stats::Stats;
@@ -453,7 +455,7 @@ impl MixtureBuilder {
             drawn: 0,
             counts: vec![0; n],
         };
-        Ok(Mixture {
+        let core = Core {
             streams: Streams {
                 sources,
                 blend,
@@ -464,6 +466,7 @@ impl MixtureBuilder {
                 previous_anchor: None,
                 pending: None,
                 applied: None,
+                cancel: Arc::new(AtomicBool::new(false)),
             },
             packer: self.pack.clone().map(Packer::new),
             initial_weights: weights.clone(),
@@ -477,10 +480,9 @@ impl MixtureBuilder {
             index: 0,
             epoch_start: vec![(self.template.epoch, 0); n],
             pool,
-            held: Arc::new(AtomicUsize::new(0)),
-            counters: MixCounters::default(),
-            started: None,
-        })
+            dropped_batches: 0,
+        };
+        Ok(Mixture::new(core))
     }
 }
 
@@ -637,8 +639,9 @@ impl Source {
     }
 
     /// Make the next row current; `false` when the source epoch is over (the
-    /// loader has moved to the next one).
-    fn draw(&mut self) -> Result<bool> {
+    /// loader has moved to the next one). A wait for the source's next batch
+    /// gives up with [`LoaderError::Interrupted`] once `cancel` is set.
+    fn draw(&mut self, cancel: &AtomicBool) -> Result<bool> {
         loop {
             if let Some(b) = &self.batch
                 && self.next_row < b.rows()
@@ -660,7 +663,10 @@ impl Source {
             }
             // Give the slab back before waiting for the next batch.
             self.batch = None;
-            match self.loader.next() {
+            match self
+                .loader
+                .next_interruptible(|| cancel.load(Ordering::Relaxed))
+            {
                 Some(Ok(b)) => {
                     self.batch = Some(b);
                     self.next_row = 0;
@@ -751,6 +757,8 @@ struct Streams {
     /// next one is drawn; and those applied when the current one was.
     pending: Option<Vec<f64>>,
     applied: Option<Vec<f64>>,
+    /// Set to stop the mixture's thread: waits give up.
+    cancel: Arc<AtomicBool>,
 }
 
 impl Streams {
@@ -776,7 +784,11 @@ impl Streams {
         let s = self.blend.pick();
         let mut empty_epochs = 0;
         loop {
-            if self.sources[s].draw()? {
+            let drawn = self.sources[s].draw(&self.cancel).map_err(|e| match e {
+                LoaderError::Interrupted => e,
+                e => source_error(s, &self.sources[s].url, e),
+            })?;
+            if drawn {
                 self.blend.count(s);
                 return Ok(Some(s));
             }
@@ -857,20 +869,20 @@ impl Docs for Streams {
     }
 }
 
-/// Counters of a mixture (besides each source's [`Stats`]).
-#[derive(Default)]
-struct MixCounters {
-    batches: u64,
-    rows: u64,
-    wait_ns: u64,
-    first_batch_ns: u64,
+/// What the mixture's thread had done when it made a batch: sent with it,
+/// so the consumer's counters are of the batches it received.
+#[derive(Clone, Debug, Default)]
+struct Progress {
+    /// Documents drawn from each source.
+    documents: Vec<u64>,
+    tokens: u64,
+    padding_tokens: u64,
     dropped_batches: u64,
 }
 
-/// A loader over several datasets blended by weight, optionally packing a
-/// token column: see [`crate::mix`] and [`Loader::builder_mixture`]. It
-/// yields [`Batch`]es like a [`Loader`].
-pub struct Mixture {
+/// The mixture proper: sources, blending, packing. [`Mixture`] runs it on
+/// its own thread, a few batches ahead of the consumer.
+pub(crate) struct Core {
     streams: Streams,
     packer: Option<Packer>,
     initial_weights: Vec<f64>,
@@ -886,12 +898,11 @@ pub struct Mixture {
     /// Each source's (epoch, position) when the mixture epoch began.
     epoch_start: Vec<(u64, u64)>,
     pool: Arc<Pool>,
-    held: Arc<AtomicUsize>,
-    counters: MixCounters,
-    started: Option<Instant>,
+    /// Final partial batches dropped (`drop_last`).
+    dropped_batches: u64,
 }
 
-impl std::fmt::Debug for Mixture {
+impl std::fmt::Debug for Core {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mixture")
             .field(
@@ -1036,7 +1047,7 @@ pub struct MixtureStats {
     pub sources: Vec<Stats>,
 }
 
-impl Mixture {
+impl Core {
     /// Put every source at `draw`'s position; the source of `carry` one row
     /// before, so that its document is drawn again.
     fn restore(&mut self, draw: &DrawState, carry: Option<Carry>) -> Result<()> {
@@ -1059,7 +1070,7 @@ impl Mixture {
         }
         if let Some(c) = carry {
             let s = &mut self.streams.sources[c.source];
-            if !s.draw()? {
+            if !s.draw(&self.streams.cancel)? {
                 return Err(LoaderError::BadState {
                     reason: format!(
                         "source {} has no row at the carried document's position",
@@ -1497,30 +1508,29 @@ impl Mixture {
             .unwrap_or(&self.streams.blend.weights)
     }
 
+    /// What the core has done so far.
+    fn progress(&self) -> Progress {
+        let p = self.packer.as_ref();
+        Progress {
+            documents: self.streams.sources.iter().map(|s| s.drawn).collect(),
+            tokens: p.map_or(0, |p| p.tokens),
+            padding_tokens: p.map_or(0, |p| p.padding),
+            dropped_batches: self.dropped_batches,
+        }
+    }
+
+    /// Each source loader's counters.
+    fn source_counters(&self) -> Vec<Arc<crate::stats::Counters>> {
+        self.streams
+            .sources
+            .iter()
+            .map(|s| s.loader.counters())
+            .collect()
+    }
+
     /// The sources' URLs, as given.
     pub fn source_urls(&self) -> Vec<String> {
         self.streams.sources.iter().map(|s| s.url.clone()).collect()
-    }
-
-    /// The mixture epoch.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// Only a no-op for the current epoch (so a training loop that calls
-    /// `set_epoch(e)` before each epoch works): a mixture's epochs follow
-    /// from its sources, which run their own. Another epoch is refused.
-    pub fn set_epoch(&mut self, epoch: u64) -> Result<()> {
-        if epoch == self.epoch {
-            return Ok(());
-        }
-        Err(LoaderError::BadOption {
-            option: "epoch",
-            reason: format!(
-                "a mixture's epochs follow from its sources; it is at epoch {}, and cannot jump to {epoch} (resume from a state instead)",
-                self.epoch
-            ),
-        })
     }
 
     /// Batches of the current mixture epoch, when known without reading
@@ -1572,11 +1582,6 @@ impl Mixture {
         })
     }
 
-    /// Whether the current mixture epoch is known to yield no batch.
-    pub fn is_empty(&self) -> bool {
-        self.len() == Some(0)
-    }
-
     /// After an elastic resume: rows of the row groups this rank reads for
     /// the rest of the epochs it took over (row groups are fetched whole), per
     /// source. Shows that each new rank reads about its share.
@@ -1593,41 +1598,6 @@ impl Mixture {
             .collect()
     }
 
-    /// How the slabs were allocated.
-    pub fn pinning(&self) -> Pinning {
-        self.pool.pinning()
-    }
-
-    /// Counters, with each source loader's.
-    pub fn stats(&self) -> MixtureStats {
-        let p = self.packer.as_ref();
-        MixtureStats {
-            batches: self.counters.batches,
-            rows: self.counters.rows,
-            documents: self.streams.sources.iter().map(|s| s.drawn).collect(),
-            tokens: p.map_or(0, |p| p.tokens),
-            padding_tokens: p.map_or(0, |p| p.padding),
-            dropped_batches: self.counters.dropped_batches,
-            wait_s: self.counters.wait_ns as f64 / 1e9,
-            first_batch_s: self.counters.first_batch_ns as f64 / 1e9,
-            sources: self
-                .streams
-                .sources
-                .iter()
-                .map(|s| s.loader.stats())
-                .collect(),
-        }
-    }
-
-    /// Each source loader's counters in Prometheus's text format.
-    pub fn metrics_text(&self) -> String {
-        self.streams
-            .sources
-            .iter()
-            .map(|s| s.loader.metrics_text())
-            .collect()
-    }
-
     /// Stop every source's pipeline.
     pub fn stop(&mut self) {
         for s in &mut self.streams.sources {
@@ -1636,44 +1606,27 @@ impl Mixture {
         }
     }
 
+    /// A slab for `bytes`: waits while every slab is in the queue or held
+    /// by the consumer (the consumer names that case), until cancelled.
     fn lease(&self, bytes: usize) -> Result<SlabLease> {
         if bytes > self.pool.slab_bytes() {
             return self.pool.oversize(bytes);
         }
-        if self.held.load(Ordering::SeqCst) >= self.pool.size() {
-            return Err(LoaderError::PoolExhausted {
-                slabs: self.pool.size(),
-            });
-        }
-        let never = AtomicBool::new(false);
-        self.pool.acquire(&never).ok_or(LoaderError::Closed)
+        self.pool
+            .acquire(&self.streams.cancel)
+            .ok_or(LoaderError::Interrupted)
     }
 
     /// The next batch, or `None` at the end of the mixture epoch (the next
     /// call starts the following one).
     fn next_batch(&mut self) -> Option<Result<Batch>> {
-        let started = Instant::now();
-        self.started.get_or_insert(started);
         let result = if self.packer.is_some() {
             self.next_packed()
         } else {
             self.next_rows()
         };
-        self.counters.wait_ns += started.elapsed().as_nanos() as u64;
         match result {
-            Ok(Some(mut batch)) => {
-                if !batch.lease.is_oversize() {
-                    self.held.fetch_add(1, Ordering::SeqCst);
-                    batch.held = Some(self.held.clone());
-                }
-                if self.counters.first_batch_ns == 0 {
-                    self.counters.first_batch_ns = self
-                        .started
-                        .map_or(0, |t| t.elapsed().as_nanos() as u64)
-                        .max(1);
-                }
-                self.counters.batches += 1;
-                self.counters.rows += batch.rows() as u64;
+            Ok(Some(batch)) => {
                 self.index += 1;
                 Some(Ok(batch))
             }
@@ -1709,7 +1662,7 @@ impl Mixture {
             return false;
         }
         if rows < self.batch_size && self.drop_last {
-            self.counters.dropped_batches += 1;
+            self.dropped_batches += 1;
             return false;
         }
         true
@@ -1832,30 +1785,9 @@ impl Mixture {
         }
         Ok(Some(self.batch(lease, rows, columns)))
     }
-
-    /// [`Iterator::next`] that calls `interrupted` while it waits; see
-    /// [`Loader::next_interruptible`]. The sources' waits are not
-    /// interruptible yet: a wait for one source's batch completes first.
-    pub fn next_interruptible(
-        &mut self,
-        mut interrupted: impl FnMut() -> bool,
-    ) -> Option<Result<Batch>> {
-        if interrupted() {
-            return Some(Err(LoaderError::Interrupted));
-        }
-        self.next_batch()
-    }
 }
 
-impl Iterator for Mixture {
-    type Item = Result<Batch>;
-
-    fn next(&mut self) -> Option<Result<Batch>> {
-        self.next_batch()
-    }
-}
-
-impl Drop for Mixture {
+impl Drop for Core {
     fn drop(&mut self) {
         self.stop();
     }

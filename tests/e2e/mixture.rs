@@ -11,7 +11,9 @@ use std::sync::Arc;
 use arrow_array::builder::{Int32Builder, ListBuilder};
 use arrow_array::{ArrayRef, Int64Array, RecordBatch};
 use proptest::prelude::*;
-use shardfeed_loader::{Batch, Loader, MixStop, Mixture, MixtureBuilder, MixtureState, PackMode};
+use shardfeed_loader::{
+    Batch, Loader, LoaderError, MixStop, Mixture, MixtureBuilder, MixtureState, PackMode,
+};
 
 use crate::support::*;
 
@@ -520,7 +522,7 @@ fn elastic(old: u64, new: u64, steps: usize) {
         // What the plan reads (row groups are fetched whole): measured on the
         // plan, since fetched bytes also count how far the next epoch was
         // read ahead, which depends on timing.
-        fetched.push(m.elastic_rows().iter().sum::<u64>());
+        fetched.push(m.elastic_rows().unwrap().iter().sum::<u64>());
         let batches: Vec<Packed> = m.by_ref().map(|b| packed(&b.unwrap())).collect();
         batches.iter().for_each(&mut take);
         if rank == 0 {
@@ -593,4 +595,52 @@ fn elastic_resume_splits_the_rest_of_the_epoch_over_the_new_ranks() {
     elastic(4, 2, 25);
     elastic(2, 3, 40);
     elastic(8, 5, 12);
+}
+
+/// The mixture's thread: a wait gives up when the caller is interrupted
+/// (and the next call waits again), dropping a mixture whose sources are
+/// stuck returns, and a source's failure reaches `next()` naming the source,
+/// the stage and the shard.
+#[test]
+fn waits_are_interruptible_and_failures_name_the_source() {
+    let tmp = tempdir();
+    let a = token_source(tmp.path(), "a", 0, 100, 5);
+    let b = token_source(tmp.path(), "b", 1, 100, 5);
+    let sources = [(a, 0.5), (b, 0.5)];
+    let mut stuck = mixture(&sources)
+        .configure(|c| c.failpoints("fetch=block"))
+        .batch_size(4)
+        .pack_to(8)
+        .build()
+        .unwrap();
+    let mut polls = 0;
+    let waited = stuck.next_interruptible(|| {
+        polls += 1;
+        polls > 3
+    });
+    assert!(
+        matches!(waited, Some(Err(LoaderError::Interrupted))),
+        "{waited:?}"
+    );
+    assert!(matches!(
+        stuck.next_interruptible(|| true),
+        Some(Err(LoaderError::Interrupted))
+    ));
+    drop(stuck); // joins the mixture's thread and every source's: returns
+
+    let mut failing = mixture(&sources)
+        .configure(|c| c.failpoints("decode=error@1"))
+        .batch_size(4)
+        .pack_to(8)
+        .build()
+        .unwrap();
+    let err = failing
+        .by_ref()
+        .find_map(|b| b.err())
+        .expect("the injected failure surfaces")
+        .to_string();
+    assert!(
+        err.contains("mixture source") && err.contains("decode") && err.contains("shard"),
+        "{err}"
+    );
 }

@@ -1,0 +1,433 @@
+//! [`Mixture`]: the mixture's [`Core`] on its own thread, a few batches ahead
+//! of the consumer.
+//!
+//! The thread blends, packs and collates into the mixture's slabs while the
+//! trainer works on the previous batch; each batch comes with the state after
+//! it, so [`Mixture::state`] is where the consumer is, not where the thread
+//! is. Changing course (resume, new weights, stop) stops the thread, takes the
+//! core back, and rewinds it to the consumer's state before it goes on:
+//! batches made ahead are discarded, never skipped.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, bounded};
+
+use super::{Core, MixtureState, MixtureStats, Progress};
+use crate::batch::Batch;
+use crate::pinned::{Pinning, Pool};
+use crate::{LoaderError, Result};
+
+/// Batches the mixture's thread makes ahead of the consumer.
+pub const MIXTURE_PREFETCH: usize = 4;
+
+/// What the thread sends: a batch and the state after it; the end of a
+/// mixture epoch, the state after it and the next epoch's length; a failure.
+enum Item {
+    Batch(Batch, Box<(MixtureState, Progress)>),
+    End(Box<(MixtureState, Progress)>, Option<u64>),
+    Failed(LoaderError),
+}
+
+/// The running thread.
+struct Running {
+    rx: Receiver<Item>,
+    cancel: Arc<AtomicBool>,
+    handle: JoinHandle<Box<Core>>,
+}
+
+/// A loader over several datasets blended by weight, optionally packing a
+/// token column: see [`crate::mix`] and [`crate::Loader::builder_mixture`].
+/// It yields [`Batch`]es like a [`crate::Loader`], made on its own thread a
+/// few batches ahead.
+pub struct Mixture {
+    /// The core, when no thread runs it.
+    core: Option<Box<Core>>,
+    /// The core ran past `state` (a thread was stopped): rewind before use.
+    stale: bool,
+    running: Option<Running>,
+    /// The state after the last batch (or epoch end) the consumer received.
+    state: MixtureState,
+    /// Batches of the current mixture epoch, when known.
+    len: Option<u64>,
+    urls: Vec<String>,
+    pool: Arc<Pool>,
+    /// Each source loader's counters.
+    sources: Vec<Arc<crate::stats::Counters>>,
+    /// The thread's progress when it made the last batch received.
+    progress: Progress,
+    /// Pooled slabs held by batches the consumer has.
+    held: Arc<AtomicUsize>,
+    batches: u64,
+    rows: u64,
+    wait_ns: u64,
+    first_batch_ns: u64,
+    started: Option<Instant>,
+}
+
+impl std::fmt::Debug for Mixture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mixture")
+            .field("sources", &self.state.sources)
+            .field("weights", &self.state.weights)
+            .field("epoch", &self.state.epoch)
+            .field("pack", &self.state.pack)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Mixture {
+    pub(crate) fn new(core: Core) -> Self {
+        Mixture {
+            state: core.state(),
+            len: core.len(),
+            urls: core.source_urls(),
+            pool: core.pool.clone(),
+            sources: core.source_counters(),
+            progress: core.progress(),
+            core: Some(Box::new(core)),
+            stale: false,
+            running: None,
+            held: Arc::new(AtomicUsize::new(0)),
+            batches: 0,
+            rows: 0,
+            wait_ns: 0,
+            first_batch_ns: 0,
+            started: None,
+        }
+    }
+
+    /// Stop the thread (discarding the batches it made ahead) and take the
+    /// core back.
+    fn halt(&mut self) {
+        let Some(running) = self.running.take() else {
+            return;
+        };
+        running.cancel.store(true, Ordering::SeqCst);
+        // Free the queue's slabs: a thread waiting for a slab or for room
+        // in the queue sees the cancel within 20 ms.
+        while running.rx.try_recv().is_ok() {}
+        match running.handle.join() {
+            Ok(core) => {
+                core.streams.cancel.store(false, Ordering::SeqCst);
+                self.core = Some(core);
+            }
+            Err(_) => self.core = None,
+        }
+        self.stale = true;
+    }
+
+    /// The core, rewound to the consumer's state.
+    fn core(&mut self) -> Result<&mut Core> {
+        self.halt();
+        let stale = std::mem::replace(&mut self.stale, false);
+        let state = self.state.clone();
+        let core = self.core.as_mut().ok_or_else(|| LoaderError::Stage {
+            stage: "mix",
+            shard: None,
+            row_group: None,
+            detail: "the mixture's thread panicked outside a batch; build the loader again".into(),
+        })?;
+        if stale && let Err(e) = core.resume(&state) {
+            self.stale = true;
+            return Err(e);
+        }
+        Ok(core)
+    }
+
+    /// Start the thread if none runs.
+    fn run(&mut self) -> Result<()> {
+        if self.running.is_some() {
+            return Ok(());
+        }
+        self.core()?;
+        let mut core = self.core.take().expect("checked by core()");
+        let cancel = core.streams.cancel.clone();
+        let stop = cancel.clone();
+        let (tx, rx) = bounded::<Item>(MIXTURE_PREFETCH);
+        let handle = std::thread::Builder::new()
+            .name("shardfeed-mix".into())
+            .spawn(move || {
+                loop {
+                    if stop.load(Ordering::SeqCst) {
+                        return core;
+                    }
+                    // A panic (the core's, or a tokenizer's) is this batch's
+                    // error, kept quiet like the pipeline's.
+                    let made = shardfeed_format::panic::catch(|| core.next_batch());
+                    let mut item = match made {
+                        Ok(Some(Ok(batch))) => {
+                            Item::Batch(batch, Box::new((core.state(), core.progress())))
+                        }
+                        Ok(None) => {
+                            Item::End(Box::new((core.state(), core.progress())), core.len())
+                        }
+                        Ok(Some(Err(LoaderError::Interrupted))) if stop.load(Ordering::SeqCst) => {
+                            return core;
+                        }
+                        Ok(Some(Err(e))) => Item::Failed(e),
+                        Err(message) => Item::Failed(LoaderError::Stage {
+                            stage: "mix",
+                            shard: None,
+                            row_group: None,
+                            detail: format!("panic: {message}"),
+                        }),
+                    };
+                    let failed = matches!(item, Item::Failed(_));
+                    loop {
+                        match tx.send_timeout(item, Duration::from_millis(20)) {
+                            Ok(()) => break,
+                            Err(SendTimeoutError::Timeout(back)) => {
+                                if stop.load(Ordering::SeqCst) {
+                                    return core;
+                                }
+                                item = back;
+                            }
+                            Err(SendTimeoutError::Disconnected(_)) => return core,
+                        }
+                    }
+                    if failed {
+                        return core;
+                    }
+                }
+            })
+            .map_err(|source| LoaderError::Io {
+                op: "start the mixture's thread".into(),
+                source,
+            })?;
+        self.running = Some(Running { rx, cancel, handle });
+        Ok(())
+    }
+
+    /// Where the consumer is: pass it to [`Mixture::resume`] to continue.
+    pub fn state(&self) -> MixtureState {
+        self.state.clone()
+    }
+
+    /// Apply `f` to the core (rewound), then take its state as the
+    /// consumer's; on failure the core is rewound before its next use.
+    fn change(&mut self, f: impl FnOnce(&mut Core) -> Result<()>) -> Result<()> {
+        let core = self.core()?;
+        let result = f(core);
+        if result.is_err() {
+            self.stale = true;
+            return result;
+        }
+        let core = self.core.as_ref().expect("present");
+        self.state = core.state();
+        self.len = core.len();
+        self.progress = core.progress();
+        Ok(())
+    }
+
+    /// Continue exactly where `state` was taken. A state of other datasets,
+    /// weights or order options is refused, naming what changed; see
+    /// [`Mixture::resume_changed`] to accept changed sources.
+    pub fn resume(&mut self, state: &MixtureState) -> Result<()> {
+        self.change(|core| core.resume(state))
+    }
+
+    /// [`Mixture::resume`], but sources whose dataset changed (or that are
+    /// new) start afresh (source epoch 0, position 0) and changed weights
+    /// take the loader's own; unchanged sources continue where they were.
+    pub fn resume_changed(&mut self, state: &MixtureState) -> Result<()> {
+        self.change(|core| core.resume_changed(state))
+    }
+
+    /// Continue from every rank's state of a job of any world size (an
+    /// elastic resume). One state of this world size is a plain resume; so are
+    /// all the states of a job of this world size (this rank's is used).
+    /// Otherwise what the old ranks had not yet yielded of each source's
+    /// epoch (and, packing in split mode, the rest of each document they were
+    /// emitting) is split evenly over the new ranks, each taking a
+    /// contiguous share, so that across the two runs every row (and token)
+    /// is read exactly once, except fewer than `world_size` rows per source
+    /// and epoch that do not divide evenly. The blending counts restart.
+    /// Fit-mode packing cannot be resumed with another world size.
+    pub fn resume_elastic(&mut self, states: &[MixtureState]) -> Result<()> {
+        self.change(|core| core.resume_elastic(states))
+    }
+
+    /// Change the weights from the next batch on (the counts restart, so the
+    /// new shares hold exactly from there); batches made ahead with the old
+    /// weights are discarded. Recorded in the state. In fit mode the current
+    /// pack window was drawn already: the new weights apply from the next.
+    pub fn set_weights(&mut self, weights: &[f64]) -> Result<()> {
+        self.change(|core| core.set_weights(weights))
+    }
+
+    /// The weights last set (pending until the next pack window in fit mode).
+    pub fn weights(&self) -> &[f64] {
+        &self.state.weights
+    }
+
+    /// The sources' URLs, as given.
+    pub fn source_urls(&self) -> Vec<String> {
+        self.urls.clone()
+    }
+
+    /// The mixture epoch.
+    pub fn epoch(&self) -> u64 {
+        self.state.epoch
+    }
+
+    /// Only a no-op for the current epoch (so a training loop that calls
+    /// `set_epoch(e)` before each epoch works): a mixture's epochs follow
+    /// from its sources, which run their own. Another epoch is refused.
+    pub fn set_epoch(&mut self, epoch: u64) -> Result<()> {
+        if epoch == self.state.epoch {
+            return Ok(());
+        }
+        Err(LoaderError::BadOption {
+            option: "epoch",
+            reason: format!(
+                "a mixture's epochs follow from its sources; it is at epoch {}, and cannot jump to {epoch} (resume from a state instead)",
+                self.state.epoch
+            ),
+        })
+    }
+
+    /// Batches of the current mixture epoch, when known without reading
+    /// data: without packing and with `mix_stop` other than `never`, a
+    /// simulation of the blending from where the sources were when the epoch
+    /// began (with the weights now in force).
+    pub fn len(&self) -> Option<u64> {
+        self.len
+    }
+
+    /// Whether the current mixture epoch is known to yield no batch.
+    pub fn is_empty(&self) -> bool {
+        self.len == Some(0)
+    }
+
+    /// After an elastic resume: rows of the row groups this rank reads for
+    /// the rest of the epochs it took over (row groups are fetched whole), per
+    /// source. Shows that each new rank reads about its share.
+    pub fn elastic_rows(&mut self) -> Result<Vec<u64>> {
+        Ok(self.core()?.elastic_rows())
+    }
+
+    /// How the slabs were allocated.
+    pub fn pinning(&self) -> Pinning {
+        self.pool.pinning()
+    }
+
+    /// Counters, with each source loader's.
+    pub fn stats(&self) -> MixtureStats {
+        let p = &self.progress;
+        MixtureStats {
+            batches: self.batches,
+            rows: self.rows,
+            documents: p.documents.clone(),
+            tokens: p.tokens,
+            padding_tokens: p.padding_tokens,
+            dropped_batches: p.dropped_batches,
+            wait_s: self.wait_ns as f64 / 1e9,
+            first_batch_s: self.first_batch_ns as f64 / 1e9,
+            sources: self.sources.iter().map(|c| c.snapshot()).collect(),
+        }
+    }
+
+    /// Each source loader's counters in Prometheus's text format.
+    pub fn metrics_text(&self) -> String {
+        let rank = self.state.rank as usize;
+        self.sources
+            .iter()
+            .map(|c| c.snapshot().to_prometheus(rank))
+            .collect()
+    }
+
+    /// Stop the mixture's thread and every source's pipeline; the next
+    /// `next()` continues where the consumer was.
+    pub fn stop(&mut self) {
+        self.halt();
+        if let Some(core) = &mut self.core {
+            core.stop();
+            self.stale = true;
+        }
+    }
+
+    /// [`Iterator::next`] that calls `interrupted` about every 20 ms while it
+    /// waits; when that returns `true` it gives up the wait with
+    /// [`LoaderError::Interrupted`] and the thread goes on: the next call
+    /// returns the batch that was awaited.
+    pub fn next_interruptible(
+        &mut self,
+        mut interrupted: impl FnMut() -> bool,
+    ) -> Option<Result<Batch>> {
+        self.started.get_or_insert_with(Instant::now);
+        if let Err(e) = self.run() {
+            return Some(Err(e));
+        }
+        let waited = Instant::now();
+        let result = loop {
+            let running = self.running.as_ref().expect("started above");
+            if running.rx.is_empty() && self.held.load(Ordering::SeqCst) >= self.pool.size() {
+                break Some(Err(LoaderError::PoolExhausted {
+                    slabs: self.pool.size(),
+                }));
+            }
+            match running.rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(Item::Batch(mut batch, after)) => {
+                    if !batch.lease.is_oversize() {
+                        self.held.fetch_add(1, Ordering::SeqCst);
+                        batch.held = Some(self.held.clone());
+                    }
+                    (self.state, self.progress) = *after;
+                    self.batches += 1;
+                    self.rows += batch.rows() as u64;
+                    if self.first_batch_ns == 0 {
+                        let since = self.started.map_or(0, |t| t.elapsed().as_nanos() as u64);
+                        self.first_batch_ns = since.max(1);
+                    }
+                    break Some(Ok(batch));
+                }
+                Ok(Item::End(after, len)) => {
+                    (self.state, self.progress) = *after;
+                    self.len = len;
+                    break None;
+                }
+                Ok(Item::Failed(e)) => {
+                    // The thread has stopped; the next call rewinds to the
+                    // last batch received and tries again.
+                    self.halt();
+                    break Some(Err(e));
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if interrupted() {
+                        break Some(Err(LoaderError::Interrupted));
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.halt();
+                    break Some(Err(LoaderError::Stage {
+                        stage: "mix",
+                        shard: None,
+                        row_group: None,
+                        detail: "the mixture's thread stopped before the epoch's end".into(),
+                    }));
+                }
+            }
+        };
+        self.wait_ns += waited.elapsed().as_nanos() as u64;
+        result
+    }
+}
+
+impl Iterator for Mixture {
+    type Item = Result<Batch>;
+
+    /// The next batch, or `None` at the end of the mixture epoch (the next
+    /// call starts the following one).
+    fn next(&mut self) -> Option<Result<Batch>> {
+        self.next_interruptible(|| false)
+    }
+}
+
+impl Drop for Mixture {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
