@@ -21,9 +21,9 @@
 //! being emitted (split mode) or where the current pack window began (fit
 //! mode). It is versioned with every source's fingerprint.
 //!
-//! Packing and blending run on the consumer's thread, inside `next()`: they
-//! copy tokens (a few hundred KB per batch) while the sources' pipelines
-//! fetch and decode ahead on their own threads.
+//! Blending and packing run on the mixture's own thread ([`Mixture`]), a
+//! few batches ahead of the consumer, while the sources' pipelines fetch and
+//! decode on theirs; each batch comes with the state after it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
