@@ -111,7 +111,7 @@ pub struct LoaderBuilder {
     pub(crate) rank: Option<u64>,
     pub(crate) world_size: Option<u64>,
     pub(crate) drop_last: bool,
-    decode_threads: usize,
+    pub(crate) decode_threads: usize,
     io_concurrency: usize,
     io_threads: usize,
     pub(crate) prefetch_batches: usize,

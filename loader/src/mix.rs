@@ -282,6 +282,17 @@ impl MixtureBuilder {
             b.prefetch_batches = b.prefetch_batches.min(4);
             b.slow_warning = None;
             b.trace = None;
+            // Decode threads in proportion to the source's share (at least
+            // one): every source gets all of them otherwise, and a mixture of
+            // eight would run eight times as many threads as there are cores.
+            let cores = if b.decode_threads == 0 {
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            } else {
+                b.decode_threads
+            };
+            let total: f64 = self.sources.iter().map(|s| s.1).sum();
+            let share = self.sources[i].1 / total.max(f64::MIN_POSITIVE);
+            b.decode_threads = ((cores as f64 * share).ceil() as usize).clamp(1, cores);
             if columns.is_some() {
                 b.columns = columns;
             }
