@@ -80,3 +80,73 @@ def test_ddp_four_ranks_exactly_once(tokens_dataset, tmp_path):
         union = sorted(i for r in records for batch in r["epochs"][epoch] for i in batch)
         assert union == list(range(TOKENS_ROWS)), f"epoch {epoch}: not exactly once"
     assert records[0]["epochs"][0] != records[0]["epochs"][1]
+
+
+# A packed mixture under DDP, checkpointed on 4 ranks and resumed on 2 (elastic).
+L = 32
+STEPS = 12
+
+
+def packed_worker(rank: int, world: int, sources: dict, port: int, out: str) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader
+
+    from shardfeed.torch import IterableDataset
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        model = DistributedDataParallel(torch.nn.Embedding(400_000_000 // 10**6 + 1, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        # mix_stop="never": packed batch counts depend on tokens, so a DDP job trains by steps.
+        ds = IterableDataset(sources, 2, pack_to=L, eos_id=-1, seed=5, threads=1,
+                             mix_stop="never")
+        saved = Path(out, "states.json")
+        if saved.exists():
+            ds.load_state_dict(json.loads(saved.read_text()))
+        tokens = []
+        for _, batch in zip(range(STEPS), DataLoader(ds, batch_size=None)):
+            ids = batch["input_ids"]
+            real = (batch["segment_ids"] != 0) & (ids != -1)
+            tokens += ids[real].tolist()
+            opt.zero_grad()
+            loss = model((ids.clamp(min=0) // 10**6).long()).mean()
+            loss.backward()  # all-reduce each step: a rank short of batches would hang
+            opt.step()
+        Path(out, f"phase{world}-rank{rank}.json").write_text(
+            json.dumps({"tokens": tokens, "state": ds.state_dict()})
+        )
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_job(world: int, sources: dict, out: Path) -> None:
+    ctx = mp.spawn(packed_worker, args=(world, sources, free_port(), str(out)), nprocs=world,
+                   join=False)
+    deadline = time.monotonic() + 240
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the DDP job hung")
+
+
+def test_ddp_packed_mixture_resumes_on_another_world_size(tmp_path):
+    from test_mixture import source_table
+    from conftest import make_dataset
+
+    sources = {}
+    for s, (docs, w) in enumerate([(300, 0.7), (200, 0.3)]):
+        url = make_dataset(tmp_path / f"s{s}", source_table(s, docs), 2, row_group_rows=16,
+                           shard_size="32KiB")
+        sources[url] = w
+    run_job(4, sources, tmp_path)
+    first = [json.loads((tmp_path / f"phase4-rank{r}.json").read_text()) for r in range(4)]
+    (tmp_path / "states.json").write_text(json.dumps([f["state"] for f in first]))
+    run_job(2, sources, tmp_path)
+    second = [json.loads((tmp_path / f"phase2-rank{r}.json").read_text()) for r in range(2)]
+    tokens = [t for rec in first + second for t in rec["tokens"]]
+    assert len(tokens) > 4 * STEPS * L  # both phases ran
+    assert len(set(tokens)) == len(tokens), "a token was read twice across the resize"
