@@ -254,6 +254,8 @@ struct Chunk {
     rows: Vec<Vec<(usize, usize, usize)>>,
     /// Documents drawn for this window.
     drawn: usize,
+    /// The epoch ended while it was drawn (it is the epoch's last).
+    ended: bool,
     /// Documents (indices into `docs`) deferred to the next window.
     deferred: Vec<usize>,
 }
@@ -401,18 +403,24 @@ impl Packer {
         Ok(rows)
     }
 
-    /// Copy the next `count` documents drawn into `tokens` and `docs`.
+    /// Copy the next `count` documents drawn into `tokens` and `docs`, or
+    /// fewer once `cap` tokens were added; returns the documents drawn and
+    /// whether the epoch ended.
     fn draw_into(
         &mut self,
         docs: &mut impl Docs,
         count: usize,
+        cap: usize,
         tokens: &mut Vec<i32>,
         out: &mut Vec<FitDoc>,
-    ) -> Result<usize> {
+    ) -> Result<(usize, bool)> {
         let eos = self.options.eos_id;
+        let base = tokens.len();
         let mut drawn = 0;
-        while drawn < count {
-            let Some(source) = docs.draw()? else { break };
+        while drawn < count && tokens.len() - base < cap {
+            let Some(source) = docs.draw()? else {
+                return Ok((drawn, true));
+            };
             let t = docs.tokens(source);
             let start = tokens.len();
             tokens.resize(start + t.len(), 0);
@@ -430,11 +438,13 @@ impl Packer {
             });
             drawn += 1;
         }
-        Ok(drawn)
+        Ok((drawn, false))
     }
 
     /// The next window: the documents deferred from the current one, then
-    /// `window` new ones, placed into rows best-fit. Unless the epoch ended
+    /// `window` new ones (or fewer, once they hold `window` rows' worth of
+    /// tokens: memory stays bounded whatever the documents' lengths), placed
+    /// into rows best-fit. Unless the epoch ended
     /// within it, rows more than a quarter empty made only of its own whole
     /// documents are deferred to the next window (once), where more
     /// documents can fill them: only the epoch's last window pads its tail.
@@ -460,13 +470,16 @@ impl Packer {
         };
         self.previous_deferred = old.deferred.iter().map(|&d| old.docs[d].index).collect();
         docs.window_start();
-        let drawn = self.draw_into(docs, self.options.window, &mut tokens, &mut entries)?;
+        let cap = self.options.window.saturating_mul(l);
+        let (drawn, ended) =
+            self.draw_into(docs, self.options.window, cap, &mut tokens, &mut entries)?;
         self.documents += drawn as u64;
         let mut chunk = Chunk {
             tokens,
             docs: entries,
             rows: Vec::new(),
             drawn,
+            ended,
             deferred: Vec::new(),
         };
         // Pieces: full rows of long documents first, then the tails
@@ -509,7 +522,7 @@ impl Packer {
                 }
             }
         }
-        if drawn == self.options.window {
+        if !ended {
             let mut kept = Vec::with_capacity(chunk.rows.len());
             for (row, pieces) in std::mem::take(&mut chunk.rows).into_iter().enumerate() {
                 let deferrable = rooms[row] * 4 > l
@@ -534,10 +547,7 @@ impl Packer {
         let l = self.options.length;
         for row in 0..rows {
             while !self.chunk_live || self.chunk_emitted == self.chunk.rows.len() {
-                let more = !self.chunk_live || !self.chunk.deferred.is_empty() || {
-                    // The window ended the epoch unless it drew a full one.
-                    self.chunk.drawn == self.options.window
-                };
+                let more = !self.chunk_live || !self.chunk.deferred.is_empty() || !self.chunk.ended;
                 if !more {
                     return Ok(row);
                 }
@@ -592,7 +602,8 @@ impl Packer {
         let documents = self.documents;
         docs.window_start();
         let (mut tokens, mut entries) = (Vec::new(), Vec::new());
-        let drawn = self.draw_into(docs, state.previous, &mut tokens, &mut entries)?;
+        let (drawn, _) =
+            self.draw_into(docs, state.previous, usize::MAX, &mut tokens, &mut entries)?;
         self.documents = documents;
         let deferred: Vec<usize> = entries
             .iter()
@@ -610,6 +621,7 @@ impl Packer {
             docs: entries,
             rows: Vec::new(),
             drawn,
+            ended: false,
             deferred,
         };
         self.chunk_live = true;
