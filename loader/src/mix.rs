@@ -855,9 +855,10 @@ impl Docs for Streams {
         self.anchor = Some(self.draw_state());
     }
 
-    fn tokens(&self, source: usize) -> Tokens<'_> {
-        // The column was checked at build time; a source's batch holds only it.
-        self.sources[source].tokens(0).unwrap_or(Tokens::I32(&[]))
+    fn tokens(&self, source: usize) -> Result<Tokens<'_>> {
+        // A source's batches hold only the packed column.
+        let s = &self.sources[source];
+        s.tokens(0).map_err(|e| source_error(source, &s.url, e))
     }
 
     fn bad_token(&self, source: usize, value: i64) -> LoaderError {

@@ -166,7 +166,7 @@ pub(crate) trait Docs {
     /// Returns the document's source.
     fn draw(&mut self) -> Result<Option<usize>>;
     /// The tokens of the document last drawn from `source`.
-    fn tokens(&self, source: usize) -> Tokens<'_>;
+    fn tokens(&self, source: usize) -> Result<Tokens<'_>>;
     /// An error for a token of `source`'s last document that does not fit
     /// `int32`.
     fn bad_token(&self, source: usize, value: i64) -> LoaderError;
@@ -368,7 +368,7 @@ impl Packer {
                         }
                     },
                 };
-                let tokens = docs.tokens(carry.source);
+                let tokens = docs.tokens(carry.source)?;
                 let len = tokens.len() + usize::from(eos.is_some());
                 if len <= carry.offset {
                     // An empty document without eos (or one emitted whole).
@@ -421,7 +421,7 @@ impl Packer {
             let Some(source) = docs.draw()? else {
                 return Ok((drawn, true));
             };
-            let t = docs.tokens(source);
+            let t = docs.tokens(source)?;
             let start = tokens.len();
             tokens.resize(start + t.len(), 0);
             t.copy_to(0, &mut tokens[start..])
@@ -668,8 +668,8 @@ mod tests {
             self.next += 1;
             Ok(Some(0))
         }
-        fn tokens(&self, _: usize) -> Tokens<'_> {
-            Tokens::I32(&self.docs[self.last])
+        fn tokens(&self, _: usize) -> Result<Tokens<'_>> {
+            Ok(Tokens::I32(&self.docs[self.last]))
         }
         fn bad_token(&self, _: usize, value: i64) -> LoaderError {
             LoaderError::BadState {
