@@ -59,19 +59,19 @@ def worker(rank: int, url: str, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def test_ddp_four_ranks_exactly_once(tokens_dataset, tmp_path):
-    ctx = mp.spawn(
-        worker,
-        args=(tokens_dataset, free_port(), str(tmp_path)),
-        nprocs=WORLD,
-        join=False,
-    )
+def spawn(fn, nprocs: int, args: tuple) -> None:
+    """Run `fn(rank, *args)` in `nprocs` processes; a job past 240 s hung."""
+    ctx = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
     deadline = time.monotonic() + 240
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:
             for p in ctx.processes:
                 p.kill()
             pytest.fail("the DDP job hung")
+
+
+def test_ddp_four_ranks_exactly_once(tokens_dataset, tmp_path):
+    spawn(worker, WORLD, (tokens_dataset, free_port(), str(tmp_path)))
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     per_rank = TOKENS_ROWS // WORLD // BATCH
     for epoch in range(EPOCHS):
@@ -123,14 +123,7 @@ def packed_worker(rank: int, world: int, sources: dict, port: int, out: str) -> 
 
 
 def run_job(world: int, sources: dict, out: Path) -> None:
-    ctx = mp.spawn(packed_worker, args=(world, sources, free_port(), str(out)), nprocs=world,
-                   join=False)
-    deadline = time.monotonic() + 240
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the DDP job hung")
+    spawn(packed_worker, world, (world, sources, free_port(), str(out)))
 
 
 def test_ddp_packed_mixture_resumes_on_another_world_size(tmp_path):
