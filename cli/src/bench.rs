@@ -48,9 +48,9 @@ pub struct BenchArgs {
     /// shard time, else as many as a quarter of the byte budget holds).
     #[arg(long)]
     pub window: Option<usize>,
-    /// Batches collated ahead.
-    #[arg(long, default_value_t = shardfeed_loader::DEFAULT_PREFETCH_BATCHES)]
-    pub prefetch: usize,
+    /// Batches collated ahead (default: as many as 128 MiB hold, 2 to 16).
+    #[arg(long)]
+    pub prefetch: Option<usize>,
     /// Bytes of row groups in flight, e.g. 256MiB.
     #[arg(long, default_value = "1GiB")]
     pub byte_budget: String,
@@ -201,7 +201,6 @@ fn loader_builder(args: &BenchArgs, url: &str) -> Result<LoaderBuilder> {
         .batch_size(args.batch_size)
         .shuffle(!args.no_shuffle)
         .seed(args.seed)
-        .prefetch(args.prefetch)
         .decode_threads(args.threads)
         .byte_budget(parse_size(&args.byte_budget).context("invalid --byte-budget")?)
         .pinning(args.pinning.parse::<PinningMode>()?)
@@ -217,6 +216,9 @@ fn loader_builder(args: &BenchArgs, url: &str) -> Result<LoaderBuilder> {
     }
     if let Some(window) = args.window {
         builder = builder.window(window);
+    }
+    if let Some(prefetch) = args.prefetch {
+        builder = builder.prefetch(prefetch);
     }
     if let Some(dir) = &args.cache_dir {
         builder = builder.cache_dir(dir);
@@ -325,7 +327,10 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
                 "window",
                 args.window.map_or("auto".into(), |w| w.to_string()),
             ),
-            ("prefetch", args.prefetch.to_string()),
+            (
+                "prefetch",
+                args.prefetch.map_or("auto".into(), |p| p.to_string()),
+            ),
             ("byte budget", args.byte_budget.clone()),
             (
                 "pinning",

@@ -445,7 +445,7 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         no_shuffle: false,
         seed: 0,
         window: None,
-        prefetch: shardfeed_loader::DEFAULT_PREFETCH_BATCHES,
+        prefetch: None,
         byte_budget: "1GiB".into(),
         pinning: "auto".into(),
         json: false,

@@ -28,8 +28,12 @@ pub const MAX_AUTO_WINDOW: usize = 256;
 pub const MIXED_ROW_GROUPS: u64 = 64;
 /// Default concurrent storage requests.
 pub const DEFAULT_IO_CONCURRENCY: usize = 8;
-/// Default batches collated ahead of the consumer.
+/// The most batches collated ahead of the consumer by default.
 pub const DEFAULT_PREFETCH_BATCHES: usize = 16;
+/// Bytes of batches collated ahead by default: as many batches as this
+/// holds, 2 to [`DEFAULT_PREFETCH_BATCHES`] (16 batches of 256 images of
+/// 100 KB would be 400 MB of slabs the first epoch pays for, page by page).
+pub const DEFAULT_PREFETCH_BYTES: u64 = 128 << 20;
 /// Default size limit of the local cache of remote shards: 64 GiB.
 pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 30;
 /// Default bytes of fetched and decoded row groups held at once.
@@ -114,7 +118,7 @@ pub struct LoaderBuilder {
     pub(crate) decode_threads: usize,
     io_concurrency: usize,
     io_threads: usize,
-    pub(crate) prefetch_batches: usize,
+    pub(crate) prefetch_batches: Option<usize>,
     pub(crate) byte_budget: u64,
     pub(crate) pinning: PinningMode,
     pub(crate) list_mode: ListMode,
@@ -191,7 +195,7 @@ impl LoaderBuilder {
             decode_threads: 0,
             io_concurrency: DEFAULT_IO_CONCURRENCY,
             io_threads: 2,
-            prefetch_batches: DEFAULT_PREFETCH_BATCHES,
+            prefetch_batches: None,
             byte_budget: DEFAULT_BYTE_BUDGET,
             pinning: PinningMode::Auto,
             list_mode: ListMode::Ragged,
@@ -304,9 +308,10 @@ impl LoaderBuilder {
         self.io_threads = threads;
         self
     }
-    /// Batches collated ahead of the consumer (default 16).
+    /// Batches collated ahead of the consumer (default: as many as
+    /// [`DEFAULT_PREFETCH_BYTES`] hold, 2 to 16).
     pub fn prefetch(mut self, batches: usize) -> Self {
-        self.prefetch_batches = batches;
+        self.prefetch_batches = Some(batches);
         self
     }
     /// Bytes of fetched and decoded row groups held at once, counted over
@@ -595,7 +600,12 @@ impl LoaderBuilder {
             Some(b) => b,
             None => sizes.slab_bytes,
         };
-        let slabs = self.prefetch_batches + 3;
+        let prefetch = self.prefetch_batches.unwrap_or_else(|| {
+            usize::try_from(DEFAULT_PREFETCH_BYTES / sizes.batch_bytes.max(1))
+                .unwrap_or(usize::MAX)
+                .clamp(2, DEFAULT_PREFETCH_BATCHES)
+        });
+        let slabs = prefetch + 3;
         if (slab_bytes as u64).saturating_mul(slabs as u64) > self.byte_budget.saturating_mul(4) {
             return bad(
                 if self.slab_bytes.is_some() {
@@ -631,7 +641,7 @@ impl LoaderBuilder {
             keep_partial: self.keep_partial,
             decode_threads,
             io_concurrency: self.io_concurrency,
-            prefetch_batches: self.prefetch_batches,
+            prefetch_batches: prefetch,
             list_mode: self.list_mode,
             fixed_width: plans.iter().all(ColumnPlan::is_fixed_width),
             plans,

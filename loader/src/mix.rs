@@ -279,7 +279,7 @@ impl MixtureBuilder {
             b.drop_last = true;
             b.keep_partial = true;
             b.byte_budget = budget;
-            b.prefetch_batches = b.prefetch_batches.min(4);
+            b.prefetch_batches = Some(b.prefetch_batches.unwrap_or(4).min(4));
             b.slow_warning = None;
             b.trace = None;
             // Decode threads in proportion to the source's share (at least
