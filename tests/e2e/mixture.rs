@@ -644,3 +644,46 @@ fn waits_are_interruptible_and_failures_name_the_source() {
         "{err}"
     );
 }
+
+/// Eight sources: the state stays under 4 KB, after an elastic resume too.
+#[test]
+fn a_state_of_eight_sources_stays_under_4_kb() {
+    let tmp = tempdir();
+    let urls: Vec<String> = (0..3)
+        .map(|s| token_source(tmp.path(), &format!("a-longer-source-name-{s}"), s, 200, 40))
+        .collect();
+    let sources: Vec<(String, f64)> = (0..8)
+        .map(|i| (urls[i % 3].clone(), 1.0 + i as f64))
+        .collect();
+    let build = |rank, world| {
+        mixture(&sources)
+            .batch_size(4)
+            .pack_to(32)
+            .mix_stop(MixStop::Never)
+            .rank(rank)
+            .world_size(world)
+            .build()
+            .unwrap()
+    };
+    let states: Vec<MixtureState> = (0..4)
+        .map(|rank| {
+            let mut m = build(rank, 4);
+            for _ in 0..7 {
+                m.next().unwrap().unwrap();
+            }
+            m.state()
+        })
+        .collect();
+    for s in &states {
+        assert!(s.to_json().len() < 4096, "{} bytes", s.to_json().len());
+    }
+    let mut m = build(1, 3);
+    m.resume_elastic(&states).unwrap();
+    m.next().unwrap().unwrap();
+    let after = m.state().to_json();
+    assert!(
+        after.len() < 4096,
+        "{} bytes after an elastic resume",
+        after.len()
+    );
+}
