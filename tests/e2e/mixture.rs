@@ -681,6 +681,11 @@ fn a_state_of_eight_sources_stays_under_4_kb() {
     m.resume_elastic(&states).unwrap();
     m.next().unwrap().unwrap();
     let after = m.state().to_json();
+    eprintln!(
+        "8 sources: {} bytes; {} after an elastic resume",
+        states[0].to_json().len(),
+        after.len()
+    );
     assert!(
         after.len() < 4096,
         "{} bytes after an elastic resume",
