@@ -577,9 +577,12 @@ impl Packer {
         Ok(rows)
     }
 
-    /// Fit mode: whether the current window has rows not yet emitted.
+    /// Fit mode: whether the state must name the current window: it has
+    /// rows not yet emitted, or documents deferred to the next window (which
+    /// a resume recovers by drawing it again).
     pub(crate) fn window_pending(&self) -> bool {
-        self.chunk_live && self.chunk_emitted < self.chunk.rows.len()
+        self.chunk_live
+            && (self.chunk_emitted < self.chunk.rows.len() || !self.chunk.deferred.is_empty())
     }
 
     /// Fit mode: where the packer is (see [`FitState`]).

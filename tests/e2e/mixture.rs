@@ -692,3 +692,40 @@ fn a_state_of_eight_sources_stays_under_4_kb() {
         after.len()
     );
 }
+
+/// Fit mode: a state taken when the current pack window has emitted all its
+/// rows but deferred documents to the next one still resumes exactly (the
+/// state names the window so that they are drawn again). A case the
+/// proptest above found.
+#[test]
+fn fit_resume_keeps_the_documents_a_finished_window_deferred() {
+    let tmp = tempdir();
+    let urls: Vec<String> = (0..3)
+        .map(|s| token_source(tmp.path(), &format!("s{s}"), s, 120, 100))
+        .collect();
+    let sources: Vec<(String, f64)> = urls.into_iter().zip([0.5, 0.3, 0.2]).collect();
+    let (stop, reweigh_at, total) = (12, 7, 40);
+    let build = || {
+        mixture(&sources)
+            .batch_size(3)
+            .pack_to(32)
+            .eos_id(Some(7))
+            .mix_stop(MixStop::Never)
+            .rank(2)
+            .world_size(3)
+            .pack_mode(PackMode::Fit)
+            .pack_window(17)
+            .build()
+            .unwrap()
+    };
+    let whole = run(&mut build(), 0, total, reweigh_at);
+    let mut first = build();
+    let mut parts = run(&mut first, 0, stop, reweigh_at);
+    let state = MixtureState::from_json(&first.state().to_json()).unwrap();
+    assert!(state.window.is_some(), "the state names the window");
+    drop(first);
+    let mut second = build();
+    second.resume(&state).unwrap();
+    parts.extend(run(&mut second, stop, total, reweigh_at));
+    assert_eq!(parts, whole);
+}
