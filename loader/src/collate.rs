@@ -518,6 +518,12 @@ pub(crate) struct Collator {
     pub plan: Arc<EpochPlan>,
     pub windows_in: Receiver<Result<LoadedWindow>>,
     pub windows: Vec<LoadedWindow>,
+    /// Windows (or a failure) received ahead while looking for the permuted
+    /// version of a provisional window; `load` takes them first.
+    pub ahead: std::collections::VecDeque<Result<LoadedWindow>>,
+    /// Permuted versions received in the middle of a batch: they replace
+    /// their provisional windows before the next one.
+    pub upgrades: Vec<LoadedWindow>,
     pub pool: Arc<Pool>,
     pub counters: Arc<Counters>,
     pub cancel: Arc<AtomicBool>,
@@ -527,11 +533,15 @@ impl Collator {
     /// Make sure window `index` is loaded (windows arrive in order).
     fn load(&mut self, index: usize) -> Result<()> {
         while !self.windows.iter().any(|w| w.index == index) {
+            if let Some(ahead) = self.ahead.pop_front() {
+                self.hold(ahead?);
+                continue;
+            }
             let waiting = Instant::now();
             let received = self.windows_in.recv();
             Counters::add_time(&self.counters.collate_blocked_in_ns, waiting.elapsed());
             match received {
-                Ok(window) => self.windows.push(window?),
+                Ok(window) => self.hold(window?),
                 Err(_) if self.cancel.load(Ordering::SeqCst) => return Err(LoaderError::Closed),
                 Err(_) => {
                     return Err(LoaderError::Stage {
@@ -549,6 +559,47 @@ impl Collator {
         Ok(())
     }
 
+    /// Keep a received window; the permuted version of a window held
+    /// provisionally waits for [`Collator::upgrade`] (rows of the batch being
+    /// gathered may point into the provisional one).
+    fn hold(&mut self, window: LoadedWindow) {
+        if self.windows.iter().any(|w| w.index == window.index) {
+            self.upgrades.push(window);
+        } else {
+            self.windows.push(window);
+        }
+    }
+
+    /// Between batches: replace provisional windows by their permuted
+    /// versions, received already or arrived since.
+    fn upgrade(&mut self) {
+        for window in std::mem::take(&mut self.upgrades) {
+            if let Some(held) = self.windows.iter_mut().find(|w| w.index == window.index) {
+                *held = window;
+            }
+        }
+        while self.windows.iter().any(|w| w.provisional) {
+            let Ok(received) = self.windows_in.try_recv() else {
+                return;
+            };
+            match received {
+                Ok(window) if self.windows.iter().any(|w| w.index == window.index) => {
+                    let held = self
+                        .windows
+                        .iter_mut()
+                        .find(|w| w.index == window.index)
+                        .expect("found above");
+                    *held = window;
+                }
+                other => {
+                    // A later window (or a failure): for `load`, in order.
+                    self.ahead.push_back(other);
+                    return;
+                }
+            }
+        }
+    }
+
     /// Collate every batch from position `start` on into `output`. Stops at
     /// the first error (sent on), or quietly once cancelled.
     pub fn run(&mut self, start: u64, output: &Sender<Result<Batch>>) {
@@ -558,6 +609,7 @@ impl Collator {
         while position < positions {
             let index = position / batch_size;
             let end = ((index + 1) * batch_size).min(positions);
+            self.upgrade();
             let result = match self.config.failpoints.hit("collate", index) {
                 None => self.collate(index, position, end),
                 Some(Action::Stop) => return,

@@ -397,6 +397,8 @@ impl Pipeline {
                 plan: plan.clone(),
                 windows_in: windows_rx,
                 windows: Vec::new(),
+                ahead: Default::default(),
+                upgrades: Vec::new(),
                 pool: self.pool.clone(),
                 counters: self.counters.clone(),
                 cancel: cancel.clone(),

@@ -39,6 +39,10 @@ pub(crate) struct LoadedWindow {
     pub skipped: Vec<bool>,
     /// Whether `batches` is one batch already in the window's shuffled order.
     pub permuted: bool,
+    /// A first window sent before it is permuted, so the first batches need
+    /// not wait for the permutation: its permuted version follows and
+    /// replaces it (and holds the budget).
+    pub provisional: bool,
     pub _permits: Vec<OwnedSemaphorePermit>,
 }
 
@@ -74,8 +78,9 @@ impl Shuffler {
             assembled_all.store(true, Ordering::SeqCst);
         }
         for index in first_window..count {
+            let early = (index == first_window).then_some(output);
             let result = match self.config.failpoints.hit("shuffle", index as u64) {
-                None => self.load(index),
+                None => self.load(index, early),
                 Some(Action::Stop) => return,
                 Some(action) => Err(injected("shuffle", action, &self.cancel)),
             };
@@ -93,7 +98,14 @@ impl Shuffler {
     }
 
     /// Receive decoded segments until every segment of window `index` is here.
-    fn load(&mut self, index: usize) -> Result<LoadedWindow> {
+    /// With `early` (a pass's first window) a window to be permuted is sent
+    /// there as it is first, so that the first batch waits for the decoding
+    /// only.
+    fn load(
+        &mut self,
+        index: usize,
+        early: Option<&Sender<Result<LoadedWindow>>>,
+    ) -> Result<LoadedWindow> {
         let window = self.plan.window(index);
         let first = window.first_segment as u64;
         let count = window.segments.len() as u64;
@@ -167,6 +179,22 @@ impl Shuffler {
             // stay within that column's data (cache-resident), where gathering
             // batch by batch would sweep every column of the whole window for
             // each batch. Batches are then contiguous slices.
+            if let Some(early) = early {
+                // Its batches share the decoded buffers; the collator gathers
+                // the first batches from it until the permuted one is here.
+                let provisional = LoadedWindow {
+                    index,
+                    batches: batches.clone(),
+                    prefix: prefix.clone(),
+                    skipped: skipped.clone(),
+                    permuted: false,
+                    provisional: true,
+                    _permits: Vec::new(),
+                };
+                if early.send(Ok(provisional)).is_err() {
+                    return Err(LoaderError::Closed);
+                }
+            }
             let started = Instant::now();
             let order = window.rows();
             let permuted = permute(&batches, &order, index)?;
@@ -186,6 +214,7 @@ impl Shuffler {
                 batches: vec![permuted],
                 skipped: vec![false],
                 permuted: true,
+                provisional: false,
                 _permits: permits,
             });
         }
@@ -195,6 +224,7 @@ impl Shuffler {
             prefix,
             skipped,
             permuted: false,
+            provisional: false,
             _permits: permits,
         })
     }
