@@ -142,6 +142,66 @@ fn sliced_first_window_gives_the_same_rows_whatever_the_threads() {
     assert_eq!(all, (0..5000).collect::<Vec<_>>());
 }
 
+/// A dataset of fixed-width columns only: each pass's first window reaches
+/// the collator before it is permuted (the first batches gather from it)
+/// and its permuted version replaces it between batches, whenever that is
+/// ready: the batches are the same whatever the threads and read-ahead, over
+/// epochs, every row once.
+#[test]
+fn a_first_window_gathered_before_it_is_permuted_gives_the_same_batches() {
+    use arrow_array::{ArrayRef, Float32Array, Int64Array};
+    let tmp = tempdir();
+    let rows = 6000i64;
+    let batch = RecordBatch::try_from_iter([
+        (
+            "id",
+            std::sync::Arc::new(Int64Array::from_iter_values(0..rows)) as ArrayRef,
+        ),
+        (
+            "x",
+            std::sync::Arc::new(Float32Array::from_iter_values(
+                (0..rows).map(|i| i as f32 * 0.5),
+            )) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let input = tmp.path().join("fixed.parquet");
+    let mut w = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(&input).unwrap(),
+        batch.schema(),
+        None,
+    )
+    .unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let url = s(&tmp.path().join("ds"));
+    let options = shardfeed_preprocess::ShardOptions::default()
+        .with_row_group_rows(250)
+        .with_shard_size(32 << 10);
+    shardfeed_preprocess::shard(&[s(&input)], &url, &options).unwrap();
+    let run = |threads: usize, prefetch: usize| {
+        let mut loader = Loader::builder(&url)
+            .batch_size(64)
+            .seed(3)
+            .decode_threads(threads)
+            .prefetch(prefetch)
+            .build()
+            .unwrap();
+        let epochs: Vec<Vec<Vec<i64>>> = (0..3).map(|_| id_batches(&mut loader)).collect();
+        epochs
+    };
+    let reference = run(1, 2);
+    assert_eq!(run(3, 16), reference);
+    assert_eq!(run(2, 4), reference);
+    for epoch in &reference {
+        let mut ids: Vec<i64> = epoch.iter().flatten().copied().collect();
+        ids.sort_unstable();
+        assert_eq!(ids.len() as i64, rows / 64 * 64);
+        ids.dedup();
+        assert_eq!(ids.len() as i64, rows / 64 * 64, "no row twice");
+    }
+}
+
 #[test]
 fn order_depends_only_on_seed_epoch_and_rank() {
     let tmp = tempdir();
