@@ -232,3 +232,16 @@ def test_the_jax_example_builds_global_batches(sources):
         capture_output=True, text=True, cwd=Path(__file__).parent,
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_mixtures_metrics_are_one_family_each_with_a_source_label(sources):
+    parser = pytest.importorskip("prometheus_client.parser")
+    m = loader(sources, mix_stop="never")
+    for _ in range(5):
+        next(m)
+    families = list(parser.text_string_to_metric_families(m.metrics_text()))
+    names = [f.name for f in families]
+    assert len(names) == len(set(names)), "every family once"
+    rows = next(f for f in families if f.name == "shardfeed_rows")
+    assert sorted(s.labels["source"] for s in rows.samples) == ["0", "1", "2"]
+    assert all(s.labels["rank"] == "0" for s in rows.samples)

@@ -330,13 +330,53 @@ impl Mixture {
         }
     }
 
-    /// Each source loader's counters in Prometheus's text format.
+    /// Each source loader's counters in Prometheus's text format: the
+    /// families of [`crate::Stats::to_prometheus`], each sample labelled with
+    /// the rank and the source's index (`source="0"`, ...), every family once.
     pub fn metrics_text(&self) -> String {
         let rank = self.state.rank as usize;
-        self.sources
-            .iter()
-            .map(|c| c.snapshot().to_prometheus(rank))
-            .collect()
+        // Families in order, each its header lines and its samples.
+        let mut families: Vec<(Vec<String>, Vec<String>)> = Vec::new();
+        for (i, counters) in self.sources.iter().enumerate() {
+            let text = counters.snapshot().to_prometheus(rank);
+            let mut family = 0usize;
+            let mut seen_header = false;
+            let mut index = 0usize;
+            for line in text.lines() {
+                if line.starts_with('#') {
+                    if !seen_header {
+                        // A new family starts with its first header line.
+                        family = index;
+                        index += 1;
+                        seen_header = true;
+                    }
+                    if i == 0 {
+                        if families.len() <= family {
+                            families.push((Vec::new(), Vec::new()));
+                        }
+                        families[family].0.push(line.to_string());
+                    }
+                    continue;
+                }
+                seen_header = false;
+                let labelled = line.replacen(
+                    &format!("{{rank=\"{rank}\""),
+                    &format!("{{rank=\"{rank}\",source=\"{i}\""),
+                    1,
+                );
+                if let Some(f) = families.get_mut(family) {
+                    f.1.push(labelled);
+                }
+            }
+        }
+        let mut out = String::new();
+        for (header, samples) in families {
+            for line in header.iter().chain(&samples) {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
     }
 
     /// Stop the mixture's thread and every source's pipeline; the next
