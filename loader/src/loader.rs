@@ -117,9 +117,16 @@ impl Loader {
         &self.dataset
     }
 
-    /// The loader's counters (shared with its threads).
-    pub(crate) fn counters(&self) -> Arc<Counters> {
-        self.pipeline.counters.clone()
+    /// A handle that reads this loader's [`Stats`] (derived fractions
+    /// included) from another thread, without the loader.
+    pub(crate) fn stats_handle(&self) -> StatsHandle {
+        let config = &self.pipeline.config;
+        StatsHandle {
+            counters: self.pipeline.counters.clone(),
+            since: self.started.unwrap_or_else(Instant::now),
+            decode_threads: config.decode_threads,
+            io_concurrency: config.io_concurrency,
+        }
     }
 
     /// Bytes per slab of the pool.
@@ -524,6 +531,29 @@ impl Loader {
         self.watch.since = Instant::now();
         self.watch.wait_ns = wait_now;
         self.watch.batches = batches;
+    }
+}
+
+/// Reads a loader's [`Stats`] without the loader: see
+/// [`Loader::stats_handle`].
+pub(crate) struct StatsHandle {
+    counters: Arc<Counters>,
+    since: Instant,
+    decode_threads: usize,
+    io_concurrency: usize,
+}
+
+impl StatsHandle {
+    /// The counters, and the fractions derived from them since the loader
+    /// started.
+    pub(crate) fn stats(&self) -> Stats {
+        let mut s = self.counters.snapshot();
+        s.derive(
+            self.since.elapsed(),
+            self.decode_threads,
+            self.io_concurrency,
+        );
+        s
     }
 }
 

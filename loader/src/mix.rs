@@ -280,8 +280,15 @@ impl MixtureBuilder {
             b.keep_partial = true;
             b.byte_budget = budget;
             b.prefetch_batches = Some(b.prefetch_batches.unwrap_or(4).min(4));
+            // The mixture watches its consumer's waits itself.
             b.slow_warning = None;
-            b.trace = None;
+            // One trace per source: `<stem>.source<i>.json` beside `path`.
+            b.trace = self.template.trace.as_ref().map(|path| {
+                let stem = path
+                    .file_stem()
+                    .map_or("trace".into(), |s| s.to_string_lossy().into_owned());
+                path.with_file_name(format!("{stem}.source{i}.json"))
+            });
             // Decode threads in proportion to the source's share (at least
             // one): every source gets all of them otherwise, and a mixture of
             // eight would run eight times as many threads as there are cores.
@@ -466,6 +473,10 @@ impl MixtureBuilder {
             drawn: 0,
             counts: vec![0; n],
         };
+        let slow_warning = self
+            .template
+            .slow_warning
+            .filter(|&(f, n)| f > 0.0 && n > 0);
         let core = Core {
             streams: Streams {
                 sources,
@@ -493,7 +504,7 @@ impl MixtureBuilder {
             pool,
             dropped_batches: 0,
         };
-        Ok(Mixture::new(core))
+        Ok(Mixture::new(core, slow_warning))
     }
 }
 
@@ -1531,12 +1542,12 @@ impl Core {
         }
     }
 
-    /// Each source loader's counters.
-    fn source_counters(&self) -> Vec<Arc<crate::stats::Counters>> {
+    /// Each source loader's statistics.
+    fn source_stats(&self) -> Vec<crate::loader::StatsHandle> {
         self.streams
             .sources
             .iter()
-            .map(|s| s.loader.counters())
+            .map(|s| s.loader.stats_handle())
             .collect()
     }
 

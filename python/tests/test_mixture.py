@@ -245,3 +245,22 @@ def test_a_mixtures_metrics_are_one_family_each_with_a_source_label(sources):
     rows = next(f for f in families if f.name == "shardfeed_rows")
     assert sorted(s.labels["source"] for s in rows.samples) == ["0", "1", "2"]
     assert all(s.labels["rank"] == "0" for s in rows.samples)
+
+
+def test_a_slow_mixture_warns_and_traces_each_source(sources, monkeypatch, caplog, tmp_path):
+    import logging
+
+    # Each row group's decode takes 20 ms longer (a failpoint): the trainer waits on decode.
+    monkeypatch.setenv("SHARDFEED_FAILPOINTS", "decode=slow:20")
+    caplog.set_level(logging.WARNING)
+    trace = tmp_path / "run.json"
+    m = loader(sources, threads=1, slow_warning=(0.05, 5), mix_stop="never", trace=str(trace))
+    for _ in range(30):
+        next(m)
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("shardfeed_loader")]
+    assert any("waited for data" in w and "source 0: decode" in w for w in warnings), warnings
+    m.close()
+    # One trace file per source, beside the path given.
+    for i in range(3):
+        events = json.loads((tmp_path / f"run.source{i}.json").read_text())
+        assert any(e.get("name") == "decode" for e in events)

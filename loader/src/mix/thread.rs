@@ -54,8 +54,8 @@ pub struct Mixture {
     len: Option<u64>,
     urls: Vec<String>,
     pool: Arc<Pool>,
-    /// Each source loader's counters.
-    sources: Vec<Arc<crate::stats::Counters>>,
+    /// Each source loader's statistics.
+    sources: Vec<crate::loader::StatsHandle>,
     /// The thread's progress when it made the last batch received.
     progress: Progress,
     /// Pooled slabs held by batches the consumer has.
@@ -65,6 +65,11 @@ pub struct Mixture {
     wait_ns: u64,
     first_batch_ns: u64,
     started: Option<Instant>,
+    /// The slow-consumer warning: (fraction, batches), and where its window
+    /// began (time, wait, batches) and the epoch last warned about.
+    slow_warning: Option<(f64, u64)>,
+    watch: (Instant, u64, u64),
+    warned: Option<u64>,
 }
 
 impl std::fmt::Debug for Mixture {
@@ -79,13 +84,16 @@ impl std::fmt::Debug for Mixture {
 }
 
 impl Mixture {
-    pub(crate) fn new(core: Core) -> Self {
+    pub(crate) fn new(core: Core, slow_warning: Option<(f64, u64)>) -> Self {
         Mixture {
+            slow_warning,
+            watch: (Instant::now(), 0, 0),
+            warned: None,
             state: core.state(),
             len: core.len(),
             urls: core.source_urls(),
             pool: core.pool.clone(),
-            sources: core.source_counters(),
+            sources: core.source_stats(),
             progress: core.progress(),
             core: Some(Box::new(core)),
             stale: false,
@@ -326,7 +334,7 @@ impl Mixture {
             dropped_batches: p.dropped_batches,
             wait_s: self.wait_ns as f64 / 1e9,
             first_batch_s: self.first_batch_ns as f64 / 1e9,
-            sources: self.sources.iter().map(|c| c.snapshot()).collect(),
+            sources: self.sources.iter().map(|h| h.stats()).collect(),
         }
     }
 
@@ -338,7 +346,7 @@ impl Mixture {
         // Families in order, each its header lines and its samples.
         let mut families: Vec<(Vec<String>, Vec<String>)> = Vec::new();
         for (i, counters) in self.sources.iter().enumerate() {
-            let text = counters.snapshot().to_prometheus(rank);
+            let text = counters.stats().to_prometheus(rank);
             let mut family = 0usize;
             let mut seen_header = false;
             let mut index = 0usize;
@@ -389,6 +397,38 @@ impl Mixture {
         }
     }
 
+    /// Warn once per epoch when the consumer waited for more than the
+    /// configured fraction of the time over the last window of batches (as a
+    /// plain loader does), naming the sources' slowest stage.
+    fn watch_waits(&mut self) {
+        let Some((fraction, every)) = self.slow_warning else {
+            return;
+        };
+        let (since, wait_then, batches_then) = self.watch;
+        if self.batches < batches_then.saturating_add(every) {
+            return;
+        }
+        let wall = since.elapsed().as_nanos().max(1) as f64;
+        let waited = self.wait_ns.saturating_sub(wait_then) as f64 / wall;
+        let epoch = self.state.epoch;
+        if waited > fraction && self.warned != Some(epoch) {
+            self.warned = Some(epoch);
+            let stages: Vec<String> = self
+                .sources
+                .iter()
+                .enumerate()
+                .map(|(i, h)| format!("source {i}: {}", h.stats().limiting_stage()))
+                .collect();
+            tracing::warn!(
+                epoch,
+                "the trainer waited for data {:.0}% of the time over the last {every} batches of the mixture; limiting stages: {} (stats()[\"sources\"] has each source's)",
+                100.0 * waited,
+                stages.join(", ")
+            );
+        }
+        self.watch = (Instant::now(), self.wait_ns, self.batches);
+    }
+
     /// [`Iterator::next`] that calls `interrupted` about every 20 ms while it
     /// waits; when that returns `true` it gives up the wait with
     /// [`LoaderError::Interrupted`] and the thread goes on: the next call
@@ -422,7 +462,9 @@ impl Mixture {
                         let since = self.started.map_or(0, |t| t.elapsed().as_nanos() as u64);
                         self.first_batch_ns = since.max(1);
                     }
-                    break Some(Ok(batch));
+                    self.wait_ns += waited.elapsed().as_nanos() as u64;
+                    self.watch_waits();
+                    return Some(Ok(batch));
                 }
                 Ok(Item::End(after, len)) => {
                     (self.state, self.progress) = *after;
