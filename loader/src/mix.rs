@@ -1210,7 +1210,7 @@ impl Core {
                 state.version, state.plan
             ));
         }
-        for (what, a, b) in [
+        crate::state::same_order(&[
             ("seed", state.seed, self.seed),
             ("rank", state.rank, self.rank),
             ("world_size", state.world_size, self.world_size),
@@ -1221,13 +1221,7 @@ impl Core {
             ),
             ("shuffle", state.shuffle as u64, self.shuffle as u64),
             ("drop_last", state.drop_last as u64, self.drop_last as u64),
-        ] {
-            if a != b {
-                return refuse(format!(
-                    "the state has {what} {a} but this loader has {b}: the order would differ"
-                ));
-            }
-        }
+        ])?;
         if state.mix_stop != self.streams.stop {
             return refuse(format!(
                 "the state has mix_stop {:?} but this loader has {:?}",

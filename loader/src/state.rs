@@ -99,7 +99,7 @@ impl LoaderState {
                 self.dataset, current.dataset
             ));
         }
-        for (what, a, b) in [
+        same_order(&[
             ("seed", self.seed, current.seed),
             ("rank", self.rank, current.rank),
             ("world_size", self.world_size, current.world_size),
@@ -111,15 +111,24 @@ impl LoaderState {
             ("window", self.window as u64, current.window as u64),
             ("shuffle", self.shuffle as u64, current.shuffle as u64),
             ("drop_last", self.drop_last as u64, current.drop_last as u64),
-        ] {
-            if a != b {
-                return refuse(format!(
-                    "the state has {what} {a} but this loader has {b}: the order would differ"
-                ));
-            }
-        }
+        ])?;
         Ok(())
     }
+}
+
+/// Refuse a state whose order option `what` is `a` where the loader's is
+/// `b`, for each `(what, a, b)`, naming the first that differs.
+pub(crate) fn same_order(options: &[(&str, u64, u64)]) -> Result<()> {
+    for &(what, a, b) in options {
+        if a != b {
+            return Err(LoaderError::BadState {
+                reason: format!(
+                    "the state has {what} {a} but this loader has {b}: the order would differ"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A fingerprint of everything in a manifest that the order and the rows
