@@ -19,6 +19,12 @@ use crate::state::{LoaderState, PLAN_VERSION, STATE_VERSION, dataset_fingerprint
 use crate::stats::{Counters, Stats};
 use crate::{LoaderError, Result};
 
+/// The most epochs a state may plan from pieces (an elastic resume makes one
+/// per epoch its old ranks were spread over).
+const MAX_PENDING_EPOCHS: usize = 64;
+/// The most pieces a state may hold over those epochs.
+const MAX_PIECES: usize = 4096;
+
 /// Streams a dataset as batches: see the crate documentation.
 pub struct Loader {
     pipeline: Pipeline,
@@ -174,7 +180,36 @@ impl Loader {
 
     /// Plan these epochs from pieces of old ranks' sequences (an elastic
     /// resume); other epochs keep the usual plan. Stops a pass in progress.
-    pub(crate) fn set_pending(&mut self, pending: &[(u64, Vec<Piece>)]) {
+    /// The pieces come from a state file: each must be a range of an old
+    /// rank's sequence, and there may be no more of them than a resume makes.
+    pub(crate) fn set_pending(&mut self, pending: &[(u64, Vec<Piece>)]) -> Result<()> {
+        let refuse = |reason: String| Err(LoaderError::BadState { reason });
+        if pending.len() > MAX_PENDING_EPOCHS {
+            return refuse(format!(
+                "the state plans {} epochs from pieces; a resume makes at most {MAX_PENDING_EPOCHS}",
+                pending.len()
+            ));
+        }
+        let pieces: usize = pending.iter().map(|(_, p)| p.len()).sum();
+        if pieces > MAX_PIECES {
+            return refuse(format!(
+                "the state holds {pieces} pieces; a resume makes at most {MAX_PIECES}"
+            ));
+        }
+        for (epoch, pieces) in pending {
+            for p in pieces {
+                let valid = p.world >= 1
+                    && p.rank < p.world
+                    && p.start <= p.end
+                    && p.end <= self.rows_of_rank(*epoch, p.rank, p.world);
+                if !valid {
+                    return refuse(format!(
+                        "piece {p:?} of epoch {epoch} is not a range of rank {} of {}'s sequence",
+                        p.rank, p.world
+                    ));
+                }
+            }
+        }
         self.stop();
         let overrides = pending
             .iter()
@@ -187,6 +222,7 @@ impl Loader {
             })
             .collect();
         self.pipeline.overrides = overrides;
+        Ok(())
     }
 
     /// The dataset's manifest.
@@ -258,7 +294,7 @@ impl Loader {
     /// that change the order is refused, naming what differs.
     pub fn resume(&mut self, state: &LoaderState) -> Result<()> {
         state.check_compatible(&self.state())?;
-        self.set_pending(&state.pending);
+        self.set_pending(&state.pending)?;
         self.epoch = state.epoch;
         self.position = state.position;
         Ok(())
@@ -322,7 +358,7 @@ impl Loader {
             .into_iter()
             .map(|(epoch, pieces, _)| (epoch, pieces))
             .collect();
-        self.set_pending(&pending);
+        self.set_pending(&pending)?;
         self.epoch = lo;
         self.position = 0;
         Ok(())

@@ -447,7 +447,17 @@ impl MixtureBuilder {
         let batch_size = self.template.batch_size;
         let (pool_slabs, slab_bytes) = match &self.pack {
             Some(p) => {
-                let tokens = batch_size.saturating_mul(p.length);
+                // Offsets in a batch (`cu_seqlens`) are int32.
+                let tokens = batch_size
+                    .checked_mul(p.length)
+                    .filter(|&t| t <= i32::MAX as usize)
+                    .ok_or(LoaderError::BadOption {
+                        option: "pack_to",
+                        reason: format!(
+                            "batch_size {batch_size} x pack_to {} tokens is more than a batch's int32 offsets hold",
+                            p.length
+                        ),
+                    })?;
                 (MIXTURE_SLABS, packed_slab_bytes(tokens)?)
             }
             None => {
@@ -597,8 +607,9 @@ impl Blend {
     }
 
     fn count(&mut self, source: usize) {
-        self.drawn += 1;
-        self.counts[source] += 1;
+        // Saturating: counts may come from a state file.
+        self.drawn = self.drawn.saturating_add(1);
+        self.counts[source] = self.counts[source].saturating_add(1);
     }
 
     /// New weights; the counts restart.
@@ -706,7 +717,7 @@ impl Source {
     /// Continue at `position` of source epoch `epoch` (planned from
     /// `pending` where it names the epoch).
     fn seek(&mut self, epoch: u64, position: u64) -> Result<()> {
-        self.loader.set_pending(&self.pending);
+        self.loader.set_pending(&self.pending)?;
         let mut state = self.loader.state();
         state.epoch = epoch;
         state.position = position;
@@ -1254,6 +1265,24 @@ impl Core {
         if !shapes_ok {
             return refuse("the state's lists of sources have different lengths".into());
         }
+        let weights_ok = std::iter::once(&state.draw.weights)
+            .chain(&state.pending_weights)
+            .chain(&state.window_weights)
+            .all(|w| w.iter().all(|x| x.is_finite() && *x >= 0.0));
+        if !weights_ok {
+            return refuse("the state holds a weight that is negative or not finite".into());
+        }
+        if let (Some(fit), Some(pack)) = (&state.window, &state.pack) {
+            // A window draws at most `window` documents and defers some of them.
+            if fit.previous > pack.window || fit.deferred.len() > fit.previous {
+                return refuse(format!(
+                    "the state's pack window ({} documents, {} deferred) does not fit pack_window {}",
+                    fit.previous,
+                    fit.deferred.len(),
+                    pack.window
+                ));
+            }
+        }
         // Which saved source each of ours continues (None: starts afresh).
         let mut from: Vec<Option<usize>> = vec![None; n];
         let mut changed = Vec::new();
@@ -1689,6 +1718,7 @@ impl Core {
         let packer = self.packer.as_mut().expect("packing");
         let l = packer.options.length;
         let b = self.batch_size;
+        // At most i32::MAX: checked when the mixture was built.
         let tokens = b * l;
         let mut lease = self.lease(packed_slab_bytes(tokens)?)?;
         let region = (tokens * 4).next_multiple_of(64);

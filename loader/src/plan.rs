@@ -101,9 +101,9 @@ pub struct Piece {
 }
 
 impl Piece {
-    /// Positions in the piece.
+    /// Positions in the piece (0 for a reversed range).
     pub fn rows(&self) -> u64 {
-        self.end - self.start
+        self.end.saturating_sub(self.start)
     }
 }
 

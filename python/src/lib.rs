@@ -665,7 +665,12 @@ impl PyLoader {
                 if map.len() != urls.len() || urls.iter().any(|u| !map.contains_key(u)) {
                     return Err(bad_option(
                         "weights",
-                        format!("name every source once: {urls:?}"),
+                        format!(
+                            "name every source once: {:?}",
+                            urls.iter()
+                                .map(|u| shardfeed_format::redact::url(u))
+                                .collect::<Vec<_>>()
+                        ),
                     ));
                 }
                 urls.iter().map(|u| map[u]).collect()

@@ -353,6 +353,31 @@ fn elastic_resume_of_a_plain_loader_reads_each_row_once() {
         let allowed = total % old + old * (batch - 1) + new + new * (batch - 1);
         assert!(missing <= allowed, "{old} -> {new}: {missing} rows missing");
     }
+    // A state file is untrusted: pieces that are not ranges of an old
+    // rank's sequence, or too many of them, are refused.
+    let mut state = build(0, 1).state();
+    let piece = |start, end| shardfeed_loader::plan::Piece {
+        rank: 0,
+        world: 2,
+        start,
+        end,
+    };
+    for pending in [
+        vec![(0, vec![piece(10, 5)])],
+        vec![(0, vec![piece(0, u64::MAX)])],
+        vec![(
+            0,
+            vec![shardfeed_loader::plan::Piece {
+                rank: 3,
+                ..piece(0, 1)
+            }],
+        )],
+        (0..100).map(|e| (e, vec![piece(0, 1)])).collect(),
+    ] {
+        state.pending = pending;
+        let err = build(0, 1).resume(&state).unwrap_err().to_string();
+        assert!(err.contains("piece") || err.contains("epochs"), "{err}");
+    }
 }
 
 /// The shards as pyarrow reads them, through an Arrow IPC file it writes.

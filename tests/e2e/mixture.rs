@@ -460,6 +460,33 @@ fn a_state_of_other_datasets_or_weights_is_refused_naming_the_change() {
     assert_eq!(saved.draw.sources[0].1, state.draw.sources[0].1);
     assert_eq!(saved.draw.sources[1], (0, 0, false));
 
+    // A state file is untrusted: a pack window larger than pack_window, or a
+    // weight that is not a share, is refused.
+    let mut fit = mixture(&[(a.clone(), 0.5), (b.clone(), 0.5)])
+        .batch_size(2)
+        .pack_to(16)
+        .pack_mode(PackMode::Fit)
+        .pack_window(5)
+        .mix_stop(MixStop::Never)
+        .build()
+        .unwrap();
+    let mut forged = fit.state();
+    forged.window = Some(shardfeed_loader::pack::FitState {
+        previous: 1 << 40,
+        deferred: vec![],
+        emitted: 0,
+    });
+    let err = fit.resume(&forged).unwrap_err().to_string();
+    assert!(err.contains("pack_window"), "{err}");
+    let mut forged = fit.state();
+    forged.draw.weights = vec![f64::NAN, 1.0];
+    let err = fit.resume(&forged).unwrap_err().to_string();
+    assert!(err.contains("weight"), "{err}");
+    assert!(
+        fit.next().unwrap().is_ok(),
+        "the mixture goes on after a refusal"
+    );
+
     // Mismatched columns name the source and column.
     let plain = sharded(tmp.path(), shardfeed_fixtures::Kind::Text, 50, 10, 1 << 20);
     let err = mixture(&[(a, 0.5), (plain, 0.5)])
