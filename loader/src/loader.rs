@@ -214,7 +214,7 @@ impl Loader {
         let overrides = pending
             .iter()
             .map(|(epoch, pieces)| {
-                let options = self.pipeline.plan_for(*epoch, 0, 1).options().clone();
+                let options = self.pipeline.plan_options(*epoch, 0, 1);
                 let plan = EpochPlan::from_pieces(options, pieces, |rank, world| {
                     self.pipeline.plan_for(*epoch, rank, world)
                 });

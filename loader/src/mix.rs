@@ -487,6 +487,15 @@ impl MixtureBuilder {
             .template
             .slow_warning
             .filter(|&(f, n)| f > 0.0 && n > 0);
+        let source_states = sources
+            .iter()
+            .zip(&weights)
+            .map(|(s, &weight)| SourceState {
+                url: shardfeed_format::redact::url(&s.url),
+                dataset: s.fingerprint.clone(),
+                weight,
+            })
+            .collect();
         let core = Core {
             streams: Streams {
                 sources,
@@ -513,6 +522,8 @@ impl MixtureBuilder {
             epoch_start: vec![(self.template.epoch, 0); n],
             pool,
             dropped_batches: 0,
+            source_states,
+            staging: Vec::new(),
         };
         Ok(Mixture::new(core, slow_warning))
     }
@@ -623,6 +634,56 @@ impl Blend {
     fn reset(&mut self) {
         self.drawn = 0;
         self.counts.iter_mut().for_each(|c| *c = 0);
+    }
+}
+
+/// What a mixture epoch's length follows from: see [`LenInput::batches`].
+#[derive(Clone, Debug)]
+pub(crate) struct LenInput {
+    /// Each source's rows left when the epoch began, and in a whole epoch.
+    left: Vec<u64>,
+    full: Vec<u64>,
+    blend: Blend,
+    stop: MixStop,
+    batch_size: u64,
+    drop_last: bool,
+}
+
+impl LenInput {
+    /// Batches of the epoch: the blending simulated row by row (the same
+    /// rule as the draws) until the epoch ends. O(rows of the epoch).
+    pub(crate) fn batches(&self) -> Option<u64> {
+        let mut blend = self.blend.clone();
+        let mut left = self.left.clone();
+        let mut exhausted = vec![false; left.len()];
+        let mut rows = 0u64;
+        loop {
+            let s = blend.pick();
+            if left[s] == 0 {
+                exhausted[s] = true;
+                let done = self.stop == MixStop::FirstExhausted
+                    || exhausted
+                        .iter()
+                        .zip(&blend.shares)
+                        .all(|(&e, &share)| e || share == 0);
+                if done {
+                    break;
+                }
+                left[s] = self.full[s];
+                if left[s] == 0 {
+                    return None;
+                }
+                continue;
+            }
+            left[s] -= 1;
+            blend.count(s);
+            rows += 1;
+        }
+        Some(if self.drop_last {
+            rows / self.batch_size
+        } else {
+            rows.div_ceil(self.batch_size)
+        })
     }
 }
 
@@ -934,6 +995,12 @@ pub(crate) struct Core {
     pool: Arc<Pool>,
     /// Final partial batches dropped (`drop_last`).
     dropped_batches: u64,
+    /// The sources as a state names them (made once: a state goes with
+    /// every batch).
+    source_states: Vec<SourceState>,
+    /// Unpacked batches: each column's rows, copied out of the sources'
+    /// batches (buffers reused from batch to batch).
+    staging: Vec<Staged>,
 }
 
 impl std::fmt::Debug for Core {
@@ -1047,14 +1114,12 @@ pub struct MixtureState {
 impl MixtureState {
     /// JSON text.
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("a state always serializes")
+        crate::state::to_json(self)
     }
 
     /// Parse JSON written by [`MixtureState::to_json`].
     pub fn from_json(text: &str) -> Result<Self> {
-        serde_json::from_str(text).map_err(|e| LoaderError::BadState {
-            reason: e.to_string(),
-        })
+        crate::state::from_json(text)
     }
 }
 
@@ -1152,17 +1217,7 @@ impl Core {
             drop_last: self.drop_last,
             mix_stop: self.streams.stop,
             pack: packing.map(|p| p.options.clone()),
-            sources: self
-                .streams
-                .sources
-                .iter()
-                .zip(&self.initial_weights)
-                .map(|(s, &weight)| SourceState {
-                    url: shardfeed_format::redact::url(&s.url),
-                    dataset: s.fingerprint.clone(),
-                    weight,
-                })
-                .collect(),
+            sources: self.source_states.clone(),
             weights: self.weights().to_vec(),
             pending_weights: self.streams.pending.clone(),
             epoch: self.epoch,
@@ -1579,52 +1634,32 @@ impl Core {
         self.streams.sources.iter().map(|s| s.url.clone()).collect()
     }
 
-    /// Batches of the current mixture epoch, when known without reading
-    /// data: without packing and with `mix_stop` other than `never`, a
-    /// simulation of the blending from where the sources were when the epoch
-    /// began (with the weights now in force).
-    pub fn len(&self) -> Option<u64> {
+    /// What the length of the current mixture epoch follows from (cheap:
+    /// the simulation itself runs when [`Mixture::len`] is asked for); `None`
+    /// when it is not known without reading data (packing, or `never`).
+    pub(crate) fn len_input(&self) -> Option<LenInput> {
         if self.packer.is_some() || self.streams.stop == MixStop::Never {
             return None;
         }
         let mut blend = self.streams.blend.clone();
         blend.reset();
-        let mut left: Vec<u64> = self
+        let full: Vec<u64> = self
             .streams
             .sources
             .iter()
-            .zip(&self.epoch_start)
-            .map(|(s, &(_, position))| s.loader.rows_per_epoch().saturating_sub(position))
+            .map(|s| s.loader.rows_per_epoch())
             .collect();
-        let mut exhausted = vec![false; left.len()];
-        let mut rows = 0u64;
-        loop {
-            let s = blend.pick();
-            if left[s] == 0 {
-                exhausted[s] = true;
-                let done = self.streams.stop == MixStop::FirstExhausted
-                    || exhausted
-                        .iter()
-                        .zip(&blend.shares)
-                        .all(|(&e, &share)| e || share == 0);
-                if done {
-                    break;
-                }
-                left[s] = self.streams.sources[s].loader.rows_per_epoch();
-                if left[s] == 0 {
-                    return None;
-                }
-                continue;
-            }
-            left[s] -= 1;
-            blend.count(s);
-            rows += 1;
-        }
-        let b = self.batch_size as u64;
-        Some(if self.drop_last {
-            rows / b
-        } else {
-            rows.div_ceil(b)
+        Some(LenInput {
+            left: full
+                .iter()
+                .zip(&self.epoch_start)
+                .map(|(&rows, &(_, position))| rows.saturating_sub(position))
+                .collect(),
+            full,
+            blend,
+            stop: self.streams.stop,
+            batch_size: self.batch_size as u64,
+            drop_last: self.drop_last,
         })
     }
 
@@ -1776,7 +1811,8 @@ impl Core {
 
     fn next_rows(&mut self) -> Result<Option<Batch>> {
         let b = self.batch_size;
-        let mut staging: Vec<Staged> = Vec::new();
+        let mut staging = std::mem::take(&mut self.staging);
+        staging.iter_mut().for_each(Staged::clear);
         let mut sources: Vec<i32> = Vec::with_capacity(b);
         while sources.len() < b {
             let Some(s) = self.streams.next_row()? else {
@@ -1830,7 +1866,9 @@ impl Core {
         for (offset, bytes) in copies {
             slab[offset..offset + bytes.len()].copy_from_slice(bytes);
         }
-        Ok(Some(self.batch(lease, rows, columns)))
+        let batch = self.batch(lease, rows, columns);
+        self.staging = staging;
+        Ok(Some(batch))
     }
 }
 
@@ -1895,6 +1933,15 @@ impl Staged {
             offsets: vec![0],
             validity: column.validity.as_ref().map(|_| Vec::new()),
         }
+    }
+
+    /// Empty, keeping the buffers.
+    fn clear(&mut self) {
+        self.values.clear();
+        self.offsets.clear();
+        self.offsets.push(0);
+        // Validity comes back with the first row that has it (`push`).
+        self.validity = None;
     }
 
     /// Append row `row` of `column` (of `batch`); `before` rows came first.

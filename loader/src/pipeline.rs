@@ -169,33 +169,35 @@ impl Pipeline {
 
     /// The plan of `epoch` for rank `rank` of `world_size`.
     pub fn plan_for(&self, epoch: u64, rank: u64, world_size: u64) -> EpochPlan {
+        EpochPlan::new(&self.manifest, self.plan_options(epoch, rank, world_size))
+    }
+
+    /// The options of that plan.
+    pub fn plan_options(&self, epoch: u64, rank: u64, world_size: u64) -> PlanOptions {
         let c = &self.config;
-        EpochPlan::new(
-            &self.manifest,
-            PlanOptions {
-                seed: c.seed,
-                epoch,
-                rank,
-                world_size,
-                shuffle: c.shuffle,
-                window: c.window,
-                batch_size: c.batch_size,
-                drop_last: c.drop_last,
-                // Slices of row groups are random samples only when the
-                // dataset was shuffled at shard time; in a dataset written in
-                // order a slice is one class or domain. A small epoch reads
-                // its first window whole (slicing would cost it too much).
-                first_slices: if self.manifest.options.shuffle_seed.is_some()
-                    && self.manifest.row_group_count() as u64 / world_size.max(1)
-                        >= crate::config::MIN_WINDOWS_TO_SLICE * c.window as u64
-                {
-                    crate::config::FIRST_SLICES
-                } else {
-                    0
-                },
-                keep_partial: c.keep_partial,
+        PlanOptions {
+            seed: c.seed,
+            epoch,
+            rank,
+            world_size,
+            shuffle: c.shuffle,
+            window: c.window,
+            batch_size: c.batch_size,
+            drop_last: c.drop_last,
+            // Slices of row groups are random samples only when the
+            // dataset was shuffled at shard time; in a dataset written in
+            // order a slice is one class or domain. A small epoch reads
+            // its first window whole (slicing would cost it too much).
+            first_slices: if self.manifest.options.shuffle_seed.is_some()
+                && self.manifest.row_group_count() as u64 / world_size.max(1)
+                    >= crate::config::MIN_WINDOWS_TO_SLICE * c.window as u64
+            {
+                crate::config::FIRST_SLICES
+            } else {
+                0
             },
-        )
+            keep_partial: c.keep_partial,
+        }
     }
 
     /// Start the pass of `epoch` from position `position`; its collator

@@ -66,14 +66,12 @@ fn default_true() -> bool {
 impl LoaderState {
     /// JSON text.
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("a state always serializes")
+        to_json(self)
     }
 
     /// Parse JSON written by [`LoaderState::to_json`].
     pub fn from_json(text: &str) -> Result<Self> {
-        serde_json::from_str(text).map_err(|e| LoaderError::BadState {
-            reason: e.to_string(),
-        })
+        from_json(text)
     }
 
     /// Check that this state can resume a loader whose own state is
@@ -114,6 +112,18 @@ impl LoaderState {
         ])?;
         Ok(())
     }
+}
+
+/// A state as JSON text.
+pub(crate) fn to_json(state: &impl Serialize) -> String {
+    serde_json::to_string(state).expect("a state always serializes")
+}
+
+/// A state from JSON text; a malformed one is [`LoaderError::BadState`].
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| LoaderError::BadState {
+        reason: e.to_string(),
+    })
 }
 
 /// Refuse a state whose order option `what` is `a` where the loader's is

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, bounded};
 
-use super::{Core, MixtureState, MixtureStats, Progress};
+use super::{Core, LenInput, MixtureState, MixtureStats, Progress};
 use crate::batch::Batch;
 use crate::pinned::{Pinning, Pool};
 use crate::{LoaderError, Result};
@@ -27,7 +27,7 @@ pub const MIXTURE_PREFETCH: usize = 4;
 /// mixture epoch, the state after it and the next epoch's length; a failure.
 enum Item {
     Batch(Batch, Box<(MixtureState, Progress)>),
-    End(Box<(MixtureState, Progress)>, Option<u64>),
+    End(Box<(MixtureState, Progress)>, Option<LenInput>),
     Failed(LoaderError),
 }
 
@@ -50,8 +50,10 @@ pub struct Mixture {
     running: Option<Running>,
     /// The state after the last batch (or epoch end) the consumer received.
     state: MixtureState,
-    /// Batches of the current mixture epoch, when known.
-    len: Option<u64>,
+    /// What the current mixture epoch's length follows from, and the
+    /// length once asked for (the simulation runs on the caller's thread).
+    len_input: Option<LenInput>,
+    len: std::cell::OnceCell<Option<u64>>,
     urls: Vec<String>,
     pool: Arc<Pool>,
     /// Each source loader's statistics.
@@ -90,7 +92,8 @@ impl Mixture {
             watch: (Instant::now(), 0, 0),
             warned: None,
             state: core.state(),
-            len: core.len(),
+            len_input: core.len_input(),
+            len: Default::default(),
             urls: core.source_urls(),
             pool: core.pool.clone(),
             sources: core.source_stats(),
@@ -170,7 +173,7 @@ impl Mixture {
                             Item::Batch(batch, Box::new((core.state(), core.progress())))
                         }
                         Ok(None) => {
-                            Item::End(Box::new((core.state(), core.progress())), core.len())
+                            Item::End(Box::new((core.state(), core.progress())), core.len_input())
                         }
                         Ok(Some(Err(LoaderError::Interrupted))) if stop.load(Ordering::SeqCst) => {
                             return core;
@@ -225,7 +228,8 @@ impl Mixture {
         }
         let core = self.core.as_ref().expect("present");
         self.state = core.state();
-        self.len = core.len();
+        self.len_input = core.len_input();
+        self.len = Default::default();
         self.progress = core.progress();
         Ok(())
     }
@@ -301,13 +305,17 @@ impl Mixture {
     /// data: without packing and with `mix_stop` other than `never`, a
     /// simulation of the blending from where the sources were when the epoch
     /// began (with the weights now in force).
+    /// It is simulated when first asked for in an epoch, in time
+    /// proportional to the epoch's rows (about 10 ns each).
     pub fn len(&self) -> Option<u64> {
-        self.len
+        *self
+            .len
+            .get_or_init(|| self.len_input.as_ref().and_then(LenInput::batches))
     }
 
     /// Whether the current mixture epoch is known to yield no batch.
     pub fn is_empty(&self) -> bool {
-        self.len == Some(0)
+        self.len() == Some(0)
     }
 
     /// After an elastic resume: rows of the row groups this rank reads for
@@ -468,7 +476,8 @@ impl Mixture {
                 }
                 Ok(Item::End(after, len)) => {
                     (self.state, self.progress) = *after;
-                    self.len = len;
+                    self.len_input = len;
+                    self.len = Default::default();
                     break None;
                 }
                 Ok(Item::Failed(e)) => {
