@@ -577,7 +577,15 @@ struct Blend {
 const ONE: i128 = 1 << 40;
 
 impl Blend {
+    /// Each weight's share in 2^-40 units; weights must be finite, not
+    /// negative, and one at least positive.
     fn shares(weights: &[f64]) -> Result<Vec<u64>> {
+        if let Some(w) = weights.iter().find(|w| !w.is_finite() || **w < 0.0) {
+            return Err(LoaderError::BadOption {
+                option: "weights",
+                reason: format!("weight {w}: weights must be finite and not negative"),
+            });
+        }
         let total: f64 = weights.iter().sum();
         if total <= 0.0 || !total.is_finite() {
             return Err(LoaderError::BadOption {
@@ -1320,12 +1328,13 @@ impl Core {
         if !shapes_ok {
             return refuse("the state's lists of sources have different lengths".into());
         }
-        let weights_ok = std::iter::once(&state.draw.weights)
+        for weights in std::iter::once(&state.draw.weights)
             .chain(&state.pending_weights)
             .chain(&state.window_weights)
-            .all(|w| w.iter().all(|x| x.is_finite() && *x >= 0.0));
-        if !weights_ok {
-            return refuse("the state holds a weight that is negative or not finite".into());
+        {
+            if let Err(e) = Blend::shares(weights) {
+                return refuse(format!("the state's weights {weights:?} are refused: {e}"));
+            }
         }
         if let (Some(fit), Some(pack)) = (&state.window, &state.pack) {
             // A window draws at most `window` documents and defers some of them.
@@ -1580,12 +1589,6 @@ impl Core {
             return Err(LoaderError::BadOption {
                 option: "weights",
                 reason: format!("{} weights for {n} sources", weights.len()),
-            });
-        }
-        if weights.iter().any(|w| !w.is_finite() || *w < 0.0) {
-            return Err(LoaderError::BadOption {
-                option: "weights",
-                reason: "weights must be finite and not negative".into(),
             });
         }
         Blend::shares(weights)?;
