@@ -115,6 +115,35 @@ pub struct BenchArgs {
     /// Stop after this many batches (in all).
     #[arg(long)]
     pub max_batches: Option<u64>,
+    /// Decode the images of these binary columns (comma separated) into
+    /// uint8 [B, H, W, 3] pixels.
+    #[arg(long, value_delimiter = ',')]
+    pub decode_images: Option<Vec<String>>,
+    /// Decoded image size: N (square) or HxW.
+    #[arg(long, default_value = "224")]
+    pub image_size: String,
+    /// random_resized, center or resize.
+    #[arg(long, default_value = "random_resized")]
+    pub crop: String,
+    /// Flip half the decoded images horizontally.
+    #[arg(long)]
+    pub flip: bool,
+}
+
+/// `224` or `160x224`: (height, width).
+fn image_size(text: &str) -> Result<(u32, u32)> {
+    let parse = |s: &str| {
+        s.trim()
+            .parse::<u32>()
+            .with_context(|| format!("invalid --image-size {text:?}: expected N or HxW"))
+    };
+    match text.split_once(['x', 'X']) {
+        Some((h, w)) => Ok((parse(h)?, parse(w)?)),
+        None => {
+            let n = parse(text)?;
+            Ok((n, n))
+        }
+    }
 }
 
 fn mix_source(text: &str) -> Result<(String, f64), String> {
@@ -228,6 +257,14 @@ fn loader_builder(args: &BenchArgs, url: &str) -> Result<LoaderBuilder> {
     }
     if let Some(pad) = args.pad_to {
         builder = builder.pad_to(pad, 0.0);
+    }
+    if let Some(columns) = &args.decode_images {
+        let (height, width) = image_size(&args.image_size)?;
+        builder = builder
+            .decode_images(columns.clone())
+            .image_size(height, width)
+            .crop(args.crop.parse()?)
+            .flip(args.flip);
     }
     if let Some(path) = &args.trace {
         builder = builder.trace(path);

@@ -71,6 +71,12 @@ enum Command {
         /// An object store option (repeatable).
         #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = storage_option)]
         storage_options: Vec<(String, String)>,
+        /// Also read the binary columns' image headers: formats and size ranges.
+        #[arg(long)]
+        images: bool,
+        /// With --images: rows to read (in storage order), 0 for all.
+        #[arg(long, default_value_t = 10_000)]
+        sample: u64,
     },
     /// Read every shard fully; check sizes, checksums and row counts against the manifest.
     Verify {
@@ -465,6 +471,10 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         eos_id: None,
         pack_window: None,
         max_batches: None,
+        decode_images: None,
+        image_size: "224".into(),
+        crop: "random_resized".into(),
+        flip: false,
     };
     bench::print(&bench::measure(&args)?, false)?;
     println!("dataset: {}", dataset.display());
@@ -511,7 +521,11 @@ fn main() -> ExitCode {
             dataset,
             json,
             storage_options,
-        } => inspect::run(&dataset, json, &storage_options).map(|()| true),
+            images,
+            sample,
+        } => {
+            inspect::run(&dataset, json, &storage_options, images.then_some(sample)).map(|()| true)
+        }
         Command::Verify {
             dataset,
             threads,

@@ -22,12 +22,14 @@ use shardfeed_format::failpoint::Action;
 
 use crate::batch::{Batch, Buffer, Column, ColumnLayout, DType};
 use crate::config::Config;
+use crate::image::{self, ImageOptions, RowId};
 use crate::pinned::Pool;
 use crate::pipeline::injected;
 use crate::plan::EpochPlan;
 use crate::shuffle::LoadedWindow;
 use crate::stats::Counters;
 use crate::{LoaderError, Result};
+use shardfeed_format::Manifest;
 
 /// Alignment of each buffer inside a slab.
 const ALIGN: usize = 64;
@@ -52,8 +54,18 @@ enum Kind {
     Primitive(DType),
     Bool,
     FixedList(DType, usize),
-    List { dtype: DType, large: bool },
-    Bytes { large: bool, utf8: bool },
+    List {
+        dtype: DType,
+        large: bool,
+    },
+    Bytes {
+        large: bool,
+        utf8: bool,
+    },
+    /// Encoded images, decoded into `uint8` pixels (see [`crate::image`]).
+    Image {
+        large: bool,
+    },
 }
 
 /// How one projected column is collated.
@@ -75,11 +87,16 @@ impl ColumnPlan {
         )
     }
 
+    /// Whether the column holds images to decode.
+    pub(crate) fn is_image(&self) -> bool {
+        matches!(self.kind, Kind::Image { .. })
+    }
+
     /// Bytes a batch of `rows` needs for this column beyond its values:
     /// offsets or lengths, a validity mask and buffer alignment.
     pub(crate) fn overhead_bytes(&self, rows: usize) -> usize {
         let validity = if self.nullable { rows + ALIGN } else { 0 };
-        let offsets = if self.is_fixed_width() {
+        let offsets = if self.is_fixed_width() || self.is_image() {
             0
         } else {
             (rows + 1) * 8 + ALIGN
@@ -111,7 +128,11 @@ fn primitive(dt: &DataType) -> Option<DType> {
 
 /// Plan the columns `names` (in that order) of decoded batches with `schema`,
 /// or name the first one that cannot be collated.
-pub(crate) fn plan_columns(schema: &Schema, names: &[String]) -> Result<Vec<ColumnPlan>> {
+pub(crate) fn plan_columns(
+    schema: &Schema,
+    names: &[String],
+    images: Option<&ImageOptions>,
+) -> Result<Vec<ColumnPlan>> {
     names
         .iter()
         .map(|name| {
@@ -120,6 +141,26 @@ pub(crate) fn plan_columns(schema: &Schema, names: &[String]) -> Result<Vec<Colu
                 reason: format!("no column named `{name}`"),
             })?;
             let element = |dt: &DataType| primitive(dt);
+            if images.is_some_and(|i| i.columns.contains(name)) {
+                let large = match field.data_type() {
+                    DataType::Binary | DataType::BinaryView => false,
+                    DataType::LargeBinary => true,
+                    other => {
+                        return Err(LoaderError::BadOption {
+                            option: "decode_images",
+                            reason: format!(
+                                "column `{name}` has type {other}; images are decoded from binary columns"
+                            ),
+                        });
+                    }
+                };
+                return Ok(ColumnPlan {
+                    name: field.name().clone(),
+                    source,
+                    kind: Kind::Image { large },
+                    nullable: field.is_nullable(),
+                });
+            }
             let kind = match field.data_type() {
                 DataType::Boolean => Some(Kind::Bool),
                 DataType::FixedSizeList(child, n) => element(child.data_type()).map(|d| Kind::FixedList(d, *n as usize)),
@@ -251,6 +292,7 @@ impl SourceColumn {
 pub(crate) struct Collation<'a> {
     plans: &'a [ColumnPlan],
     list_mode: ListMode,
+    images: Option<&'a ImageOptions>,
     sources: Vec<Vec<SourceColumn>>,
 }
 
@@ -259,6 +301,7 @@ impl<'a> Collation<'a> {
     pub(crate) fn new(
         plans: &'a [ColumnPlan],
         list_mode: ListMode,
+        images: Option<&'a ImageOptions>,
         batches: &[&RecordBatch],
     ) -> Self {
         let sources = batches
@@ -275,6 +318,7 @@ impl<'a> Collation<'a> {
         Collation {
             plans,
             list_mode,
+            images,
             sources,
         }
     }
@@ -321,6 +365,18 @@ impl<'a> Collation<'a> {
                         lengths: layout.push(DType::I64, vec![n]),
                     },
                 },
+                Kind::Image { .. } => {
+                    let i = self.images.expect("image columns have image options");
+                    let (h, w) = (i.height as usize, i.width as usize);
+                    let shape = if i.channels_first {
+                        vec![n, 3, h, w]
+                    } else {
+                        vec![n, h, w, 3]
+                    };
+                    ColumnLayout::Dense {
+                        values: layout.push(DType::U8, shape),
+                    }
+                }
                 Kind::Bytes { large, utf8 } => {
                     let total = rows
                         .iter()
@@ -345,6 +401,85 @@ impl<'a> Collation<'a> {
             });
         }
         (columns, layout.total)
+    }
+
+    /// Decode the image columns' rows into their buffers of `slab` (laid out
+    /// by [`Collation::layout`]), on one thread per `scratch` (this one
+    /// included). Null rows are left alone. Returns the rows whose image did
+    /// not decode: (row index, column index, why), in row order.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn images(
+        &self,
+        rows: &RowRefs,
+        ids: &[RowId],
+        columns: &[Column],
+        slab: &mut [u8],
+        seed: u64,
+        epoch: u64,
+        scratch: &mut [image::Scratch],
+    ) -> Vec<(usize, usize, String)> {
+        let Some(options) = self.images else {
+            return Vec::new();
+        };
+        let per_image = options.image_bytes();
+        // The image columns' buffers, split off the slab in offset order.
+        let mut buffers: Vec<(usize, usize, bool, usize)> = Vec::new();
+        for (c, (plan, column)) in self.plans.iter().zip(columns).enumerate() {
+            if let (Kind::Image { large }, ColumnLayout::Dense { values }) =
+                (plan.kind, &column.layout)
+            {
+                buffers.push((values.offset, values.bytes(), large, c));
+            }
+        }
+        buffers.sort_unstable();
+        let mut jobs = Vec::with_capacity(rows.len() * buffers.len());
+        let mut rest = slab;
+        let mut consumed = 0;
+        for (offset, len, large, c) in buffers {
+            let tail = std::mem::take(&mut rest);
+            let (_, tail) = tail.split_at_mut(offset - consumed);
+            let (buffer, tail) = tail.split_at_mut(len);
+            rest = tail;
+            consumed = offset + len;
+            for (i, slot) in buffer.chunks_exact_mut(per_image).enumerate() {
+                let (s, r) = rows[i];
+                let source = &self.sources[s as usize][c];
+                if row_valid(source, r as usize) {
+                    jobs.push((i, c, source.value_bytes(large, r as usize), slot));
+                }
+            }
+        }
+        let queue = std::sync::Mutex::new(jobs.into_iter());
+        let failures = std::sync::Mutex::new(Vec::new());
+        let work = |scratch: &mut image::Scratch| {
+            loop {
+                let job = queue.lock().expect("image queue").next();
+                let Some((i, c, bytes, slot)) = job else {
+                    return;
+                };
+                if let Err(e) =
+                    image::decode_into(options, seed, epoch, ids[i], c, bytes, scratch, slot)
+                {
+                    failures.lock().expect("image failures").push((i, c, e));
+                }
+            }
+        };
+        let work = &work;
+        let (mine, others) = scratch
+            .split_first_mut()
+            .expect("at least one image scratch");
+        std::thread::scope(|s| {
+            for scratch in others {
+                std::thread::Builder::new()
+                    .name("shardfeed-image".into())
+                    .spawn_scoped(s, move || work(scratch))
+                    .expect("spawn an image thread");
+            }
+            work(mine);
+        });
+        let mut failures = failures.into_inner().expect("image failures");
+        failures.sort_unstable_by_key(|f| (f.0, f.1));
+        failures
     }
 
     /// Write `rows` into `slab` following `columns` (from [`Collation::layout`]).
@@ -489,6 +624,8 @@ impl<'a> Collation<'a> {
                     }
                     write_i64(slab, offsets, &offs);
                 }
+                // Filled by the collator's image stage (see `Collation::images`).
+                (Kind::Image { .. }, _) => {}
                 _ => unreachable!("layout follows the plan"),
             }
             // Null rows of fixed-width columns hold zeros, not whatever the
@@ -527,6 +664,11 @@ pub(crate) struct Collator {
     pub pool: Arc<Pool>,
     pub counters: Arc<Counters>,
     pub cancel: Arc<AtomicBool>,
+    /// Names shards in image errors.
+    pub manifest: Arc<Manifest>,
+    /// One per image decoding thread (kept from batch to batch); empty
+    /// without image columns.
+    pub scratch: Vec<image::Scratch>,
 }
 
 impl Collator {
@@ -636,6 +778,10 @@ impl Collator {
         // how many row groups the batch draws from.
         let measure = index.is_multiple_of(MIXING_SAMPLE);
         let mut sources: Vec<(usize, usize)> = Vec::new();
+        // With image columns, where each row comes from (its crop is a
+        // function of it, and errors name it).
+        let images = self.config.images.is_some();
+        let mut ids: Vec<RowId> = Vec::new();
         let first_window = self.plan.window_of(start);
         // Windows before the batch's first one are done: release them.
         self.windows.retain(|w| w.index >= first_window);
@@ -667,6 +813,16 @@ impl Collator {
                 }
             }
             let skips = loaded.has_skipped();
+            let segment_starts: Vec<u64> = if images {
+                let mut starts = Vec::with_capacity(window.segments.len() + 1);
+                starts.push(0u64);
+                for seg in window.segments {
+                    starts.push(starts.last().expect("non-empty") + seg.rows());
+                }
+                starts
+            } else {
+                Vec::new()
+            };
             for p in position..run_end {
                 let row = if loaded.permuted {
                     p - window.start
@@ -682,6 +838,16 @@ impl Collator {
                     (base + segment) as u32,
                     (row - loaded.prefix[segment]) as u32,
                 ));
+                if images {
+                    let at = window.row_at(p - window.start);
+                    let k = segment_starts.partition_point(|&x| x <= at) - 1;
+                    let seg = &window.segments[k];
+                    ids.push(RowId {
+                        shard: seg.shard,
+                        row_group: seg.row_group,
+                        row: seg.start + (at - segment_starts[k]) as u32,
+                    });
+                }
             }
             position = run_end;
         }
@@ -694,8 +860,13 @@ impl Collator {
         let started = Instant::now();
         let sources: Vec<&RecordBatch> =
             self.windows.iter().flat_map(|w| w.batches.iter()).collect();
-        let collation = Collation::new(&self.config.plans, self.config.list_mode, &sources);
-        let (columns, bytes) = collation.layout(&rows);
+        let collation = Collation::new(
+            &self.config.plans,
+            self.config.list_mode,
+            self.config.images.as_ref(),
+            &sources,
+        );
+        let (mut columns, bytes) = collation.layout(&rows);
         let mut blocked = std::time::Duration::ZERO;
         let mut lease = if bytes <= self.pool.slab_bytes() {
             // Waiting for a slab is waiting for the consumer to drop one.
@@ -708,6 +879,20 @@ impl Collator {
             Counters::add(&self.counters.oversize_batches, 1);
             self.pool.oversize(bytes)?
         };
+        if images {
+            let failures = collation.images(
+                &rows,
+                &ids,
+                &columns,
+                lease.slab_mut().as_mut_slice(),
+                self.config.seed,
+                self.plan.options().epoch,
+                &mut self.scratch,
+            );
+            if !failures.is_empty() {
+                columns = self.leave_out(&collation, &mut rows, &ids, failures, &mut lease)?;
+            }
+        }
         let truncated = collation
             .write(&rows, &columns, lease.slab_mut().as_mut_slice())
             .map_err(|detail| LoaderError::Stage {
@@ -732,6 +917,85 @@ impl Collator {
             index,
             held,
         })
+    }
+}
+
+impl Collator {
+    /// Images of a batch that did not decode: the first one's error, or
+    /// under `OnError::Skip` their rows left out (counted, named in a
+    /// warning and in the stats): the batch is laid out again without them
+    /// and the decoded images move to their new places. Returns the new
+    /// layout.
+    fn leave_out(
+        &self,
+        collation: &Collation<'_>,
+        rows: &mut Vec<(u32, u32)>,
+        ids: &[RowId],
+        failures: Vec<(usize, usize, String)>,
+        lease: &mut crate::pinned::SlabLease,
+    ) -> Result<Vec<Column>> {
+        let error = |(i, c, detail): &(usize, usize, String)| {
+            let id = ids[*i];
+            LoaderError::Image {
+                shard: self.manifest.shards[id.shard as usize].path.clone(),
+                row_group: id.row_group as usize,
+                row: id.row as u64,
+                column: self.config.plans[*c].name.clone(),
+                detail: detail.clone(),
+            }
+        };
+        if self.config.on_error != crate::OnError::Skip {
+            return Err(error(&failures[0]));
+        }
+        for failure in &failures {
+            let e = error(failure);
+            let LoaderError::Image {
+                shard,
+                row_group,
+                row,
+                column,
+                detail,
+            } = &e
+            else {
+                unreachable!("made above")
+            };
+            let count = self
+                .counters
+                .record_image_skip(shard, *row_group, *row, column, detail);
+            if count as u64 > self.config.max_skipped {
+                return Err(LoaderError::TooManySkipped {
+                    max: self.config.max_skipped,
+                    last: Box::new(e),
+                });
+            }
+        }
+        let (old, _) = collation.layout(rows);
+        let slab = lease.slab_mut().as_mut_slice();
+        let per_image = self.config.images.as_ref().map_or(0, |i| i.image_bytes());
+        let bad: Vec<usize> = failures.iter().map(|f| f.0).collect();
+        let keep: Vec<usize> = (0..rows.len()).filter(|i| !bad.contains(i)).collect();
+        // The decoded images of the rows kept, per image column.
+        let mut saved: Vec<Vec<u8>> = Vec::new();
+        for (plan, column) in self.config.plans.iter().zip(&old) {
+            if let (true, ColumnLayout::Dense { values }) = (plan.is_image(), &column.layout) {
+                let mut v = Vec::with_capacity(keep.len() * per_image);
+                for &i in &keep {
+                    let at = values.offset + i * per_image;
+                    v.extend_from_slice(&slab[at..at + per_image]);
+                }
+                saved.push(v);
+            }
+        }
+        *rows = keep.iter().map(|&i| rows[i]).collect();
+        let (columns, _) = collation.layout(rows);
+        let mut saved = saved.into_iter();
+        for (plan, column) in self.config.plans.iter().zip(&columns) {
+            if let (true, ColumnLayout::Dense { values }) = (plan.is_image(), &column.layout) {
+                let v = saved.next().expect("one per image column");
+                slab[values.offset..values.offset + v.len()].copy_from_slice(&v);
+            }
+        }
+        Ok(columns)
     }
 }
 
@@ -1121,8 +1385,8 @@ mod tests {
             Field::new("id", DataType::Int64, false),
             Field::new("f", DataType::Float64, false),
         ]);
-        let plans = plan_columns(&schema, &["id".into(), "f".into()]).unwrap();
-        let collation = Collation::new(&plans, ListMode::Ragged, sources);
+        let plans = plan_columns(&schema, &["id".into(), "f".into()], None).unwrap();
+        let collation = Collation::new(&plans, ListMode::Ragged, None, sources);
         let (columns, bytes) = collation.layout(rows);
         // u64 storage keeps the slab 8-byte aligned, like real slabs.
         let mut storage = vec![0u64; bytes.div_ceil(8)];
@@ -1252,9 +1516,9 @@ mod tests {
         let batches = [part(0..40), part(40..100)];
         let order: Vec<u32> = (0..100u32).map(|i| (i * 37 + 11) % 100).collect();
         let schema = Schema::new(vec![Field::new("id", DataType::Int64, true)]);
-        let plans = plan_columns(&schema, &["id".into()]).unwrap();
+        let plans = plan_columns(&schema, &["id".into()], None).unwrap();
         let read = |sources: &[&RecordBatch], rows: &[(u32, u32)]| -> (Vec<i64>, Vec<u8>) {
-            let collation = Collation::new(&plans, ListMode::Ragged, sources);
+            let collation = Collation::new(&plans, ListMode::Ragged, None, sources);
             let (columns, bytes) = collation.layout(rows);
             let mut storage = vec![0xffu64; bytes.div_ceil(8)];
             // SAFETY: plain integers reinterpreted as bytes.
@@ -1313,10 +1577,10 @@ mod tests {
             .map(|i| format!("{i}{}", "-long-".repeat(i % 5)))
             .collect();
         let schema = Schema::new(vec![Field::new("w", DataType::Utf8, false)]);
-        let plans = plan_columns(&schema, &["w".into()]).unwrap();
+        let plans = plan_columns(&schema, &["w".into()], None).unwrap();
         let rows: Vec<(u32, u32)> = (0..50u32).map(|i| (i % 2, (i * 7) % 50)).collect();
         let read = |sources: &[&RecordBatch]| -> Vec<String> {
-            let collation = Collation::new(&plans, ListMode::Ragged, sources);
+            let collation = Collation::new(&plans, ListMode::Ragged, None, sources);
             let (columns, bytes) = collation.layout(&rows);
             let mut storage = vec![0u64; bytes.div_ceil(8)];
             // SAFETY: plain integers reinterpreted as bytes.

@@ -10,6 +10,7 @@ use shardfeed_format::{Location, Manifest, RetryPolicy};
 use crate::cache::ShardCache;
 use crate::collate::{ColumnPlan, ListMode, plan_columns};
 use crate::fetch::FetchContext;
+use crate::image::{Crop, ImageOptions};
 use crate::loader::Loader;
 use crate::parquet::projection;
 use crate::pinned::{PinningMode, Pool};
@@ -135,6 +136,7 @@ pub struct LoaderBuilder {
     /// A mixture's source: keep the final partial batch (see
     /// [`crate::plan::PlanOptions::keep_partial`]).
     pub(crate) keep_partial: bool,
+    pub(crate) images: ImageOptions,
 }
 
 impl std::fmt::Debug for LoaderBuilder {
@@ -210,6 +212,7 @@ impl LoaderBuilder {
             trace: None,
             slow_warning: Some(DEFAULT_SLOW_WARNING),
             keep_partial: false,
+            images: ImageOptions::default(),
         }
     }
 
@@ -385,6 +388,44 @@ impl LoaderBuilder {
         self
     }
 
+    /// Decode the images of these binary columns (JPEG, PNG, WebP) on the
+    /// loader's threads: each becomes `uint8` `[batch, height, width, 3]`
+    /// (see [`ImageOptions`] for the defaults: 224 x 224, `random_resized`).
+    pub fn decode_images<I, S>(mut self, columns: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.images.columns = columns.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Every image option at once.
+    pub fn images(mut self, options: ImageOptions) -> Self {
+        self.images = options;
+        self
+    }
+
+    /// Output size of decoded images, in pixels.
+    pub fn image_size(mut self, height: u32, width: u32) -> Self {
+        self.images.height = height;
+        self.images.width = width;
+        self
+    }
+
+    /// How decoded images are cropped to the output size.
+    pub fn crop(mut self, crop: Crop) -> Self {
+        self.images.crop = crop;
+        self
+    }
+
+    /// Flip decoded images horizontally with probability 1/2 (a function of
+    /// seed, epoch and row).
+    pub fn flip(mut self, flip: bool) -> Self {
+        self.images.flip = flip;
+        self
+    }
+
     /// Check every option, read the manifest and the first footer, allocate
     /// the pool. Errors name the bad option.
     pub fn build(self) -> Result<Loader> {
@@ -401,6 +442,10 @@ impl LoaderBuilder {
         }
         if let ListMode::Padded { to: 0, .. } = self.list_mode {
             return bad("pad_to", "must be greater than 0".into());
+        }
+        let images = (!self.images.columns.is_empty()).then_some(&self.images);
+        if let Some(images) = images {
+            images.check()?;
         }
         if self.byte_budget < 1 << 20 {
             return bad("byte_budget", "must be at least 1 MiB".into());
@@ -487,7 +532,15 @@ impl LoaderBuilder {
                 option: "columns",
                 reason: e.to_string(),
             })?;
-        let plans = plan_columns(&projected, &names)?;
+        if let Some(images) = images
+            && let Some(missing) = images.columns.iter().find(|c| !names.contains(c))
+        {
+            return bad(
+                "decode_images",
+                format!("`{missing}` is not among the loaded columns {names:?}"),
+            );
+        }
+        let plans = plan_columns(&projected, &names, images)?;
 
         let counters = Arc::new(Counters {
             trace: self
@@ -652,6 +705,7 @@ impl LoaderBuilder {
             max_skipped: self.max_skipped,
             failpoints,
             slow_warning: self.slow_warning.filter(|&(f, n)| f > 0.0 && n > 0),
+            images: images.cloned(),
         };
         Ok(Loader::from_parts(
             config, manifest, fetch, runtime, pool, counters, self.epoch,
@@ -687,6 +741,19 @@ fn estimate_sizes(
     };
     let footer = runtime.block_on(fetch.footer(first as u32))?;
     let (leaves, _) = projection(&footer.arrow, &fetch.roots);
+    // Image columns collate to their decoded size, not their stored one.
+    let image_roots: Vec<usize> = builder
+        .images
+        .columns
+        .iter()
+        .filter_map(|name| manifest.schema.index_of(name).ok())
+        .collect();
+    let (image_leaves, _) = projection(&footer.arrow, &image_roots);
+    let decoded_per_row = if image_roots.is_empty() {
+        0
+    } else {
+        (builder.images.image_bytes() * image_roots.len()) as u64
+    };
     let meta = &footer.footer.metadata;
     let (mut projected, mut all, mut cost) = (0u64, 0u64, 0u64);
     for g in meta.row_groups() {
@@ -694,7 +761,7 @@ fn estimate_sizes(
         for (i, c) in g.columns().iter().enumerate() {
             let size = c.uncompressed_size().max(0) as u64;
             all = all.saturating_add(size);
-            if leaves.contains(&i) {
+            if leaves.contains(&i) && !image_leaves.contains(&i) {
                 projected = projected.saturating_add(size);
             }
         }
@@ -711,7 +778,11 @@ fn estimate_sizes(
         ListMode::Ragged => 0,
     };
     let batch_bytes = (rows as u64)
-        .saturating_mul(per_row.saturating_add(padded))
+        .saturating_mul(
+            per_row
+                .saturating_add(padded)
+                .saturating_add(decoded_per_row),
+        )
         .saturating_add(overhead as u64);
     let slab_bytes = usize::try_from(batch_bytes.saturating_mul(2))
         .unwrap_or(usize::MAX)
@@ -754,4 +825,6 @@ pub(crate) struct Config {
     /// many batches.
     pub slow_warning: Option<(f64, u64)>,
     pub failpoints: Failpoints,
+    /// Image decoding, when some columns hold images.
+    pub images: Option<ImageOptions>,
 }

@@ -60,8 +60,26 @@ pub enum LoaderError {
         /// What happened.
         detail: String,
     },
+    /// An image could not be decoded (or is larger than `max_image_pixels`).
+    #[error(
+        "image in column `{column}` of shard {shard} row group {row_group} row {row}: {detail}"
+    )]
+    Image {
+        /// The shard's relative path.
+        shard: String,
+        /// The row group.
+        row_group: usize,
+        /// The row within the row group.
+        row: u64,
+        /// The image column.
+        column: String,
+        /// What the decoder said.
+        detail: String,
+    },
     /// More row groups were damaged than `max_skipped` allows.
-    #[error("more than max_skipped ({max}) row groups are damaged; the last one: {last}")]
+    #[error(
+        "more than max_skipped ({max}) row groups (or images) are damaged; the last one: {last}"
+    )]
     TooManySkipped {
         /// The configured limit.
         max: u64,

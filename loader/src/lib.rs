@@ -9,7 +9,8 @@
 //! checks), [`plan`] (the pure order), `pipeline` (threads, channels,
 //! cancellation, failures), `fetch`, `decode` (checksums, then `parquet`: the
 //! own Parquet reader, which depends on nothing else of the loader),
-//! `shuffle`, `collate`, `pinned` (the slab pool), `state` (resume) and
+//! `shuffle`, `collate` (with `image`: images decoded, cropped and resized
+//! into the slab), `pinned` (the slab pool), `state` (resume) and
 //! `stats`.
 //!
 //! * The order a rank sees is a pure function of (manifest, seed, epoch,
@@ -42,6 +43,7 @@ mod config;
 mod decode;
 mod error;
 mod fetch;
+mod image;
 mod loader;
 pub mod mix;
 pub mod pack;
@@ -64,6 +66,7 @@ pub use config::{
     DEFAULT_WINDOW, FIRST_SLICES, LoaderBuilder, MAX_AUTO_WINDOW, MIXED_ROW_GROUPS, OnError,
 };
 pub use error::{LoaderError, Result};
+pub use image::{Crop, DEFAULT_MAX_IMAGE_PIXELS, ImageHeader, ImageOptions, probe as probe_image};
 pub use loader::Loader;
 pub use mix::{MixStop, Mixture, MixtureBuilder, MixtureState, MixtureStats};
 pub use pack::{PackMode, PackOptions};
@@ -71,5 +74,5 @@ pub use parquet::DecodePaths;
 pub use pinned::{Pinning, PinningMode, SlabLease};
 pub use shardfeed_format::RetryPolicy;
 pub use state::{LoaderState, PLAN_VERSION, STATE_VERSION, dataset_fingerprint};
-pub use stats::{Mixing, SkippedRowGroup, StageStats, Stats, WaitSummary};
+pub use stats::{Mixing, SkippedImage, SkippedRowGroup, StageStats, Stats, WaitSummary};
 pub use verify::{ShardProblem, VerifyReport, verify_dataset};

@@ -404,6 +404,14 @@ impl Pipeline {
                 pool: self.pool.clone(),
                 counters: self.counters.clone(),
                 cancel: cancel.clone(),
+                manifest: self.manifest.clone(),
+                scratch: if self.config.images.is_some() {
+                    (0..self.config.decode_threads.max(1))
+                        .map(|_| Default::default())
+                        .collect()
+                } else {
+                    Vec::new()
+                },
             };
             let (collated_tx, collated_rx) = bounded::<()>(0);
             let cancel = cancel.clone();

@@ -41,6 +41,8 @@ pub(crate) struct Counters {
     pub mixing_sources: AtomicU64,
     /// Row groups skipped under `OnError::Skip`: (shard, row group) -> error.
     pub skipped: Mutex<BTreeMap<(String, usize), String>>,
+    /// Images skipped under `OnError::Skip`: (shard, row group, row, column) -> error.
+    pub skipped_images: Mutex<BTreeMap<(String, usize, u64, String), String>>,
     /// Each `next()`'s wait, since the loader started and in this epoch.
     pub waits: Histogram,
     pub epoch_waits: Histogram,
@@ -256,6 +258,45 @@ impl Counters {
         }
         skipped.len()
     }
+
+    /// Record that an image was skipped; returns how many distinct images
+    /// were skipped so far.
+    pub(crate) fn record_image_skip(
+        &self,
+        shard: &str,
+        row_group: usize,
+        row: u64,
+        column: &str,
+        error: &str,
+    ) -> usize {
+        let mut skipped = self.skipped_images.lock().expect("stats lock");
+        let key = (shard.to_string(), row_group, row, column.to_string());
+        if skipped.insert(key, error.to_string()).is_none() {
+            tracing::warn!(
+                shard,
+                row_group,
+                row,
+                column,
+                "skipping an image that does not decode (on_error=skip): {error}"
+            );
+        }
+        skipped.len()
+    }
+}
+
+/// An image left out under `OnError::Skip` (its row is left out of the batch).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedImage {
+    /// The shard's relative path.
+    pub shard: String,
+    /// The row group.
+    pub row_group: usize,
+    /// The row within the row group.
+    pub row: u64,
+    /// The image column.
+    pub column: String,
+    /// Why it was skipped.
+    pub error: String,
 }
 
 /// A row group left out under `OnError::Skip`.
@@ -314,6 +355,9 @@ pub struct Stats {
     pub decode_paths: DecodePaths,
     /// Row groups skipped as damaged under `OnError::Skip`, each once.
     pub skipped: Vec<SkippedRowGroup>,
+    /// Images skipped as undecodable under `OnError::Skip`, each once.
+    #[serde(default)]
+    pub skipped_images: Vec<SkippedImage>,
     /// How well batches mix the dataset's row groups.
     pub mixing: Mixing,
     /// Time since the first `next()`, in milliseconds.
@@ -465,6 +509,19 @@ impl Counters {
                     error: error.clone(),
                 })
                 .collect(),
+            skipped_images: self
+                .skipped_images
+                .lock()
+                .expect("stats lock")
+                .iter()
+                .map(|((shard, row_group, row, column), error)| SkippedImage {
+                    shard: shard.clone(),
+                    row_group: *row_group,
+                    row: *row,
+                    column: column.clone(),
+                    error: error.clone(),
+                })
+                .collect(),
         }
     }
 }
@@ -585,6 +642,11 @@ impl Stats {
             "skipped_row_groups_total",
             "Damaged row groups skipped (on_error=skip).",
             self.skipped.len() as f64,
+        );
+        counter(
+            "skipped_images_total",
+            "Images that did not decode, skipped (on_error=skip).",
+            self.skipped_images.len() as f64,
         );
         for (name, busy) in [
             ("fetch", self.fetch_busy_ms),

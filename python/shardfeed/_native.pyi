@@ -55,6 +55,14 @@ class Loader:
         max_segments: int | None = None,
         mix_stop: str = "first_exhausted",
         read_batch: int | None = None,
+        decode_images: str | Sequence[str] | None = None,
+        image_size: int | tuple[int, int] | None = None,
+        crop: str = "random_resized",
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        flip: bool = False,
+        channels_first: bool = False,
+        max_image_pixels: int | None = None,
     ) -> None:
         """Build a loader; ``ValueError`` names a bad option.
 
@@ -81,6 +89,20 @@ class Loader:
         are shorter, the same ones on every rank and after a resume, and
         ``stats()["skipped"]`` names it; past ``max_skipped`` (default 10) row
         groups the loader fails.
+
+        ``decode_images`` names binary columns of encoded images (JPEG, PNG,
+        WebP): they are decoded, cropped, resized and flipped on the loader's
+        threads into ``uint8`` ``[B, H, W, 3]`` (``[B, 3, H, W]`` with
+        ``channels_first``) of ``image_size`` (default 224). ``crop``:
+        ``"random_resized"`` (torchvision's ``RandomResizedCrop`` with
+        ``scale`` and ``ratio``), ``"center"`` (``Resize`` + ``CenterCrop``) or
+        ``"resize"`` (the whole image, stretched). ``flip`` flips half the
+        images horizontally. Crops and flips are a function of (seed, epoch,
+        row): the same with any thread count and after a resume. An image that
+        does not decode (or has more than ``max_image_pixels``, default 40
+        million) is an error naming shard, row group and row, or, with
+        ``on_error="skip"``, its row is left out and named in
+        ``stats()["skipped_images"]``.
 
         ``inject_latency_ms`` / ``inject_failure_rate`` read the dataset through
         a fault-injecting store (as ``shardfeed bench --inject-*``), for tests

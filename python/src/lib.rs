@@ -343,7 +343,9 @@ impl PyLoader {
         on_error="fail", max_skipped=None, trace=None,
         slow_warning=Some(shardfeed_loader::DEFAULT_SLOW_WARNING), pack_to=None, pack_mode="split",
         pack_column=None, eos_id=None, pad_id=0, pack_window=None, max_segments=None,
-        mix_stop="first_exhausted", read_batch=None,
+        mix_stop="first_exhausted", read_batch=None, decode_images=None, image_size=None,
+        crop="random_resized", scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip=false,
+        channels_first=false, max_image_pixels=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -383,6 +385,14 @@ impl PyLoader {
         max_segments: Option<usize>,
         mix_stop: &str,
         read_batch: Option<usize>,
+        decode_images: Option<&Bound<'_, PyAny>>,
+        image_size: Option<&Bound<'_, PyAny>>,
+        crop: &str,
+        scale: (f64, f64),
+        ratio: (f64, f64),
+        flip: bool,
+        channels_first: bool,
+        max_image_pixels: Option<u64>,
     ) -> PyResult<Self> {
         // A str is one dataset; a dict maps datasets to weights.
         let sources: Option<Vec<(String, f64)>> = match url.extract::<String>() {
@@ -418,6 +428,44 @@ impl PyLoader {
             .on_error(on_error.parse().map_err(loader_error)?);
         if let Some(n) = max_skipped {
             b = b.max_skipped(n);
+        }
+        match decode_images {
+            Some(columns) => {
+                let columns: Vec<String> = match columns.extract::<String>() {
+                    Ok(one) => vec![one],
+                    Err(_) => columns.extract().map_err(|_| {
+                        bad_option("decode_images", "must be a column name or a list of them")
+                    })?,
+                };
+                let (height, width) = match image_size {
+                    None => (224, 224),
+                    Some(size) => match size.extract::<u32>() {
+                        Ok(side) => (side, side),
+                        Err(_) => size.extract::<(u32, u32)>().map_err(|_| {
+                            bad_option("image_size", "must be an int or a (height, width) pair")
+                        })?,
+                    },
+                };
+                b = b.images(shardfeed_loader::ImageOptions {
+                    columns,
+                    height,
+                    width,
+                    crop: crop.parse().map_err(loader_error)?,
+                    scale,
+                    ratio,
+                    flip,
+                    channels_first,
+                    max_pixels: max_image_pixels
+                        .unwrap_or(shardfeed_loader::DEFAULT_MAX_IMAGE_PIXELS),
+                });
+            }
+            None if image_size.is_some() || flip || channels_first || crop != "random_resized" => {
+                return Err(bad_option(
+                    "decode_images",
+                    "image_size, crop, flip and channels_first apply to the columns named in decode_images",
+                ));
+            }
+            None => {}
         }
         if let Some(path) = trace {
             b = b.trace(path);

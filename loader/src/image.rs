@@ -1,0 +1,818 @@
+//! Images decoded, cropped, resized and flipped on the loader's threads,
+//! straight into a batch's slab.
+//!
+//! A column named in [`ImageOptions::columns`] holds encoded images (JPEG,
+//! PNG or WebP, told apart by their first bytes); it collates to `uint8`
+//! `[batch, height, width, 3]` (or `[batch, 3, height, width]`).
+//!
+//! * **Decoders**: `zune-jpeg` (baseline and progressive; grayscale and
+//!   CMYK become RGB), `png` (8 and 16 bits, palettes; 16-bit samples keep
+//!   their high byte), `image-webp` (lossy and lossless). Alpha is dropped,
+//!   not composited (Pillow's `convert("RGB")` does the same). A JPEG's EXIF
+//!   orientation is applied before cropping, as Pillow's
+//!   `ImageOps.exif_transpose` does.
+//! * **Resizing**: `fast_image_resize`'s convolution with the bilinear filter
+//!   (Pillow's `BILINEAR`, which torchvision uses for PIL images), with the
+//!   crop given in fractional source pixels so a crop and a resize are one
+//!   pass.
+//! * **Crops are a pure function** of (seed, epoch, shard, row group, row,
+//!   column): the same pixels with any thread count, on any rank, after a
+//!   resume.
+//! * **Untrusted sizes**: an image larger than
+//!   [`ImageOptions::max_pixels`] is refused before its pixels are
+//!   allocated; every decoder is told the limit too.
+
+use std::io::Cursor;
+
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+
+/// How an image becomes the output size.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub enum Crop {
+    /// torchvision's `RandomResizedCrop`: a random area (a share in
+    /// [`ImageOptions::scale`]) of random aspect ratio (in
+    /// [`ImageOptions::ratio`]), resized to the output size.
+    #[default]
+    RandomResized,
+    /// Scale so the image covers the output size, then cut its centre
+    /// (torchvision's `Resize(min(h, w))` then `CenterCrop((h, w))`).
+    Center,
+    /// Resize the whole image to the output size (the aspect ratio is not
+    /// kept); an image already of that size is copied unchanged.
+    Resize,
+}
+
+impl std::str::FromStr for Crop {
+    type Err = crate::LoaderError;
+    fn from_str(s: &str) -> crate::Result<Self> {
+        match s {
+            "random_resized" => Ok(Crop::RandomResized),
+            "center" => Ok(Crop::Center),
+            "resize" => Ok(Crop::Resize),
+            other => Err(crate::LoaderError::BadOption {
+                option: "crop",
+                reason: format!("{other:?} is not one of random_resized, center, resize"),
+            }),
+        }
+    }
+}
+
+/// Default for [`ImageOptions::max_pixels`]: 40 million pixels (about 120 MB
+/// decoded, per decoding thread at most).
+pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 40_000_000;
+
+/// Image decoding for some columns of a loader.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImageOptions {
+    /// Columns holding encoded images (binary).
+    pub columns: Vec<String>,
+    /// Output height in pixels.
+    pub height: u32,
+    /// Output width in pixels.
+    pub width: u32,
+    /// How an image becomes `height x width`.
+    pub crop: Crop,
+    /// `RandomResized`: the range of the crop's share of the image's area.
+    pub scale: (f64, f64),
+    /// `RandomResized`: the range of the crop's aspect ratio (width / height).
+    pub ratio: (f64, f64),
+    /// Flip each image horizontally with probability 1/2.
+    pub flip: bool,
+    /// `[3, height, width]` per row instead of `[height, width, 3]`.
+    pub channels_first: bool,
+    /// Images with more pixels than this are refused (a named error, or a
+    /// counted skip under `on_error="skip"`).
+    pub max_pixels: u64,
+}
+
+impl Default for ImageOptions {
+    fn default() -> Self {
+        ImageOptions {
+            columns: Vec::new(),
+            height: 224,
+            width: 224,
+            crop: Crop::RandomResized,
+            scale: (0.08, 1.0),
+            ratio: (3.0 / 4.0, 4.0 / 3.0),
+            flip: false,
+            channels_first: false,
+            max_pixels: DEFAULT_MAX_IMAGE_PIXELS,
+        }
+    }
+}
+
+impl ImageOptions {
+    /// Refuse options that cannot make an image.
+    pub(crate) fn check(&self) -> crate::Result<()> {
+        let bad = |option: &'static str, reason: String| {
+            Err(crate::LoaderError::BadOption { option, reason })
+        };
+        if self.height == 0 || self.width == 0 || self.height > 16384 || self.width > 16384 {
+            return bad(
+                "image_size",
+                format!(
+                    "{}x{} must be between 1 and 16384 on each side",
+                    self.height, self.width
+                ),
+            );
+        }
+        let (s0, s1) = self.scale;
+        if !(s0.is_finite() && s1.is_finite() && 0.0 < s0 && s0 <= s1 && s1 <= 1.0) {
+            return bad(
+                "scale",
+                format!("({s0}, {s1}) must satisfy 0 < min <= max <= 1"),
+            );
+        }
+        let (r0, r1) = self.ratio;
+        if !(r0.is_finite() && r1.is_finite() && 0.0 < r0 && r0 <= r1) {
+            return bad("ratio", format!("({r0}, {r1}) must satisfy 0 < min <= max"));
+        }
+        if self.max_pixels == 0 {
+            return bad("max_image_pixels", "must be greater than 0".into());
+        }
+        Ok(())
+    }
+
+    /// Bytes of one output image.
+    pub(crate) fn image_bytes(&self) -> usize {
+        self.height as usize * self.width as usize * 3
+    }
+}
+
+/// Where a row comes from: what its crop is a function of, and what an
+/// error names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RowId {
+    pub shard: u32,
+    pub row_group: u32,
+    pub row: u32,
+}
+
+/// The formats told apart by their first bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    Jpeg,
+    Png,
+    WebP,
+}
+
+impl Format {
+    pub(crate) fn sniff(bytes: &[u8]) -> Option<Format> {
+        if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+            Some(Format::Jpeg)
+        } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+            Some(Format::Png)
+        } else if bytes.len() >= 12 && &bytes[0..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
+            Some(Format::WebP)
+        } else {
+            None
+        }
+    }
+
+    /// The format's name, for reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Format::Jpeg => "jpeg",
+            Format::Png => "png",
+            Format::WebP => "webp",
+        }
+    }
+}
+
+/// What an image's header says, read without decoding its pixels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageHeader {
+    /// `jpeg`, `png` or `webp`.
+    pub format: &'static str,
+    /// Width in pixels, as stored (before EXIF orientation).
+    pub width: u32,
+    /// Height in pixels, as stored.
+    pub height: u32,
+}
+
+/// Read the format and size of an encoded image (for `shardfeed inspect
+/// --images`); an error says why the bytes are not a readable image header.
+pub fn probe(bytes: &[u8]) -> Result<ImageHeader, String> {
+    if bytes.is_empty() {
+        return Err("empty value (zero bytes)".into());
+    }
+    let format = Format::sniff(bytes).ok_or("not a JPEG, PNG or WebP image")?;
+    let (width, height) = match format {
+        Format::Jpeg => {
+            let mut d = zune_jpeg::JpegDecoder::new(zune_core::bytestream::ZCursor::new(bytes));
+            d.decode_headers().map_err(|e| format!("JPEG: {e}"))?;
+            let info = d.info().ok_or("JPEG: no frame header")?;
+            (info.width as u32, info.height as u32)
+        }
+        Format::Png => {
+            let reader = png::Decoder::new(Cursor::new(bytes))
+                .read_info()
+                .map_err(|e| format!("PNG: {e}"))?;
+            (reader.info().width, reader.info().height)
+        }
+        Format::WebP => image_webp::WebPDecoder::new(Cursor::new(bytes))
+            .map_err(|e| format!("WebP: {e}"))?
+            .dimensions(),
+    };
+    Ok(ImageHeader {
+        format: format.name(),
+        width,
+        height,
+    })
+}
+
+/// A decoding thread's buffers, kept from one image (and batch) to the next
+/// so the steady state allocates nothing.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    /// The decoded image, RGB8, `width * height * 3` bytes in use.
+    rgb: Vec<u8>,
+    /// A decoder's own output (RGBA, grey, 16-bit...) before conversion,
+    /// and the oriented or channels-first copies.
+    raw: Vec<u8>,
+    resizer: Resizer,
+}
+
+/// A decoded RGB8 image in a [`Scratch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Decoded {
+    pub width: u32,
+    pub height: u32,
+}
+
+fn too_large(width: u64, height: u64, max_pixels: u64) -> Result<(), String> {
+    match width.checked_mul(height) {
+        Some(p) if p <= max_pixels && width > 0 && height > 0 => Ok(()),
+        Some(0) => Err(format!("{width}x{height} image has no pixels")),
+        _ => Err(format!(
+            "{width}x{height} image is larger than max_image_pixels ({max_pixels})"
+        )),
+    }
+}
+
+/// `buf` resized to `len` bytes without keeping (or zeroing twice) its old
+/// content when it must grow.
+fn sized(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    if buf.len() < len {
+        buf.clear();
+    }
+    buf.resize(len, 0);
+    &mut buf[..len]
+}
+
+/// Decode `bytes` into `scratch.rgb` as RGB8, orientation applied.
+pub(crate) fn decode(
+    bytes: &[u8],
+    max_pixels: u64,
+    scratch: &mut Scratch,
+) -> Result<Decoded, String> {
+    if bytes.is_empty() {
+        return Err("empty value (zero bytes)".into());
+    }
+    let format = Format::sniff(bytes).ok_or_else(|| {
+        let head: Vec<String> = bytes.iter().take(4).map(|b| format!("{b:02x}")).collect();
+        format!(
+            "not a JPEG, PNG or WebP image (first bytes {})",
+            head.join(" ")
+        )
+    })?;
+    let (decoded, orientation) = match format {
+        Format::Jpeg => decode_jpeg(bytes, max_pixels, scratch)?,
+        Format::Png => (decode_png(bytes, max_pixels, scratch)?, 1),
+        Format::WebP => decode_webp(bytes, max_pixels, scratch)?,
+    };
+    if orientation > 1 {
+        return Ok(orient(decoded, orientation, scratch));
+    }
+    Ok(decoded)
+}
+
+fn decode_jpeg(
+    bytes: &[u8],
+    max_pixels: u64,
+    scratch: &mut Scratch,
+) -> Result<(Decoded, u16), String> {
+    use zune_core::bytestream::ZCursor;
+    use zune_core::colorspace::ColorSpace;
+    use zune_core::options::DecoderOptions;
+    let side = max_pixels.min(u16::MAX as u64) as usize;
+    let options = DecoderOptions::default()
+        .jpeg_set_out_colorspace(ColorSpace::RGB)
+        .set_max_width(side)
+        .set_max_height(side)
+        .set_strict_mode(true);
+    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    decoder.decode_headers().map_err(|e| format!("JPEG: {e}"))?;
+    let info = decoder.info().ok_or("JPEG: no frame header")?;
+    let (width, height) = (info.width as u32, info.height as u32);
+    too_large(width as u64, height as u64, max_pixels)?;
+    let orientation = decoder.exif().map_or(1, |e| exif_orientation(e));
+    let len = decoder
+        .output_buffer_size()
+        .ok_or("JPEG: output size overflows")?;
+    if len != width as usize * height as usize * 3 {
+        return Err(format!(
+            "JPEG: decoder wants {len} bytes for a {width}x{height} RGB image"
+        ));
+    }
+    let out = sized(&mut scratch.rgb, len);
+    decoder.decode_into(out).map_err(|e| format!("JPEG: {e}"))?;
+    Ok((Decoded { width, height }, orientation))
+}
+
+fn decode_png(bytes: &[u8], max_pixels: u64, scratch: &mut Scratch) -> Result<Decoded, String> {
+    use png::{BitDepth, ColorType, Transformations};
+    let mut decoder = png::Decoder::new_with_limits(
+        Cursor::new(bytes),
+        png::Limits {
+            bytes: usize::try_from(max_pixels.saturating_mul(8)).unwrap_or(usize::MAX),
+        },
+    );
+    decoder.set_transformations(Transformations::EXPAND | Transformations::STRIP_16);
+    let mut reader = decoder.read_info().map_err(|e| format!("PNG: {e}"))?;
+    let (width, height) = {
+        let info = reader.info();
+        (info.width, info.height)
+    };
+    too_large(width as u64, height as u64, max_pixels)?;
+    let (color, depth) = reader.output_color_type();
+    if depth != BitDepth::Eight {
+        return Err(format!("PNG: {depth:?} samples after expansion"));
+    }
+    let len = reader
+        .output_buffer_size()
+        .ok_or("PNG: output size overflows")?;
+    let raw = sized(&mut scratch.raw, len);
+    let frame = reader.next_frame(raw).map_err(|e| format!("PNG: {e}"))?;
+    let pixels = width as usize * height as usize;
+    let line = frame.line_size;
+    let channels = match color {
+        ColorType::Grayscale => 1,
+        ColorType::GrayscaleAlpha => 2,
+        ColorType::Rgb => 3,
+        ColorType::Rgba => 4,
+        ColorType::Indexed => return Err("PNG: palette left unexpanded".into()),
+    };
+    if line < width as usize * channels || frame.buffer_size() > raw.len() {
+        return Err("PNG: frame smaller than its header says".into());
+    }
+    let rgb = sized(&mut scratch.rgb, pixels * 3);
+    for (y, out) in rgb.chunks_exact_mut(width as usize * 3).enumerate() {
+        let src = &raw[y * line..y * line + width as usize * channels];
+        to_rgb(src, channels, out);
+    }
+    Ok(Decoded { width, height })
+}
+
+fn decode_webp(
+    bytes: &[u8],
+    max_pixels: u64,
+    scratch: &mut Scratch,
+) -> Result<(Decoded, u16), String> {
+    let mut decoder =
+        image_webp::WebPDecoder::new(Cursor::new(bytes)).map_err(|e| format!("WebP: {e}"))?;
+    let (width, height) = decoder.dimensions();
+    too_large(width as u64, height as u64, max_pixels)?;
+    let orientation = match decoder.exif_metadata() {
+        Ok(Some(e)) => exif_orientation(&e),
+        _ => 1,
+    };
+    let channels = if decoder.has_alpha() { 4 } else { 3 };
+    let len = decoder
+        .output_buffer_size()
+        .ok_or("WebP: output size overflows")?;
+    let pixels = width as usize * height as usize;
+    if len != pixels * channels {
+        return Err(format!(
+            "WebP: decoder wants {len} bytes for a {width}x{height} image"
+        ));
+    }
+    if channels == 3 {
+        let out = sized(&mut scratch.rgb, len);
+        decoder.read_image(out).map_err(|e| format!("WebP: {e}"))?;
+    } else {
+        let raw = sized(&mut scratch.raw, len);
+        decoder.read_image(raw).map_err(|e| format!("WebP: {e}"))?;
+        let rgb = sized(&mut scratch.rgb, pixels * 3);
+        to_rgb(raw, 4, rgb);
+    }
+    Ok((Decoded { width, height }, orientation))
+}
+
+/// Convert 8-bit pixels of 1 (grey), 2 (grey + alpha), 3 or 4 (RGBA)
+/// channels to RGB, dropping alpha.
+fn to_rgb(src: &[u8], channels: usize, out: &mut [u8]) {
+    match channels {
+        1 => {
+            for (o, &g) in out.chunks_exact_mut(3).zip(src) {
+                o.fill(g);
+            }
+        }
+        2 => {
+            for (o, p) in out.chunks_exact_mut(3).zip(src.chunks_exact(2)) {
+                o.fill(p[0]);
+            }
+        }
+        3 => out.copy_from_slice(&src[..out.len()]),
+        _ => {
+            for (o, p) in out.chunks_exact_mut(3).zip(src.chunks_exact(4)) {
+                o.copy_from_slice(&p[..3]);
+            }
+        }
+    }
+}
+
+/// The EXIF orientation (1 to 8) of a TIFF structure (with or without the
+/// `Exif\0\0` prefix); 1 when absent or unreadable. Every offset is checked.
+pub(crate) fn exif_orientation(exif: &[u8]) -> u16 {
+    let tiff = exif.strip_prefix(b"Exif\0\0").unwrap_or(exif);
+    let little = match tiff.get(0..4) {
+        Some(b"II*\0") => true,
+        Some(b"MM\0*") => false,
+        _ => return 1,
+    };
+    let u16_at = |at: usize| -> Option<u16> {
+        let b: [u8; 2] = tiff.get(at..at.checked_add(2)?)?.try_into().ok()?;
+        Some(if little {
+            u16::from_le_bytes(b)
+        } else {
+            u16::from_be_bytes(b)
+        })
+    };
+    let u32_at = |at: usize| -> Option<u32> {
+        let b: [u8; 4] = tiff.get(at..at.checked_add(4)?)?.try_into().ok()?;
+        Some(if little {
+            u32::from_le_bytes(b)
+        } else {
+            u32::from_be_bytes(b)
+        })
+    };
+    let find = || -> Option<u16> {
+        let ifd = u32_at(4)? as usize;
+        let entries = u16_at(ifd)? as usize;
+        for i in 0..entries.min(512) {
+            let entry = ifd.checked_add(2)?.checked_add(i.checked_mul(12)?)?;
+            if u16_at(entry)? == 0x0112 {
+                return u16_at(entry.checked_add(8)?);
+            }
+        }
+        None
+    };
+    find().filter(|o| (1..=8).contains(o)).unwrap_or(1)
+}
+
+/// Apply EXIF orientation `o` (2 to 8) to the decoded image.
+fn orient(d: Decoded, o: u16, scratch: &mut Scratch) -> Decoded {
+    let (w, h) = (d.width as usize, d.height as usize);
+    let transposed = o >= 5;
+    let (ow, oh) = if transposed { (h, w) } else { (w, h) };
+    let src = &scratch.rgb[..w * h * 3];
+    let out = sized(&mut scratch.raw, w * h * 3);
+    for y in 0..oh {
+        for x in 0..ow {
+            // The source pixel shown at (x, y) of the oriented image.
+            let (sx, sy) = match o {
+                2 => (w - 1 - x, y),
+                3 => (w - 1 - x, h - 1 - y),
+                4 => (x, h - 1 - y),
+                5 => (y, x),
+                6 => (y, h - 1 - x),
+                7 => (w - 1 - y, h - 1 - x),
+                _ => (w - 1 - y, x),
+            };
+            let s = (sy * w + sx) * 3;
+            let t = (y * ow + x) * 3;
+            out[t..t + 3].copy_from_slice(&src[s..s + 3]);
+        }
+    }
+    std::mem::swap(&mut scratch.rgb, &mut scratch.raw);
+    Decoded {
+        width: ow as u32,
+        height: oh as u32,
+    }
+}
+
+/// A crop in source pixels (fractional), and whether to flip.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct CropBox {
+    pub left: f64,
+    pub top: f64,
+    pub width: f64,
+    pub height: f64,
+    pub flip: bool,
+}
+
+/// SplitMix64: the stream of random numbers of one row's crop.
+struct Stream(u64);
+
+impl Stream {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `0..=n`.
+    fn upto(&mut self, n: u64) -> u64 {
+        ((self.next() as u128 * (n as u128 + 1)) >> 64) as u64
+    }
+}
+
+/// The crop and flip of one row: a pure function of its arguments.
+pub(crate) fn crop_box(
+    options: &ImageOptions,
+    seed: u64,
+    epoch: u64,
+    id: RowId,
+    column: usize,
+    image: Decoded,
+) -> CropBox {
+    let mut rng = Stream(
+        seed ^ epoch.wrapping_mul(0xD6E8_FEB8_6659_FD93)
+            ^ ((id.shard as u64) << 32 | id.row_group as u64).wrapping_mul(0xA076_1D64_78BD_642F)
+            ^ (id.row as u64 | (column as u64) << 40).wrapping_mul(0xE703_7ED1_A0B4_28DB),
+    );
+    rng.next();
+    let (w, h) = (image.width as f64, image.height as f64);
+    let (tw, th) = (options.width as f64, options.height as f64);
+    let flip = options.flip && rng.next() >> 63 == 1;
+    let whole = CropBox {
+        left: 0.0,
+        top: 0.0,
+        width: w,
+        height: h,
+        flip,
+    };
+    match options.crop {
+        Crop::Resize => whole,
+        Crop::Center => {
+            // Scale so the image covers the output (the other side
+            // truncated, like torchvision's Resize), then centre it in output
+            // pixels (rounded half to even, like its CenterCrop).
+            let (rw, rh) = if tw / w >= th / h {
+                (tw, (h * tw / w).floor().max(th))
+            } else {
+                ((w * th / h).floor().max(tw), th)
+            };
+            let left = ((rw - tw) / 2.0).round_ties_even();
+            let top = ((rh - th) / 2.0).round_ties_even();
+            let (sx, sy) = (w / rw, h / rh);
+            CropBox {
+                left: left * sx,
+                top: top * sy,
+                width: tw * sx,
+                height: th * sy,
+                flip,
+            }
+        }
+        Crop::RandomResized => {
+            // torchvision's RandomResizedCrop.get_params, with this row's stream.
+            let area = w * h;
+            let (lr0, lr1) = (options.ratio.0.ln(), options.ratio.1.ln());
+            for _ in 0..10 {
+                let target =
+                    area * (options.scale.0 + rng.unit() * (options.scale.1 - options.scale.0));
+                let aspect = (lr0 + rng.unit() * (lr1 - lr0)).exp();
+                let cw = (target * aspect).sqrt().round();
+                let ch = (target / aspect).sqrt().round();
+                if 0.0 < cw && cw <= w && 0.0 < ch && ch <= h {
+                    let top = rng.upto((h - ch) as u64) as f64;
+                    let left = rng.upto((w - cw) as u64) as f64;
+                    return CropBox {
+                        left,
+                        top,
+                        width: cw,
+                        height: ch,
+                        flip,
+                    };
+                }
+            }
+            // Fallback: the centre, its ratio clamped to the range.
+            let in_ratio = w / h;
+            let (cw, ch) = if in_ratio < options.ratio.0 {
+                (w, (w / options.ratio.0).round())
+            } else if in_ratio > options.ratio.1 {
+                ((h * options.ratio.1).round(), h)
+            } else {
+                (w, h)
+            };
+            CropBox {
+                left: ((w - cw) / 2.0).floor().max(0.0),
+                top: ((h - ch) / 2.0).floor().max(0.0),
+                width: cw.clamp(1.0, w),
+                height: ch.clamp(1.0, h),
+                flip,
+            }
+        }
+    }
+}
+
+/// Crop, resize and flip the decoded image in `scratch` into `out`
+/// (`height * width * 3` bytes, channels last or first).
+pub(crate) fn render(
+    options: &ImageOptions,
+    image: Decoded,
+    crop: CropBox,
+    scratch: &mut Scratch,
+    out: &mut [u8],
+) -> Result<(), String> {
+    let (tw, th) = (options.width, options.height);
+    let bytes = options.image_bytes();
+    if out.len() != bytes {
+        return Err(format!("output slot of {} bytes, not {bytes}", out.len()));
+    }
+    let Scratch {
+        rgb, raw, resizer, ..
+    } = scratch;
+    let src = &rgb[..image.width as usize * image.height as usize * 3];
+    if options.channels_first {
+        // Resized channels-last into `raw`, then transposed.
+        let hwc = sized(raw, bytes);
+        place(image, crop, src, resizer, tw, th, hwc)?;
+        let plane = tw as usize * th as usize;
+        let (r, rest) = out.split_at_mut(plane);
+        let (g, b) = rest.split_at_mut(plane);
+        for (i, p) in hwc.chunks_exact(3).enumerate() {
+            r[i] = p[0];
+            g[i] = p[1];
+            b[i] = p[2];
+        }
+        Ok(())
+    } else {
+        place(image, crop, src, resizer, tw, th, out)
+    }
+}
+
+/// Crop, resize and flip `src` into `hwc` (`th * tw` RGB pixels).
+fn place(
+    image: Decoded,
+    crop: CropBox,
+    src: &[u8],
+    resizer: &mut Resizer,
+    tw: u32,
+    th: u32,
+    hwc: &mut [u8],
+) -> Result<(), String> {
+    let whole = crop.left == 0.0
+        && crop.top == 0.0
+        && crop.width == image.width as f64
+        && crop.height == image.height as f64;
+    if whole && image.width == tw && image.height == th {
+        hwc.copy_from_slice(src);
+    } else {
+        let src_image = ImageRef::new(image.width, image.height, src, PixelType::U8x3)
+            .map_err(|e| format!("resize: {e}"))?;
+        let mut dst = Image::from_slice_u8(tw, th, hwc, PixelType::U8x3)
+            .map_err(|e| format!("resize: {e}"))?;
+        let mut resize =
+            ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+        if !whole {
+            resize = resize.crop(crop.left, crop.top, crop.width, crop.height);
+        }
+        resizer
+            .resize(&src_image, &mut dst, &resize)
+            .map_err(|e| format!("resize: {e}"))?;
+    }
+    if crop.flip {
+        for row in hwc.chunks_exact_mut(tw as usize * 3) {
+            let n = row.len() / 3;
+            for x in 0..n / 2 {
+                let (a, b) = (x * 3, (n - 1 - x) * 3);
+                for c in 0..3 {
+                    row.swap(a + c, b + c);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decode one row's image into its output slot.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_into(
+    options: &ImageOptions,
+    seed: u64,
+    epoch: u64,
+    id: RowId,
+    column: usize,
+    bytes: &[u8],
+    scratch: &mut Scratch,
+    out: &mut [u8],
+) -> Result<(), String> {
+    let image = decode(bytes, options.max_pixels, scratch)?;
+    let crop = crop_box(options, seed, epoch, id, column, image);
+    render(options, image, crop, scratch, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(row: u32) -> RowId {
+        RowId {
+            shard: 1,
+            row_group: 2,
+            row,
+        }
+    }
+
+    #[test]
+    fn random_crops_are_inside_the_image_and_a_function_of_the_row() {
+        let options = ImageOptions {
+            flip: true,
+            ..ImageOptions::default()
+        };
+        let image = Decoded {
+            width: 500,
+            height: 375,
+        };
+        let mut flips = 0;
+        for row in 0..2000 {
+            let a = crop_box(&options, 7, 1, id(row), 0, image);
+            assert_eq!(a, crop_box(&options, 7, 1, id(row), 0, image));
+            assert!(a.left >= 0.0 && a.top >= 0.0 && a.width >= 1.0 && a.height >= 1.0);
+            assert!(
+                a.left + a.width <= 500.0 && a.top + a.height <= 375.0,
+                "{a:?}"
+            );
+            let share = a.width * a.height / (500.0 * 375.0);
+            assert!((0.07..=1.0).contains(&share), "{share}");
+            flips += a.flip as u32;
+        }
+        assert!((900..1100).contains(&flips), "{flips} flips of 2000");
+        assert_ne!(
+            crop_box(&options, 7, 1, id(3), 0, image),
+            crop_box(&options, 7, 2, id(3), 0, image)
+        );
+    }
+
+    #[test]
+    fn exif_orientation_is_read_in_both_byte_orders_and_bad_offsets_give_one() {
+        let mut le = b"Exif\0\0II*\0\x08\0\0\0\x01\0\x12\x01\x03\0\x01\0\0\0\x06\0\0\0".to_vec();
+        assert_eq!(exif_orientation(&le), 6);
+        let be = b"MM\0*\0\0\0\x08\0\x01\x01\x12\0\x03\0\0\0\x01\0\x03\0\0".to_vec();
+        assert_eq!(exif_orientation(&be), 3);
+        le[10] = 0xff; // IFD offset far past the end
+        assert_eq!(exif_orientation(&le), 1);
+        assert_eq!(exif_orientation(b"II*\0\xff\xff\xff\xff"), 1);
+        assert_eq!(exif_orientation(b""), 1);
+    }
+
+    #[test]
+    fn orientations_map_corners_like_exif_transpose() {
+        // A 3x2 image whose pixels are their indices.
+        let base: Vec<u8> = (0..6u8).flat_map(|i| [i, i, i]).collect();
+        let expect: [(u16, [u8; 6]); 4] = [
+            (2, [2, 1, 0, 5, 4, 3]),
+            (3, [5, 4, 3, 2, 1, 0]),
+            (6, [3, 0, 4, 1, 5, 2]),
+            (8, [2, 5, 1, 4, 0, 3]),
+        ];
+        for (o, want) in expect {
+            let mut s = Scratch {
+                rgb: base.clone(),
+                ..Scratch::default()
+            };
+            let d = orient(
+                Decoded {
+                    width: 3,
+                    height: 2,
+                },
+                o,
+                &mut s,
+            );
+            let got: Vec<u8> = s.rgb[..18].chunks(3).map(|p| p[0]).collect();
+            assert_eq!(got, want, "orientation {o}");
+            assert_eq!((d.width, d.height), if o >= 5 { (2, 3) } else { (3, 2) });
+        }
+    }
+
+    #[test]
+    fn garbage_empty_and_huge_headers_are_refused_by_name() {
+        let mut s = Scratch::default();
+        assert!(decode(b"", 100, &mut s).unwrap_err().contains("empty"));
+        assert!(
+            decode(b"GIF89a....", 100, &mut s)
+                .unwrap_err()
+                .contains("not a JPEG")
+        );
+        // A PNG header claiming 100000 x 100000 pixels.
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        png.extend_from_slice(&100_000u32.to_be_bytes());
+        png.extend_from_slice(&100_000u32.to_be_bytes());
+        png.extend_from_slice(&[8, 2, 0, 0, 0]);
+        let crc = crc32fast::hash(&png[12..]);
+        png.extend_from_slice(&crc.to_be_bytes());
+        let e = decode(&png, DEFAULT_MAX_IMAGE_PIXELS, &mut s).unwrap_err();
+        assert!(e.contains("max_image_pixels") || e.contains("PNG"), "{e}");
+        assert!(s.rgb.capacity() < 1 << 20);
+    }
+}
