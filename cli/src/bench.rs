@@ -128,6 +128,94 @@ pub struct BenchArgs {
     /// Flip half the decoded images horizontally.
     #[arg(long)]
     pub flip: bool,
+    /// With --decode-images: measure the image decoder alone (the ceiling):
+    /// read the column's bytes into memory first, then decode them to RGB on
+    /// --threads threads, without cropping, resizing or collating.
+    #[arg(long, requires = "decode_images")]
+    pub decode_only: bool,
+}
+
+/// What `bench --decode-only` measured.
+#[derive(Serialize)]
+pub struct DecodeOnlyReport {
+    /// Images decoded.
+    pub images: u64,
+    /// Threads decoding.
+    pub threads: usize,
+    /// Seconds spent decoding (reading excluded).
+    pub seconds: f64,
+    /// Images per second.
+    pub images_per_s: f64,
+    /// Encoded megabytes per second.
+    pub mb_per_s: f64,
+}
+
+/// Decode every image of the `--decode-images` columns on `--threads`
+/// threads, after reading them into memory.
+pub fn decode_only(args: &BenchArgs) -> Result<DecodeOnlyReport> {
+    let url = args.dataset.as_deref().context("name a dataset")?;
+    let columns = args.decode_images.clone().unwrap_or_default();
+    let mut plain = args.clone();
+    plain.decode_images = None;
+    plain.columns = Some(columns.clone());
+    let mut loader = loader_builder(&plain, url)?
+        .drop_last(false)
+        .shuffle(false)
+        .build()?;
+    let mut values: Vec<Vec<u8>> = Vec::new();
+    for batch in &mut loader {
+        let batch = batch?;
+        for c in &columns {
+            let bytes: &[u8] = batch.values(c).unwrap_or_default();
+            let offsets = batch.offsets(c).unwrap_or_default();
+            for w in offsets.windows(2) {
+                values.push(bytes[w[0] as usize..w[1] as usize].to_vec());
+            }
+        }
+    }
+    drop(loader);
+    let threads = if args.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        args.threads
+    };
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let started = Instant::now();
+    let failures: usize = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut decoder = shardfeed_loader::ImageDecoder::new(
+                        shardfeed_loader::DEFAULT_MAX_IMAGE_PIXELS,
+                    );
+                    let mut failed = 0;
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(v) = values.get(i) else {
+                            return failed;
+                        };
+                        failed += decoder.decode(v).is_err() as usize;
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("decode thread"))
+            .sum()
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    if failures > 0 {
+        anyhow::bail!("{failures} of {} images did not decode", values.len());
+    }
+    let bytes: usize = values.iter().map(Vec::len).sum();
+    Ok(DecodeOnlyReport {
+        images: values.len() as u64,
+        threads,
+        seconds,
+        images_per_s: values.len() as f64 / seconds,
+        mb_per_s: bytes as f64 / 1e6 / seconds,
+    })
 }
 
 /// `224` or `160x224`: (height, width).

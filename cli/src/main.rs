@@ -475,6 +475,7 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         image_size: "224".into(),
         crop: "random_resized".into(),
         flip: false,
+        decode_only: false,
     };
     bench::print(&bench::measure(&args)?, false)?;
     println!("dataset: {}", dataset.display());
@@ -538,6 +539,19 @@ fn main() -> ExitCode {
                 .and_then(|r| bench::print_mix(&r, args.json))
                 .map(|()| true)
         }
+        Command::Bench(args) if args.decode_only => bench::decode_only(&args)
+            .and_then(|r| {
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&r)?);
+                } else {
+                    println!(
+                        "decode only: {} images on {} threads in {:.2} s: {:.0} images/s, {:.1} MB/s",
+                        r.images, r.threads, r.seconds, r.images_per_s, r.mb_per_s
+                    );
+                }
+                Ok(())
+            })
+            .map(|()| true),
         Command::Bench(args) => bench::measure(&args)
             .and_then(|r| bench::print(&r, args.json))
             .map(|()| true),

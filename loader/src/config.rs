@@ -719,7 +719,7 @@ struct Sizes {
     unit_bytes: u64,
     /// Bytes of one collated batch.
     batch_bytes: u64,
-    /// Bytes per slab: twice a batch's.
+    /// Bytes per slab: twice a batch's (decoded images: once).
     slab_bytes: usize,
 }
 
@@ -784,9 +784,17 @@ fn estimate_sizes(
                 .saturating_add(decoded_per_row),
         )
         .saturating_add(overhead as u64);
-    let slab_bytes = usize::try_from(batch_bytes.saturating_mul(2))
-        .unwrap_or(usize::MAX)
-        .max(64 << 10);
+    // Twice the estimate for what varies from batch to batch; decoded images
+    // have exactly their size.
+    let images = (rows as u64).saturating_mul(decoded_per_row);
+    let slab_bytes = usize::try_from(
+        batch_bytes
+            .saturating_sub(images)
+            .saturating_mul(2)
+            .saturating_add(images),
+    )
+    .unwrap_or(usize::MAX)
+    .max(64 << 10);
     Ok(Sizes {
         unit_bytes,
         batch_bytes,

@@ -222,6 +222,31 @@ pub fn probe(bytes: &[u8]) -> Result<ImageHeader, String> {
     })
 }
 
+/// The loader's image decoder on its own (format sniffing, EXIF
+/// orientation, RGB output), for measuring its ceiling: `shardfeed bench
+/// --decode-only`.
+pub struct ImageDecoder {
+    scratch: Scratch,
+    max_pixels: u64,
+}
+
+impl ImageDecoder {
+    /// A decoder refusing images of more than `max_pixels` pixels.
+    pub fn new(max_pixels: u64) -> Self {
+        ImageDecoder {
+            scratch: Scratch::default(),
+            max_pixels,
+        }
+    }
+
+    /// Decode `bytes` to RGB8: the pixels (row major), width and height.
+    pub fn decode(&mut self, bytes: &[u8]) -> Result<(&[u8], u32, u32), String> {
+        let d = decode(bytes, self.max_pixels, &mut self.scratch)?;
+        let len = d.width as usize * d.height as usize * 3;
+        Ok((&self.scratch.rgb[..len], d.width, d.height))
+    }
+}
+
 /// A decoding thread's buffers, kept from one image (and batch) to the next
 /// so the steady state allocates nothing.
 #[derive(Default)]
@@ -683,13 +708,7 @@ fn place(
     }
     if crop.flip {
         for row in hwc.chunks_exact_mut(tw as usize * 3) {
-            let n = row.len() / 3;
-            for x in 0..n / 2 {
-                let (a, b) = (x * 3, (n - 1 - x) * 3);
-                for c in 0..3 {
-                    row.swap(a + c, b + c);
-                }
-            }
+            row.as_chunks_mut::<3>().0.reverse();
         }
     }
     Ok(())

@@ -66,7 +66,9 @@ pub use config::{
     DEFAULT_WINDOW, FIRST_SLICES, LoaderBuilder, MAX_AUTO_WINDOW, MIXED_ROW_GROUPS, OnError,
 };
 pub use error::{LoaderError, Result};
-pub use image::{Crop, DEFAULT_MAX_IMAGE_PIXELS, ImageHeader, ImageOptions, probe as probe_image};
+pub use image::{
+    Crop, DEFAULT_MAX_IMAGE_PIXELS, ImageDecoder, ImageHeader, ImageOptions, probe as probe_image,
+};
 pub use loader::Loader;
 pub use mix::{MixStop, Mixture, MixtureBuilder, MixtureState, MixtureStats};
 pub use pack::{PackMode, PackOptions};
