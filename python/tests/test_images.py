@@ -282,3 +282,20 @@ def test_image_options_are_checked(tmp_path):
     with pytest.raises(shardfeed.ShardfeedError, match="max_image_pixels"):
         list(shardfeed.Loader(ds, batch_size=1, drop_last=False, decode_images="bytes",
                               max_image_pixels=1000))
+
+
+def test_a_mixture_of_image_datasets_decodes_every_source(tmp_path):
+    a = folder(tmp_path / "a", {f"a{i}.jpg": encode(photo(64, 48, i), "JPEG") for i in range(12)})
+    b = folder(tmp_path / "b", {f"b{i}.png": encode(photo(40, 50, i), "PNG") for i in range(12)})
+    shardfeed.shard(str(a), str(tmp_path / "da"))
+    shardfeed.shard(str(b), str(tmp_path / "db"))
+    loader = shardfeed.Loader({str(tmp_path / "da"): 0.5, str(tmp_path / "db"): 0.5}, batch_size=4,
+                              columns=["bytes"], decode_images="bytes", image_size=(24, 32),
+                              drop_last=False)
+    counts = [0, 0]
+    for batch in loader:
+        assert batch["bytes"].dtype == np.uint8 and batch["bytes"].shape[1:] == (24, 32, 3)
+        for s in batch["source"]:
+            counts[int(s)] += 1
+    # Blended 1:1 until the first source runs out (mix_stop="first_exhausted").
+    assert max(counts) == 12 and min(counts) >= 11, counts
