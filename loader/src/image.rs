@@ -259,6 +259,20 @@ pub(crate) struct Scratch {
     resizer: Resizer,
 }
 
+/// Buffers larger than this are released after the image that grew them,
+/// so one huge image does not keep a thread's memory high.
+const KEEP_SCRATCH_BYTES: usize = 48 << 20;
+
+impl Scratch {
+    fn trim(&mut self) {
+        for buf in [&mut self.rgb, &mut self.raw] {
+            if buf.capacity() > KEEP_SCRATCH_BYTES {
+                *buf = Vec::new();
+            }
+        }
+    }
+}
+
 /// A decoded RGB8 image in a [`Scratch`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Decoded {
@@ -726,9 +740,13 @@ pub(crate) fn decode_into(
     scratch: &mut Scratch,
     out: &mut [u8],
 ) -> Result<(), String> {
-    let image = decode(bytes, options.max_pixels, scratch)?;
-    let crop = crop_box(options, seed, epoch, id, column, image);
-    render(options, image, crop, scratch, out)
+    let image = decode(bytes, options.max_pixels, scratch);
+    let rendered = image.and_then(|image| {
+        let crop = crop_box(options, seed, epoch, id, column, image);
+        render(options, image, crop, scratch, out)
+    });
+    scratch.trim();
+    rendered
 }
 
 #[cfg(test)]
@@ -812,6 +830,40 @@ mod tests {
             assert_eq!(got, want, "orientation {o}");
             assert_eq!((d.width, d.height), if o >= 5 { (2, 3) } else { (3, 2) });
         }
+    }
+
+    fn png(width: u32, height: u32, rgb: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut e = png::Encoder::new(&mut out, width, height);
+        e.set_color(png::ColorType::Rgb);
+        e.set_depth(png::BitDepth::Eight);
+        let mut w = e.write_header().unwrap();
+        w.write_image_data(rgb).unwrap();
+        w.finish().unwrap();
+        out
+    }
+
+    #[test]
+    fn a_huge_image_decodes_and_its_buffers_are_released_after_it() {
+        let (w, h) = (4200u32, 4200u32);
+        let mut rgb = vec![0u8; (w * h * 3) as usize];
+        rgb[3 * (w as usize * 2100 + 2100)] = 255;
+        let bytes = png(w, h, &rgb);
+        let options = ImageOptions {
+            crop: Crop::Resize,
+            height: 4,
+            width: 4,
+            ..ImageOptions::default()
+        };
+        let mut scratch = Scratch::default();
+        let mut out = vec![0u8; 4 * 4 * 3];
+        decode_into(&options, 0, 0, id(0), 0, &bytes, &mut scratch, &mut out).unwrap();
+        assert_eq!(scratch.rgb.capacity() + scratch.raw.capacity(), 0);
+        // A small image keeps its buffers for the next one.
+        let small = png(8, 8, &[7u8; 8 * 8 * 3]);
+        decode_into(&options, 0, 0, id(1), 0, &small, &mut scratch, &mut out).unwrap();
+        assert!(scratch.rgb.capacity() >= 8 * 8 * 3);
+        assert!(out.iter().all(|&v| v == 7), "{out:?}");
     }
 
     #[test]
