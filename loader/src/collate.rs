@@ -417,6 +417,7 @@ impl<'a> Collation<'a> {
         seed: u64,
         epoch: u64,
         scratch: &mut [image::Scratch],
+        cancel: &AtomicBool,
     ) -> Vec<(usize, usize, String)> {
         let Some(options) = self.images else {
             return Vec::new();
@@ -452,7 +453,9 @@ impl<'a> Collation<'a> {
         let queue = std::sync::Mutex::new(jobs.into_iter());
         let failures = std::sync::Mutex::new(Vec::new());
         let work = |scratch: &mut image::Scratch| {
-            loop {
+            // A cancelled pass stops between images (the caller sees the
+            // flag and drops the batch).
+            while !cancel.load(Ordering::Relaxed) {
                 let job = queue.lock().expect("image queue").next();
                 let Some((i, c, bytes, slot)) = job else {
                     return;
@@ -888,7 +891,11 @@ impl Collator {
                 self.config.seed,
                 self.plan.options().epoch,
                 &mut self.scratch,
+                &self.cancel,
             );
+            if self.cancel.load(Ordering::SeqCst) {
+                return Err(LoaderError::Closed);
+            }
             if !failures.is_empty() {
                 columns = self.leave_out(&collation, &mut rows, &ids, failures, &mut lease)?;
             }
