@@ -114,7 +114,7 @@ def paths_and_pixels(loader, column="bytes"):
             yield bytes(batch["path"][offs[i]:offs[i + 1]]).decode(), batch[column][i]
 
 
-@pytest.mark.parametrize("size", [(160, 240), (97, 131)])
+@pytest.mark.parametrize("size", [(160, 240), (97, 131), (333, 500)])
 def test_pixels_match_pillow(tmp_path, size):
     h, w = size
     files = variants(w, h)
