@@ -35,8 +35,9 @@ pub enum Crop {
     /// [`ImageOptions::ratio`]), resized to the output size.
     #[default]
     RandomResized,
-    /// Scale so the image covers the output size, then cut its centre
-    /// (torchvision's `Resize(min(h, w))` then `CenterCrop((h, w))`).
+    /// Scale so the image covers the output size, then cut its centre (for
+    /// a square output of side `S`, torchvision's `Resize(S)` then
+    /// `CenterCrop(S)`; torchvision pads a non-square crop, this never does).
     Center,
     /// Resize the whole image to the output size (the aspect ratio is not
     /// kept); an image already of that size is copied unchanged.
