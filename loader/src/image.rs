@@ -566,8 +566,27 @@ impl Stream {
     }
 }
 
-/// The crop and flip of one row: a pure function of its arguments.
+/// The crop and flip of one row: a pure function of its arguments. The box
+/// lies inside the image exactly (floating-point rounding included), as the
+/// resizer requires.
 pub(crate) fn crop_box(
+    options: &ImageOptions,
+    seed: u64,
+    epoch: u64,
+    id: RowId,
+    column: usize,
+    image: Decoded,
+) -> CropBox {
+    let (w, h) = (image.width as f64, image.height as f64);
+    let mut c = raw_crop_box(options, seed, epoch, id, column, image);
+    c.left = c.left.clamp(0.0, w - 1.0);
+    c.top = c.top.clamp(0.0, h - 1.0);
+    c.width = c.width.min(w - c.left).max(f64::MIN_POSITIVE);
+    c.height = c.height.min(h - c.top).max(f64::MIN_POSITIVE);
+    c
+}
+
+fn raw_crop_box(
     options: &ImageOptions,
     seed: u64,
     epoch: u64,
@@ -790,6 +809,37 @@ mod tests {
             crop_box(&options, 7, 1, id(3), 0, image),
             crop_box(&options, 7, 2, id(3), 0, image)
         );
+    }
+
+    #[test]
+    fn crops_of_any_shape_fit_the_resizer() {
+        let mut resizer = Resizer::new();
+        let mut sizes = Stream(3);
+        for crop in [Crop::Center, Crop::RandomResized, Crop::Resize] {
+            for i in 0..400 {
+                let image = Decoded {
+                    width: 1 + sizes.upto(1200) as u32,
+                    height: 1 + sizes.upto(1200) as u32,
+                };
+                let (th, tw) = (1 + sizes.upto(300) as u32, 1 + sizes.upto(300) as u32);
+                let options = ImageOptions {
+                    crop,
+                    height: th,
+                    width: tw,
+                    ..ImageOptions::default()
+                };
+                let c = crop_box(&options, 1, 0, id(i), 0, image);
+                assert!(c.left >= 0.0 && c.top >= 0.0 && c.width > 0.0 && c.height > 0.0);
+                assert!(c.left + c.width <= image.width as f64, "{c:?} {image:?}");
+                assert!(c.top + c.height <= image.height as f64, "{c:?} {image:?}");
+                if i % 40 == 0 {
+                    let src = vec![9u8; image.width as usize * image.height as usize * 3];
+                    let mut out = vec![0u8; tw as usize * th as usize * 3];
+                    place(image, c, &src, &mut resizer, tw, th, &mut out).unwrap();
+                    assert!(out.iter().all(|&v| v == 9));
+                }
+            }
+        }
     }
 
     #[test]
