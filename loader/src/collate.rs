@@ -460,9 +460,16 @@ impl<'a> Collation<'a> {
                 let Some((i, c, bytes, slot)) = job else {
                     return;
                 };
-                if let Err(e) =
+                // The decoders read untrusted bytes: a panic in one is that
+                // image's error (named, or skipped), with fresh buffers after it.
+                let decoded = shardfeed_format::panic::catch(|| {
                     image::decode_into(options, seed, epoch, ids[i], c, bytes, scratch, slot)
-                {
+                })
+                .unwrap_or_else(|message| {
+                    *scratch = image::Scratch::default();
+                    Err(format!("the decoder panicked: {message}"))
+                });
+                if let Err(e) = decoded {
                     failures.lock().expect("image failures").push((i, c, e));
                 }
             }
