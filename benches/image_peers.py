@@ -3,7 +3,9 @@
 `DataLoader(num_workers=N)` over an ImageFolder with PIL decode, `RandomResizedCrop(224)`,
 `RandomHorizontalFlip` and `PILToTensor`, and against the JPEG decoder alone (the ceiling:
 `shardfeed bench --decode-only`, the same bytes decoded to RGB on N threads, no crop, resize or
-collation).
+collation). `python` is the same loader used from Python as a trainer would
+(`shardfeed.Loader(..., decode_images="bytes")`, each batch made a tensor with
+`torch.from_numpy`): it needs the extension built in release mode (`pip install ./python`).
 
 Each run is a fresh process over one epoch (images/s over the whole epoch, start-up
 included); the tools run interleaved, --repeat times; medians.
@@ -46,6 +48,22 @@ with ProcessPoolExecutor(2) as ex:
     list(ex.map(make, range(n), chunksize=200))
 '''
 
+PYTHON = r'''
+import sys, time, json, torch, shardfeed
+ds, threads, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+t0 = time.perf_counter()
+loader = shardfeed.Loader(ds, batch, columns=["bytes", "label_index"], decode_images="bytes",
+                          image_size=224, crop="random_resized", flip=True, threads=threads)
+n, first = 0, None
+for b in loader:
+    x = torch.from_numpy(b["bytes"])
+    if first is None:
+        first = time.perf_counter() - t0
+    n += x.shape[0]
+s = time.perf_counter() - t0
+print(json.dumps({"images": n, "seconds": s, "first_batch_s": first}))
+'''
+
 TORCH = r'''
 import sys, time, json, torch, torchvision
 from torchvision import transforms as T
@@ -85,10 +103,10 @@ def main():
         subprocess.run([sys.executable, "-c", GEN, raw, str(args.images)], check=True)
     if not os.path.exists(os.path.join(ds, "manifest.json")):
         run([args.bin, "shard", raw, "-o", ds, "--threads", str(args.threads)])
-    results = {"shardfeed": [], "dataloader": [], "decode_only": []}
+    results = {"shardfeed": [], "python": [], "dataloader": [], "decode_only": []}
     for i in range(args.repeat):
-        order = ["shardfeed", "dataloader", "decode_only"]
-        order = order[i % 3:] + order[:i % 3]
+        order = ["shardfeed", "python", "dataloader", "decode_only"]
+        order = order[i % 4:] + order[:i % 4]
         for tool in order:
             if tool == "shardfeed":
                 t = time.perf_counter()
@@ -102,6 +120,11 @@ def main():
                                       "loop_images_per_s": out["rows_per_s"],
                                       "first_batch_ms": out["time_to_first_batch_ms"],
                                       "peak_rss_mib": (out["peak_rss_bytes"] or 0) / 2**20})
+            elif tool == "python":
+                out = json.loads(run([sys.executable, "-c", PYTHON, ds, str(args.threads),
+                                      str(args.batch_size)]))
+                results[tool].append({"images_per_s": out["images"] / out["seconds"],
+                                      "first_batch_ms": out["first_batch_s"] * 1000})
             elif tool == "dataloader":
                 out = json.loads(run([sys.executable, "-c", TORCH, raw, str(args.threads),
                                       str(args.batch_size)]))
@@ -118,6 +141,8 @@ def main():
     for k, v in med.items():
         print(f"  {k:12s} {v:8.0f}   runs: {[round(r['images_per_s']) for r in results[k]]}")
     print(f"  shardfeed / DataLoader(num_workers={args.threads}): {med['shardfeed'] / med['dataloader']:.2f}x")
+    print(f"  shardfeed from Python (shardfeed.Loader + torch.from_numpy) / DataLoader: "
+          f"{med['python'] / med['dataloader']:.2f}x")
     print(f"  shardfeed / decode-only ceiling: {med['shardfeed'] / med['decode_only']:.2f}")
     first = statistics.median(r["first_batch_ms"] for r in results["shardfeed"])
     print(f"  shardfeed first batch {first:.0f} ms, peak RSS "
