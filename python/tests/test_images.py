@@ -284,6 +284,20 @@ def test_image_options_are_checked(tmp_path):
                               max_image_pixels=1000))
 
 
+def test_a_10000_by_10000_jpeg_is_refused_from_its_header(tmp_path):
+    """A JPEG whose frame header claims 10,000 x 10,000 pixels (100 million, over the default
+    limit of 40 million) is refused by name before its pixels are allocated."""
+    jpeg = bytearray(encode(photo(40, 30, 0), "JPEG", quality=90))
+    sof = jpeg.index(b"\xff\xc0")
+    jpeg[sof + 5:sof + 9] = (10_000).to_bytes(2, "big") + (10_000).to_bytes(2, "big")
+    raw = folder(tmp_path, {"huge.jpg": bytes(jpeg), "ok.jpg": encode(photo(40, 30, 1), "JPEG")})
+    shardfeed.shard(str(raw), str(tmp_path / "ds"), shuffle=False)
+    with pytest.raises(shardfeed.ShardfeedError,
+                       match=r"10000x10000 image is larger than max_image_pixels \(40000000\)"):
+        list(shardfeed.Loader(str(tmp_path / "ds"), batch_size=2, drop_last=False,
+                              decode_images="bytes"))
+
+
 def test_a_mixture_of_image_datasets_decodes_every_source(tmp_path):
     a = folder(tmp_path / "a", {f"a{i}.jpg": encode(photo(64, 48, i), "JPEG") for i in range(12)})
     b = folder(tmp_path / "b", {f"b{i}.png": encode(photo(40, 50, i), "PNG") for i in range(12)})
