@@ -463,7 +463,13 @@ impl<'a> Collation<'a> {
                 // The decoders read untrusted bytes: a panic in one is that
                 // image's error (named, or skipped), with fresh buffers after it.
                 let decoded = shardfeed_format::panic::catch(|| {
-                    image::decode_into(options, seed, epoch, ids[i], c, bytes, scratch, slot)
+                    let key = image::CropKey {
+                        seed,
+                        epoch,
+                        id: ids[i],
+                        column: c,
+                    };
+                    image::decode_into(options, key, bytes, scratch, slot)
                 })
                 .unwrap_or_else(|message| {
                     *scratch = image::Scratch::default();

@@ -566,19 +566,22 @@ impl Stream {
     }
 }
 
+/// What a row's crop and flip are a function of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CropKey {
+    pub seed: u64,
+    pub epoch: u64,
+    pub id: RowId,
+    /// The image column's index among the loaded columns.
+    pub column: usize,
+}
+
 /// The crop and flip of one row: a pure function of its arguments. The box
 /// lies inside the image exactly (floating-point rounding included), as the
 /// resizer requires.
-pub(crate) fn crop_box(
-    options: &ImageOptions,
-    seed: u64,
-    epoch: u64,
-    id: RowId,
-    column: usize,
-    image: Decoded,
-) -> CropBox {
+pub(crate) fn crop_box(options: &ImageOptions, key: CropKey, image: Decoded) -> CropBox {
     let (w, h) = (image.width as f64, image.height as f64);
-    let mut c = raw_crop_box(options, seed, epoch, id, column, image);
+    let mut c = raw_crop_box(options, key, image);
     c.left = c.left.clamp(0.0, w - 1.0);
     c.top = c.top.clamp(0.0, h - 1.0);
     c.width = c.width.min(w - c.left).max(f64::MIN_POSITIVE);
@@ -586,14 +589,13 @@ pub(crate) fn crop_box(
     c
 }
 
-fn raw_crop_box(
-    options: &ImageOptions,
-    seed: u64,
-    epoch: u64,
-    id: RowId,
-    column: usize,
-    image: Decoded,
-) -> CropBox {
+fn raw_crop_box(options: &ImageOptions, key: CropKey, image: Decoded) -> CropBox {
+    let CropKey {
+        seed,
+        epoch,
+        id,
+        column,
+    } = key;
     let mut rng = Stream(
         seed ^ epoch.wrapping_mul(0xD6E8_FEB8_6659_FD93)
             ^ ((id.shard as u64) << 32 | id.row_group as u64).wrapping_mul(0xA076_1D64_78BD_642F)
@@ -772,20 +774,16 @@ fn flip_rows(hwc: &mut [u8], width: usize) {
 }
 
 /// Decode one row's image into its output slot.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_into(
     options: &ImageOptions,
-    seed: u64,
-    epoch: u64,
-    id: RowId,
-    column: usize,
+    key: CropKey,
     bytes: &[u8],
     scratch: &mut Scratch,
     out: &mut [u8],
 ) -> Result<(), String> {
     let image = decode(bytes, options.max_pixels, scratch);
     let rendered = image.and_then(|image| {
-        let crop = crop_box(options, seed, epoch, id, column, image);
+        let crop = crop_box(options, key, image);
         render(options, image, crop, scratch, out)
     });
     scratch.trim();
@@ -804,6 +802,15 @@ mod tests {
         }
     }
 
+    fn key(seed: u64, epoch: u64, row: u32) -> CropKey {
+        CropKey {
+            seed,
+            epoch,
+            id: id(row),
+            column: 0,
+        }
+    }
+
     #[test]
     fn random_crops_are_inside_the_image_and_a_function_of_the_row() {
         let options = ImageOptions {
@@ -816,8 +823,8 @@ mod tests {
         };
         let mut flips = 0;
         for row in 0..2000 {
-            let a = crop_box(&options, 7, 1, id(row), 0, image);
-            assert_eq!(a, crop_box(&options, 7, 1, id(row), 0, image));
+            let a = crop_box(&options, key(7, 1, row), image);
+            assert_eq!(a, crop_box(&options, key(7, 1, row), image));
             assert!(a.left >= 0.0 && a.top >= 0.0 && a.width >= 1.0 && a.height >= 1.0);
             assert!(
                 a.left + a.width <= 500.0 && a.top + a.height <= 375.0,
@@ -829,8 +836,8 @@ mod tests {
         }
         assert!((900..1100).contains(&flips), "{flips} flips of 2000");
         assert_ne!(
-            crop_box(&options, 7, 1, id(3), 0, image),
-            crop_box(&options, 7, 2, id(3), 0, image)
+            crop_box(&options, key(7, 1, 3), image),
+            crop_box(&options, key(7, 2, 3), image)
         );
     }
 
@@ -851,7 +858,7 @@ mod tests {
                     width: tw,
                     ..ImageOptions::default()
                 };
-                let c = crop_box(&options, 1, 0, id(i), 0, image);
+                let c = crop_box(&options, key(1, 0, i), image);
                 assert!(c.left >= 0.0 && c.top >= 0.0 && c.width > 0.0 && c.height > 0.0);
                 assert!(c.left + c.width <= image.width as f64, "{c:?} {image:?}");
                 assert!(c.top + c.height <= image.height as f64, "{c:?} {image:?}");
@@ -948,11 +955,11 @@ mod tests {
         };
         let mut scratch = Scratch::default();
         let mut out = vec![0u8; 4 * 4 * 3];
-        decode_into(&options, 0, 0, id(0), 0, &bytes, &mut scratch, &mut out).unwrap();
+        decode_into(&options, key(0, 0, 0), &bytes, &mut scratch, &mut out).unwrap();
         assert_eq!(scratch.rgb.capacity() + scratch.raw.capacity(), 0);
         // A small image keeps its buffers for the next one.
         let small = png(8, 8, &[7u8; 8 * 8 * 3]);
-        decode_into(&options, 0, 0, id(1), 0, &small, &mut scratch, &mut out).unwrap();
+        decode_into(&options, key(0, 0, 1), &small, &mut scratch, &mut out).unwrap();
         assert!(scratch.rgb.capacity() >= 8 * 8 * 3);
         assert!(out.iter().all(|&v| v == 7), "{out:?}");
     }
