@@ -209,6 +209,58 @@ fn expand_folder(
     Ok(())
 }
 
+/// A global row shuffle for the cheapest case: every input is one folder's
+/// files (one row each, as ImageFolder trees are). The files are put in a
+/// seeded uniformly random order (Fisher-Yates) before anything is read, so
+/// the rows come out as a global permutation without an external shuffle
+/// (no spill of every image to disk and back). Returns whether it applied:
+/// not for tabular inputs or several folders, which take the external
+/// shuffle.
+pub(crate) fn permute_files(inputs: &mut Inputs, seed: u64) -> bool {
+    let mut root: Option<(&PathBuf, &Arc<Vec<String>>)> = None;
+    for source in &inputs.sources {
+        match source {
+            Source::Files {
+                root: r, labels, ..
+            } => match root {
+                None => root = Some((r, labels)),
+                Some((first, _)) if first == r => {}
+                Some(_) => return false,
+            },
+            Source::File { .. } => return false,
+        }
+    }
+    let Some((root, labels)) = root.map(|(r, l)| (r.clone(), l.clone())) else {
+        return false;
+    };
+    let mut rows: Vec<(String, i32)> = inputs
+        .sources
+        .drain(..)
+        .flat_map(|s| match s {
+            Source::Files { files, .. } => files,
+            Source::File { .. } => unreachable!("checked above"),
+        })
+        .collect();
+    let mut rng =
+        shardfeed_format::permute::SplitMix64::new(shardfeed_format::permute::hash_words(&[
+            seed,
+            0x6669_6c65_7320_6f72,
+        ]));
+    for i in (1..rows.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        rows.swap(i, j);
+    }
+    inputs.sources = rows
+        .chunks(FILES_PER_UNIT)
+        .map(|chunk| Source::Files {
+            root: root.clone(),
+            files: chunk.to_vec(),
+            labels: labels.clone(),
+        })
+        .collect();
+    true
+}
+
 fn push_file(path: PathBuf, forced: Option<InputFormat>, sources: &mut Vec<Source>) -> Result<()> {
     let format = match forced.or_else(|| InputFormat::from_path(&path)) {
         Some(InputFormat::Files) | None => return Err(PreprocessError::UnknownFormat { path }),

@@ -100,6 +100,9 @@ pub struct ShardOptions {
     /// `tokenize`'s tokenizer, loaded and checked against the inputs once
     /// per run (by [`shard`](crate::shard), before any output is touched).
     pub(crate) text_tokenizer: Option<Arc<TextTokenizer>>,
+    /// The shuffle was done by permuting the files of a folder input (one
+    /// row each) before reading: the rows need no external shuffle.
+    pub(crate) files_permuted: bool,
 }
 
 /// The stages of a task of a split run with `--shuffle`: every task scatters
@@ -168,6 +171,7 @@ impl Default for ShardOptions {
             run: String::new(),
             tokenize: None,
             text_tokenizer: None,
+            files_permuted: false,
         }
     }
 }

@@ -467,7 +467,7 @@ fn produce(
         seq += 1;
         Ok(())
     };
-    match options.shuffle_seed {
+    match options.shuffle_seed.filter(|_| !options.files_permuted) {
         None => {
             for batch in batches {
                 assembler.push(batch?, &mut emit)?;

@@ -54,6 +54,9 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
     let location = Location::parse_with_options(output, options.storage_options.iter().cloned())?;
     let handle = runtime.handle();
     let Some(split) = options.task else {
+        if let Some(seed) = options.shuffle_seed {
+            options.files_permuted = input::permute_files(&mut inputs, seed);
+        }
         let lock = Lock::acquire(&location, handle, "shard", &options.attempt)?;
         output::prepare(&location, options.overwrite, handle)?;
         let summary = write_dataset(&inputs, &location, options, handle, started)?;

@@ -232,6 +232,95 @@ fn a_folder_of_files_becomes_one_row_per_file_with_labels() {
     }
 }
 
+/// With the default shuffle, a folder's files are put in a seeded random
+/// order before they are read (no external shuffle: nothing spilled): every
+/// file once, bytes intact, the same order for the same seed, another for
+/// another seed, and far from the sorted order.
+#[test]
+fn a_folder_input_is_shuffled_by_permuting_its_files() {
+    let tmp = tempdir();
+    let root = tmp.path().join("images");
+    let files = shardfeed_fixtures::write_image_folder(&root, 300, 5, 3).unwrap();
+    let order = |name: &str, extra: &[&str]| -> Vec<String> {
+        let out = tmp.path().join(name);
+        shard_small(&[s(&root)], &out, extra).success();
+        let all = read_all(&out);
+        let paths = all.column_by_name("path").unwrap().clone();
+        let paths = paths
+            .as_any()
+            .downcast_ref::<arrow_array::StringArray>()
+            .unwrap();
+        let bytes = all.column_by_name("bytes").unwrap().clone();
+        let bytes = bytes
+            .as_any()
+            .downcast_ref::<arrow_array::BinaryArray>()
+            .unwrap();
+        (0..all.num_rows())
+            .map(|i| {
+                let p = paths.value(i).to_string();
+                assert_eq!(bytes.value(i), std::fs::read(root.join(&p)).unwrap());
+                p
+            })
+            .collect()
+    };
+    // Nothing is spilled: a temporary folder that cannot be created is never
+    // asked for (a tabular input's external shuffle fails on it, below).
+    let a = order(
+        "a",
+        &["--seed", "1", "--temp-dir", "/nonexistent/shardfeed-tmp"],
+    );
+    let b = order("b", &["--seed", "1"]);
+    let c = order("c", &["--seed", "2"]);
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    let mut sorted = a.clone();
+    sorted.sort();
+    let mut want: Vec<String> = files
+        .iter()
+        .map(|p| {
+            p.strip_prefix(&root)
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .replace('\\', "/")
+        })
+        .collect();
+    want.sort();
+    assert_eq!(sorted, want, "every file once");
+    // Far from input order: few neighbours in the output were neighbours
+    // in the sorted input.
+    let rank: std::collections::HashMap<&String, usize> =
+        sorted.iter().enumerate().map(|(i, p)| (p, i)).collect();
+    let adjacent = a
+        .windows(2)
+        .filter(|w| rank[&w[0]].abs_diff(rank[&w[1]]) == 1)
+        .count();
+    assert!(adjacent < 10, "{adjacent} of 299 neighbours kept");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("a/manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest["options"]["shuffle_seed"], 1);
+    let table = tmp.path().join("table");
+    let inputs = generated(
+        &table,
+        Kind::KitchenSink,
+        500,
+        2,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    let failed = shard_small(
+        &inputs,
+        &tmp.path().join("d"),
+        &["--temp-dir", "/nonexistent/shardfeed-tmp"],
+    )
+    .failure();
+    assert!(
+        failed.stderr.contains("cannot create a temporary folder"),
+        "{}",
+        failed.stderr
+    );
+}
+
 #[test]
 fn globs_and_folders_of_parquet_files_expand_in_sorted_order() {
     let tmp = tempdir();
