@@ -391,6 +391,26 @@ impl LoaderBuilder {
     /// Decode the images of these binary columns (JPEG, PNG, WebP) on the
     /// loader's threads: each becomes `uint8` `[batch, height, width, 3]`
     /// (see [`ImageOptions`] for the defaults: 224 x 224, `random_resized`).
+    ///
+    /// ```no_run
+    /// use shardfeed_loader::{Crop, Loader};
+    /// let mut loader = Loader::builder("/data/imagenet") // `shardfeed shard images/ -o ...`
+    ///     .batch_size(256)
+    ///     .columns(["bytes", "label_index"])
+    ///     .decode_images(["bytes"])
+    ///     .image_size(224, 224)
+    ///     .crop(Crop::RandomResized)
+    ///     .crop_range((0.08, 1.0), (3.0 / 4.0, 4.0 / 3.0))
+    ///     .flip(true)
+    ///     .channels_first(true)
+    ///     .build()?;
+    /// for batch in &mut loader {
+    ///     let batch = batch?;
+    ///     let pixels: &[u8] = batch.values("bytes").unwrap(); // [256, 3, 224, 224]
+    ///     assert_eq!(pixels.len(), batch.rows() * 3 * 224 * 224);
+    /// }
+    /// # Ok::<(), shardfeed_loader::LoaderError>(())
+    /// ```
     pub fn decode_images<I, S>(mut self, columns: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -423,6 +443,28 @@ impl LoaderBuilder {
     /// seed, epoch and row).
     pub fn flip(mut self, flip: bool) -> Self {
         self.images.flip = flip;
+        self
+    }
+
+    /// `Crop::RandomResized`: the range of a crop's share of the image's area
+    /// (default 0.08 to 1) and of its aspect ratio (default 3/4 to 4/3).
+    pub fn crop_range(mut self, scale: (f64, f64), ratio: (f64, f64)) -> Self {
+        self.images.scale = scale;
+        self.images.ratio = ratio;
+        self
+    }
+
+    /// Decoded images as `[3, height, width]` per row instead of
+    /// `[height, width, 3]`.
+    pub fn channels_first(mut self, channels_first: bool) -> Self {
+        self.images.channels_first = channels_first;
+        self
+    }
+
+    /// Refuse images of more pixels than this (default
+    /// [`DEFAULT_MAX_IMAGE_PIXELS`](crate::DEFAULT_MAX_IMAGE_PIXELS)).
+    pub fn max_image_pixels(mut self, pixels: u64) -> Self {
+        self.images.max_pixels = pixels;
         self
     }
 

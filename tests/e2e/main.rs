@@ -4,6 +4,7 @@ mod forge;
 mod support;
 
 mod cloud;
+mod images;
 mod loader;
 mod metrics;
 mod mixing;
