@@ -8,9 +8,9 @@
 //! * **Decoders**: `zune-jpeg` (baseline and progressive; grayscale and
 //!   CMYK become RGB), `png` (8 and 16 bits, palettes; 16-bit samples keep
 //!   their high byte), `image-webp` (lossy and lossless). Alpha is dropped,
-//!   not composited (Pillow's `convert("RGB")` does the same). A JPEG's EXIF
-//!   orientation is applied before cropping, as Pillow's
-//!   `ImageOps.exif_transpose` does.
+//!   not composited (Pillow's `convert("RGB")` does the same). EXIF
+//!   orientation (JPEG APP1, PNG eXIf, WebP EXIF) is applied before cropping,
+//!   as Pillow's `ImageOps.exif_transpose` does.
 //! * **Resizing**: `fast_image_resize`'s convolution with the bilinear filter
 //!   (Pillow's `BILINEAR`, which torchvision uses for PIL images), with the
 //!   crop given in fractional source pixels so a crop and a resize are one
@@ -319,7 +319,7 @@ pub(crate) fn decode(
     })?;
     let (decoded, orientation) = match format {
         Format::Jpeg => decode_jpeg(bytes, max_pixels, scratch)?,
-        Format::Png => (decode_png(bytes, max_pixels, scratch)?, 1),
+        Format::Png => decode_png(bytes, max_pixels, scratch)?,
         Format::WebP => decode_webp(bytes, max_pixels, scratch)?,
     };
     if orientation > 1 {
@@ -361,7 +361,11 @@ fn decode_jpeg(
     Ok((Decoded { width, height }, orientation))
 }
 
-fn decode_png(bytes: &[u8], max_pixels: u64, scratch: &mut Scratch) -> Result<Decoded, String> {
+fn decode_png(
+    bytes: &[u8],
+    max_pixels: u64,
+    scratch: &mut Scratch,
+) -> Result<(Decoded, u16), String> {
     use png::{BitDepth, ColorType, Transformations};
     let mut decoder = png::Decoder::new_with_limits(
         Cursor::new(bytes),
@@ -371,9 +375,10 @@ fn decode_png(bytes: &[u8], max_pixels: u64, scratch: &mut Scratch) -> Result<De
     );
     decoder.set_transformations(Transformations::EXPAND | Transformations::STRIP_16);
     let mut reader = decoder.read_info().map_err(|e| format!("PNG: {e}"))?;
-    let (width, height) = {
+    let (width, height, orientation) = {
         let info = reader.info();
-        (info.width, info.height)
+        let orientation = info.exif_metadata.as_deref().map_or(1, exif_orientation);
+        (info.width, info.height, orientation)
     };
     too_large(width as u64, height as u64, max_pixels)?;
     let (color, depth) = reader.output_color_type();
@@ -402,7 +407,7 @@ fn decode_png(bytes: &[u8], max_pixels: u64, scratch: &mut Scratch) -> Result<De
         let src = &raw[y * line..y * line + width as usize * channels];
         to_rgb(src, channels, out);
     }
-    Ok(Decoded { width, height })
+    Ok((Decoded { width, height }, orientation))
 }
 
 fn decode_webp(

@@ -85,6 +85,10 @@ def variants(w: int, h: int) -> dict[str, bytes]:
     Image.fromarray(a16[..., 0].copy()).save(b, "PNG")
     out["png_gray16.png"] = b.getvalue()
     out["png_rgb16.png"] = png16(a16)
+    for o in (3, 6):
+        sw, sh = (h, w) if o >= 5 else (w, h)
+        out[f"png_orient{o}.png"] = encode(photo(sw, sh, o), "PNG", exif=exif(o))
+        out[f"webp_orient{o}.webp"] = encode(photo(sw, sh, o), "WEBP", lossless=True, exif=exif(o))
     out["lossless.webp"] = encode(a, "WEBP", lossless=True)
     out["lossy.webp"] = encode(a, "WEBP", quality=90)
     return out
@@ -129,7 +133,7 @@ def test_pixels_match_pillow(tmp_path, size):
         want = reference(files[name])
         assert got.shape == want.shape == (h, w, 3), name
         diff = np.abs(got.astype(int) - want.astype(int))
-        if name.endswith(".png") or name == "lossless.webp":
+        if name.endswith(".png") or name == "lossless.webp" or name.startswith("webp_orient"):
             assert diff.max() == 0, f"{name}: max diff {diff.max()}"
         else:
             # IDCT and chroma upsampling differ between decoders.
