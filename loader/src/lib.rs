@@ -67,7 +67,8 @@ pub use config::{
 };
 pub use error::{LoaderError, Result};
 pub use image::{
-    Crop, DEFAULT_MAX_IMAGE_PIXELS, ImageDecoder, ImageHeader, ImageOptions, probe as probe_image,
+    Crop, DEFAULT_MAX_IMAGE_PIXELS, ImageColumnSummary, ImageDecoder, ImageHeader, ImageOptions,
+    image_summary, probe as probe_image,
 };
 pub use loader::Loader;
 pub use mix::{MixStop, Mixture, MixtureBuilder, MixtureState, MixtureStats};

@@ -204,8 +204,16 @@ def shard(
 def commit(output: str, *, storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     """Write the manifest once every task finished; raises ShardfeedError naming missing tasks."""
 
-def inspect(url: str, *, storage_options: dict[str, str] | None = None) -> dict[str, Any]:
-    """The dataset's summary, as ``shardfeed inspect --json`` prints it."""
+def inspect(
+    url: str,
+    *,
+    storage_options: dict[str, str] | None = None,
+    images: bool = False,
+    sample: int = 10000,
+) -> dict[str, Any]:
+    """The dataset's summary, as ``shardfeed inspect --json`` prints it; with ``images=True``
+    also ``"images"``: per binary column, image formats, size ranges and unreadable rows over
+    the first ``sample`` rows (0: all)."""
 
 def verify(
     url: str, *, threads: int = 0, storage_options: dict[str, str] | None = None

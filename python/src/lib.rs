@@ -1004,15 +1004,21 @@ fn location(url: &str, storage_options: Option<StorageOptions>) -> PyResult<Loca
     Location::parse_with_options(url, storage_pairs(storage_options)).map_err(format_error)
 }
 
-/// The dataset's summary, as `shardfeed inspect --json` prints it.
+/// The dataset's summary, as `shardfeed inspect --json` prints it; with
+/// `images=True` also the binary columns' image formats and sizes over the
+/// first `sample` rows (0: all), under `"images"`.
 #[pyfunction]
-#[pyo3(signature = (url, *, storage_options=None))]
+#[pyo3(signature = (url, *, storage_options=None, images=false, sample=10_000))]
 fn inspect<'py>(
     py: Python<'py>,
     url: &str,
     storage_options: Option<StorageOptions>,
+    images: bool,
+    sample: u64,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let location = location(url, storage_options)?;
+    let pairs = storage_pairs(storage_options);
+    let location =
+        Location::parse_with_options(url, pairs.iter().cloned()).map_err(format_error)?;
     let manifest = py.detach(|| {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -1021,7 +1027,18 @@ fn inspect<'py>(
             .block_on(location.read_manifest())
             .map_err(format_error)
     })?;
-    to_python(py, &manifest.summary(location.url()))
+    let out = to_python(py, &manifest.summary(location.url()))?;
+    if images {
+        let mut builder = Loader::builder(url);
+        for (k, v) in pairs {
+            builder = builder.storage_option(k, v);
+        }
+        let summary = py
+            .detach(|| shardfeed_loader::image_summary(builder, &manifest, sample))
+            .map_err(loader_error)?;
+        out.set_item("images", to_python(py, &summary)?)?;
+    }
+    Ok(out)
 }
 
 /// Read every shard fully and check sizes, checksums and row counts against

@@ -261,6 +261,13 @@ def test_damaged_images_are_named_or_skipped_and_counted(tmp_path):
     assert "zero bytes" in errors and "not a JPEG, PNG or WebP" in errors, errors
     assert errors.count("JPEG:") == 2 and "PNG:" in errors, errors
 
+    # `inspect(images=True)` reads the headers only: truncated files still show their format.
+    summary = shardfeed.inspect(ds, images=True)["images"]
+    assert [c["column"] for c in summary] == ["bytes"]
+    assert summary[0]["rows_read"] == len(good) + len(bad)
+    assert summary[0]["formats"] == {"jpeg": 8, "png": 1, "unreadable": 2}, summary
+    assert (summary[0]["min_width"], summary[0]["max_height"]) == (120, 90)
+
     # More than max_skipped damaged images: an error.
     with pytest.raises(shardfeed.ShardfeedError, match="max_skipped"):
         for _ in shardfeed.Loader(ds, batch_size=2, decode_images="bytes", drop_last=False,
