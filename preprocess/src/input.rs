@@ -241,15 +241,11 @@ pub(crate) fn permute_files(inputs: &mut Inputs, seed: u64) -> bool {
             Source::File { .. } => unreachable!("checked above"),
         })
         .collect();
-    let mut rng =
-        shardfeed_format::permute::SplitMix64::new(shardfeed_format::permute::hash_words(&[
-            seed,
-            0x6669_6c65_7320_6f72,
-        ]));
-    for i in (1..rows.len()).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
-        rows.swap(i, j);
-    }
+    shardfeed_format::permute::SplitMix64::new(shardfeed_format::permute::hash_words(&[
+        seed,
+        0x6669_6c65_7320_6f72,
+    ]))
+    .shuffle(&mut rows);
     inputs.sources = rows
         .chunks(FILES_PER_UNIT)
         .map(|chunk| Source::Files {
