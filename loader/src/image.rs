@@ -26,6 +26,7 @@ use std::io::Cursor;
 
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use shardfeed_format::permute::{SplitMix64, hash_words};
 
 /// How an image becomes the output size.
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
@@ -360,7 +361,15 @@ pub(crate) struct Scratch {
     /// A decoder's own output (RGBA, grey, 16-bit...) before conversion,
     /// and the oriented or channels-first copies.
     raw: Vec<u8>,
+    tools: Tools,
+}
+
+/// What cropping, resizing and flipping keep between images.
+#[derive(Default)]
+struct Tools {
     resizer: Resizer,
+    /// A copy of one output row, for flips.
+    row: Vec<u8>,
 }
 
 /// Buffers larger than this are released after the image that grew them,
@@ -651,27 +660,9 @@ pub(crate) struct CropBox {
     pub flip: bool,
 }
 
-/// SplitMix64: the stream of random numbers of one row's crop.
-struct Stream(u64);
-
-impl Stream {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in `0..=n`.
-    fn upto(&mut self, n: u64) -> u64 {
-        ((self.next() as u128 * (n as u128 + 1)) >> 64) as u64
-    }
+/// Uniform in [0, 1).
+fn unit(rng: &mut SplitMix64) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// What a row's crop and flip are a function of.
@@ -704,15 +695,17 @@ fn raw_crop_box(options: &ImageOptions, key: CropKey, image: Decoded) -> CropBox
         id,
         column,
     } = key;
-    let mut rng = Stream(
-        seed ^ epoch.wrapping_mul(0xD6E8_FEB8_6659_FD93)
-            ^ ((id.shard as u64) << 32 | id.row_group as u64).wrapping_mul(0xA076_1D64_78BD_642F)
-            ^ (id.row as u64 | (column as u64) << 40).wrapping_mul(0xE703_7ED1_A0B4_28DB),
-    );
-    rng.next();
+    let mut rng = SplitMix64::new(hash_words(&[
+        seed,
+        epoch,
+        id.shard as u64,
+        id.row_group as u64,
+        id.row as u64,
+        column as u64,
+    ]));
     let (w, h) = (image.width as f64, image.height as f64);
     let (tw, th) = (options.width as f64, options.height as f64);
-    let flip = options.flip && rng.next() >> 63 == 1;
+    let flip = options.flip && rng.next_u64() >> 63 == 1;
     let whole = CropBox {
         left: 0.0,
         top: 0.0,
@@ -748,13 +741,13 @@ fn raw_crop_box(options: &ImageOptions, key: CropKey, image: Decoded) -> CropBox
             let (lr0, lr1) = (options.ratio.0.ln(), options.ratio.1.ln());
             for _ in 0..10 {
                 let target =
-                    area * (options.scale.0 + rng.unit() * (options.scale.1 - options.scale.0));
-                let aspect = (lr0 + rng.unit() * (lr1 - lr0)).exp();
+                    area * (options.scale.0 + unit(&mut rng) * (options.scale.1 - options.scale.0));
+                let aspect = (lr0 + unit(&mut rng) * (lr1 - lr0)).exp();
                 let cw = (target * aspect).sqrt().round();
                 let ch = (target / aspect).sqrt().round();
                 if 0.0 < cw && cw <= w && 0.0 < ch && ch <= h {
-                    let top = rng.upto((h - ch) as u64) as f64;
-                    let left = rng.upto((w - cw) as u64) as f64;
+                    let top = rng.below((h - ch) as u64 + 1) as f64;
+                    let left = rng.below((w - cw) as u64 + 1) as f64;
                     return CropBox {
                         left,
                         top,
@@ -799,13 +792,13 @@ pub(crate) fn render(
         return Err(format!("output slot of {} bytes, not {bytes}", out.len()));
     }
     let Scratch {
-        rgb, raw, resizer, ..
+        rgb, raw, tools, ..
     } = scratch;
     let src = &rgb[..image.width as usize * image.height as usize * 3];
     if options.channels_first {
         // Resized channels-last into `raw`, then transposed.
         let hwc = sized(raw, bytes);
-        place(image, crop, src, resizer, tw, th, hwc)?;
+        place(image, crop, src, tools, tw, th, hwc)?;
         let plane = tw as usize * th as usize;
         let (r, rest) = out.split_at_mut(plane);
         let (g, b) = rest.split_at_mut(plane);
@@ -816,7 +809,7 @@ pub(crate) fn render(
         }
         Ok(())
     } else {
-        place(image, crop, src, resizer, tw, th, out)
+        place(image, crop, src, tools, tw, th, out)
     }
 }
 
@@ -825,7 +818,7 @@ fn place(
     image: Decoded,
     crop: CropBox,
     src: &[u8],
-    resizer: &mut Resizer,
+    tools: &mut Tools,
     tw: u32,
     th: u32,
     hwc: &mut [u8],
@@ -846,12 +839,13 @@ fn place(
         if !whole {
             resize = resize.crop(crop.left, crop.top, crop.width, crop.height);
         }
-        resizer
+        tools
+            .resizer
             .resize(&src_image, &mut dst, &resize)
             .map_err(|e| format!("resize: {e}"))?;
     }
     if crop.flip {
-        flip_rows(hwc, tw as usize);
+        flip_rows(hwc, tw as usize, &mut tools.row);
     }
     Ok(())
 }
@@ -859,8 +853,8 @@ fn place(
 /// Mirror each row of RGB pixels `width` wide. Four pixels (12 bytes) move
 /// at a time from a copy of the row: three times faster than swapping
 /// 3-byte pixels in place (25 us instead of 75 for 224 x 224 here).
-fn flip_rows(hwc: &mut [u8], width: usize) {
-    let mut copy = vec![0u8; width * 3];
+fn flip_rows(hwc: &mut [u8], width: usize, copy: &mut Vec<u8>) {
+    copy.resize(width * 3, 0);
     for row in hwc.chunks_exact_mut(width * 3) {
         copy.copy_from_slice(row);
         let mut x = 0;
@@ -951,15 +945,15 @@ mod tests {
 
     #[test]
     fn crops_of_any_shape_fit_the_resizer() {
-        let mut resizer = Resizer::new();
-        let mut sizes = Stream(3);
+        let mut tools = Tools::default();
+        let mut sizes = SplitMix64::new(3);
         for crop in [Crop::Center, Crop::RandomResized, Crop::Resize] {
             for i in 0..400 {
                 let image = Decoded {
-                    width: 1 + sizes.upto(1200) as u32,
-                    height: 1 + sizes.upto(1200) as u32,
+                    width: 1 + sizes.below(1201) as u32,
+                    height: 1 + sizes.below(1201) as u32,
                 };
-                let (th, tw) = (1 + sizes.upto(300) as u32, 1 + sizes.upto(300) as u32);
+                let (th, tw) = (1 + sizes.below(301) as u32, 1 + sizes.below(301) as u32);
                 let options = ImageOptions {
                     crop,
                     height: th,
@@ -973,7 +967,7 @@ mod tests {
                 if i % 40 == 0 {
                     let src = vec![9u8; image.width as usize * image.height as usize * 3];
                     let mut out = vec![0u8; tw as usize * th as usize * 3];
-                    place(image, c, &src, &mut resizer, tw, th, &mut out).unwrap();
+                    place(image, c, &src, &mut tools, tw, th, &mut out).unwrap();
                     assert!(out.iter().all(|&v| v == 9));
                 }
             }
@@ -986,7 +980,7 @@ mod tests {
             let rows = 3;
             let image: Vec<u8> = (0..width * rows * 3).map(|i| (i * 7 % 251) as u8).collect();
             let mut flipped = image.clone();
-            flip_rows(&mut flipped, width);
+            flip_rows(&mut flipped, width, &mut Vec::new());
             for y in 0..rows {
                 for x in 0..width {
                     let a = (y * width + x) * 3;
