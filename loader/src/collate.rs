@@ -817,28 +817,24 @@ impl Collator {
                 .map(|l| l.batches.len())
                 .sum();
             let loaded = &self.windows[loaded_at];
-            if measure {
-                let mut starts = Vec::with_capacity(window.segments.len() + 1);
-                starts.push(0u64);
+            // Window rows before each of the window's segments (plan order):
+            // which segment a row comes from, for the mixing measure and
+            // for image rows' identities.
+            let mut segment_starts = Vec::new();
+            if measure || images {
+                segment_starts.reserve(window.segments.len() + 1);
+                segment_starts.push(0u64);
                 for seg in window.segments {
-                    starts.push(starts.last().expect("non-empty") + seg.rows());
+                    segment_starts.push(segment_starts.last().expect("non-empty") + seg.rows());
                 }
+            }
+            if measure {
                 for p in position..run_end {
                     let row = window.row_at(p - window.start);
-                    sources.push((w, starts.partition_point(|&x| x <= row) - 1));
+                    sources.push((w, segment_starts.partition_point(|&x| x <= row) - 1));
                 }
             }
             let skips = loaded.has_skipped();
-            let segment_starts: Vec<u64> = if images {
-                let mut starts = Vec::with_capacity(window.segments.len() + 1);
-                starts.push(0u64);
-                for seg in window.segments {
-                    starts.push(starts.last().expect("non-empty") + seg.rows());
-                }
-                starts
-            } else {
-                Vec::new()
-            };
             for p in position..run_end {
                 let row = if loaded.permuted {
                     p - window.start
