@@ -166,11 +166,7 @@ pub fn decode_only(args: &BenchArgs) -> Result<DecodeOnlyReport> {
     for batch in &mut loader {
         let batch = batch?;
         for c in &columns {
-            let bytes: &[u8] = batch.values(c).unwrap_or_default();
-            let offsets = batch.offsets(c).unwrap_or_default();
-            for w in offsets.windows(2) {
-                values.push(bytes[w[0] as usize..w[1] as usize].to_vec());
-            }
+            values.extend(batch.binary(c).into_iter().flatten().map(<[u8]>::to_vec));
         }
     }
     drop(loader);

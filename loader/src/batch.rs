@@ -263,6 +263,23 @@ impl Batch {
         }
     }
 
+    /// Each row's bytes of a binary or string column, in row order.
+    pub fn binary(&self, name: &str) -> Option<impl Iterator<Item = &[u8]> + '_> {
+        let ColumnLayout::Bytes {
+            values, offsets, ..
+        } = &self.column(name)?.layout
+        else {
+            return None;
+        };
+        let values = self.bytes(values);
+        let offsets: &[i64] = self.typed(offsets)?;
+        Some(
+            offsets
+                .windows(2)
+                .map(move |w| values.get(w[0] as usize..w[1] as usize).unwrap_or_default()),
+        )
+    }
+
     /// The lengths of a padded column.
     pub fn lengths(&self, name: &str) -> Option<&[i64]> {
         match &self.column(name)?.layout {

@@ -317,10 +317,7 @@ pub fn image_summary(
     for batch in &mut loader {
         let batch = batch?;
         for col in &mut out {
-            let values: &[u8] = batch.values(&col.column).unwrap_or_default();
-            let offsets = batch.offsets(&col.column).unwrap_or_default();
-            for (i, w) in offsets.windows(2).enumerate() {
-                let value = &values[w[0] as usize..w[1] as usize];
+            for (i, value) in batch.binary(&col.column).into_iter().flatten().enumerate() {
                 col.rows_read += 1;
                 match probe(value) {
                     Ok(h) => {
