@@ -113,9 +113,7 @@ def reference(data: bytes) -> np.ndarray:
 
 def paths_and_pixels(loader, column="bytes"):
     for batch in loader:
-        offs = batch["path.offsets"]
-        for i in range(len(offs) - 1):
-            yield bytes(batch["path"][offs[i]:offs[i + 1]]).decode(), batch[column][i]
+        yield from zip(shardfeed.strings(batch, "path"), batch[column])
 
 
 @pytest.mark.parametrize("size", [(160, 240), (97, 131), (333, 500)])
