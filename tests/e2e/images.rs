@@ -75,13 +75,9 @@ fn pngs_decode_exactly_and_crops_do_not_depend_on_threads() {
         for batch in &mut loader {
             let batch = batch.unwrap();
             let pixels: &[u8] = batch.values("bytes").unwrap();
-            let paths: &[u8] = batch.values("path").unwrap();
-            let offsets = batch.offsets("path").unwrap();
             let per = (w * h * 3) as usize;
-            for i in 0..batch.rows() {
-                let path =
-                    std::str::from_utf8(&paths[offsets[i] as usize..offsets[i + 1] as usize])
-                        .unwrap();
+            for (i, path) in batch.binary("path").unwrap().enumerate() {
+                let path = std::str::from_utf8(path).unwrap();
                 let want = &expected[path];
                 let got = &pixels[i * per..(i + 1) * per];
                 if channels_first {
