@@ -459,7 +459,10 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
             ),
             (
                 "slabs",
-                format!("{} x {} bytes", report.stats.slabs, report.stats.slab_bytes),
+                format!(
+                    "{} of up to {} x {} bytes",
+                    report.stats.slabs_made, report.stats.slabs, report.stats.slab_bytes
+                ),
             ),
             (
                 "step",
@@ -540,7 +543,8 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
         }
     );
     println!(
-        "slabs: {} x {} ({}), peak RSS {}",
+        "slabs: {} made of up to {} x {} ({}), peak RSS {}",
+        report.stats.slabs_made,
         report.stats.slabs,
         shardfeed_format::size::format_size(report.stats.slab_bytes as u64),
         report.stats.pinning,

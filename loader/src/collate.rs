@@ -883,7 +883,7 @@ impl Collator {
         let mut lease = if bytes <= self.pool.slab_bytes() {
             // Waiting for a slab is waiting for the consumer to drop one.
             let waiting = Instant::now();
-            let lease = self.pool.acquire(&self.cancel);
+            let lease = self.pool.acquire(&self.cancel)?;
             blocked = waiting.elapsed();
             Counters::add_time(&self.counters.collate_blocked_out_ns, blocked);
             lease.ok_or(LoaderError::Closed)?

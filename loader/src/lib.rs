@@ -19,7 +19,8 @@
 //!   footers sized by the manifest; decode threads check every chunk's
 //!   checksum before decoding; one collator gathers rows into slabs.
 //! * Memory is bounded by configuration: row groups in flight (`byte_budget`,
-//!   `window`), batches ahead (`prefetch`) and a fixed pool of slabs.
+//!   `window`), batches ahead (`prefetch`) and a capped pool of slabs (made
+//!   on first need).
 //!
 //! ```no_run
 //! use shardfeed_loader::Loader;

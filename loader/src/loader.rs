@@ -377,6 +377,7 @@ impl Loader {
         s.output_queue = self.pass.as_ref().map_or(0, |r| r.output.len() as u64);
         s.pinning = self.pipeline.pool.pinning().name().to_string();
         s.slabs = self.pipeline.pool.size();
+        s.slabs_made = self.pipeline.pool.made();
         s.slab_bytes = self.pipeline.pool.slab_bytes();
         let manifest = &self.pipeline.manifest;
         let window = self.pipeline.config.window;

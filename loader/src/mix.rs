@@ -1697,7 +1697,7 @@ impl Core {
             return self.pool.oversize(bytes);
         }
         self.pool
-            .acquire(&self.streams.cancel)
+            .acquire(&self.streams.cancel)?
             .ok_or(LoaderError::Interrupted)
     }
 

@@ -1,18 +1,19 @@
-//! A fixed pool of slabs: page-locked CUDA host memory when a driver can be
+//! A pool of slabs: page-locked CUDA host memory when a driver can be
 //! loaded at run time, page-aligned host memory otherwise.
 //!
-//! Slabs are allocated once, when the pool is made, and never more: a
-//! [`SlabLease`] takes one out and returns it when dropped. A batch too large
-//! for a slab gets a one-off heap buffer instead (counted in the stats), so a
-//! rare outlier never fails a run.
+//! The pool holds at most its configured number of slabs, made the first
+//! time the pipeline needs one more (so a pipeline that keeps three batches in
+//! circulation never pays for the fresh memory, or the page-locking, of the
+//! rest), and hands out the slab returned last (its pages are the ones still
+//! in the caches and the TLB). A [`SlabLease`] takes one out and returns it
+//! when dropped. A batch too large for a slab gets a one-off heap buffer
+//! instead (counted in the stats), so a rare outlier never fails a run.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
-
-use crossbeam_channel::{Receiver, Sender, bounded};
 
 use crate::{LoaderError, Result};
 
@@ -167,13 +168,35 @@ impl Drop for Slab {
     }
 }
 
-/// The pool: a fixed set of slabs circulating through a channel.
+/// The pool: up to `size` slabs, made on first need.
 pub(crate) struct Pool {
-    free: Receiver<Slab>,
-    home: Sender<Slab>,
+    shared: Arc<Shared>,
     size: usize,
     slab_bytes: usize,
     pinning: Pinning,
+    #[cfg(feature = "cuda")]
+    ctx: Option<Arc<cudarc::driver::CudaContext>>,
+}
+
+/// What leases and the pool share: the free slabs and how many exist.
+struct Shared {
+    state: Mutex<Free>,
+    returned: Condvar,
+}
+
+struct Free {
+    /// Free slabs; the last one returned is taken first.
+    slabs: Vec<Slab>,
+    /// Slabs made so far (free, leased, or being made).
+    made: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Free> {
+        // A panic while holding the lock leaves the list consistent (pushes
+        // and pops only), so a poisoned lock is used as it is.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -189,9 +212,10 @@ fn cuda_context() -> Option<Arc<cudarc::driver::CudaContext>> {
 }
 
 impl Pool {
-    /// Allocate `size` slabs of `slab_bytes` each.
+    /// A pool of up to `size` slabs of `slab_bytes` each. One is made now
+    /// (so a failure to allocate or page-lock shows here); the others the
+    /// first time every slab made is leased.
     pub(crate) fn new(size: usize, slab_bytes: usize, mode: PinningMode) -> Result<Pool> {
-        let (home, free) = bounded(size);
         #[cfg(feature = "cuda")]
         let ctx = match mode {
             PinningMode::Off => None,
@@ -211,37 +235,71 @@ impl Pool {
         } else {
             Pinning::PageAligned
         };
-        for _ in 0..size {
-            #[cfg(feature = "cuda")]
-            let slab = match &ctx {
-                Some(ctx) => Slab::cuda(ctx, slab_bytes)?,
-                None => Slab::host(slab_bytes)?,
-            };
-            #[cfg(not(feature = "cuda"))]
-            let slab = Slab::host(slab_bytes)?;
-            home.send(slab).expect("the channel holds every slab");
-        }
-        Ok(Pool {
-            free,
-            home,
+        let pool = Pool {
+            shared: Arc::new(Shared {
+                state: Mutex::new(Free {
+                    slabs: Vec::with_capacity(size),
+                    made: 0,
+                }),
+                returned: Condvar::new(),
+            }),
             size,
             slab_bytes,
             pinning,
-        })
+            #[cfg(feature = "cuda")]
+            ctx,
+        };
+        if size > 0 {
+            let slab = pool.make()?;
+            let mut free = pool.shared.lock();
+            free.slabs.push(slab);
+            free.made = 1;
+        }
+        Ok(pool)
     }
 
-    /// Take a free slab, waiting while all are leased; `None` once `cancel` is set.
-    pub(crate) fn acquire(&self, cancel: &AtomicBool) -> Option<SlabLease> {
+    /// A new slab, pinned if the pool's slabs are.
+    fn make(&self) -> Result<Slab> {
+        #[cfg(feature = "cuda")]
+        if let Some(ctx) = &self.ctx {
+            return Slab::cuda(ctx, self.slab_bytes);
+        }
+        Slab::host(self.slab_bytes)
+    }
+
+    /// Take a free slab (the one returned last), making one while fewer
+    /// than `size` exist, else waiting for one; `None` once `cancel` is set.
+    pub(crate) fn acquire(&self, cancel: &AtomicBool) -> Result<Option<SlabLease>> {
+        let lease = |slab| SlabLease {
+            slab: Some(slab),
+            home: Some(self.shared.clone()),
+        };
+        let mut free = self.shared.lock();
         loop {
             if cancel.load(Ordering::Relaxed) {
-                return None;
+                return Ok(None);
             }
-            if let Ok(slab) = self.free.recv_timeout(Duration::from_millis(20)) {
-                return Some(SlabLease {
-                    slab: Some(slab),
-                    home: Some(self.home.clone()),
-                });
+            if let Some(slab) = free.slabs.pop() {
+                return Ok(Some(lease(slab)));
             }
+            if free.made < self.size {
+                free.made += 1;
+                drop(free);
+                return match self.make() {
+                    Ok(slab) => Ok(Some(lease(slab))),
+                    Err(e) => {
+                        self.shared.lock().made -= 1;
+                        Err(e)
+                    }
+                };
+            }
+            // The timeout only bounds how late a cancel is seen.
+            free = self
+                .shared
+                .returned
+                .wait_timeout(free, Duration::from_millis(20))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 
@@ -253,9 +311,14 @@ impl Pool {
         })
     }
 
-    /// Slabs in the pool.
+    /// The most slabs the pool holds.
     pub(crate) fn size(&self) -> usize {
         self.size
+    }
+
+    /// Slabs made so far.
+    pub(crate) fn made(&self) -> usize {
+        self.shared.lock().made
     }
 
     /// Bytes per slab.
@@ -272,7 +335,7 @@ impl Pool {
 /// A slab taken from the pool; dropping it gives the slab back.
 pub struct SlabLease {
     slab: Option<Slab>,
-    home: Option<Sender<Slab>>,
+    home: Option<Arc<Shared>>,
 }
 
 impl SlabLease {
@@ -303,8 +366,9 @@ impl SlabLease {
 impl Drop for SlabLease {
     fn drop(&mut self) {
         if let (Some(slab), Some(home)) = (self.slab.take(), self.home.take()) {
-            // If the pool is gone the slab comes back here and is freed.
-            let _ = home.send(slab);
+            // If the pool is gone the slab is freed with the last lease.
+            home.lock().slabs.push(slab);
+            home.returned.notify_one();
         }
     }
 }
@@ -314,23 +378,55 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slabs_are_aligned_and_return_to_the_pool() {
-        let pool = Pool::new(2, 10_000, PinningMode::Off).unwrap();
+    fn slabs_are_made_on_first_need_and_the_last_returned_comes_back_first() {
+        let pool = Pool::new(3, 10_000, PinningMode::Off).unwrap();
         assert_eq!(pool.pinning(), Pinning::PageAligned);
+        assert_eq!(pool.made(), 1, "one slab is made with the pool");
         let cancel = AtomicBool::new(false);
-        let a = pool.acquire(&cancel).unwrap();
-        let b = pool.acquire(&cancel).unwrap();
-        assert_eq!(a.as_ptr() as usize % SLAB_ALIGN, 0);
-        assert_ne!(a.as_ptr(), b.as_ptr());
-        let first = a.as_ptr();
-        drop(a);
-        let c = pool.acquire(&cancel).unwrap();
+        let a = pool.acquire(&cancel).unwrap().unwrap();
+        assert_eq!(pool.made(), 1);
+        let b = pool.acquire(&cancel).unwrap().unwrap();
         assert_eq!(
-            c.as_ptr(),
-            first,
-            "the same slab comes back: the pool never grows"
+            pool.made(),
+            2,
+            "a second slab is made when the first is leased"
         );
-        cancel.store(true, Ordering::Relaxed);
-        assert!(pool.acquire(&cancel).is_none());
+        assert_eq!(a.as_ptr() as usize % SLAB_ALIGN, 0);
+        assert_eq!(b.as_ptr() as usize % SLAB_ALIGN, 0);
+        assert_ne!(a.as_ptr(), b.as_ptr());
+        let (first, second) = (a.as_ptr(), b.as_ptr());
+        drop(a);
+        drop(b);
+        // Returned in the order a, b: b comes back first, then a.
+        let c = pool.acquire(&cancel).unwrap().unwrap();
+        let d = pool.acquire(&cancel).unwrap().unwrap();
+        assert_eq!((c.as_ptr(), d.as_ptr()), (second, first));
+        assert_eq!(pool.made(), 2, "free slabs are reused before one is made");
+        let e = pool.acquire(&cancel).unwrap().unwrap();
+        assert_eq!(pool.made(), 3);
+        assert!(![first, second].contains(&e.as_ptr()));
+        // All three leased: a fourth waits; a cancel ends the wait.
+        let waiter = std::thread::scope(|s| {
+            let h = s.spawn(|| pool.acquire(&cancel).unwrap().is_none());
+            cancel.store(true, Ordering::Relaxed);
+            h.join().unwrap()
+        });
+        assert!(waiter, "a cancelled wait gets no slab");
+        assert_eq!(pool.made(), 3, "the pool never holds more than its size");
+    }
+
+    #[test]
+    fn a_waiting_acquire_gets_the_slab_dropped_by_another_thread() {
+        let pool = Pool::new(1, 4096, PinningMode::Off).unwrap();
+        let cancel = AtomicBool::new(false);
+        let a = pool.acquire(&cancel).unwrap().unwrap();
+        let first = a.as_ptr() as usize;
+        let got = std::thread::scope(|s| {
+            let h = s.spawn(|| pool.acquire(&cancel).unwrap().unwrap().as_ptr() as usize);
+            drop(a);
+            h.join().unwrap()
+        });
+        assert_eq!(got, first);
+        assert_eq!(pool.made(), 1);
     }
 }

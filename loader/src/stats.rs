@@ -347,8 +347,11 @@ pub struct Stats {
     pub truncated_rows: u64,
     /// `"cuda"` or `"page-aligned"`.
     pub pinning: String,
-    /// Slabs in the pool.
+    /// The most slabs the pool holds.
     pub slabs: usize,
+    /// Slabs made so far (made on first need, up to `slabs`).
+    #[serde(default)]
+    pub slabs_made: usize,
     /// Bytes per slab.
     pub slab_bytes: usize,
     /// Column chunks decoded by each path (the own decoders, or parquet's reader).
@@ -438,6 +441,7 @@ impl Counters {
             truncated_rows: self.truncated_rows.load(Ordering::Relaxed),
             pinning: String::new(),
             slabs: 0,
+            slabs_made: 0,
             slab_bytes: 0,
             decode_paths: *self.decode_paths.lock().expect("stats lock"),
             mixing: Mixing {
