@@ -18,8 +18,14 @@
 //! emitted, the next one is loaded, made one contiguous batch and permuted by
 //! another thread.
 //!
+//! Rows of 4 KiB or more are scattered as slices of their input batch and
+//! written as they are (no copy before the bucket file's); smaller rows are
+//! taken into one part per bucket and concatenated before they are written.
+//!
 //! Memory: 1/16 of the budget for the pending rows of all buckets (at least
-//! 32 KiB each); during gather, the bucket being emitted and the next one.
+//! 32 KiB each; slices keep their input batch alive until the last bucket
+//! holding one flushes, and buckets fill at the same pace); during gather,
+//! the bucket being emitted and the next one.
 //! Holding more (a whole input that would fit in the budget, say) was tried
 //! and was slower: every byte of memory is paged in (and zeroed) once, which
 //! costs more than writing it to a bucket file and reading it back from the
@@ -81,6 +87,7 @@ struct Bucket {
     written: bool,
     pending: Vec<RecordBatch>,
     pending_bytes: u64,
+    pending_rows: u64,
 }
 
 /// Rows scattered to buckets, waiting to be gathered.
@@ -110,6 +117,7 @@ pub(crate) fn scatter(
             written: false,
             pending: Vec::new(),
             pending_bytes: 0,
+            pending_rows: 0,
         })
         .collect();
     let (tx, rx) = bounded::<(PathBuf, Vec<RecordBatch>)>(1);
@@ -137,19 +145,27 @@ pub(crate) fn scatter(
                 targets[b].push(i as u32);
                 row += 1;
             }
+            // Large rows go to their buckets as slices of the batch (no
+            // copy): the bucket file is the one copy they get before the
+            // gather. Small rows are taken into one part per bucket.
+            let large =
+                batch_bytes(&batch) / batch.num_rows().max(1) as u64 >= CONTIGUOUS_BELOW_ROW_BYTES;
             for (b, indices) in targets.iter().enumerate() {
                 if indices.is_empty() {
                     continue;
                 }
-                let part = if indices.len() == batch.num_rows() {
-                    batch.clone()
-                } else {
-                    take_record_batch(&batch, &UInt32Array::from(indices.clone()))
-                        .map_err(|e| PreprocessError::read(&buckets[b].path, None, e))?
-                };
                 let bucket = &mut buckets[b];
-                bucket.pending_bytes += batch_bytes(&part);
-                bucket.pending.push(part);
+                if indices.len() == batch.num_rows() {
+                    bucket.push(batch.clone());
+                } else if large {
+                    for (start, len) in runs(indices) {
+                        bucket.push(batch.slice(start, len));
+                    }
+                } else {
+                    let part = take_record_batch(&batch, &UInt32Array::from(indices.clone()))
+                        .map_err(|e| PreprocessError::read(&bucket.path, None, e))?;
+                    bucket.push(part);
+                }
                 if bucket.pending_bytes >= flush_bytes {
                     flush(bucket, schema, &tx)?;
                 }
@@ -190,6 +206,28 @@ pub(crate) fn scatter(
     })
 }
 
+impl Bucket {
+    fn push(&mut self, part: RecordBatch) {
+        self.pending_bytes += batch_bytes(&part);
+        self.pending_rows += part.num_rows() as u64;
+        self.pending.push(part);
+    }
+}
+
+/// Runs of consecutive values in ascending `indices`, as (start, length).
+fn runs(indices: &[u32]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        let start = *indices.get(i)?;
+        let mut len = 1;
+        while indices.get(i + len) == Some(&(start + len as u32)) {
+            len += 1;
+        }
+        i += len;
+        Some((start as usize, len))
+    })
+}
+
 /// Hand a bucket's pending rows to the writer thread.
 fn flush(
     bucket: &mut Bucket,
@@ -200,8 +238,12 @@ fn flush(
         return Ok(());
     }
     let parts = std::mem::take(&mut bucket.pending);
-    let whole = bucket.pending_bytes / parts.len() as u64 >= WHOLE_PART_BYTES;
+    // Parts of large rows are written as they are: concatenating them first
+    // would be one more copy of every byte, for nothing the gather needs.
+    let whole = bucket.pending_bytes / parts.len() as u64 >= WHOLE_PART_BYTES
+        || bucket.pending_bytes / bucket.pending_rows.max(1) >= CONTIGUOUS_BELOW_ROW_BYTES;
     bucket.pending_bytes = 0;
+    bucket.pending_rows = 0;
     let parts = if whole || parts.len() == 1 {
         parts
     } else {
@@ -566,6 +608,11 @@ mod tests {
     const ROWS: i64 = 20_000;
 
     fn input(rows: i64, per_batch: i64) -> (SchemaRef, Vec<RecordBatch>) {
+        input_padded(rows, per_batch, 0)
+    }
+
+    /// Rows of `id` and a text of about `pad` bytes and more (some null).
+    fn input_padded(rows: i64, per_batch: i64, pad: usize) -> (SchemaRef, Vec<RecordBatch>) {
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, false),
             Field::new("text", DataType::Utf8, true),
@@ -577,7 +624,8 @@ mod tests {
                 let text: Vec<Option<String>> = ids
                     .iter()
                     .map(|i| {
-                        (i % 7 != 0).then(|| format!("row {i} {}", "x".repeat((i % 200) as usize)))
+                        (i % 7 != 0)
+                            .then(|| format!("row {i} {}", "x".repeat(pad + (i % 200) as usize)))
                     })
                     .collect();
                 RecordBatch::try_new(
@@ -595,7 +643,16 @@ mod tests {
 
     /// (id, text) of every row the shuffle emits, in order.
     fn shuffled(count: u64, budget: u64, chunk_bytes: u64) -> (Vec<(i64, Option<String>)>, usize) {
-        let (schema, batches) = input(ROWS, 300);
+        shuffled_padded(count, budget, chunk_bytes, 0)
+    }
+
+    fn shuffled_padded(
+        count: u64,
+        budget: u64,
+        chunk_bytes: u64,
+        pad: usize,
+    ) -> (Vec<(i64, Option<String>)>, usize) {
+        let (schema, batches) = input_padded(ROWS, 300, pad);
         let temp = tempfile::tempdir().unwrap();
         let spilled = scatter(
             batches.into_iter().map(Ok),
@@ -668,6 +725,47 @@ mod tests {
             assert_eq!(shuffled(count, budget, 1 << 20).0, got);
             assert_eq!(shuffled(count, 1 << 40, 4096).0, got);
         }
+    }
+
+    /// Rows of 5 KB and more are scattered as slices of their input batches
+    /// and written without being concatenated: the same rows, in the same
+    /// order as when every bucket stays in memory.
+    #[test]
+    fn large_rows_are_shuffled_like_small_ones() {
+        let ids = |rows: &[(i64, Option<String>)]| -> Vec<i64> {
+            let mut ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+            ids.sort();
+            ids
+        };
+        let (got, files) = shuffled_padded(7, 4 << 20, 1 << 20, 5000);
+        assert_eq!(
+            files, 7,
+            "every bucket went to disk, appended to many times"
+        );
+        assert_eq!(ids(&got), (0..ROWS).collect::<Vec<_>>());
+        assert!(got.iter().all(|(i, text)| {
+            text.as_ref()
+                .is_none_or(|t| t.len() >= 5000 && t.starts_with(&format!("row {i} ")))
+        }));
+        assert_eq!(got, shuffled_padded(7, 1 << 40, 4096, 5000).0);
+        let small_order: Vec<i64> = shuffled(7, 4 << 20, 1 << 20)
+            .0
+            .iter()
+            .map(|r| r.0)
+            .collect();
+        let large_order: Vec<i64> = got.iter().map(|r| r.0).collect();
+        assert_eq!(
+            large_order, small_order,
+            "row order depends on positions, not sizes"
+        );
+    }
+
+    #[test]
+    fn runs_of_consecutive_indices() {
+        let runs = |i: &[u32]| runs(i).collect::<Vec<_>>();
+        assert_eq!(runs(&[]), vec![]);
+        assert_eq!(runs(&[3]), vec![(3, 1)]);
+        assert_eq!(runs(&[0, 1, 2, 5, 7, 8]), vec![(0, 3), (5, 1), (7, 2)]);
     }
 
     #[test]
