@@ -431,17 +431,22 @@ pub(crate) struct Gather {
 
 /// A loaded bucket's rows.
 enum Rows {
-    /// One batch (taking rows from it is cheapest).
-    One(RecordBatch),
     /// Batches not made one (large rows, or a column past 2 GiB of offsets),
     /// and the row index in their concatenation where each starts.
     Parts(Vec<RecordBatch>, Vec<u32>),
+    /// The rows already in the order they go out in (taken from one batch
+    /// on the loading thread, off the thread that feeds the encoders):
+    /// chunks are slices.
+    InOrder(RecordBatch),
 }
 
 /// One loaded bucket and the order its rows go out in.
 struct Permuted {
     rows: Rows,
+    /// The order rows go out in (empty once `rows` is `InOrder`).
     order: Vec<u32>,
+    /// Rows in the bucket.
+    len: usize,
     at: usize,
     chunk_rows: usize,
 }
@@ -522,24 +527,32 @@ fn permute(
             .collect::<Result<Vec<u32>>>()?;
         Ok(Rows::Parts(parts, starts))
     };
+    let mut order: Vec<u32> = (0..n).collect();
+    SplitMix64::new(seed).shuffle(&mut order);
+    // Small rows: the bucket made one batch and taken in order, here on the
+    // loading thread (off the thread that feeds the encoders).
+    let in_order = |one: &RecordBatch, order: &mut Vec<u32>| -> Result<Rows> {
+        take_record_batch(one, &UInt32Array::from(std::mem::take(order)))
+            .map(Rows::InOrder)
+            .map_err(|e| PreprocessError::read("(shuffle bucket)", None, e))
+    };
     let rows = match parts.len() {
-        1 => Rows::One(parts.into_iter().next().expect("one part")),
+        1 => in_order(&parts[0], &mut order)?,
         // Large rows are copied once either way and gain nothing from being
         // contiguous first: emit from the parts.
         _ if per_row >= CONTIGUOUS_BELOW_ROW_BYTES => parts_of(parts, starts)?,
         _ => match concat_batches(schema, &parts) {
-            Ok(one) => Rows::One(one),
+            Ok(one) => in_order(&one, &mut order)?,
             // Offsets past i32: emit from the parts instead (same rows, same order).
             Err(_) => parts_of(parts, starts)?,
         },
     };
-    let mut order: Vec<u32> = (0..n).collect();
-    SplitMix64::new(seed).shuffle(&mut order);
     // Rows per chunk so a chunk is about `chunk_bytes`.
     let chunk_rows = (chunk_bytes / per_row.max(1)).clamp(1, 1 << 16) as usize;
     Ok(Permuted {
         rows,
         order,
+        len: n as usize,
         at: 0,
         chunk_rows,
     })
@@ -547,14 +560,15 @@ fn permute(
 
 impl Permuted {
     fn next_chunk(&mut self) -> Option<Result<RecordBatch>> {
-        if self.at >= self.order.len() {
+        if self.at >= self.len {
             return None;
         }
-        let end = (self.at + self.chunk_rows).min(self.order.len());
-        let chunk = &self.order[self.at..end];
+        let start = self.at;
+        let end = (start + self.chunk_rows).min(self.len);
         self.at = end;
+        let chunk = self.order.get(start..end).unwrap_or(&[]);
         let taken = match &self.rows {
-            Rows::One(batch) => take_record_batch(batch, &UInt32Array::from(chunk.to_vec())),
+            Rows::InOrder(batch) => Ok(batch.slice(start, end - start)),
             Rows::Parts(parts, starts) => {
                 let pairs: Vec<(usize, usize)> = chunk
                     .iter()
@@ -822,9 +836,13 @@ mod tests {
             starts.push(rows);
             rows += b.num_rows() as u32;
         }
+        // The order `permute` drew for seed 9.
+        let mut order: Vec<u32> = (0..rows).collect();
+        SplitMix64::new(9).shuffle(&mut order);
         let mut parts = Permuted {
             rows: Rows::Parts(batches, starts),
-            order: one.order.clone(),
+            order,
+            len: rows as usize,
             at: 0,
             chunk_rows: 77,
         };
@@ -839,7 +857,7 @@ mod tests {
             }
             concat_batches(&schema, &all).unwrap()
         };
-        assert!(matches!(one.rows, Rows::One(_)));
+        assert!(matches!(one.rows, Rows::InOrder(_)));
         assert_eq!(collect(&mut one), collect(&mut parts));
     }
 }
