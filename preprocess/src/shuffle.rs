@@ -18,14 +18,12 @@
 //! emitted, the next one is loaded, made one contiguous batch and permuted by
 //! another thread.
 //!
-//! Rows of 4 KiB or more are scattered as slices of their input batch and
-//! written as they are (no copy before the bucket file's); smaller rows are
-//! taken into one part per bucket and concatenated before they are written.
+//! A bucket's parts of small rows are concatenated before they are written
+//! (fewer, larger IPC messages); parts of rows of 4 KiB or more are written as
+//! they are (one copy fewer).
 //!
 //! Memory: 1/16 of the budget for the pending rows of all buckets (at least
-//! 32 KiB each; slices keep their input batch alive until the last bucket
-//! holding one flushes, and buckets fill at the same pace); during gather,
-//! the bucket being emitted and the next one.
+//! 32 KiB each); during gather, the bucket being emitted and the next one.
 //! Holding more (a whole input that would fit in the budget, say) was tried
 //! and was slower: every byte of memory is paged in (and zeroed) once, which
 //! costs more than writing it to a bucket file and reading it back from the
@@ -145,22 +143,16 @@ pub(crate) fn scatter(
                 targets[b].push(i as u32);
                 row += 1;
             }
-            // Large rows go to their buckets as slices of the batch (no
-            // copy): the bucket file is the one copy they get before the
-            // gather. Small rows are taken into one part per bucket.
-            let large =
-                batch_bytes(&batch) / batch.num_rows().max(1) as u64 >= CONTIGUOUS_BELOW_ROW_BYTES;
             for (b, indices) in targets.iter().enumerate() {
                 if indices.is_empty() {
                     continue;
                 }
                 let bucket = &mut buckets[b];
+                // A part owns its rows (a slice would keep its whole input
+                // batch alive until the bucket flushes: memory the budget
+                // does not see, with many small buckets).
                 if indices.len() == batch.num_rows() {
                     bucket.push(batch.clone());
-                } else if large {
-                    for (start, len) in runs(indices) {
-                        bucket.push(batch.slice(start, len));
-                    }
                 } else {
                     let part = take_record_batch(&batch, &UInt32Array::from(indices.clone()))
                         .map_err(|e| PreprocessError::read(&bucket.path, None, e))?;
@@ -212,20 +204,6 @@ impl Bucket {
         self.pending_rows += part.num_rows() as u64;
         self.pending.push(part);
     }
-}
-
-/// Runs of consecutive values in ascending `indices`, as (start, length).
-fn runs(indices: &[u32]) -> impl Iterator<Item = (usize, usize)> + '_ {
-    let mut i = 0;
-    std::iter::from_fn(move || {
-        let start = *indices.get(i)?;
-        let mut len = 1;
-        while indices.get(i + len) == Some(&(start + len as u32)) {
-            len += 1;
-        }
-        i += len;
-        Some((start as usize, len))
-    })
 }
 
 /// Hand a bucket's pending rows to the writer thread.
@@ -741,9 +719,9 @@ mod tests {
         }
     }
 
-    /// Rows of 5 KB and more are scattered as slices of their input batches
-    /// and written without being concatenated: the same rows, in the same
-    /// order as when every bucket stays in memory.
+    /// Parts of rows of 5 KB and more are written without being
+    /// concatenated: the same rows, in the same order as when every bucket
+    /// stays in memory, and as small rows at the same positions.
     #[test]
     fn large_rows_are_shuffled_like_small_ones() {
         let ids = |rows: &[(i64, Option<String>)]| -> Vec<i64> {
@@ -772,14 +750,6 @@ mod tests {
             large_order, small_order,
             "row order depends on positions, not sizes"
         );
-    }
-
-    #[test]
-    fn runs_of_consecutive_indices() {
-        let runs = |i: &[u32]| runs(i).collect::<Vec<_>>();
-        assert_eq!(runs(&[]), vec![]);
-        assert_eq!(runs(&[3]), vec![(3, 1)]);
-        assert_eq!(runs(&[0, 1, 2, 5, 7, 8]), vec![(0, 3), (5, 1), (7, 2)]);
     }
 
     #[test]
