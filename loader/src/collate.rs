@@ -294,6 +294,9 @@ pub(crate) struct Collation<'a> {
     list_mode: ListMode,
     images: Option<&'a ImageOptions>,
     sources: Vec<Vec<SourceColumn>>,
+    /// Threads (this one included) fixed-width columns may be shared out
+    /// among (see [`Collation::write`]).
+    workers: usize,
 }
 
 impl<'a> Collation<'a> {
@@ -320,7 +323,14 @@ impl<'a> Collation<'a> {
             list_mode,
             images,
             sources,
+            workers: 1,
         }
+    }
+
+    /// Share fixed-width columns out among up to `workers` threads.
+    pub(crate) fn with_workers(mut self, workers: usize) -> Self {
+        self.workers = workers.max(1);
+        self
     }
 
     /// Elements (or bytes) of variable-length column `c` over `rows`.
@@ -516,7 +526,68 @@ impl<'a> Collation<'a> {
             order.sort_unstable_by_key(|&i| rows[i as usize]);
         }
         let order = &order[..];
+        let runs = runs.as_deref();
+        let fixed: Vec<bool> = self
+            .plans
+            .iter()
+            .zip(columns)
+            .map(|(plan, column)| {
+                plan.is_fixed_width() && matches!(column.layout, ColumnLayout::Dense { .. })
+            })
+            .collect();
+        // Fixed-width columns are independent slab regions: with many values
+        // to write, they are shared out among threads (the collate stage is
+        // one thread, and would otherwise cap a loader given many cores).
+        const MIN_SHARE: usize = 1 << 16;
+        let fixed_count = fixed.iter().filter(|&&f| f).count();
+        let workers = self
+            .workers
+            .min(fixed_count)
+            .min((rows.len() * fixed_count / MIN_SHARE).max(1));
+        let mut regions = fixed_regions(slab, columns, &fixed)?;
+        if workers > 1 {
+            let this = self;
+            let mut shares: Vec<Vec<FixedRegions>> = (0..workers).map(|_| Vec::new()).collect();
+            for (i, r) in regions.drain(..).enumerate() {
+                shares[i % workers].push(r);
+            }
+            let results: Vec<std::result::Result<(), String>> = std::thread::scope(|s| {
+                let mut shares = shares.into_iter();
+                let mine = shares.next().expect("at least one share");
+                let others: Vec<_> = shares
+                    .map(|share| {
+                        std::thread::Builder::new()
+                            .name("shardfeed-collate".into())
+                            .spawn_scoped(s, move || {
+                                share
+                                    .into_iter()
+                                    .try_for_each(|r| this.write_fixed(r, rows, runs, order))
+                            })
+                            .expect("spawn a collate thread")
+                    })
+                    .collect();
+                let mut results = vec![
+                    mine.into_iter()
+                        .try_for_each(|r| this.write_fixed(r, rows, runs, order)),
+                ];
+                for h in others {
+                    // A panic in a helper is this stage's panic.
+                    results.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+                }
+                results
+            });
+            results
+                .into_iter()
+                .collect::<std::result::Result<(), String>>()?;
+        } else {
+            for r in regions {
+                self.write_fixed(r, rows, runs, order)?;
+            }
+        }
         for (c, (plan, column)) in self.plans.iter().zip(columns).enumerate() {
+            if fixed[c] {
+                continue;
+            }
             let cols: Vec<&SourceColumn> = self.sources.iter().map(|s| &s[c]).collect();
             if let Some(validity) = &column.validity {
                 let out = &mut slab[validity.offset..validity.offset + rows.len()];
@@ -525,44 +596,6 @@ impl<'a> Collation<'a> {
                 }
             }
             match (&plan.kind, &column.layout) {
-                (Kind::Primitive(d), ColumnLayout::Dense { values }) => {
-                    gather_fixed(
-                        d.size(),
-                        &cols,
-                        rows,
-                        runs.as_deref(),
-                        order,
-                        &mut slab[values.offset..values.offset + values.bytes()],
-                    )?;
-                }
-                (Kind::Bool, ColumnLayout::Dense { values }) => {
-                    let out = &mut slab[values.offset..values.offset + rows.len()];
-                    for (o, (s, r)) in out.iter_mut().zip(rows) {
-                        let data = &cols[*s as usize].data;
-                        let bits = data.buffers()[0].as_slice();
-                        let i = data.offset() + *r as usize;
-                        *o = (bits[i / 8] >> (i % 8)) & 1;
-                    }
-                }
-                (Kind::FixedList(d, k), ColumnLayout::Dense { values }) => {
-                    let children: Vec<SourceColumn> = cols
-                        .iter()
-                        .map(|col| SourceColumn {
-                            data: col.data.child_data()[0].clone(),
-                        })
-                        .collect();
-                    let out = &mut slab[values.offset..values.offset + values.bytes()];
-                    let width = d.size() * k;
-                    for &i in order {
-                        let (s, r) = rows[i as usize];
-                        let parent = &cols[s as usize].data;
-                        let child = &children[s as usize].data;
-                        let row = parent.offset() + r as usize;
-                        let src = SourceColumn::fixed(child, d.size());
-                        let at = i as usize * width;
-                        out[at..at + width].copy_from_slice(&src[row * width..row * width + width]);
-                    }
-                }
                 (Kind::List { dtype, large }, layout) => {
                     let w = dtype.size();
                     let children: Vec<ArrayData> = cols
@@ -644,22 +677,141 @@ impl<'a> Collation<'a> {
                 (Kind::Image { .. }, _) => {}
                 _ => unreachable!("layout follows the plan"),
             }
-            // Null rows of fixed-width columns hold zeros, not whatever the
-            // decoder left in the value slot.
-            if let (Some(validity), ColumnLayout::Dense { values }) =
-                (&column.validity, &column.layout)
-            {
-                let row_bytes = values.bytes() / rows.len().max(1);
-                for i in 0..rows.len() {
-                    if slab[validity.offset + i] == 0 {
-                        let at = values.offset + i * row_bytes;
-                        slab[at..at + row_bytes].fill(0);
-                    }
-                }
-            }
         }
         Ok(truncated)
     }
+
+    /// Write fixed-width column `r.column` into its regions of the slab.
+    fn write_fixed(
+        &self,
+        mut r: FixedRegions<'_>,
+        rows: &RowRefs,
+        runs: Option<&[Run]>,
+        order: &[u32],
+    ) -> std::result::Result<(), String> {
+        let c = r.column;
+        let cols: Vec<&SourceColumn> = self.sources.iter().map(|s| &s[c]).collect();
+        let values = r.values;
+        if let Some(out) = r.validity.as_deref_mut() {
+            for (o, (s, row)) in out.iter_mut().zip(rows) {
+                *o = row_valid(cols[*s as usize], *row as usize) as u8;
+            }
+        }
+        match self.plans[c].kind {
+            Kind::Primitive(d) => {
+                gather_fixed(d.size(), &cols, rows, runs, order, values)?;
+            }
+            Kind::Bool => {
+                for (o, (s, row)) in values.iter_mut().zip(rows) {
+                    let data = &cols[*s as usize].data;
+                    let bits = data.buffers()[0].as_slice();
+                    let i = data.offset() + *row as usize;
+                    *o = (bits[i / 8] >> (i % 8)) & 1;
+                }
+            }
+            Kind::FixedList(d, k) => {
+                let children: Vec<SourceColumn> = cols
+                    .iter()
+                    .map(|col| SourceColumn {
+                        data: col.data.child_data()[0].clone(),
+                    })
+                    .collect();
+                let width = d.size() * k;
+                for &i in order {
+                    let (s, row) = rows[i as usize];
+                    let parent = &cols[s as usize].data;
+                    let child = &children[s as usize].data;
+                    let at_row = parent.offset() + row as usize;
+                    let src = SourceColumn::fixed(child, d.size());
+                    let at = i as usize * width;
+                    values[at..at + width]
+                        .copy_from_slice(&src[at_row * width..at_row * width + width]);
+                }
+            }
+            _ => unreachable!("only fixed-width columns have fixed regions"),
+        }
+        // Null rows hold zeros, not whatever the decoder left in the value slot.
+        if let Some(validity) = r.validity {
+            let row_bytes = values.len() / rows.len().max(1);
+            for (i, &valid) in validity.iter().enumerate() {
+                if valid == 0 {
+                    values[i * row_bytes..(i + 1) * row_bytes].fill(0);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A fixed-width column's regions of a slab: its validity mask (if any) and
+/// its values.
+struct FixedRegions<'s> {
+    column: usize,
+    validity: Option<&'s mut [u8]>,
+    values: &'s mut [u8],
+}
+
+/// The regions of the columns marked in `fixed`, cut out of `slab` (the
+/// layout's buffers do not overlap; an error if they do).
+fn fixed_regions<'s>(
+    slab: &'s mut [u8],
+    columns: &[Column],
+    fixed: &[bool],
+) -> std::result::Result<Vec<FixedRegions<'s>>, String> {
+    // (offset, length, column, is validity)
+    let mut spans: Vec<(usize, usize, usize, bool)> = Vec::new();
+    for (c, column) in columns.iter().enumerate() {
+        if !fixed[c] {
+            continue;
+        }
+        let ColumnLayout::Dense { values } = &column.layout else {
+            continue;
+        };
+        spans.push((values.offset, values.bytes(), c, false));
+        if let Some(v) = &column.validity {
+            let rows = v.bytes();
+            spans.push((v.offset, rows, c, true));
+        }
+    }
+    spans.sort_unstable();
+    let mut pieces: Vec<(usize, bool, &'s mut [u8])> = Vec::with_capacity(spans.len());
+    let mut rest = slab;
+    let mut at = 0usize;
+    for (offset, len, c, validity) in spans {
+        let skip = offset
+            .checked_sub(at)
+            .ok_or_else(|| format!("overlapping slab buffers at byte {offset}"))?;
+        if skip.saturating_add(len) > rest.len() {
+            return Err(format!(
+                "a buffer of {len} bytes at byte {offset} past the slab"
+            ));
+        }
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip);
+        let (piece, tail) = tail.split_at_mut(len);
+        pieces.push((c, validity, piece));
+        rest = tail;
+        at = offset + len;
+    }
+    let mut regions: Vec<FixedRegions<'s>> = Vec::new();
+    let mut validities: Vec<(usize, &'s mut [u8])> = Vec::new();
+    for (c, validity, piece) in pieces {
+        if validity {
+            validities.push((c, piece));
+        } else {
+            regions.push(FixedRegions {
+                column: c,
+                validity: None,
+                values: piece,
+            });
+        }
+    }
+    for (c, piece) in validities {
+        if let Some(r) = regions.iter_mut().find(|r| r.column == c) {
+            r.validity = Some(piece);
+        }
+    }
+    regions.sort_unstable_by_key(|r| r.column);
+    Ok(regions)
 }
 
 /// One batch in this many is measured for `Stats::mixing`.
@@ -877,7 +1029,8 @@ impl Collator {
             self.config.list_mode,
             self.config.images.as_ref(),
             &sources,
-        );
+        )
+        .with_workers(self.config.stage_workers());
         let (mut columns, bytes) = collation.layout(&rows);
         let mut blocked = std::time::Duration::ZERO;
         let mut lease = if bytes <= self.pool.slab_bytes() {
@@ -1426,6 +1579,109 @@ mod tests {
         (ids, fs)
     }
 
+    /// Fixed-width columns shared out among threads (nullable, bool, fixed
+    /// lists, dictionaries, plain values, scattered and in runs) give the
+    /// same slab bytes as one thread writing them, and leave the other
+    /// columns' bytes to the serial loop.
+    #[test]
+    fn fixed_columns_written_on_several_threads_match_one_thread() {
+        use arrow_array::{BooleanArray, FixedSizeListArray, StringArray};
+        let n = 30_000usize;
+        let part = |from: usize| -> RecordBatch {
+            let ids = (from..from + n).map(|i| i as i64);
+            let dict = Arc::new(Int64Array::from_iter_values(0..100));
+            let keys: Vec<u16> = (from..from + n).map(|i| (i % 100) as u16).collect();
+            let nullable: Int32Array = (from..from + n)
+                .map(|i| (i % 7 != 0).then_some(i as i32))
+                .collect();
+            let flags = BooleanArray::from_iter((from..from + n).map(|i| Some(i % 3 == 0)));
+            let pairs = FixedSizeListArray::new(
+                Arc::new(Field::new("item", DataType::Float32, false)),
+                2,
+                Arc::new(arrow_array::Float32Array::from_iter_values(
+                    (from..from + n).flat_map(|i| [i as f32, -(i as f32)]),
+                )),
+                None,
+            );
+            let names = StringArray::from_iter_values((from..from + n).map(|i| format!("r{i}")));
+            RecordBatch::try_from_iter_with_nullable([
+                (
+                    "id",
+                    Arc::new(Int64Array::from_iter_values(ids)) as ArrayRef,
+                    false,
+                ),
+                (
+                    "cat",
+                    Arc::new(DictionaryArray::<UInt16Type>::try_new(keys.into(), dict).unwrap()),
+                    false,
+                ),
+                ("maybe", Arc::new(nullable), true),
+                ("flag", Arc::new(flags), false),
+                ("pair", Arc::new(pairs), false),
+                ("name", Arc::new(names), false),
+            ])
+            .unwrap()
+        };
+        let sources = [part(0), part(n)];
+        let refs: Vec<&RecordBatch> = sources.iter().collect();
+        let schema = Schema::new(
+            sources[0]
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| {
+                    let t = match f.data_type() {
+                        DataType::Dictionary(_, v) => v.as_ref().clone(),
+                        t => t.clone(),
+                    };
+                    f.as_ref().clone().with_data_type(t)
+                })
+                .collect::<Vec<_>>(),
+        );
+        let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        let plans = plan_columns(&schema, &names, None).unwrap();
+        let scattered: Vec<(u32, u32)> = (0..2 * n as u32)
+            .map(|i| {
+                let g = (i as u64 * 7919 % (2 * n) as u64) as u32;
+                ((g / n as u32), g % n as u32)
+            })
+            .collect();
+        let in_runs: Vec<(u32, u32)> = (100..n as u32)
+            .map(|r| (0, r))
+            .chain((0..n as u32 / 2).map(|r| (1, r)))
+            .collect();
+        for rows in [scattered, in_runs] {
+            let write = |workers: usize| -> Vec<u8> {
+                let collation =
+                    Collation::new(&plans, ListMode::Ragged, None, &refs).with_workers(workers);
+                let (columns, bytes) = collation.layout(&rows);
+                let mut storage = vec![0xabu64; bytes.div_ceil(8)];
+                // SAFETY: plain integers reinterpreted as bytes.
+                let slab = unsafe { storage.align_to_mut::<u8>().1 };
+                collation.write(&rows, &columns, slab).unwrap();
+                slab.to_vec()
+            };
+            let one = write(1);
+            assert_eq!(write(3), one);
+            // The values are the rows' (spot check: id and the nullable column).
+            let collation = Collation::new(&plans, ListMode::Ragged, None, &refs);
+            let (columns, _) = collation.layout(&rows);
+            let ColumnLayout::Dense { values } = &columns[0].layout else {
+                panic!("dense")
+            };
+            let (s, r) = rows[5];
+            let id = i64::from_le_bytes(
+                one[values.offset + 40..values.offset + 48]
+                    .try_into()
+                    .unwrap(),
+            );
+            assert_eq!(id, (s as usize * n + r as usize) as i64);
+            let validity = columns[2].validity.as_ref().unwrap();
+            let valid = one[validity.offset + 5];
+            assert_eq!(valid == 1, !(s as usize * n + r as usize).is_multiple_of(7));
+        }
+    }
+
     #[test]
     fn dictionary_and_plain_sources_collate_and_permute_to_the_same_values() {
         let parts = [
@@ -1461,7 +1717,7 @@ mod tests {
             );
 
             // Permuted into one batch first (the shuffle stage), then collated.
-            let permuted = permute(&batches, &order, 0).unwrap();
+            let permuted = permute(&batches, &order, 0, 1).unwrap();
             let all_dictionary = kinds.iter().all(|&k| k > 0);
             assert_eq!(
                 matches!(permuted.column(0).data_type(), DataType::Dictionary(..)),
@@ -1564,7 +1820,7 @@ mod tests {
             .map(|&o| if o < 40 { (0, o) } else { (1, o - 40) })
             .collect();
         assert_eq!(read(&[&batches[0], &batches[1]], &rows), expected);
-        let permuted = permute(&batches, &order, 0).unwrap();
+        let permuted = permute(&batches, &order, 0, 1).unwrap();
         let rows: Vec<(u32, u32)> = (0..100).map(|i| (0, i)).collect();
         assert_eq!(read(&[&permuted], &rows), expected);
     }

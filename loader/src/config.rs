@@ -849,6 +849,21 @@ fn estimate_sizes(
     })
 }
 
+impl Config {
+    /// Threads (the stage's own included) the shuffle and collate stages
+    /// share a window's or a batch's fixed-width columns among: a quarter of
+    /// the decode threads. On tabular data the two stages together cost
+    /// about as much CPU as decoding (`benches/thread_scaling.py`): one
+    /// thread each caps a loader at about twice what one decode thread
+    /// delivers, whatever its cores. Below 8 decode threads they stay one
+    /// thread each: on 2 cores, helpers only competed for the same cores
+    /// (20% slower on tabular data with `threads(4)`); the gain on many cores
+    /// is not measured yet (no such machine here).
+    pub fn stage_workers(&self) -> usize {
+        (self.decode_threads / 4).max(1)
+    }
+}
+
 /// The options every epoch of a loader shares.
 #[derive(Debug)]
 pub(crate) struct Config {

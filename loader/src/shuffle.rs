@@ -197,7 +197,7 @@ impl Shuffler {
             }
             let started = Instant::now();
             let order = window.rows();
-            let permuted = permute(&batches, &order, index)?;
+            let permuted = permute(&batches, &order, index, self.config.stage_workers())?;
             batches.clear();
             Counters::add_time(&self.counters.shuffle_busy_ns, started.elapsed());
             self.counters.span(
@@ -336,14 +336,16 @@ fn permute_keys<K: ArrowDictionaryKeyType>(
 /// concatenation), column by column. Dictionary columns keep their
 /// dictionaries (concatenated) and only their keys are permuted; a column
 /// whose batches mix dictionary and plain arrays is made plain. `window`
-/// names the window in errors.
+/// names the window in errors. Columns are shared out among up to
+/// `workers` threads (this one included): the shuffle stage is one thread,
+/// and with many columns it would otherwise cap a loader given many cores.
 pub(crate) fn permute(
     batches: &[RecordBatch],
     order: &[u32],
     window: usize,
+    workers: usize,
 ) -> Result<RecordBatch> {
     use arrow_array::UInt32Array;
-    use arrow_array::types::{Int32Type, UInt16Type};
 
     let err = |detail: String| LoaderError::Stage {
         stage: "shuffle",
@@ -354,39 +356,56 @@ pub(crate) fn permute(
     let first = batches
         .first()
         .ok_or_else(|| err("a window with rows has no batches".into()))?;
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(first.num_columns());
-    // Built once for every column (a copy of the order per column cost more
-    // than some columns' gathers).
-    let mut indices: Option<UInt32Array> = None;
-    for c in 0..first.num_columns() {
-        let arrays: Vec<&ArrayRef> = batches.iter().map(|b| b.column(c)).collect();
-        let dictionaries: Option<Vec<&dyn AnyDictionaryArray>> =
-            arrays.iter().map(|a| a.as_any_dictionary_opt()).collect();
-        if let Some(dictionaries) = dictionaries {
-            let values: usize = dictionaries.iter().map(|d| d.values().len()).sum();
-            let array = if values <= 1 << 16 {
-                permute_keys::<UInt16Type>(&dictionaries, order)
-            } else {
-                permute_keys::<Int32Type>(&dictionaries, order)
-            }
-            .map_err(err)?;
-            columns.push(array);
-            continue;
+    let n = first.num_columns();
+    // Built once for every plain column (a copy of the order per column cost
+    // more than some columns' gathers).
+    let indices = UInt32Array::from(order.to_vec());
+    let column = |c: usize| permute_column(batches, c, order, &indices);
+    // A thread per share of at least `MIN_SHARE` values: fewer would not pay
+    // for starting it.
+    const MIN_SHARE: usize = 1 << 20;
+    let workers = workers
+        .min(n)
+        .min((order.len() * n / MIN_SHARE).max(1))
+        .max(1);
+    let results: Vec<std::result::Result<ArrayRef, String>> = if workers == 1 {
+        (0..n).map(column).collect()
+    } else {
+        let column = &column;
+        let mut shares: Vec<Vec<(usize, std::result::Result<ArrayRef, String>)>> =
+            std::thread::scope(|s| {
+                let others: Vec<_> = (1..workers)
+                    .map(|w| {
+                        std::thread::Builder::new()
+                            .name("shardfeed-shuffle".into())
+                            .spawn_scoped(s, move || {
+                                (w..n).step_by(workers).map(|c| (c, column(c))).collect()
+                            })
+                            .expect("spawn a shuffle thread")
+                    })
+                    .collect();
+                let mine: Vec<_> = (0..n).step_by(workers).map(|c| (c, column(c))).collect();
+                let mut all = vec![mine];
+                for h in others {
+                    // A panic in a helper is this stage's panic.
+                    all.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+                }
+                all
+            });
+        let mut results: Vec<Option<std::result::Result<ArrayRef, String>>> =
+            (0..n).map(|_| None).collect();
+        for (c, r) in shares.drain(..).flatten() {
+            results[c] = Some(r);
         }
-        let plain: Vec<ArrayRef> = arrays
-            .iter()
-            .map(|a| match a.as_any_dictionary_opt() {
-                Some(d) => arrow_select::take::take(d.values(), d.keys(), None),
-                None => Ok((*a).clone()),
-            })
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| err(e.to_string()))?;
-        let plain: Vec<&dyn Array> = plain.iter().map(|a| a.as_ref()).collect();
-        let all = arrow_select::concat::concat(&plain).map_err(|e| err(e.to_string()))?;
-        let indices = indices.get_or_insert_with(|| UInt32Array::from(order.to_vec()));
-        columns
-            .push(arrow_select::take::take(&all, &*indices, None).map_err(|e| err(e.to_string()))?);
-    }
+        results
+            .into_iter()
+            .map(|r| r.expect("every column permuted"))
+            .collect()
+    };
+    let columns: Vec<ArrayRef> = results
+        .into_iter()
+        .collect::<std::result::Result<_, _>>()
+        .map_err(err)?;
     let fields: Vec<arrow_schema::Field> = first
         .schema()
         .fields()
@@ -395,6 +414,40 @@ pub(crate) fn permute(
         .map(|(f, c)| f.as_ref().clone().with_data_type(c.data_type().clone()))
         .collect();
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| err(e.to_string()))
+}
+
+/// Column `c` of `batches` in `order` (see [`permute`]); `indices` is
+/// `order` as an array.
+fn permute_column(
+    batches: &[RecordBatch],
+    c: usize,
+    order: &[u32],
+    indices: &arrow_array::UInt32Array,
+) -> std::result::Result<ArrayRef, String> {
+    use arrow_array::types::{Int32Type, UInt16Type};
+
+    let arrays: Vec<&ArrayRef> = batches.iter().map(|b| b.column(c)).collect();
+    let dictionaries: Option<Vec<&dyn AnyDictionaryArray>> =
+        arrays.iter().map(|a| a.as_any_dictionary_opt()).collect();
+    if let Some(dictionaries) = dictionaries {
+        let values: usize = dictionaries.iter().map(|d| d.values().len()).sum();
+        return if values <= 1 << 16 {
+            permute_keys::<UInt16Type>(&dictionaries, order)
+        } else {
+            permute_keys::<Int32Type>(&dictionaries, order)
+        };
+    }
+    let plain: Vec<ArrayRef> = arrays
+        .iter()
+        .map(|a| match a.as_any_dictionary_opt() {
+            Some(d) => arrow_select::take::take(d.values(), d.keys(), None),
+            None => Ok((*a).clone()),
+        })
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let plain: Vec<&dyn Array> = plain.iter().map(|a| a.as_ref()).collect();
+    let all = arrow_select::concat::concat(&plain).map_err(|e| e.to_string())?;
+    arrow_select::take::take(&all, indices, None).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -430,7 +483,8 @@ mod tests {
             let order: Vec<u32> = (0..rows as u32)
                 .map(|i| (i * 7 + 3) % rows as u32)
                 .collect();
-            let permuted = permute(&[half(0..rows / 2), half(rows / 2..rows)], &order, 0).unwrap();
+            let permuted =
+                permute(&[half(0..rows / 2), half(rows / 2..rows)], &order, 0, 2).unwrap();
             let column = permuted.column(0);
             let expected_key = if 2 * distinct > 1 << 16 {
                 DataType::Int32
@@ -450,6 +504,41 @@ mod tests {
         }
     }
 
+    /// Columns shared out among threads come out as one thread makes them,
+    /// for dictionary and plain columns alike.
+    #[test]
+    fn columns_permuted_on_several_threads_match_one_thread() {
+        let rows = 300_000usize;
+        let half = |range: std::ops::Range<usize>| -> RecordBatch {
+            let columns: Vec<(String, ArrayRef)> = (0..7)
+                .map(|c| {
+                    let values = range.clone().map(|i| (i * (c + 3)) as i64 % 5000);
+                    let array: ArrayRef = if c % 2 == 0 {
+                        let dict = Arc::new(Int64Array::from_iter_values(0..5000));
+                        let keys: Vec<u16> = values.map(|v| v as u16).collect();
+                        Arc::new(DictionaryArray::<UInt16Type>::try_new(keys.into(), dict).unwrap())
+                    } else {
+                        Arc::new(Int64Array::from_iter_values(values))
+                    };
+                    (format!("c{c}"), array)
+                })
+                .collect();
+            RecordBatch::try_from_iter(columns).unwrap()
+        };
+        let batches = [half(0..rows / 3), half(rows / 3..rows)];
+        let order: Vec<u32> = (0..rows as u32)
+            .map(|i| (i as u64 * 7919 % rows as u64) as u32)
+            .collect();
+        let one = permute(&batches, &order, 0, 1).unwrap();
+        for workers in [2, 3] {
+            assert_eq!(permute(&batches, &order, 0, workers).unwrap(), one);
+        }
+        let c1 = one
+            .column(1)
+            .as_primitive::<arrow_array::types::Int64Type>();
+        assert_eq!(c1.value(5), (order[5] as i64 * 4) % 5000);
+    }
+
     /// A key outside its dictionary (a forged array built unchecked) is an
     /// error naming the window, not a dictionary whose lookups read past it.
     #[test]
@@ -460,7 +549,7 @@ mod tests {
         let forged =
             unsafe { DictionaryArray::<UInt16Type>::new_unchecked(vec![0u16, 1, 7].into(), dict) };
         let batch = RecordBatch::try_from_iter([("v", Arc::new(forged) as ArrayRef)]).unwrap();
-        let err = permute(&[batch], &[2, 1, 0], 4).unwrap_err().to_string();
+        let err = permute(&[batch], &[2, 1, 0], 4, 1).unwrap_err().to_string();
         assert!(err.contains("window 4") && err.contains("key 7"), "{err}");
     }
 }

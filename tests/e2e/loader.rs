@@ -193,6 +193,8 @@ fn a_first_window_gathered_before_it_is_permuted_gives_the_same_batches() {
     let reference = run(1, 2);
     assert_eq!(run(3, 16), reference);
     assert_eq!(run(2, 4), reference);
+    // 8 decode threads: the shuffle and collate stages get helper threads.
+    assert_eq!(run(8, 4), reference);
     for epoch in &reference {
         let mut ids: Vec<i64> = epoch.iter().flatten().copied().collect();
         ids.sort_unstable();
