@@ -593,6 +593,8 @@ impl LoaderBuilder {
                 .transpose()?,
             ..Counters::default()
         });
+        // Shards read from local files (not through an object store).
+        let local = location.local_root().is_some();
         let cache = match (&self.cache_dir, location.local_root()) {
             (Some(dir), None) => Some(
                 ShardCache::new(
@@ -721,12 +723,16 @@ impl LoaderBuilder {
             );
         }
         // Read ahead no further than is useful: the row groups that must be
-        // held, one more window (decoding runs a window ahead of the one the
-        // shuffle stage assembles) and two per decode thread. More would
-        // only be fresh memory the first epoch pays for.
+        // held (the window being collated and the next one, fetched and
+        // decoded meanwhile) and two per decode thread; from object storage
+        // one window more, to keep requests in flight through the latency.
+        // More would only be fresh memory the first epoch pays for: on local
+        // files the extra window was 10-60 MiB more peak RSS for the same
+        // throughput, where with 50 ms per request it was 25% of throughput.
+        let remote_window = if local { 0 } else { window as u64 };
         let useful = sizes.unit_bytes.saturating_mul(
             needed
-                .saturating_add(window as u64)
+                .saturating_add(remote_window)
                 .saturating_add(2 * decode_threads as u64),
         );
         let in_flight = self.byte_budget.min(useful.max(1 << 20));
