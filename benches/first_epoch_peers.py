@@ -21,6 +21,8 @@ later pass. Medians over `--repeat` interleaved runs.
 """
 import argparse, json, os, statistics, subprocess, sys
 
+from interleave import interleaved
+
 BATCH = {"tokens": 64, "tabular": 4096, "images": 32}
 
 PEER = r'''
@@ -136,16 +138,12 @@ def main():
     args = p.parse_args()
     tools = args.tools.split(",")
     results = {}
-    for i in range(args.repeat):
-        for item in args.datasets.split(","):
-            kind, ds = item.split("=", 1)
-            order = tools[i % len(tools):] + tools[:i % len(tools)]
-            for tool in order:
-                batch = BATCH[kind]
-                r = (run_shardfeed(args.bin, ds, batch, args.epochs) if tool == "shardfeed"
-                     else run_peer(tool, kind, ds, batch, args.epochs))
-                results.setdefault((kind, tool), []).append(r)
-                print(json.dumps({"dataset": kind, "tool": tool, **r}), flush=True)
+    for kind, ds, tool in interleaved(args.repeat, args.datasets, tools):
+        batch = BATCH[kind]
+        r = (run_shardfeed(args.bin, ds, batch, args.epochs) if tool == "shardfeed"
+             else run_peer(tool, kind, ds, batch, args.epochs))
+        results.setdefault((kind, tool), []).append(r)
+        print(json.dumps({"dataset": kind, "tool": tool, **r}), flush=True)
     print("\nrows/s, medians of", args.repeat, "fresh processes (first pass; best later pass)")
     print("| dataset | tool | first epoch | steady | shardfeed first / tool first | shardfeed steady / tool steady |")
     print("|---|---|---|---|---|---|")

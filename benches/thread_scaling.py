@@ -16,6 +16,8 @@ loader: `--decode-images image --image-size 224 --crop random_resized --flip`).
 """
 import argparse, json, os, resource, statistics, subprocess, time
 
+from interleave import interleaved
+
 BATCH = {"tokens": 64, "tabular": 4096, "images": 32, "decoded": 256}
 
 
@@ -53,14 +55,10 @@ def main():
     counts = ([int(t) for t in args.threads.split(",")] if args.threads
               else [t for t in (1, 2, 4, 8, 16) if t <= nproc])
     results = {}
-    for i in range(args.repeat):
-        for item in args.datasets.split(","):
-            kind, ds = item.split("=", 1)
-            order = counts[i % len(counts):] + counts[:i % len(counts)]
-            for t in order:
-                r = run(args.bin, kind, ds, t, args.epochs, args.image_column)
-                results.setdefault((kind, t), []).append(r)
-                print(json.dumps({"dataset": kind, "threads": t, **r}), flush=True)
+    for kind, ds, t in interleaved(args.repeat, args.datasets, counts):
+        r = run(args.bin, kind, ds, t, args.epochs, args.image_column)
+        results.setdefault((kind, t), []).append(r)
+        print(json.dumps({"dataset": kind, "threads": t, **r}), flush=True)
     print(f"\nsteady rows/s, medians of {args.repeat} fresh processes; nproc {nproc}")
     print("| dataset | threads | steady rows/s | speed-up | efficiency | cores busy | bottleneck |")
     print("|---|---|---|---|---|---|---|")
