@@ -677,6 +677,19 @@ impl<'a> Collation<'a> {
                 (Kind::Image { .. }, _) => {}
                 _ => unreachable!("layout follows the plan"),
             }
+            // Null rows of dense columns (decoded images) hold zeros, not
+            // whatever the slot held (fixed-width columns: `write_fixed`).
+            if let (Some(validity), ColumnLayout::Dense { values }) =
+                (&column.validity, &column.layout)
+            {
+                let row_bytes = values.bytes() / rows.len().max(1);
+                for i in 0..rows.len() {
+                    if slab[validity.offset + i] == 0 {
+                        let at = values.offset + i * row_bytes;
+                        slab[at..at + row_bytes].fill(0);
+                    }
+                }
+            }
         }
         Ok(truncated)
     }

@@ -149,3 +149,83 @@ fn pngs_decode_exactly_and_crops_do_not_depend_on_threads() {
         "{message}"
     );
 }
+
+/// A null image (a nullable binary column) is not decoded: its slot holds
+/// zeros and its validity 0, beside decoded images in the same batch,
+/// however the batch's slab was used before.
+#[test]
+fn null_images_collate_to_zeros() {
+    use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch};
+    use std::sync::Arc;
+    let tmp = tempdir();
+    let (w, h) = (8u32, 6u32);
+    let images: Vec<(Option<Vec<u8>>, Vec<u8>)> = (0..12u32)
+        .map(|k| {
+            let (bytes, pixels) = png(w, h, k);
+            ((k % 4 != 1).then_some(bytes), pixels)
+        })
+        .collect();
+    let batch = RecordBatch::try_from_iter_with_nullable([
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(0..12)) as ArrayRef,
+            false,
+        ),
+        (
+            "bytes",
+            Arc::new(BinaryArray::from_iter(
+                images.iter().map(|(b, _)| b.as_deref()),
+            )) as ArrayRef,
+            true,
+        ),
+    ])
+    .unwrap();
+    let input = tmp.path().join("images.parquet");
+    let mut writer = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(&input).unwrap(),
+        batch.schema(),
+        None,
+    )
+    .unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let ds = tmp.path().join("ds");
+    shardfeed(&["shard".into(), s(&input), "-o".into(), s(&ds)]).success();
+    // A batch size that reuses slabs across epochs: a null slot must not
+    // keep the pixels an earlier batch left there.
+    let mut loader = Loader::builder(&s(&ds))
+        .batch_size(4)
+        .decode_images(["bytes"])
+        .image_size(h, w)
+        .crop(Crop::Resize)
+        .prefetch(2)
+        .build()
+        .unwrap();
+    let per = (w * h * 3) as usize;
+    let mut nulls = 0;
+    for _ in 0..3 {
+        for batch in &mut loader {
+            let batch = batch.unwrap();
+            let ids: &[i64] = batch.values("id").unwrap();
+            let pixels: &[u8] = batch.values("bytes").unwrap();
+            let valid = batch
+                .validity("bytes")
+                .expect("a nullable column has validity");
+            for (i, &id) in ids.iter().enumerate() {
+                let slot = &pixels[i * per..(i + 1) * per];
+                match &images[id as usize].0 {
+                    None => {
+                        assert_eq!(valid[i], 0, "row {id}");
+                        assert!(slot.iter().all(|&p| p == 0), "row {id} is null");
+                        nulls += 1;
+                    }
+                    Some(_) => {
+                        assert_eq!(valid[i], 1, "row {id}");
+                        assert_eq!(slot, &images[id as usize].1[..], "row {id}");
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(nulls, 9);
+}
