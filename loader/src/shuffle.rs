@@ -357,9 +357,10 @@ pub(crate) fn permute(
         .first()
         .ok_or_else(|| err("a window with rows has no batches".into()))?;
     let n = first.num_columns();
-    // Built once for every plain column (a copy of the order per column cost
-    // more than some columns' gathers).
-    let indices = UInt32Array::from(order.to_vec());
+    // Built once, when a plain column first needs it (a copy of the order
+    // per column cost more than some columns' gathers).
+    let indices = std::sync::OnceLock::new();
+    let indices = || indices.get_or_init(|| UInt32Array::from(order.to_vec()));
     let column = |c: usize| permute_column(batches, c, order, &indices);
     // A thread per share of at least `MIN_SHARE` values: fewer would not pay
     // for starting it.
@@ -416,13 +417,13 @@ pub(crate) fn permute(
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| err(e.to_string()))
 }
 
-/// Column `c` of `batches` in `order` (see [`permute`]); `indices` is
+/// Column `c` of `batches` in `order` (see [`permute`]); `indices` gives
 /// `order` as an array.
-fn permute_column(
+fn permute_column<'a>(
     batches: &[RecordBatch],
     c: usize,
     order: &[u32],
-    indices: &arrow_array::UInt32Array,
+    indices: &impl Fn() -> &'a arrow_array::UInt32Array,
 ) -> std::result::Result<ArrayRef, String> {
     use arrow_array::types::{Int32Type, UInt16Type};
 
@@ -447,7 +448,7 @@ fn permute_column(
         .map_err(|e| e.to_string())?;
     let plain: Vec<&dyn Array> = plain.iter().map(|a| a.as_ref()).collect();
     let all = arrow_select::concat::concat(&plain).map_err(|e| e.to_string())?;
-    arrow_select::take::take(&all, indices, None).map_err(|e| e.to_string())
+    arrow_select::take::take(&all, indices(), None).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
