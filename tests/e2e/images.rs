@@ -181,14 +181,7 @@ fn null_images_collate_to_zeros() {
     ])
     .unwrap();
     let input = tmp.path().join("images.parquet");
-    let mut writer = parquet::arrow::ArrowWriter::try_new(
-        std::fs::File::create(&input).unwrap(),
-        batch.schema(),
-        None,
-    )
-    .unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
+    write_parquet(&input, &batch);
     let ds = tmp.path().join("ds");
     shardfeed(&["shard".into(), s(&input), "-o".into(), s(&ds)]).success();
     // A batch size that reuses slabs across epochs: a null slot must not

@@ -166,14 +166,7 @@ fn a_first_window_gathered_before_it_is_permuted_gives_the_same_batches() {
     ])
     .unwrap();
     let input = tmp.path().join("fixed.parquet");
-    let mut w = parquet::arrow::ArrowWriter::try_new(
-        std::fs::File::create(&input).unwrap(),
-        batch.schema(),
-        None,
-    )
-    .unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    write_parquet(&input, &batch);
     let url = s(&tmp.path().join("ds"));
     let options = shardfeed_preprocess::ShardOptions::default()
         .with_row_group_rows(250)

@@ -127,14 +127,7 @@ fn domains_written_one_after_another_mix_in_every_batch() {
         ])
         .unwrap();
         let path = input.join(format!("{domain}.parquet"));
-        let mut writer = parquet::arrow::ArrowWriter::try_new(
-            std::fs::File::create(&path).unwrap(),
-            batch.schema(),
-            None,
-        )
-        .unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
+        write_parquet(&path, &batch);
         start += n;
     }
     let out = tmp.path().join("ds");

@@ -55,10 +55,7 @@ fn token_source(dir: &Path, name: &str, source: usize, docs: u64, max_len: u64) 
     ])
     .unwrap();
     let input = dir.join(format!("{name}.parquet"));
-    let file = std::fs::File::create(&input).unwrap();
-    let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    write_parquet(&input, &batch);
     let out = dir.join(name);
     let options = shardfeed_preprocess::ShardOptions::default()
         .with_row_group_rows(16)

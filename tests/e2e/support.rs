@@ -99,6 +99,15 @@ pub fn s(p: &Path) -> String {
 }
 
 /// A fresh temporary folder.
+/// Write `batch` as a Parquet file at `path` (parquet's default writer).
+pub fn write_parquet(path: &Path, batch: &RecordBatch) {
+    let mut writer =
+        parquet::arrow::ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), None)
+            .unwrap();
+    writer.write(batch).unwrap();
+    writer.close().unwrap();
+}
+
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("shardfeed-test")
