@@ -44,6 +44,9 @@ pub(crate) struct LoadedWindow {
     /// replaces it (and holds the budget).
     pub provisional: bool,
     pub _permits: Vec<OwnedSemaphorePermit>,
+    /// Each batch's projected columns as the collator reads them, made by
+    /// the collator once per window (not per collated batch).
+    pub sources: Vec<Vec<crate::collate::SourceColumn>>,
 }
 
 impl LoadedWindow {
@@ -190,6 +193,7 @@ impl Shuffler {
                     permuted: false,
                     provisional: true,
                     _permits: Vec::new(),
+                    sources: Vec::new(),
                 };
                 if early.send(Ok(provisional)).is_err() {
                     return Err(LoaderError::Closed);
@@ -216,6 +220,7 @@ impl Shuffler {
                 permuted: true,
                 provisional: false,
                 _permits: permits,
+                sources: Vec::new(),
             });
         }
         Ok(LoadedWindow {
@@ -226,6 +231,7 @@ impl Shuffler {
             permuted: false,
             provisional: false,
             _permits: permits,
+            sources: Vec::new(),
         })
     }
 }
