@@ -42,8 +42,9 @@ enum Command {
     ///
     /// Memory: bounded by --memory-budget, whatever the input size. Readers hold
     /// at most two batches (~2 MiB each) per thread (five while a shuffle
-    /// scatters) plus one input row group's pages; row groups are at most 1/8 of the budget and those in flight between
-    /// reading, encoding and writing are capped to a quarter of it; a --shuffle
+    /// scatters) plus one input row group's pages; row groups are at most 1/8
+    /// of the budget and those in flight between reading, encoding and
+    /// writing are capped to a quarter of it; a --shuffle
     /// spills rows to buckets on disk, each sized to a quarter of the budget, and
     /// permutes one bucket at a time. Below the default budget, freed memory is
     /// returned to the OS at once (a little slower).

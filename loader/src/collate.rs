@@ -568,51 +568,18 @@ impl<'a> Collation<'a> {
         let fixed_count = fixed.iter().filter(|&&f| f).count();
         let workers = self
             .workers
-            .min(fixed_count)
             .min((rows.len() * fixed_count / MIN_SHARE).max(1));
-        let mut regions = fixed_regions(slab, columns, &fixed)?;
-        if workers > 1 {
-            let this = self;
-            let mut shares: Vec<Vec<FixedRegions>> = (0..workers).map(|_| Vec::new()).collect();
-            for (i, r) in regions.drain(..).enumerate() {
-                shares[i % workers].push(r);
-            }
-            let results: Vec<std::result::Result<(), String>> = std::thread::scope(|s| {
-                let mut shares = shares.into_iter();
-                let mine = shares.next().expect("at least one share");
-                let others: Vec<_> = shares
-                    .map(|share| {
-                        std::thread::Builder::new()
-                            .name("shardfeed-collate".into())
-                            .spawn_scoped(s, move || {
-                                let done = share
-                                    .into_iter()
-                                    .try_for_each(|r| this.write_fixed(r, rows, runs, order));
-                                // This thread's streamed stores, before the join.
-                                fence_streamed();
-                                done
-                            })
-                            .expect("spawn a collate thread")
-                    })
-                    .collect();
-                let mut results = vec![
-                    mine.into_iter()
-                        .try_for_each(|r| this.write_fixed(r, rows, runs, order)),
-                ];
-                for h in others {
-                    // A panic in a helper is this stage's panic.
-                    results.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
-                }
-                results
-            });
-            results
-                .into_iter()
-                .collect::<std::result::Result<(), String>>()?;
-        } else {
-            for r in regions {
-                self.write_fixed(r, rows, runs, order)?;
-            }
-        }
+        let regions = fixed_regions(slab, columns, &fixed)?;
+        crate::share::share_out(
+            regions,
+            workers,
+            "shardfeed-collate",
+            &|r| self.write_fixed(r, rows, runs, order),
+            // A helper's streamed stores, before the join.
+            &fence_streamed,
+        )
+        .into_iter()
+        .collect::<std::result::Result<(), String>>()?;
         for (c, (plan, column)) in self.plans.iter().zip(columns).enumerate() {
             if fixed[c] {
                 continue;
@@ -817,7 +784,9 @@ fn fixed_regions<'s>(
         }
     }
     spans.sort_unstable();
-    let mut pieces: Vec<(usize, bool, &'s mut [u8])> = Vec::with_capacity(spans.len());
+    // Per column: its validity and values pieces.
+    let mut validities: Vec<Option<&'s mut [u8]>> = (0..columns.len()).map(|_| None).collect();
+    let mut values: Vec<Option<&'s mut [u8]>> = (0..columns.len()).map(|_| None).collect();
     let mut rest = slab;
     let mut at = 0usize;
     for (offset, len, c, validity) in spans {
@@ -831,30 +800,26 @@ fn fixed_regions<'s>(
         }
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip);
         let (piece, tail) = tail.split_at_mut(len);
-        pieces.push((c, validity, piece));
+        if validity {
+            validities[c] = Some(piece);
+        } else {
+            values[c] = Some(piece);
+        }
         rest = tail;
         at = offset + len;
     }
-    let mut regions: Vec<FixedRegions<'s>> = Vec::new();
-    let mut validities: Vec<(usize, &'s mut [u8])> = Vec::new();
-    for (c, validity, piece) in pieces {
-        if validity {
-            validities.push((c, piece));
-        } else {
-            regions.push(FixedRegions {
-                column: c,
-                validity: None,
-                values: piece,
-            });
-        }
-    }
-    for (c, piece) in validities {
-        if let Some(r) = regions.iter_mut().find(|r| r.column == c) {
-            r.validity = Some(piece);
-        }
-    }
-    regions.sort_unstable_by_key(|r| r.column);
-    Ok(regions)
+    Ok(validities
+        .into_iter()
+        .zip(values)
+        .enumerate()
+        .filter_map(|(column, (validity, values))| {
+            values.map(|values| FixedRegions {
+                column,
+                validity,
+                values,
+            })
+        })
+        .collect())
 }
 
 /// One batch in this many is measured for `Stats::mixing`.

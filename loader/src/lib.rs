@@ -53,6 +53,7 @@ mod pinned;
 mod pipeline;
 pub mod plan;
 pub mod shard;
+mod share;
 mod shuffle;
 mod state;
 mod stats;

@@ -371,44 +371,14 @@ pub(crate) fn permute(
     // A thread per share of at least `MIN_SHARE` values: fewer would not pay
     // for starting it.
     const MIN_SHARE: usize = 1 << 20;
-    let workers = workers
-        .min(n)
-        .min((order.len() * n / MIN_SHARE).max(1))
-        .max(1);
-    let results: Vec<std::result::Result<ArrayRef, String>> = if workers == 1 {
-        (0..n).map(column).collect()
-    } else {
-        let column = &column;
-        let mut shares: Vec<Vec<(usize, std::result::Result<ArrayRef, String>)>> =
-            std::thread::scope(|s| {
-                let others: Vec<_> = (1..workers)
-                    .map(|w| {
-                        std::thread::Builder::new()
-                            .name("shardfeed-shuffle".into())
-                            .spawn_scoped(s, move || {
-                                (w..n).step_by(workers).map(|c| (c, column(c))).collect()
-                            })
-                            .expect("spawn a shuffle thread")
-                    })
-                    .collect();
-                let mine: Vec<_> = (0..n).step_by(workers).map(|c| (c, column(c))).collect();
-                let mut all = vec![mine];
-                for h in others {
-                    // A panic in a helper is this stage's panic.
-                    all.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
-                }
-                all
-            });
-        let mut results: Vec<Option<std::result::Result<ArrayRef, String>>> =
-            (0..n).map(|_| None).collect();
-        for (c, r) in shares.drain(..).flatten() {
-            results[c] = Some(r);
-        }
-        results
-            .into_iter()
-            .map(|r| r.expect("every column permuted"))
-            .collect()
-    };
+    let workers = workers.min((order.len() * n / MIN_SHARE).max(1));
+    let results = crate::share::share_out(
+        (0..n).collect(),
+        workers,
+        "shardfeed-shuffle",
+        &column,
+        &|| (),
+    );
     let columns: Vec<ArrayRef> = results
         .into_iter()
         .collect::<std::result::Result<_, _>>()
