@@ -6,7 +6,8 @@
 //! `[batch, height, width, 3]` (or `[batch, 3, height, width]`).
 //!
 //! * **Decoders**: `zune-jpeg` (baseline and progressive; grayscale and
-//!   CMYK become RGB), `png` (8 and 16 bits, palettes; 16-bit samples keep
+//!   CMYK become RGB; a sequential JPEG stops decoding below the rows its
+//!   crop reads), `png` (8 and 16 bits, palettes; 16-bit samples keep
 //!   their high byte), `image-webp` (lossy and lossless). Alpha is dropped,
 //!   not composited (Pillow's `convert("RGB")` does the same). EXIF
 //!   orientation (JPEG APP1, PNG eXIf, WebP EXIF) is applied before cropping,
@@ -416,6 +417,30 @@ pub(crate) fn decode(
     max_pixels: u64,
     scratch: &mut Scratch,
 ) -> Result<Decoded, String> {
+    decode_top(bytes, max_pixels, scratch, &|image| image.height).map(|(d, _)| d)
+}
+
+/// How much of an image [`decode_top`] decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stopped {
+    /// All of it.
+    No,
+    /// The rows asked for (and a few more).
+    Early,
+    /// All of it, after an early stop fell short of the rows asked for.
+    Retried,
+}
+
+/// [`decode`], where only the top `rows(image)` rows of the (oriented)
+/// image need to be right: a baseline JPEG stored upright stops decoding
+/// after them (the rows below hold whatever the buffer held). Also says
+/// whether it stopped early.
+pub(crate) fn decode_top(
+    bytes: &[u8],
+    max_pixels: u64,
+    scratch: &mut Scratch,
+    rows: &dyn Fn(Decoded) -> u32,
+) -> Result<(Decoded, Stopped), String> {
     if bytes.is_empty() {
         return Err("empty value (zero bytes)".into());
     }
@@ -426,33 +451,45 @@ pub(crate) fn decode(
             head.join(" ")
         )
     })?;
-    let (decoded, orientation) = match format {
-        Format::Jpeg => decode_jpeg(bytes, max_pixels, scratch)?,
-        Format::Png => decode_png(bytes, max_pixels, scratch)?,
-        Format::WebP => decode_webp(bytes, max_pixels, scratch)?,
+    let (decoded, orientation, stopped) = match format {
+        Format::Jpeg => decode_jpeg(bytes, max_pixels, scratch, rows)?,
+        Format::Png => with_all_rows(decode_png(bytes, max_pixels, scratch)?),
+        Format::WebP => with_all_rows(decode_webp(bytes, max_pixels, scratch)?),
     };
     if orientation > 1 {
-        return Ok(orient(decoded, orientation, scratch));
+        return Ok((orient(decoded, orientation, scratch), stopped));
     }
-    Ok(decoded)
+    Ok((decoded, stopped))
+}
+
+fn with_all_rows((d, o): (Decoded, u16)) -> (Decoded, u16, Stopped) {
+    (d, o, Stopped::No)
 }
 
 fn decode_jpeg(
     bytes: &[u8],
     max_pixels: u64,
     scratch: &mut Scratch,
-) -> Result<(Decoded, u16), String> {
+    rows: &dyn Fn(Decoded) -> u32,
+) -> Result<(Decoded, u16, Stopped), String> {
     use zune_core::bytestream::ZCursor;
     use zune_core::colorspace::ColorSpace;
     use zune_core::options::DecoderOptions;
+    use zune_jpeg::errors::DecodeErrors;
     let side = max_pixels.min(u16::MAX as u64) as usize;
     let options = DecoderOptions::default()
         .jpeg_set_out_colorspace(ColorSpace::RGB)
         .set_max_width(side)
         .set_max_height(side)
         .set_strict_mode(true);
-    let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
-    decoder.decode_headers().map_err(|e| format!("JPEG: {e}"))?;
+    let new_decoder = || {
+        let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+        decoder
+            .decode_headers()
+            .map_err(|e| format!("JPEG: {e}"))
+            .map(|()| decoder)
+    };
+    let mut decoder = new_decoder()?;
     let info = decoder.info().ok_or("JPEG: no frame header")?;
     let (width, height) = (info.width as u32, info.height as u32);
     too_large(width as u64, height as u64, max_pixels)?;
@@ -465,9 +502,79 @@ fn decode_jpeg(
             "JPEG: decoder wants {len} bytes for a {width}x{height} RGB image"
         ));
     }
+    let image = Decoded { width, height };
     let out = sized(&mut scratch.rgb, len);
+    let mut decoded = Stopped::No;
+    if let Some(stop) = early_stop(&mut decoder, &info, orientation, bytes, rows(image)) {
+        // The decoder polls the check twice before each MCU row; cancelling
+        // at the first poll of row `stop.mcu_rows` leaves the rows above it
+        // decoded (the count is checked, not assumed).
+        let polls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let cancel_at = stop.mcu_rows.saturating_mul(2).saturating_add(1);
+        let seen = std::sync::Arc::clone(&polls);
+        decoder.set_cancel(move || {
+            seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 >= cancel_at
+        });
+        decoder.set_cancel_interval(1);
+        match decoder.decode_into(out) {
+            Ok(()) => return Ok((image, orientation, Stopped::No)),
+            Err(DecodeErrors::Cancelled)
+                if decoder.decoded_scanlines().unwrap_or(0) >= stop.rows as usize =>
+            {
+                return Ok((image, orientation, Stopped::Early));
+            }
+            // Stopped before the rows were out (a layout this estimate does
+            // not fit): decoded whole below, with a fresh decoder.
+            Err(DecodeErrors::Cancelled) => {
+                decoder = new_decoder()?;
+                decoded = Stopped::Retried;
+            }
+            Err(e) => return Err(format!("JPEG: {e}")),
+        }
+    }
     decoder.decode_into(out).map_err(|e| format!("JPEG: {e}"))?;
-    Ok((Decoded { width, height }, orientation))
+    Ok((image, orientation, decoded))
+}
+
+/// Where a partial JPEG decode stops: after `mcu_rows` MCU rows, which
+/// hold the first `rows` rows of pixels.
+struct EarlyStop {
+    rows: u32,
+    mcu_rows: u32,
+}
+
+/// Whether the JPEG whose headers `decoder` read can stop after its top
+/// `rows` rows, and where. Only a sequential (baseline) JPEG stored upright
+/// (EXIF orientation 1, or 2: mirrored, same rows) whose data ends with its
+/// end-of-image marker: a truncated file is decoded whole, so it fails as it
+/// would without a crop, whatever the crop.
+fn early_stop<T: zune_core::bytestream::ZByteReaderTrait>(
+    decoder: &mut zune_jpeg::JpegDecoder<T>,
+    info: &zune_jpeg::ImageInfo,
+    orientation: u16,
+    bytes: &[u8],
+    rows: u32,
+) -> Option<EarlyStop> {
+    if !info.sof.is_sequential_dct() || orientation > 2 || !bytes.ends_with(&[0xFF, 0xD9]) {
+        return None;
+    }
+    // An MCU row is 8 pixel rows times the largest vertical sampling factor
+    // (a single-component image: 8).
+    let layout = decoder.raw_output().layout()?;
+    let components = usize::from(info.components).min(layout.len());
+    let v_max = match components {
+        1 => 1,
+        _ => layout[..components]
+            .iter()
+            .map(|p| p.vertical_sampling_factor)
+            .max()?,
+    };
+    let mcu_height = u32::try_from(v_max.checked_mul(8)?).ok()?;
+    let total = u32::from(info.height).div_ceil(mcu_height);
+    // A block row more than the rows need: upsampled rows lag the decoded
+    // ones by a row or two.
+    let mcu_rows = rows.checked_add(8)?.div_ceil(mcu_height);
+    (mcu_rows < total).then_some(EarlyStop { rows, mcu_rows })
 }
 
 fn decode_png(
@@ -774,6 +881,19 @@ fn raw_crop_box(options: &ImageOptions, key: CropKey, image: Decoded) -> CropBox
     }
 }
 
+/// How many of the image's top rows rendering `crop` reads: the crop's
+/// bottom, plus the bilinear filter's reach below it (one source pixel, or
+/// one output pixel's worth when shrinking), plus two rows of margin.
+fn rows_read(options: &ImageOptions, crop: CropBox, image: Decoded) -> u32 {
+    let reach = (crop.height / f64::from(options.height.max(1))).max(1.0);
+    let bottom = (crop.top + crop.height + reach).ceil() + 2.0;
+    if bottom >= f64::from(image.height) {
+        image.height
+    } else {
+        bottom as u32
+    }
+}
+
 /// Crop, resize and flip the decoded image in `scratch` into `out`
 /// (`height * width * 3` bytes, channels last or first).
 pub(crate) fn render(
@@ -880,8 +1000,9 @@ pub(crate) fn decode_into(
     scratch: &mut Scratch,
     out: &mut [u8],
 ) -> Result<(), String> {
-    let image = decode(bytes, options.max_pixels, scratch);
-    let rendered = image.and_then(|image| {
+    let rows = |image: Decoded| rows_read(options, crop_box(options, key, image), image);
+    let image = decode_top(bytes, options.max_pixels, scratch, &rows);
+    let rendered = image.and_then(|(image, _)| {
         let crop = crop_box(options, key, image);
         render(options, image, crop, scratch, out)
     });
@@ -907,6 +1028,126 @@ mod tests {
             epoch,
             id: id(row),
             column: 0,
+        }
+    }
+
+    /// A photograph-like `w x h` RGB image: gradients plus texture, so
+    /// every block holds detail and a wrong row shows.
+    fn photo(w: u32, h: u32, seed: u64) -> Vec<u8> {
+        let mut rng = SplitMix64::new(seed);
+        let mut rgb = Vec::with_capacity((w * h * 3) as usize);
+        for y in 0..h {
+            for x in 0..w {
+                let noise = (rng.next_u64() % 48) as u32;
+                rgb.push(((x * 255 / w + noise) % 256) as u8);
+                rgb.push(((y * 255 / h + noise / 2) % 256) as u8);
+                rgb.push((((x ^ y) * 3 + noise) % 256) as u8);
+            }
+        }
+        rgb
+    }
+
+    /// `rgb` as a JPEG with the given chroma sampling (`None`: grayscale),
+    /// restart interval and progressive flag.
+    fn jpeg(
+        rgb: &[u8],
+        w: u32,
+        h: u32,
+        sampling: Option<jpeg_encoder::SamplingFactor>,
+        restart: Option<u16>,
+        progressive: bool,
+    ) -> Vec<u8> {
+        use jpeg_encoder::{ColorType, Encoder};
+        let mut out = Vec::new();
+        let mut e = Encoder::new(&mut out, 90);
+        e.set_progressive(progressive);
+        if let Some(r) = restart {
+            e.set_restart_interval(r);
+        }
+        let (w, h) = (w as u16, h as u16);
+        match sampling {
+            Some(s) => {
+                e.set_sampling_factor(s);
+                e.encode(rgb, w, h, ColorType::Rgb).unwrap();
+            }
+            None => {
+                let grey: Vec<u8> = rgb.chunks_exact(3).map(|p| p[1]).collect();
+                e.encode(&grey, w, h, ColorType::Luma).unwrap();
+            }
+        }
+        out
+    }
+
+    /// A crop that stops decoding early gives exactly the pixels of a
+    /// whole-image decode (the rows below it left as garbage in the buffer),
+    /// for every chroma layout; progressive, truncated and tall crops decode
+    /// whole.
+    #[test]
+    fn crops_decode_only_their_rows_and_give_the_same_pixels() {
+        use jpeg_encoder::SamplingFactor as S;
+        let options = ImageOptions {
+            flip: true,
+            ..ImageOptions::default()
+        };
+        let layouts = [
+            (Some(S::R_4_2_0), None, false),
+            (Some(S::R_4_2_2), None, false),
+            (Some(S::R_4_4_4), None, false),
+            (Some(S::R_4_4_0), None, false),
+            (Some(S::R_4_2_0), Some(3), false),
+            (None, None, false),
+            (Some(S::R_4_2_0), None, true),
+        ];
+        for (i, &(sampling, restart, progressive)) in layouts.iter().enumerate() {
+            let (w, h) = if i % 2 == 0 { (333, 250) } else { (250, 333) };
+            let bytes = jpeg(&photo(w, h, i as u64), w, h, sampling, restart, progressive);
+            let mut partial = 0;
+            for row in 0..40 {
+                let k = key(11, 0, row);
+                let mut whole = Scratch::default();
+                let image = decode(&bytes, DEFAULT_MAX_IMAGE_PIXELS, &mut whole).unwrap();
+                let mut expected = vec![0u8; options.image_bytes()];
+                let crop = crop_box(&options, k, image);
+                render(&options, image, crop, &mut whole, &mut expected).unwrap();
+
+                let mut scratch = Scratch {
+                    rgb: vec![0x5A; (w * h * 3) as usize],
+                    ..Scratch::default()
+                };
+                let rows = |d: Decoded| rows_read(&options, crop_box(&options, k, d), d);
+                let (got_image, stopped) =
+                    decode_top(&bytes, DEFAULT_MAX_IMAGE_PIXELS, &mut scratch, &rows).unwrap();
+                assert_eq!(got_image, image);
+                let mut got = vec![0u8; options.image_bytes()];
+                render(&options, image, crop, &mut scratch, &mut got).unwrap();
+                assert!(
+                    got == expected,
+                    "layout {i} row {row}: crop {crop:?} stopped: {stopped:?}"
+                );
+                assert_ne!(stopped, Stopped::Retried, "layout {i} row {row}");
+                partial += usize::from(stopped == Stopped::Early);
+                assert!(!(progressive && stopped == Stopped::Early));
+            }
+            if !progressive {
+                assert!(
+                    partial >= 10,
+                    "layout {i}: {partial} of 40 crops stopped early"
+                );
+            }
+            // Truncated (no end-of-image marker): decoded whole, so refused
+            // whatever the crop.
+            let cut = &bytes[..bytes.len() * 2 / 3];
+            for row in 0..5 {
+                let k = key(11, 0, row);
+                let rows = |d: Decoded| rows_read(&options, crop_box(&options, k, d), d);
+                let err = decode_top(
+                    cut,
+                    DEFAULT_MAX_IMAGE_PIXELS,
+                    &mut Scratch::default(),
+                    &rows,
+                );
+                assert!(err.is_err(), "layout {i}: a truncated JPEG decoded");
+            }
         }
     }
 
