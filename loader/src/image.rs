@@ -452,7 +452,7 @@ pub(crate) fn decode_top(
         )
     })?;
     let (decoded, orientation, stopped) = match format {
-        Format::Jpeg => decode_jpeg(bytes, max_pixels, scratch, rows)?,
+        Format::Jpeg => decode_jpeg(bytes, max_pixels, scratch, rows, STOP_MARGIN_ROWS)?,
         Format::Png => with_all_rows(decode_png(bytes, max_pixels, scratch)?),
         Format::WebP => with_all_rows(decode_webp(bytes, max_pixels, scratch)?),
     };
@@ -466,11 +466,18 @@ fn with_all_rows((d, o): (Decoded, u16)) -> (Decoded, u16, Stopped) {
     (d, o, Stopped::No)
 }
 
+/// Rows decoded past those asked for before a JPEG stops: upsampled rows
+/// lag the decoded ones by a row or two.
+const STOP_MARGIN_ROWS: u32 = 8;
+
+/// Decode a JPEG; where [`early_stop`] allows, stop `margin` rows past the
+/// top `rows(image)`.
 fn decode_jpeg(
     bytes: &[u8],
     max_pixels: u64,
     scratch: &mut Scratch,
     rows: &dyn Fn(Decoded) -> u32,
+    margin: u32,
 ) -> Result<(Decoded, u16, Stopped), String> {
     use zune_core::bytestream::ZCursor;
     use zune_core::colorspace::ColorSpace;
@@ -505,7 +512,8 @@ fn decode_jpeg(
     let image = Decoded { width, height };
     let out = sized(&mut scratch.rgb, len);
     let mut decoded = Stopped::No;
-    if let Some(stop) = early_stop(&mut decoder, &info, orientation, bytes, rows(image)) {
+    let wanted = rows(image);
+    if let Some(stop) = early_stop(&mut decoder, &info, orientation, bytes, wanted, margin) {
         // The decoder polls the check twice before each MCU row; cancelling
         // at the first poll of row `stop.mcu_rows` leaves the rows above it
         // decoded (the count is checked, not assumed).
@@ -544,7 +552,7 @@ struct EarlyStop {
 }
 
 /// Whether the JPEG whose headers `decoder` read can stop after its top
-/// `rows` rows, and where. Only a sequential (baseline) JPEG stored upright
+/// `rows` rows (and `margin` more), and where. Only a sequential (baseline) JPEG stored upright
 /// (EXIF orientation 1, or 2: mirrored, same rows) whose data ends with its
 /// end-of-image marker: a truncated file is decoded whole, so it fails as it
 /// would without a crop, whatever the crop.
@@ -554,6 +562,7 @@ fn early_stop<T: zune_core::bytestream::ZByteReaderTrait>(
     orientation: u16,
     bytes: &[u8],
     rows: u32,
+    margin: u32,
 ) -> Option<EarlyStop> {
     if !info.sof.is_sequential_dct() || orientation > 2 || !bytes.ends_with(&[0xFF, 0xD9]) {
         return None;
@@ -571,9 +580,7 @@ fn early_stop<T: zune_core::bytestream::ZByteReaderTrait>(
     };
     let mcu_height = u32::try_from(v_max.checked_mul(8)?).ok()?;
     let total = u32::from(info.height).div_ceil(mcu_height);
-    // A block row more than the rows need: upsampled rows lag the decoded
-    // ones by a row or two.
-    let mcu_rows = rows.checked_add(8)?.div_ceil(mcu_height);
+    let mcu_rows = rows.checked_add(margin)?.div_ceil(mcu_height);
     (mcu_rows < total).then_some(EarlyStop { rows, mcu_rows })
 }
 
@@ -1149,6 +1156,40 @@ mod tests {
                 assert!(err.is_err(), "layout {i}: a truncated JPEG decoded");
             }
         }
+    }
+
+    /// Stopping with no margin falls short of the rows asked for where
+    /// upsampled rows lag (4:2:0 and 4:4:0): the image is then decoded again
+    /// whole, with the same pixels.
+    #[test]
+    fn an_early_stop_short_of_its_rows_decodes_the_image_again() {
+        use jpeg_encoder::SamplingFactor as S;
+        let (w, h) = (300, 260);
+        let rgb = photo(w, h, 5);
+        let mut retried = 0;
+        for sampling in [S::R_4_2_0, S::R_4_4_0] {
+            let bytes = jpeg(&rgb, w, h, Some(sampling), None, false);
+            let mut whole = Scratch::default();
+            let image = decode(&bytes, DEFAULT_MAX_IMAGE_PIXELS, &mut whole).unwrap();
+            let len = (w * h * 3) as usize;
+            for wanted in [16, 32, 100, 160] {
+                let mut scratch = Scratch {
+                    rgb: vec![0x5A; len],
+                    ..Scratch::default()
+                };
+                let rows = |_: Decoded| wanted;
+                let (got, _, stopped) =
+                    decode_jpeg(&bytes, DEFAULT_MAX_IMAGE_PIXELS, &mut scratch, &rows, 0).unwrap();
+                assert_eq!(got, image);
+                let top = wanted as usize * w as usize * 3;
+                assert_eq!(scratch.rgb[..top], whole.rgb[..top], "{wanted} rows");
+                if stopped == Stopped::Retried {
+                    retried += 1;
+                    assert_eq!(scratch.rgb[..len], whole.rgb[..len]);
+                }
+            }
+        }
+        assert!(retried > 0, "no stop fell short of its rows");
     }
 
     #[test]
