@@ -517,9 +517,8 @@ fn decode_jpeg(
         // The decoder polls the check twice before each MCU row; cancelling
         // at the first poll of row `stop.mcu_rows` leaves the rows above it
         // decoded (the count is checked, not assumed).
-        let polls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let seen = std::sync::atomic::AtomicU32::new(0);
         let cancel_at = stop.mcu_rows.saturating_mul(2).saturating_add(1);
-        let seen = std::sync::Arc::clone(&polls);
         decoder.set_cancel(move || {
             seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 >= cancel_at
         });
@@ -552,10 +551,10 @@ struct EarlyStop {
 }
 
 /// Whether the JPEG whose headers `decoder` read can stop after its top
-/// `rows` rows (and `margin` more), and where. Only a sequential (baseline) JPEG stored upright
-/// (EXIF orientation 1, or 2: mirrored, same rows) whose data ends with its
-/// end-of-image marker: a truncated file is decoded whole, so it fails as it
-/// would without a crop, whatever the crop.
+/// `rows` rows (and `margin` more), and where. Only a sequential (baseline)
+/// JPEG stored upright (EXIF orientation 1, or 2: mirrored, same rows) whose
+/// data ends with its end-of-image marker: a truncated file is decoded
+/// whole, so it fails as it would without a crop, whatever the crop.
 fn early_stop<T: zune_core::bytestream::ZByteReaderTrait>(
     decoder: &mut zune_jpeg::JpegDecoder<T>,
     info: &zune_jpeg::ImageInfo,
