@@ -13,6 +13,7 @@ use serde::Serialize;
 
 pub use crate::input_format::InputFormat;
 use crate::options::READ_BATCH_ROWS;
+use crate::parquet_file::RowGroupFile;
 use crate::{PreprocessError, Result, ShardOptions};
 
 /// Target in-memory bytes of one batch read from an input.
@@ -510,7 +511,7 @@ impl Iterator for Guarded {
 /// A Parquet reader of `path`. A file whose footer says it holds fewer rows
 /// than its row groups do (old writers left the file-level count at 0) is
 /// read by its row groups' counts: parquet's reader would read no row of it.
-fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<RowGroupFile>> {
     use parquet::arrow::arrow_reader::ArrowReaderMetadata;
     use parquet::file::metadata::{FileMetaData, ParquetMetaData};
     let file = open_file(path)?;
@@ -526,6 +527,7 @@ fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>>
             })?
             .map_err(err)?;
     let md = metadata.metadata();
+    let file = RowGroupFile::new(file, md).map_err(|e| PreprocessError::io("stat", path, e))?;
     let groups: i64 = md
         .row_groups()
         .iter()
@@ -558,7 +560,7 @@ fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>>
 /// naming the file (the reader keeps failing if asked again, so its errors
 /// must never be skipped over).
 fn arrow_to_parquet_ratio(
-    builder: ParquetRecordBatchReaderBuilder<File>,
+    builder: ParquetRecordBatchReaderBuilder<RowGroupFile>,
     path: &Path,
 ) -> Result<f64> {
     let Some(first) = builder.metadata().row_groups().first() else {

@@ -27,6 +27,7 @@ mod lock;
 mod measure;
 mod options;
 mod output;
+mod parquet_file;
 mod pipeline;
 mod remote;
 mod run;
