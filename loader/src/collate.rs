@@ -218,14 +218,25 @@ impl Layout {
 #[derive(Clone, Debug)]
 pub(crate) struct SourceColumn {
     data: ArrayData,
+    /// For a dictionary column: a bound on its keys already established
+    /// (see [`crate::shuffle::permute`]), so batches need not find their
+    /// largest key again.
+    key_bound: Option<usize>,
 }
 
-/// The projected columns of `batch` (in plan order) as the collator reads them.
-pub(crate) fn source_columns(plans: &[ColumnPlan], batch: &RecordBatch) -> Vec<SourceColumn> {
+/// The projected columns of `batch` (in plan order) as the collator reads
+/// them; `key_bounds` (indexed by the batch's columns, or empty): bounds on
+/// dictionary keys that the shuffle stage established.
+pub(crate) fn source_columns(
+    plans: &[ColumnPlan],
+    batch: &RecordBatch,
+    key_bounds: &[Option<usize>],
+) -> Vec<SourceColumn> {
     plans
         .iter()
         .map(|p| SourceColumn {
             data: batch.column(p.source).to_data(),
+            key_bound: key_bounds.get(p.source).copied().flatten(),
         })
         .collect()
 }
@@ -321,7 +332,7 @@ impl<'a> Collation<'a> {
     ) -> Self {
         let sources = batches
             .iter()
-            .map(|b| std::borrow::Cow::Owned(source_columns(plans, b)))
+            .map(|b| std::borrow::Cow::Owned(source_columns(plans, b, &[])))
             .collect();
         Collation {
             plans,
@@ -724,6 +735,7 @@ impl<'a> Collation<'a> {
                     .iter()
                     .map(|col| SourceColumn {
                         data: col.data.child_data()[0].clone(),
+                        key_bound: None,
                     })
                     .collect();
                 let width = d.size() * k;
@@ -1037,7 +1049,7 @@ impl Collator {
                 w.sources = w
                     .batches
                     .iter()
-                    .map(|b| source_columns(&self.config.plans, b))
+                    .map(|b| source_columns(&self.config.plans, b, &w.key_bounds))
                     .collect();
             }
         }
@@ -1286,11 +1298,13 @@ enum Fixed<'a> {
     Dictionary {
         keys: KeySlice<'a>,
         values: &'a [u8],
+        /// At least the largest key, where already known.
+        bound: Option<usize>,
     },
 }
 
 impl<'a> Fixed<'a> {
-    fn of(data: &'a ArrayData, width: usize) -> Self {
+    fn of(data: &'a ArrayData, width: usize, key_bound: Option<usize>) -> Self {
         if let DataType::Dictionary(key, _) = data.data_type() {
             let raw = &data.buffers()[0];
             let keys = match key.as_ref() {
@@ -1301,6 +1315,7 @@ impl<'a> Fixed<'a> {
             Fixed::Dictionary {
                 keys,
                 values: SourceColumn::fixed(&data.child_data()[0], width),
+                bound: key_bound,
             }
         } else {
             Fixed::Plain(SourceColumn::fixed(data, width))
@@ -1368,7 +1383,10 @@ fn gather_fixed(
         order: &[u32],
         out: &mut [u8],
     ) -> std::result::Result<(), String> {
-        let srcs: Vec<Fixed> = cols.iter().map(|c| Fixed::of(&c.data, w)).collect();
+        let srcs: Vec<Fixed> = cols
+            .iter()
+            .map(|c| Fixed::of(&c.data, w, c.key_bound))
+            .collect();
         if let Some(runs) = runs {
             for run in runs {
                 let range = run.first as usize..run.first as usize + run.len;
@@ -1377,10 +1395,21 @@ fn gather_fixed(
                     Fixed::Plain(values) => {
                         stream_copy(out, &values[range.start * w..range.end * w]);
                     }
-                    Fixed::Dictionary { keys, values } => {
-                        let max = keys.max_index(range.clone());
-                        // SAFETY: `max` is the largest of these keys, as
-                        // `lookup` needs it.
+                    Fixed::Dictionary {
+                        keys,
+                        values,
+                        bound,
+                    } => {
+                        // A bound the shuffle stage established holds for
+                        // every key of its window; one at or past the
+                        // dictionary's end (never for a valid window) is not
+                        // used, so such a batch fails exactly as before.
+                        let max = match bound {
+                            Some(b) if b < values.len() / w => Some(b),
+                            _ => keys.max_index(range.clone()),
+                        };
+                        // SAFETY: `max` is at least the largest of these
+                        // keys, as `lookup` needs it.
                         let done = match keys {
                             KeySlice::U16(k) => unsafe {
                                 lookup_width(w, &k[range.clone()], max, values, out)?
@@ -1405,7 +1434,7 @@ fn gather_fixed(
             let to = i as usize * w;
             let from = match srcs[s as usize] {
                 Fixed::Plain(values) => &values[r as usize * w..r as usize * w + w],
-                Fixed::Dictionary { keys, values } => {
+                Fixed::Dictionary { keys, values, .. } => {
                     let at = keys.get(r as usize) * w;
                     &values[at..at + w]
                 }
@@ -1449,17 +1478,17 @@ unsafe fn lookup_width<K: ArrowNativeType>(
     }
 }
 
-/// `out[i] = values[keys[i]]` with `T`-sized values, given `max`, the
-/// largest of `keys` as an index (`None` when there are none); false (nothing
-/// written) when the buffers are not aligned for `T`, an error when a key is
-/// outside `values`.
+/// `out[i] = values[keys[i]]` with `T`-sized values, given `max`, at least
+/// the largest of `keys` as an index (`None` when there are none); false
+/// (nothing written) when the buffers are not aligned for `T`, an error when
+/// `max` is outside `values`.
 ///
 /// # Safety
 ///
-/// `max` must be the largest of `keys`, reading an `i32` key as its `u32`
-/// bit pattern (so a negative key is larger than any valid one), and `None`
-/// only when `keys` is empty: once it is below `values`' length, the reads
-/// are unchecked.
+/// `max` must be at least the largest of `keys`, reading an `i32` key as its
+/// `u32` bit pattern (so a negative key is larger than any valid one), and
+/// `None` only when `keys` is empty: once it is below `values`' length, the
+/// reads are unchecked.
 unsafe fn lookup<T: Copy, K: ArrowNativeType>(
     keys: &[K],
     max: Option<usize>,
@@ -1475,10 +1504,10 @@ unsafe fn lookup<T: Copy, K: ArrowNativeType>(
     }
     // The unchecked reads below rely on every key indexing `values`: checked
     // here, beside them (`max` is computed over the keys by the caller,
-    // where their type is known and the scan vectorises).
-    debug_assert_eq!(
-        max.is_some_and(|m| m >= values.len()),
-        keys.iter().any(|k| k.as_usize() >= values.len())
+    // where their type is known and the scan vectorises, or is a bound the
+    // shuffle stage established for the whole window).
+    debug_assert!(
+        max.is_none_or(|m| m >= values.len()) || keys.iter().all(|k| k.as_usize() < values.len())
     );
     if let Some(max) = max
         && max >= values.len()
@@ -1580,12 +1609,31 @@ mod tests {
     /// Collate every row of `sources` given by `rows` and read back the
     /// `id` and `f` columns.
     fn collate(sources: &[&RecordBatch], rows: &RowRefs) -> (Vec<i64>, Vec<f64>) {
+        collate_bounded(sources, rows, &[])
+    }
+
+    /// [`collate`], with `key_bounds` given for every source (as the
+    /// collator gives a permuted window's).
+    fn collate_bounded(
+        sources: &[&RecordBatch],
+        rows: &RowRefs,
+        key_bounds: &[Option<usize>],
+    ) -> (Vec<i64>, Vec<f64>) {
         let schema = Schema::new(vec![
             Field::new("id", DataType::Int64, false),
             Field::new("f", DataType::Float64, false),
         ]);
         let plans = plan_columns(&schema, &["id".into(), "f".into()], None).unwrap();
-        let collation = Collation::new(&plans, ListMode::Ragged, None, sources);
+        let made: Vec<Vec<SourceColumn>> = sources
+            .iter()
+            .map(|b| source_columns(&plans, b, key_bounds))
+            .collect();
+        let collation = Collation::from_sources(
+            &plans,
+            ListMode::Ragged,
+            None,
+            made.iter().map(Vec::as_slice),
+        );
         let (columns, bytes) = collation.layout(rows);
         // u64 storage keeps the slab 8-byte aligned, like real slabs.
         let mut storage = vec![0u64; bytes.div_ceil(8)];
@@ -1747,14 +1795,22 @@ mod tests {
             );
 
             // Permuted into one batch first (the shuffle stage), then collated.
-            let permuted = permute(&batches, &order, 0, 1).unwrap();
+            let (permuted, bounds) = permute(&batches, &order, 0, 1).unwrap();
             let all_dictionary = kinds.iter().all(|&k| k > 0);
             assert_eq!(
                 matches!(permuted.column(0).data_type(), DataType::Dictionary(..)),
                 all_dictionary
             );
+            assert_eq!(bounds.iter().all(Option::is_some), all_dictionary);
             let rows: Vec<(u32, u32)> = (0..100).map(|i| (0, i)).collect();
-            assert_eq!(collate(&[&permuted], &rows), (expected_ids, expected_fs));
+            let expected = (expected_ids, expected_fs);
+            assert_eq!(collate(&[&permuted], &rows), expected);
+            // With the shuffle stage's key bounds (the largest key not
+            // searched for), and with a bound past the dictionary (not
+            // used): the same values.
+            assert_eq!(collate_bounded(&[&permuted], &rows, &bounds), expected);
+            let past = [Some(usize::MAX >> 1), Some(100)];
+            assert_eq!(collate_bounded(&[&permuted], &rows, &past), expected);
 
             // Runs of consecutive rows across sources (a batch crossing
             // window boundaries): swept run by run, as row by row.
@@ -1850,7 +1906,7 @@ mod tests {
             .map(|&o| if o < 40 { (0, o) } else { (1, o - 40) })
             .collect();
         assert_eq!(read(&[&batches[0], &batches[1]], &rows), expected);
-        let permuted = permute(&batches, &order, 0, 1).unwrap();
+        let (permuted, _) = permute(&batches, &order, 0, 1).unwrap();
         let rows: Vec<(u32, u32)> = (0..100).map(|i| (0, i)).collect();
         assert_eq!(read(&[&permuted], &rows), expected);
     }

@@ -47,6 +47,10 @@ pub(crate) struct LoadedWindow {
     /// Each batch's projected columns as the collator reads them, made by
     /// the collator once per window (not per collated batch).
     pub sources: Vec<Vec<crate::collate::SourceColumn>>,
+    /// A permuted window's bounds on its dictionary columns' keys (indexed
+    /// by column; `None` for plain columns), from [`permute`]; empty for
+    /// other windows.
+    pub key_bounds: Vec<Option<usize>>,
 }
 
 impl LoadedWindow {
@@ -194,6 +198,7 @@ impl Shuffler {
                     provisional: true,
                     _permits: Vec::new(),
                     sources: Vec::new(),
+                    key_bounds: Vec::new(),
                 };
                 if early.send(Ok(provisional)).is_err() {
                     return Err(LoaderError::Closed);
@@ -201,7 +206,8 @@ impl Shuffler {
             }
             let started = Instant::now();
             let order = window.rows();
-            let permuted = permute(&batches, &order, index, self.config.stage_workers())?;
+            let (permuted, key_bounds) =
+                permute(&batches, &order, index, self.config.stage_workers())?;
             batches.clear();
             Counters::add_time(&self.counters.shuffle_busy_ns, started.elapsed());
             self.counters.span(
@@ -221,6 +227,7 @@ impl Shuffler {
                 provisional: false,
                 _permits: permits,
                 sources: Vec::new(),
+                key_bounds,
             });
         }
         Ok(LoadedWindow {
@@ -232,16 +239,18 @@ impl Shuffler {
             provisional: false,
             _permits: permits,
             sources: Vec::new(),
+            key_bounds: Vec::new(),
         })
     }
 }
 
 /// The dictionaries `dictionaries` (keys u16 or i32) as one, with keys of
-/// type `K` in `order` (indices into the concatenated rows).
+/// type `K` in `order` (indices into the concatenated rows), and a bound on
+/// those keys: no key (null slots' included) is above it.
 fn permute_keys<K: ArrowDictionaryKeyType>(
     dictionaries: &[&dyn AnyDictionaryArray],
     order: &[u32],
-) -> std::result::Result<ArrayRef, String> {
+) -> std::result::Result<(ArrayRef, usize), String> {
     use arrow_array::types::{Int32Type, UInt16Type};
     // Keys of every batch, shifted to the concatenated dictionary. Each key
     // is checked against its own dictionary here (a null slot's key is set
@@ -255,9 +264,13 @@ fn permute_keys<K: ArrowDictionaryKeyType>(
     }
     let mut keys: Vec<K::Native> = Vec::with_capacity(rows);
     let mut shift = 0usize;
+    // Every key of a dictionary of `len` values is below `len` after the
+    // checks below, or 0 (a null slot's): at most `shift + max(len, 1) - 1`.
+    let mut bound = 0usize;
     for d in dictionaries {
         let raw = d.keys();
         let len = d.values().len();
+        bound = bound.max(shift + len.max(1) - 1);
         // Every key below `len` (one vectorised pass); otherwise only null
         // slots may hold one, and theirs become 0.
         let checked = |key: usize, i: usize| -> std::result::Result<usize, String> {
@@ -330,19 +343,22 @@ fn permute_keys<K: ArrowDictionaryKeyType>(
     // SAFETY: every key was checked above to lie inside its own dictionary
     // (null slots set to 0, inside it too) and shifted by the values before
     // that dictionary in the concatenation `values`, whose length fits `K`.
-    Ok(Arc::new(unsafe {
+    let array: ArrayRef = Arc::new(unsafe {
         DictionaryArray::<K>::new_unchecked(
             PrimitiveArray::<K>::new(permuted.into(), nulls),
             values,
         )
-    }))
+    });
+    Ok((array, bound))
 }
 
 /// Put the rows of `batches` (concatenated) in `order` (indices into the
 /// concatenation), column by column. Dictionary columns keep their
 /// dictionaries (concatenated) and only their keys are permuted; a column
 /// whose batches mix dictionary and plain arrays is made plain. `window`
-/// names the window in errors. Columns are shared out among up to
+/// names the window in errors. Also gives, per column, a bound on a
+/// dictionary column's keys (`None` for plain columns): the collator's
+/// lookups need not find each batch's largest key. Columns are shared out among up to
 /// `workers` threads (this one included): the shuffle stage is one thread,
 /// and with many columns it would otherwise cap a loader given many cores.
 pub(crate) fn permute(
@@ -350,7 +366,7 @@ pub(crate) fn permute(
     order: &[u32],
     window: usize,
     workers: usize,
-) -> Result<RecordBatch> {
+) -> Result<(RecordBatch, Vec<Option<usize>>)> {
     use arrow_array::UInt32Array;
 
     let err = |detail: String| LoaderError::Stage {
@@ -379,10 +395,12 @@ pub(crate) fn permute(
         &column,
         &|| (),
     );
-    let columns: Vec<ArrayRef> = results
+    let (columns, bounds): (Vec<ArrayRef>, Vec<Option<usize>>) = results
         .into_iter()
-        .collect::<std::result::Result<_, _>>()
-        .map_err(err)?;
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(err)?
+        .into_iter()
+        .unzip();
     let fields: Vec<arrow_schema::Field> = first
         .schema()
         .fields()
@@ -390,17 +408,19 @@ pub(crate) fn permute(
         .zip(&columns)
         .map(|(f, c)| f.as_ref().clone().with_data_type(c.data_type().clone()))
         .collect();
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| err(e.to_string()))
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+        .map_err(|e| err(e.to_string()))?;
+    Ok((batch, bounds))
 }
 
-/// Column `c` of `batches` in `order` (see [`permute`]); `indices` gives
-/// `order` as an array.
+/// Column `c` of `batches` in `order`, and its keys' bound if it is a
+/// dictionary (see [`permute`]); `indices` gives `order` as an array.
 fn permute_column<'a>(
     batches: &[RecordBatch],
     c: usize,
     order: &[u32],
     indices: &impl Fn() -> &'a arrow_array::UInt32Array,
-) -> std::result::Result<ArrayRef, String> {
+) -> std::result::Result<(ArrayRef, Option<usize>), String> {
     use arrow_array::types::{Int32Type, UInt16Type};
 
     let arrays: Vec<&ArrayRef> = batches.iter().map(|b| b.column(c)).collect();
@@ -408,11 +428,12 @@ fn permute_column<'a>(
         arrays.iter().map(|a| a.as_any_dictionary_opt()).collect();
     if let Some(dictionaries) = dictionaries {
         let values: usize = dictionaries.iter().map(|d| d.values().len()).sum();
-        return if values <= 1 << 16 {
-            permute_keys::<UInt16Type>(&dictionaries, order)
+        let (array, bound) = if values <= 1 << 16 {
+            permute_keys::<UInt16Type>(&dictionaries, order)?
         } else {
-            permute_keys::<Int32Type>(&dictionaries, order)
+            permute_keys::<Int32Type>(&dictionaries, order)?
         };
+        return Ok((array, Some(bound)));
     }
     let plain: Vec<ArrayRef> = arrays
         .iter()
@@ -424,7 +445,8 @@ fn permute_column<'a>(
         .map_err(|e| e.to_string())?;
     let plain: Vec<&dyn Array> = plain.iter().map(|a| a.as_ref()).collect();
     let all = arrow_select::concat::concat(&plain).map_err(|e| e.to_string())?;
-    arrow_select::take::take(&all, indices(), None).map_err(|e| e.to_string())
+    let array = arrow_select::take::take(&all, indices(), None).map_err(|e| e.to_string())?;
+    Ok((array, None))
 }
 
 #[cfg(test)]
@@ -460,9 +482,12 @@ mod tests {
             let order: Vec<u32> = (0..rows as u32)
                 .map(|i| (i * 7 + 3) % rows as u32)
                 .collect();
-            let permuted =
+            let (permuted, bounds) =
                 permute(&[half(0..rows / 2), half(rows / 2..rows)], &order, 0, 2).unwrap();
             let column = permuted.column(0);
+            // Two dictionaries of `distinct` values each: no key above the
+            // last value of the second.
+            assert_eq!(bounds, [Some(2 * distinct as usize - 1)]);
             let expected_key = if 2 * distinct > 1 << 16 {
                 DataType::Int32
             } else {
@@ -511,6 +536,7 @@ mod tests {
             assert_eq!(permute(&batches, &order, 0, workers).unwrap(), one);
         }
         let c1 = one
+            .0
             .column(1)
             .as_primitive::<arrow_array::types::Int64Type>();
         assert_eq!(c1.value(5), (order[5] as i64 * 4) % 5000);
