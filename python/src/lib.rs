@@ -852,19 +852,70 @@ fn batch_dict(py: Python<'_>, batch: Batch) -> PyResult<Bound<'_, PyDict>> {
             } else {
                 format!("{}.{role}", column.name)
             };
-            let view = Py::new(
+            let address = base + buffer.offset;
+            let view = Bound::new(
                 py,
                 SlabView {
                     owner: owner.clone_ref(py),
-                    address: base + buffer.offset,
+                    address,
                     shape: buffer.shape.clone(),
                     typestr: buffer.dtype.numpy(),
                 },
             )?;
-            dict.set_item(key, asarray.call1((view,))?)?;
+            let array = match slab_array(address, &buffer.shape, buffer.dtype, &view) {
+                Some(array) => array,
+                None => asarray.call1((view,))?,
+            };
+            dict.set_item(key, array)?;
         }
     }
     Ok(dict)
+}
+
+/// A numpy array of `shape` values of `dtype` at `address` in a batch's
+/// slab, whose base is `view` (which keeps the slab leased); made through
+/// numpy's C API. `None` for half floats (no Rust type here) and for an
+/// address not aligned for the type (never the case: the collator aligns
+/// every buffer): `view`'s array interface serves those.
+fn slab_array<'py>(
+    address: usize,
+    shape: &[usize],
+    dtype: shardfeed_loader::DType,
+    view: &Bound<'py, SlabView>,
+) -> Option<Bound<'py, PyAny>> {
+    use numpy::PyArray;
+    use numpy::ndarray::{ArrayView, IxDyn};
+    use shardfeed_loader::DType;
+    macro_rules! borrow {
+        ($t:ty) => {{
+            if address % std::mem::align_of::<$t>() != 0 {
+                return None;
+            }
+            // SAFETY: the collator laid `shape`'s product of `$t` values out
+            // at `address` (aligned, checked above) inside the batch's slab,
+            // which stays allocated and leased while `view`, the array's
+            // base, lives; booleans are written as 0 or 1.
+            let values = unsafe {
+                ArrayView::<$t, IxDyn>::from_shape_ptr(IxDyn(shape), address as *const $t)
+            };
+            // SAFETY: as above: `view` keeps the memory valid for the array's life.
+            Some(unsafe { PyArray::borrow_from_array(&values, view.clone().into_any()) }.into_any())
+        }};
+    }
+    match dtype {
+        DType::Bool => borrow!(bool),
+        DType::I8 => borrow!(i8),
+        DType::I16 => borrow!(i16),
+        DType::I32 => borrow!(i32),
+        DType::I64 => borrow!(i64),
+        DType::U8 => borrow!(u8),
+        DType::U16 => borrow!(u16),
+        DType::U32 => borrow!(u32),
+        DType::U64 => borrow!(u64),
+        DType::F32 => borrow!(f32),
+        DType::F64 => borrow!(f64),
+        DType::F16 => None,
+    }
 }
 
 /// Shard `inputs` (paths, folders, globs or URLs) into a dataset at `output`;
