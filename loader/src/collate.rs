@@ -26,7 +26,7 @@ use crate::image::{self, ImageOptions, RowId};
 use crate::pinned::Pool;
 use crate::pipeline::injected;
 use crate::plan::EpochPlan;
-use crate::shuffle::LoadedWindow;
+use crate::shuffle::{KeyBound, LoadedWindow};
 use crate::stats::Counters;
 use crate::{LoaderError, Result};
 use shardfeed_format::Manifest;
@@ -221,7 +221,7 @@ pub(crate) struct SourceColumn {
     /// For a dictionary column: a bound on its keys already established
     /// (see [`crate::shuffle::permute`]), so batches need not find their
     /// largest key again.
-    key_bound: Option<usize>,
+    key_bound: Option<KeyBound>,
 }
 
 /// The projected columns of `batch` (in plan order) as the collator reads
@@ -230,7 +230,7 @@ pub(crate) struct SourceColumn {
 pub(crate) fn source_columns(
     plans: &[ColumnPlan],
     batch: &RecordBatch,
-    key_bounds: &[Option<usize>],
+    key_bounds: &[Option<KeyBound>],
 ) -> Vec<SourceColumn> {
     plans
         .iter()
@@ -1049,7 +1049,12 @@ impl Collator {
                 w.sources = w
                     .batches
                     .iter()
-                    .map(|b| source_columns(&self.config.plans, b, &w.key_bounds))
+                    .map(|b| {
+                        // Bounds hold for the one permuted batch they were
+                        // made with, never for a window's decoded batches.
+                        let bounds: &[_] = if w.permuted { &w.key_bounds } else { &[] };
+                        source_columns(&self.config.plans, b, bounds)
+                    })
                     .collect();
             }
         }
@@ -1304,7 +1309,7 @@ enum Fixed<'a> {
 }
 
 impl<'a> Fixed<'a> {
-    fn of(data: &'a ArrayData, width: usize, key_bound: Option<usize>) -> Self {
+    fn of(data: &'a ArrayData, width: usize, key_bound: Option<KeyBound>) -> Self {
         if let DataType::Dictionary(key, _) = data.data_type() {
             let raw = &data.buffers()[0];
             let keys = match key.as_ref() {
@@ -1315,7 +1320,7 @@ impl<'a> Fixed<'a> {
             Fixed::Dictionary {
                 keys,
                 values: SourceColumn::fixed(&data.child_data()[0], width),
-                bound: key_bound,
+                bound: key_bound.map(KeyBound::get),
             }
         } else {
             Fixed::Plain(SourceColumn::fixed(data, width))
@@ -1707,7 +1712,7 @@ mod tests {
     fn collate_bounded(
         sources: &[&RecordBatch],
         rows: &RowRefs,
-        key_bounds: &[Option<usize>],
+        key_bounds: &[Option<KeyBound>],
     ) -> (Vec<i64>, Vec<f64>) {
         let schema = Schema::new(vec![
             Field::new("id", DataType::Int64, false),
@@ -1899,7 +1904,10 @@ mod tests {
             // searched for), and with a bound past the dictionary (not
             // used): the same values.
             assert_eq!(collate_bounded(&[&permuted], &rows, &bounds), expected);
-            let past = [Some(usize::MAX >> 1), Some(100)];
+            let past = [
+                Some(KeyBound::assumed(usize::MAX >> 1)),
+                Some(KeyBound::assumed(100)),
+            ];
             assert_eq!(collate_bounded(&[&permuted], &rows, &past), expected);
 
             // Runs of consecutive rows across sources (a batch crossing

@@ -50,7 +50,27 @@ pub(crate) struct LoadedWindow {
     /// A permuted window's bounds on its dictionary columns' keys (indexed
     /// by column; `None` for plain columns), from [`permute`]; empty for
     /// other windows.
-    pub key_bounds: Vec<Option<usize>>,
+    pub key_bounds: Vec<Option<KeyBound>>,
+}
+
+/// A bound on a permuted dictionary column's keys: no key of that column
+/// (null slots' included) is above it. Made only by [`permute_keys`], which
+/// checks every key it writes against its dictionary; the collator's
+/// unchecked lookups rely on it, so nothing else can make one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeyBound(usize);
+
+impl KeyBound {
+    /// The bound, as a key.
+    pub(crate) fn get(self) -> usize {
+        self.0
+    }
+
+    /// A bound taken on trust (tests of what the collator does with one).
+    #[cfg(test)]
+    pub(crate) fn assumed(bound: usize) -> Self {
+        KeyBound(bound)
+    }
 }
 
 impl LoadedWindow {
@@ -250,7 +270,7 @@ impl Shuffler {
 fn permute_keys<K: ArrowDictionaryKeyType>(
     dictionaries: &[&dyn AnyDictionaryArray],
     order: &[u32],
-) -> std::result::Result<(ArrayRef, usize), String> {
+) -> std::result::Result<(ArrayRef, KeyBound), String> {
     use arrow_array::types::{Int32Type, UInt16Type};
     // Keys of every batch, shifted to the concatenated dictionary. Each key
     // is checked against its own dictionary here (a null slot's key is set
@@ -349,7 +369,7 @@ fn permute_keys<K: ArrowDictionaryKeyType>(
             values,
         )
     });
-    Ok((array, bound))
+    Ok((array, KeyBound(bound)))
 }
 
 /// Put the rows of `batches` (concatenated) in `order` (indices into the
@@ -366,7 +386,7 @@ pub(crate) fn permute(
     order: &[u32],
     window: usize,
     workers: usize,
-) -> Result<(RecordBatch, Vec<Option<usize>>)> {
+) -> Result<(RecordBatch, Vec<Option<KeyBound>>)> {
     use arrow_array::UInt32Array;
 
     let err = |detail: String| LoaderError::Stage {
@@ -395,7 +415,7 @@ pub(crate) fn permute(
         &column,
         &|| (),
     );
-    let (columns, bounds): (Vec<ArrayRef>, Vec<Option<usize>>) = results
+    let (columns, bounds): (Vec<ArrayRef>, Vec<Option<KeyBound>>) = results
         .into_iter()
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(err)?
@@ -420,7 +440,7 @@ fn permute_column<'a>(
     c: usize,
     order: &[u32],
     indices: &impl Fn() -> &'a arrow_array::UInt32Array,
-) -> std::result::Result<(ArrayRef, Option<usize>), String> {
+) -> std::result::Result<(ArrayRef, Option<KeyBound>), String> {
     use arrow_array::types::{Int32Type, UInt16Type};
 
     let arrays: Vec<&ArrayRef> = batches.iter().map(|b| b.column(c)).collect();
@@ -487,7 +507,7 @@ mod tests {
             let column = permuted.column(0);
             // Two dictionaries of `distinct` values each: no key above the
             // last value of the second.
-            assert_eq!(bounds, [Some(2 * distinct as usize - 1)]);
+            assert_eq!(bounds, [Some(KeyBound(2 * distinct as usize - 1))]);
             let expected_key = if 2 * distinct > 1 << 16 {
                 DataType::Int32
             } else {
