@@ -845,6 +845,7 @@ fn batch_dict(py: Python<'_>, batch: Batch) -> PyResult<Bound<'_, PyDict>> {
     let dict = PyDict::new(py);
     let batch = &owner.get().batch;
     let base = batch.slab().as_ptr() as usize;
+    let capacity = batch.slab().capacity();
     for column in batch.columns() {
         for (role, buffer) in column.buffers() {
             let key = if role == "values" {
@@ -852,6 +853,20 @@ fn batch_dict(py: Python<'_>, batch: Batch) -> PyResult<Bound<'_, PyDict>> {
             } else {
                 format!("{}.{role}", column.name)
             };
+            // The arrays below read the slab unchecked: each buffer must lie
+            // inside it (the collator lays them out so; checked here, where
+            // the reads are made).
+            let end = buffer
+                .shape
+                .iter()
+                .try_fold(buffer.dtype.size(), |n, &d| n.checked_mul(d))
+                .and_then(|n| n.checked_add(buffer.offset));
+            if end.is_none_or(|end| end > capacity) {
+                return Err(ShardfeedError::new_err(format!(
+                    "buffer `{key}` of shape {:?} at offset {} lies outside its slab of {capacity} bytes",
+                    buffer.shape, buffer.offset
+                )));
+            }
             let address = base + buffer.offset;
             let view = Bound::new(
                 py,
@@ -891,10 +906,10 @@ fn slab_array<'py>(
             if address % std::mem::align_of::<$t>() != 0 {
                 return None;
             }
-            // SAFETY: the collator laid `shape`'s product of `$t` values out
-            // at `address` (aligned, checked above) inside the batch's slab,
-            // which stays allocated and leased while `view`, the array's
-            // base, lives; booleans are written as 0 or 1.
+            // SAFETY: `shape`'s product of `$t` values at `address` lie inside
+            // the batch's slab (checked by the caller), aligned (checked
+            // above); the slab stays allocated and leased while `view`, the
+            // array's base, lives; booleans are written as 0 or 1.
             let values = unsafe {
                 ArrayView::<$t, IxDyn>::from_shape_ptr(IxDyn(shape), address as *const $t)
             };
