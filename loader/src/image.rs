@@ -23,6 +23,8 @@
 //!   [`ImageOptions::max_pixels`] is refused before its pixels are
 //!   allocated; every decoder is told the limit too.
 
+mod input;
+
 use std::io::Cursor;
 
 use fast_image_resize::images::{Image, ImageRef};
@@ -203,7 +205,7 @@ pub fn probe(bytes: &[u8]) -> Result<ImageHeader, String> {
     let format = Format::sniff(bytes).ok_or("not a JPEG, PNG or WebP image")?;
     let (width, height) = match format {
         Format::Jpeg => {
-            let mut d = zune_jpeg::JpegDecoder::new(zune_core::bytestream::ZCursor::new(bytes));
+            let mut d = zune_jpeg::JpegDecoder::new(input::Input::new(bytes));
             d.decode_headers().map_err(|e| format!("JPEG: {e}"))?;
             let info = d.info().ok_or("JPEG: no frame header")?;
             (info.width as u32, info.height as u32)
@@ -479,7 +481,6 @@ fn decode_jpeg(
     rows: &dyn Fn(Decoded) -> u32,
     margin: u32,
 ) -> Result<(Decoded, u16, Stopped), String> {
-    use zune_core::bytestream::ZCursor;
     use zune_core::colorspace::ColorSpace;
     use zune_core::options::DecoderOptions;
     use zune_jpeg::errors::DecodeErrors;
@@ -490,7 +491,8 @@ fn decode_jpeg(
         .set_max_height(side)
         .set_strict_mode(true);
     let new_decoder = || {
-        let mut decoder = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+        let mut decoder =
+            zune_jpeg::JpegDecoder::new_with_options(input::Input::new(bytes), options);
         decoder
             .decode_headers()
             .map_err(|e| format!("JPEG: {e}"))
@@ -1155,6 +1157,55 @@ mod tests {
                 assert!(err.is_err(), "layout {i}: a truncated JPEG decoded");
             }
         }
+    }
+
+    /// The loader's byte source ([`input::Input`]) gives the decoder's
+    /// result through `ZCursor` for every layout, whole or cut anywhere.
+    #[test]
+    fn the_jpeg_input_decodes_as_zcursor_does() {
+        use jpeg_encoder::SamplingFactor as S;
+        use zune_core::colorspace::ColorSpace;
+        use zune_core::options::DecoderOptions;
+        let options = DecoderOptions::default().jpeg_set_out_colorspace(ColorSpace::RGB);
+        let (w, h) = (157, 98);
+        let rgb = photo(w, h, 9);
+        let layouts = [
+            (Some(S::R_4_2_0), None, false),
+            (Some(S::R_4_4_0), Some(2), false),
+            (None, None, false),
+            (Some(S::R_4_2_2), None, true),
+        ];
+        let mut cuts = 0;
+        for (sampling, restart, progressive) in layouts {
+            let bytes = jpeg(&rgb, w, h, sampling, restart, progressive);
+            let len = bytes.len();
+            for end in [
+                len,
+                len - 1,
+                len - 2,
+                len * 9 / 10,
+                len / 2,
+                len / 5,
+                30,
+                2,
+                0,
+            ] {
+                let cut = &bytes[..end];
+                let ours =
+                    zune_jpeg::JpegDecoder::new_with_options(input::Input::new(cut), options)
+                        .decode()
+                        .map_err(|e| format!("{e:?}"));
+                let theirs = zune_jpeg::JpegDecoder::new_with_options(
+                    zune_core::bytestream::ZCursor::new(cut),
+                    options,
+                )
+                .decode()
+                .map_err(|e| format!("{e:?}"));
+                assert!(ours == theirs, "{sampling:?} {progressive}, cut at {end}");
+                cuts += usize::from(end < len && theirs.is_err());
+            }
+        }
+        assert!(cuts > 10, "only {cuts} cut files failed");
     }
 
     /// Stopping with no margin falls short of the rows asked for where
