@@ -14,15 +14,30 @@ use parquet::errors::ParquetError;
 use parquet::file::properties::{
     EnabledStatistics, WriterProperties, WriterPropertiesPtr, WriterVersion,
 };
+use parquet::schema::types::ColumnPath;
 
 /// A data page is stored compressed only if zstd makes it smaller than
 /// this fraction of its size.
 const UNCOMPRESSED_BELOW: f64 = 0.97;
 
-/// The writer properties of every shard.
-pub(crate) fn writer_properties(zstd_level: i32) -> Result<WriterPropertiesPtr, ParquetError> {
+/// The writer properties of every shard. Columns named in `stored` hold
+/// data that is compressed already (JPEG, PNG, video files): they are
+/// written uncompressed and without a dictionary, instead of zstd trying
+/// every page (and the dictionary hashing every value of a row group's
+/// first megabyte) to store it as it was anyway.
+pub(crate) fn writer_properties(
+    zstd_level: i32,
+    stored: &[&str],
+) -> Result<WriterPropertiesPtr, ParquetError> {
+    let mut builder = WriterProperties::builder();
+    for column in stored {
+        let path = ColumnPath::from(*column);
+        builder = builder
+            .set_column_compression(path.clone(), Compression::UNCOMPRESSED)
+            .set_column_dictionary_enabled(path, false);
+    }
     Ok(Arc::new(
-        WriterProperties::builder()
+        builder
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(zstd_level)?))
             // V2 data pages carry their own "compressed" flag: a page zstd
             // shrinks by less than 3% (random floats, image bytes, hashes) is

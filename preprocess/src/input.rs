@@ -74,6 +74,35 @@ pub fn files_schema() -> SchemaRef {
     ]))
 }
 
+/// File name extensions of formats that are compressed already: images,
+/// audio, video and archives, which zstd does not shrink.
+const COMPRESSED_EXTENSIONS: &[&str] = &[
+    "jpg", "jpeg", "png", "webp", "gif", "avif", "heic", "jxl", "mp3", "ogg", "opus", "flac",
+    "m4a", "aac", "mp4", "webm", "mkv", "mov", "zip", "gz", "zst", "xz", "bz2", "7z",
+];
+
+impl Inputs {
+    /// Whether the inputs are folders of files that are all compressed
+    /// already (by their extensions), so their `bytes` column is stored
+    /// as it is.
+    pub(crate) fn files_compressed(&self) -> bool {
+        !self.sources.is_empty()
+            && self.sources.iter().all(|source| match source {
+                Source::Files { files, .. } => files.iter().all(|(name, _)| {
+                    Path::new(name)
+                        .extension()
+                        .and_then(|e| e.to_str())
+                        .is_some_and(|e| {
+                            COMPRESSED_EXTENSIONS
+                                .iter()
+                                .any(|c| e.eq_ignore_ascii_case(c))
+                        })
+                }),
+                Source::File { .. } => false,
+            })
+    }
+}
+
 fn is_glob(s: &str) -> bool {
     s.contains(['*', '?', '['])
 }

@@ -205,11 +205,19 @@ fn run(
     let schema = inputs.schema.clone();
     // The shards' schema: the input's, or with the text's ids.
     let out_schema = tokenizer.map_or_else(|| schema.clone(), |t| t.schema());
-    let props =
-        writer_properties(options.zstd_level).map_err(|source| PreprocessError::Encode {
+    // Files that are compressed already (a folder of JPEGs) keep their bytes
+    // as they are: zstd tried on every page only to store it unchanged.
+    let stored: &[&str] = if inputs.files_compressed() && tokenizer.is_none() {
+        &["bytes"]
+    } else {
+        &[]
+    };
+    let props = writer_properties(options.zstd_level, stored).map_err(|source| {
+        PreprocessError::Encode {
             shard: "(all)".into(),
             source,
-        })?;
+        }
+    })?;
     let encoder = Encoder::new(out_schema.clone(), props.clone()).map_err(|source| {
         PreprocessError::Encode {
             shard: "(all)".into(),

@@ -191,44 +191,75 @@ fn json_lines_with_a_given_schema_keeps_it() {
     assert_same_rows(&read_all(&out), &batch(Kind::Text, 0, 500, 7));
 }
 
+/// A folder input becomes one row per file, byte for byte; files compressed
+/// already (here by their `.jpg` names) keep their bytes column
+/// uncompressed and without a dictionary, other files get zstd.
 #[test]
 fn a_folder_of_files_becomes_one_row_per_file_with_labels() {
     let tmp = tempdir();
     let root = tmp.path().join("images");
     let files = shardfeed_fixtures::write_image_folder(&root, 120, 4, 3).unwrap();
-    let out = tmp.path().join("ds");
-    // In input order (--no-shuffle): one row per file, in path order.
-    shard_small(&[s(&root)], &out, &["--no-shuffle"]).success();
-    let all = read_all(&out);
-    assert_eq!(all.num_rows(), files.len());
-    let col = |name: &str| all.column_by_name(name).unwrap().clone();
-    let paths = col("path");
-    let paths = paths
-        .as_any()
-        .downcast_ref::<arrow_array::StringArray>()
-        .unwrap();
-    let labels = col("label");
-    let labels = labels
-        .as_any()
-        .downcast_ref::<arrow_array::StringArray>()
-        .unwrap();
-    let bytes = col("bytes");
-    let bytes = bytes
-        .as_any()
-        .downcast_ref::<arrow_array::BinaryArray>()
-        .unwrap();
-    let mut sorted: Vec<_> = files
-        .iter()
-        .map(|p| p.strip_prefix(&root).unwrap().to_path_buf())
-        .collect();
-    sorted.sort();
-    for (i, rel) in sorted.iter().enumerate() {
-        assert_eq!(paths.value(i), rel.to_str().unwrap());
-        assert_eq!(labels.value(i), rel.parent().unwrap().to_str().unwrap());
-        assert_eq!(
-            bytes.value(i),
-            std::fs::read(root.join(rel)).unwrap().as_slice()
-        );
+    let jpegs = tmp.path().join("jpegs");
+    for f in &files {
+        let to = jpegs.join(f.strip_prefix(&root).unwrap().with_extension("jpg"));
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(f, to).unwrap();
+    }
+    for (folder, ext, codec) in [
+        (&root, "bin", Compression::ZSTD(ZstdLevel::default())),
+        (&jpegs, "jpg", Compression::UNCOMPRESSED),
+    ] {
+        let out = tmp.path().join(format!("ds-{ext}"));
+        // In input order (--no-shuffle): one row per file, in path order.
+        shard_small(&[s(folder)], &out, &["--no-shuffle"]).success();
+        let all = read_all(&out);
+        assert_eq!(all.num_rows(), files.len());
+        let col = |name: &str| all.column_by_name(name).unwrap().clone();
+        let paths = col("path");
+        let paths = paths
+            .as_any()
+            .downcast_ref::<arrow_array::StringArray>()
+            .unwrap();
+        let labels = col("label");
+        let labels = labels
+            .as_any()
+            .downcast_ref::<arrow_array::StringArray>()
+            .unwrap();
+        let bytes = col("bytes");
+        let bytes = bytes
+            .as_any()
+            .downcast_ref::<arrow_array::BinaryArray>()
+            .unwrap();
+        let mut sorted: Vec<_> = files
+            .iter()
+            .map(|p| p.strip_prefix(&root).unwrap().with_extension(ext))
+            .collect();
+        sorted.sort();
+        for (i, rel) in sorted.iter().enumerate() {
+            assert_eq!(paths.value(i), rel.to_str().unwrap());
+            assert_eq!(labels.value(i), rel.parent().unwrap().to_str().unwrap());
+            assert_eq!(
+                bytes.value(i),
+                std::fs::read(folder.join(rel)).unwrap().as_slice()
+            );
+        }
+        // How each shard stores the file bytes (`bytes` is the last column).
+        for shard in &manifest(&out).shards {
+            let file = std::fs::File::open(out.join(&shard.path)).unwrap();
+            let reader = parquet::file::reader::SerializedFileReader::new(file).unwrap();
+            use parquet::file::reader::FileReader;
+            for group in reader.metadata().row_groups() {
+                let column = group.column(3);
+                assert_eq!(column.column_path().string(), "bytes");
+                let zstd = matches!(column.compression(), Compression::ZSTD(_));
+                assert_eq!(zstd, matches!(codec, Compression::ZSTD(_)), "{ext}");
+                assert_eq!(column.dictionary_page_offset().is_none(), !zstd, "{ext}");
+                assert!(matches!(
+                    group.column(0).compression(),
+                    Compression::ZSTD(_)
+                ));
+            }
+        }
     }
 }
 
