@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
-use arrow_schema::SchemaRef;
+use arrow_array::cast::AsArray;
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_writer::{
     ArrowColumnChunk, ArrowRowGroupWriterFactory, ArrowWriterOptions, compute_leaves,
@@ -27,14 +28,13 @@ const UNCOMPRESSED_BELOW: f64 = 0.97;
 /// first megabyte) to store it as it was anyway.
 pub(crate) fn writer_properties(
     zstd_level: i32,
-    stored: &[&str],
+    stored: &[ColumnPath],
 ) -> Result<WriterPropertiesPtr, ParquetError> {
     let mut builder = WriterProperties::builder();
-    for column in stored {
-        let path = ColumnPath::from(*column);
+    for path in stored {
         builder = builder
             .set_column_compression(path.clone(), Compression::UNCOMPRESSED)
-            .set_column_dictionary_enabled(path, false);
+            .set_column_dictionary_enabled(path.clone(), false);
     }
     Ok(Arc::new(
         builder
@@ -54,6 +54,72 @@ pub(crate) fn writer_properties(
             .set_offset_index_disabled(true)
             .build(),
     ))
+}
+
+/// Values sampled per binary column by [`media_columns`].
+const MEDIA_SAMPLE: usize = 16;
+
+/// Whether `schema` has a binary column, at the top level or in a struct
+/// (where [`media_columns`] looks).
+pub(crate) fn has_binary_leaf(schema: &Schema) -> bool {
+    fn binary(t: &DataType) -> bool {
+        match t {
+            DataType::Binary | DataType::LargeBinary => true,
+            DataType::Struct(fields) => fields.iter().any(|f| binary(f.data_type())),
+            _ => false,
+        }
+    }
+    schema.fields().iter().any(|f| binary(f.data_type()))
+}
+
+/// The binary columns of `batch` (at the top level, or in structs, as
+/// Hugging Face datasets store an `image` as `{bytes, path}`) whose first
+/// non-null values (up to [`MEDIA_SAMPLE`]) are all images of a compressed
+/// format, told by their first bytes: JPEG, PNG, WebP or GIF.
+pub(crate) fn media_columns(batch: &RecordBatch) -> Vec<ColumnPath> {
+    fn visit(path: Vec<String>, array: &ArrayRef, found: &mut Vec<ColumnPath>) {
+        let sample: Vec<&[u8]> = match array.data_type() {
+            DataType::Binary => array
+                .as_binary::<i32>()
+                .iter()
+                .flatten()
+                .take(MEDIA_SAMPLE)
+                .collect(),
+            DataType::LargeBinary => array
+                .as_binary::<i64>()
+                .iter()
+                .flatten()
+                .take(MEDIA_SAMPLE)
+                .collect(),
+            DataType::Struct(_) => {
+                let parent = array.as_struct();
+                for (field, child) in parent.fields().iter().zip(parent.columns()) {
+                    let mut child_path = path.clone();
+                    child_path.push(field.name().clone());
+                    visit(child_path, child, found);
+                }
+                return;
+            }
+            _ => return,
+        };
+        if !sample.is_empty() && sample.iter().all(|v| compressed_image(v)) {
+            found.push(ColumnPath::new(path));
+        }
+    }
+    let mut found = Vec::new();
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        visit(vec![field.name().clone()], column, &mut found);
+    }
+    found
+}
+
+/// Whether `value` starts as a JPEG, PNG, WebP or GIF file does.
+fn compressed_image(value: &[u8]) -> bool {
+    value.starts_with(&[0xFF, 0xD8, 0xFF])
+        || value.starts_with(b"\x89PNG\r\n\x1a\n")
+        || (value.len() >= 12 && value.starts_with(b"RIFF") && &value[8..12] == b"WEBP")
+        || value.starts_with(b"GIF87a")
+        || value.starts_with(b"GIF89a")
 }
 
 /// A row group encoded and compressed, ready to be appended to a shard.

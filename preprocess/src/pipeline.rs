@@ -24,13 +24,14 @@ use shardfeed_format::{
     Location, Manifest, ShardEntry, TaskRecord, WriteOptions, shard_path, task_shard_path,
 };
 
-use crate::encode::{EncodedRowGroup, Encoder, writer_properties};
+use crate::encode::{EncodedRowGroup, Encoder, has_binary_leaf, media_columns, writer_properties};
 use crate::input::{self, Inputs, SkippedInput, Source};
 use crate::measure::{batch_bytes, peak_rss_bytes};
 use crate::output;
 use crate::tokenize::{TextTokenizer, check_texts};
 use crate::writer::{OpenShard, Publish};
 use crate::{PreprocessError, Progress, Result, ShardOptions, shuffle};
+use parquet::schema::types::ColumnPath;
 
 /// What a finished `shard` run did.
 #[derive(Clone, Debug, Serialize)]
@@ -185,6 +186,21 @@ struct Written {
     null_texts: u64,
 }
 
+/// The binary columns that hold compressed images, judged on the first batch
+/// of the first input (a file; a folder is judged by its files' names). An
+/// input that fails to open or read is left to the pipeline, which names it.
+fn media_columns_of(inputs: &Inputs, schema: &SchemaRef) -> Vec<ColumnPath> {
+    match inputs.sources.first() {
+        Some(source @ Source::File { .. }) if has_binary_leaf(schema) => {
+            match input::open(source, schema).map(|mut batches| batches.next()) {
+                Ok(Some(Ok(batch))) => media_columns(&batch),
+                _ => Vec::new(),
+            }
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// Batches each reader may queue ahead while a shuffle scatters.
 const SCATTER_READ_AHEAD: usize = 4;
 
@@ -205,14 +221,16 @@ fn run(
     let schema = inputs.schema.clone();
     // The shards' schema: the input's, or with the text's ids.
     let out_schema = tokenizer.map_or_else(|| schema.clone(), |t| t.schema());
-    // Files that are compressed already (a folder of JPEGs) keep their bytes
-    // as they are: zstd tried on every page only to store it unchanged.
-    let stored: &[&str] = if inputs.files_compressed() && tokenizer.is_none() {
-        &["bytes"]
+    // Images and other files compressed already keep their bytes as they
+    // are: zstd tried on every page only to store it unchanged.
+    let stored = if tokenizer.is_some() {
+        Vec::new()
+    } else if inputs.files_compressed() {
+        vec![ColumnPath::from("bytes")]
     } else {
-        &[]
+        media_columns_of(inputs, &schema)
     };
-    let props = writer_properties(options.zstd_level, stored).map_err(|source| {
+    let props = writer_properties(options.zstd_level, &stored).map_err(|source| {
         PreprocessError::Encode {
             shard: "(all)".into(),
             source,

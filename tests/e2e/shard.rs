@@ -243,24 +243,117 @@ fn a_folder_of_files_becomes_one_row_per_file_with_labels() {
                 std::fs::read(folder.join(rel)).unwrap().as_slice()
             );
         }
-        // How each shard stores the file bytes (`bytes` is the last column).
-        for shard in &manifest(&out).shards {
-            let file = std::fs::File::open(out.join(&shard.path)).unwrap();
-            let reader = parquet::file::reader::SerializedFileReader::new(file).unwrap();
-            use parquet::file::reader::FileReader;
-            for group in reader.metadata().row_groups() {
-                let column = group.column(3);
-                assert_eq!(column.column_path().string(), "bytes");
-                let zstd = matches!(column.compression(), Compression::ZSTD(_));
-                assert_eq!(zstd, matches!(codec, Compression::ZSTD(_)), "{ext}");
-                assert_eq!(column.dictionary_page_offset().is_none(), !zstd, "{ext}");
-                assert!(matches!(
-                    group.column(0).compression(),
-                    Compression::ZSTD(_)
-                ));
+        let zstd = matches!(codec, Compression::ZSTD(_));
+        assert_codecs(&out, &[("path", true), ("bytes", zstd)]);
+    }
+}
+
+/// Every row group of every shard of `dataset` stores each named leaf
+/// column with zstd or, if not, uncompressed and without a dictionary.
+fn assert_codecs(dataset: &Path, expected: &[(&str, bool)]) {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    for shard in &manifest(dataset).shards {
+        let file = std::fs::File::open(dataset.join(&shard.path)).unwrap();
+        let reader = SerializedFileReader::new(file).unwrap();
+        for group in reader.metadata().row_groups() {
+            for &(name, zstd) in expected {
+                let column = group
+                    .columns()
+                    .iter()
+                    .find(|c| c.column_path().string() == name)
+                    .unwrap_or_else(|| panic!("no column {name}"));
+                let compression = column.compression();
+                assert_eq!(
+                    matches!(compression, Compression::ZSTD(_)),
+                    zstd,
+                    "{name}: {compression}"
+                );
+                if !zstd {
+                    assert_eq!(compression, Compression::UNCOMPRESSED, "{name}");
+                    assert!(column.dictionary_page_offset().is_none(), "{name}");
+                }
             }
         }
     }
+}
+
+/// A Parquet input's binary columns that hold compressed images (JPEG, PNG,
+/// WebP, GIF by their first bytes; top level, or in a struct as Hugging
+/// Face stores `image: {bytes, path}`) are stored uncompressed; other
+/// binary columns keep zstd; every row comes back byte for byte.
+#[test]
+fn image_columns_of_a_parquet_input_are_stored_as_they_are() {
+    use arrow_array::{ArrayRef, BinaryArray, Int64Array, StringArray, StructArray};
+    use arrow_schema::{DataType, Field};
+    use std::sync::Arc;
+    let tmp = tempdir();
+    let n = 200usize;
+    let mut g = 0x9E37_79B9_7F4A_7C15u64;
+    let mut noise = |len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                g ^= g << 13;
+                g ^= g >> 7;
+                g ^= g << 17;
+                g as u8
+            })
+            .collect()
+    };
+    let signatures: [&[u8]; 4] = [
+        b"\xFF\xD8\xFF\xE0",
+        b"\x89PNG\r\n\x1a\n",
+        b"RIFF\x10\x27\x00\x00WEBPVP8 ",
+        b"GIF89a",
+    ];
+    let mut image = |i: usize| {
+        let mut v = signatures[i % 4].to_vec();
+        v.extend(noise(3000 + i * 7));
+        v
+    };
+    let images: Vec<Vec<u8>> = (0..n).map(&mut image).collect();
+    let nested: Vec<Vec<u8>> = (1..=n).map(&mut image).collect();
+    // Not images: the same noise without a signature.
+    let blobs: Vec<Vec<u8>> = (0..n).map(|i| image(i)[12..].to_vec()).collect();
+    let bin = |v: &[Vec<u8>]| -> ArrayRef {
+        Arc::new(BinaryArray::from_iter_values(
+            v.iter().map(|b| b.as_slice()),
+        ))
+    };
+    let paths: ArrayRef = Arc::new(StringArray::from_iter_values(
+        (0..n).map(|i| format!("img/{i}.jpg")),
+    ));
+    let hf = StructArray::from(vec![
+        (
+            Arc::new(Field::new("bytes", DataType::Binary, false)),
+            bin(&nested),
+        ),
+        (Arc::new(Field::new("path", DataType::Utf8, false)), paths),
+    ]);
+    let batch = RecordBatch::try_from_iter([
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(0..n as i64)) as ArrayRef,
+        ),
+        ("photo", bin(&images)),
+        ("image", Arc::new(hf) as ArrayRef),
+        ("blob", bin(&blobs)),
+    ])
+    .unwrap();
+    let input = tmp.path().join("in.parquet");
+    write_parquet(&input, &batch);
+    let out = tmp.path().join("ds");
+    shard_small(&[s(&input)], &out, &[]).success();
+    assert_same_rows(&read_all(&out), &batch);
+    assert_codecs(
+        &out,
+        &[
+            ("id", true),
+            ("photo", false),
+            ("image.bytes", false),
+            ("image.path", true),
+            ("blob", true),
+        ],
+    );
 }
 
 /// With the default shuffle, a folder's files are put in a seeded random
