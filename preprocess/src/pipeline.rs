@@ -19,6 +19,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use arrow_select::concat::concat_batches;
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use parquet::schema::types::ColumnPath;
 use serde::Serialize;
 use shardfeed_format::{
     Location, Manifest, ShardEntry, TaskRecord, WriteOptions, shard_path, task_shard_path,
@@ -31,7 +32,6 @@ use crate::output;
 use crate::tokenize::{TextTokenizer, check_texts};
 use crate::writer::{OpenShard, Publish};
 use crate::{PreprocessError, Progress, Result, ShardOptions, shuffle};
-use parquet::schema::types::ColumnPath;
 
 /// What a finished `shard` run did.
 #[derive(Clone, Debug, Serialize)]
