@@ -187,8 +187,10 @@ struct Written {
 }
 
 /// The binary columns that hold compressed images, judged on the first batch
-/// of the first input (a file; a folder is judged by its files' names). An
-/// input that fails to open or read is left to the pipeline, which names it.
+/// of the first input (a file; a folder is judged by its files' names). That
+/// batch (~2 MiB) is read here once more than the pipeline reads it, and only
+/// when the schema has a binary column. An input that fails to open or read
+/// is left to the pipeline, which names it.
 fn media_columns_of(inputs: &Inputs, schema: &SchemaRef) -> Vec<ColumnPath> {
     match inputs.sources.first() {
         Some(source @ Source::File { .. }) if has_binary_leaf(schema) => {
