@@ -19,6 +19,7 @@
 //! # Ok::<(), shardfeed_preprocess::PreprocessError>(())
 //! ```
 
+mod dictionary;
 mod encode;
 mod error;
 mod input;

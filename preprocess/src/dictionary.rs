@@ -1,0 +1,1046 @@
+//! Column chunks of fixed-width columns (integers and floats, nullable or
+//! not) and of lists of them (token ids), dictionary-encoded here instead of
+//! by parquet's writer.
+//!
+//! parquet's writer interns every value through a hash of its bytes (ahash
+//! over a byte slice, then a probe that compares byte slices): a quarter of
+//! `shard`'s CPU time on tabular data and on token lists. Here integers whose
+//! chunk spans a narrow range are interned through a table indexed by value,
+//! other values by their bit patterns in an open-addressing table with a
+//! multiplicative hash; keys are bit-packed straight from their slice. The
+//! chunk comes out as parquet's writer lays it out with the shards' writer
+//! properties: a PLAIN dictionary page, then V2 `RLE_DICTIONARY` data pages
+//! cut where parquet cuts them (`data_page_row_count_limit` rows, or its
+//! estimate of the keys' size past `data_page_size_limit`, at row
+//! boundaries), repetition and definition levels as parquet writes them,
+//! each page stored compressed only where zstd shrinks it below the V2
+//! ratio threshold, and chunk statistics and level histograms as parquet
+//! computes them (bit patterns compared, so NaNs of one pattern are one
+//! entry, as in parquet). A column whose dictionary would pass
+//! `dictionary_page_size_limit` is left to parquet's writer, which falls
+//! back to PLAIN pages. Tests in `encode.rs` compare chunks with parquet's.
+
+use std::cell::RefCell;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type};
+use arrow_array::{Array, ArrayRef};
+use arrow_buffer::NullBuffer;
+use arrow_schema::{DataType, Field};
+use bytes::Bytes;
+use parquet::basic::{Compression, Encoding, PageType};
+use parquet::column::page::{CompressedPage, Page, PageWriter};
+use parquet::column::writer::ColumnCloseResult;
+use parquet::errors::ParquetError;
+use parquet::file::metadata::{ColumnChunkMetaData, PageEncodingStats};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::statistics::{Statistics, ValueStatistics};
+use parquet::file::writer::{SerializedPageWriter, SerializedRowGroupWriter, TrackedWrite};
+use parquet::schema::types::ColumnDescPtr;
+
+/// A column chunk encoded here, to be spliced into a row group as parquet's
+/// own chunks are.
+pub(crate) struct DictionaryChunk {
+    bytes: Bytes,
+    close: ColumnCloseResult,
+}
+
+impl DictionaryChunk {
+    /// Bytes the chunk occupies in the file.
+    pub(crate) fn bytes_written(&self) -> u64 {
+        self.close.bytes_written
+    }
+
+    /// Append the chunk to `row_group` (its next column).
+    pub(crate) fn append_to_row_group<W: std::io::Write + Send>(
+        self,
+        row_group: &mut SerializedRowGroupWriter<'_, W>,
+    ) -> Result<(), ParquetError> {
+        row_group.append_column(&self.bytes, self.close)
+    }
+}
+
+/// A physical value of a fixed-width Parquet type.
+trait Fixed: Copy {
+    /// Its bit pattern: what interning compares, as parquet compares bytes.
+    fn bits(self) -> u64;
+    /// Its PLAIN encoding.
+    fn plain(self, out: &mut Vec<u8>);
+    /// Whether `self` sorts after `other` in parquet's statistics order.
+    fn greater(self, other: Self) -> bool;
+    /// Whether it is a NaN (statistics skip NaNs while other values exist).
+    fn is_nan(self) -> bool;
+    /// Chunk statistics of these values.
+    fn statistics(
+        min: Option<Self>,
+        max: Option<Self>,
+        nulls: u64,
+        nans: Option<u64>,
+    ) -> Statistics;
+    /// Whether NaNs are counted in statistics (floating point types).
+    const FLOAT: bool;
+    /// The value as an integer (integer types only): a chunk whose values
+    /// span a narrow range is interned by direct index.
+    fn integer(self) -> Option<i64>;
+}
+
+macro_rules! fixed_int {
+    ($t:ty, $unsigned:ty, $variant:ident) => {
+        impl Fixed for $t {
+            fn bits(self) -> u64 {
+                self as $unsigned as u64
+            }
+            fn plain(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn greater(self, other: Self) -> bool {
+                self > other
+            }
+            fn is_nan(self) -> bool {
+                false
+            }
+            fn statistics(
+                min: Option<Self>,
+                max: Option<Self>,
+                nulls: u64,
+                nans: Option<u64>,
+            ) -> Statistics {
+                Statistics::$variant(
+                    ValueStatistics::new(min, max, None, Some(nulls), false)
+                        .with_nan_count(nans)
+                        .with_backwards_compatible_min_max(true),
+                )
+            }
+            const FLOAT: bool = false;
+            fn integer(self) -> Option<i64> {
+                Some(self as i64)
+            }
+        }
+    };
+}
+fixed_int!(i32, u32, Int32);
+fixed_int!(i64, u64, Int64);
+
+macro_rules! fixed_float {
+    ($t:ty, $variant:ident) => {
+        impl Fixed for $t {
+            fn bits(self) -> u64 {
+                self.to_bits() as u64
+            }
+            fn plain(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn greater(self, other: Self) -> bool {
+                self.total_cmp(&other).is_gt()
+            }
+            fn is_nan(self) -> bool {
+                self.is_nan()
+            }
+            fn statistics(
+                min: Option<Self>,
+                max: Option<Self>,
+                nulls: u64,
+                nans: Option<u64>,
+            ) -> Statistics {
+                Statistics::$variant(
+                    ValueStatistics::new(min, max, None, Some(nulls), false)
+                        .with_nan_count(nans)
+                        .with_backwards_compatible_min_max(true),
+                )
+            }
+            const FLOAT: bool = true;
+            fn integer(self) -> Option<i64> {
+                None
+            }
+        }
+    };
+}
+fixed_float!(f32, Float);
+fixed_float!(f64, Double);
+
+/// Encode `array` (the column of a top-level field whose only Parquet leaf
+/// is `descr`: a fixed-width column, or a list of one) here, or `None`
+/// where parquet's writer should: a type or layout this module does not
+/// write, no values, or a dictionary past the page size limit.
+pub(crate) fn encode(
+    field: &Field,
+    array: &ArrayRef,
+    descr: &ColumnDescPtr,
+    props: &WriterProperties,
+    v2_ratio: f64,
+) -> Result<Option<DictionaryChunk>, ParquetError> {
+    let path = descr.path();
+    if !props.dictionary_enabled(path)
+        || props.bloom_filter_properties(path).is_some()
+        || props.encoding(path).is_some_and(|e| e != Encoding::PLAIN)
+        || props.statistics_enabled(path) == EnabledStatistics::Page
+    {
+        return Ok(None);
+    }
+    let Compression::ZSTD(level) = props.compression(path) else {
+        return Ok(None);
+    };
+    let leaf = match array.data_type() {
+        DataType::List(item) | DataType::LargeList(item) => item.data_type(),
+        other => other,
+    };
+    if !matches!(
+        leaf,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::Float32
+            | DataType::Float64
+    ) {
+        return Ok(None);
+    }
+    let (shape, values) = match array.data_type() {
+        DataType::List(item) => {
+            let list = array.as_list::<i32>();
+            let offsets = list.value_offsets().iter().map(|&o| o as usize).collect();
+            let shape = Shape::List {
+                offsets,
+                nulls: list.logical_nulls(),
+                items: list.values().logical_nulls(),
+                levels: (field.is_nullable(), item.is_nullable()),
+            };
+            (shape, list.values())
+        }
+        DataType::LargeList(item) => {
+            let list = array.as_list::<i64>();
+            let Ok(offsets) = list
+                .value_offsets()
+                .iter()
+                .map(|&o| usize::try_from(o))
+                .collect()
+            else {
+                return Ok(None);
+            };
+            let shape = Shape::List {
+                offsets,
+                nulls: list.logical_nulls(),
+                items: list.values().logical_nulls(),
+                levels: (field.is_nullable(), item.is_nullable()),
+            };
+            (shape, list.values())
+        }
+        _ => (Shape::Flat(array.logical_nulls()), array),
+    };
+    // The levels parquet's schema gives the leaf must be the ones the shape
+    // writes.
+    let expected = match &shape {
+        Shape::Flat(nulls) => {
+            if descr.max_def_level() == 0 && nulls.is_some() {
+                return Ok(None);
+            }
+            (descr.max_def_level() <= 1).then_some(0)
+        }
+        Shape::List {
+            levels: (list, item),
+            nulls,
+            ..
+        } => {
+            if !list && nulls.is_some() {
+                return Ok(None);
+            }
+            (descr.max_def_level() == 1 + *list as i16 + *item as i16).then_some(1)
+        }
+    };
+    if expected != Some(descr.max_rep_level()) {
+        return Ok(None);
+    }
+    let chunk = Chunk {
+        descr,
+        props,
+        shape,
+        level: level.compression_level(),
+        v2_ratio,
+    };
+    match values.data_type() {
+        DataType::Int8 => chunk.encode(
+            &(values.as_primitive::<Int8Type>().values().iter())
+                .map(|&v| v as i32)
+                .collect::<Vec<_>>(),
+        ),
+        DataType::Int16 => chunk.encode(
+            &(values.as_primitive::<Int16Type>().values().iter())
+                .map(|&v| v as i32)
+                .collect::<Vec<_>>(),
+        ),
+        DataType::Int32 => chunk.encode(values.as_primitive::<Int32Type>().values()),
+        DataType::Int64 => chunk.encode(values.as_primitive::<Int64Type>().values()),
+        DataType::Float32 => chunk.encode(values.as_primitive::<Float32Type>().values()),
+        DataType::Float64 => chunk.encode(values.as_primitive::<Float64Type>().values()),
+        _ => Ok(None),
+    }
+}
+
+/// How a chunk's values sit in its rows.
+enum Shape {
+    /// One value a row (`None`: no nulls).
+    Flat(Option<NullBuffer>),
+    /// A list of values a row: row `r`'s are `offsets[r]..offsets[r + 1]` of
+    /// the values; null rows and null items where their buffers say so;
+    /// `levels`: whether the list and the item add a definition level.
+    List {
+        offsets: Vec<usize>,
+        nulls: Option<NullBuffer>,
+        items: Option<NullBuffer>,
+        levels: (bool, bool),
+    },
+}
+
+/// One chunk's settings.
+struct Chunk<'a> {
+    descr: &'a ColumnDescPtr,
+    props: &'a WriterProperties,
+    shape: Shape,
+    level: i32,
+    v2_ratio: f64,
+}
+
+/// The distinct values of a chunk in order of first appearance, and a table
+/// from bit pattern to position.
+struct Dictionary<T> {
+    values: Vec<T>,
+    /// Position + 1 of the value in each slot (0: empty); a power of two long.
+    slots: Vec<u32>,
+    shift: u32,
+    /// The last value interned and its key (runs skip the table).
+    last: Option<(u64, u32)>,
+    /// For integers within a narrow range: the smallest, and position + 1
+    /// of each value from it (0: not seen), in place of `slots`.
+    direct: Option<(i64, Vec<u32>)>,
+}
+
+impl<T: Fixed> Dictionary<T> {
+    /// A dictionary for `values` (every value it will be asked to intern).
+    fn new(values: &[T]) -> Self {
+        const SLOTS: usize = 1 << 12;
+        // A table indexed by value costs its zeroing: worth it up to about as
+        // many entries as values (and at most 1 Mi entries, 4 MiB).
+        let direct = (values.iter().try_fold((i64::MAX, i64::MIN), |(lo, hi), v| {
+            v.integer().map(|i| (lo.min(i), hi.max(i)))
+        }))
+        .and_then(|(lo, hi)| {
+            let span = usize::try_from(hi.checked_sub(lo)?).ok()?.checked_add(1)?;
+            (span <= values.len().max(SLOTS) && span <= 1 << 20).then(|| (lo, vec![0; span]))
+        });
+        Dictionary {
+            values: Vec::new(),
+            slots: if direct.is_some() {
+                Vec::new()
+            } else {
+                vec![0; SLOTS]
+            },
+            shift: 64 - SLOTS.trailing_zeros(),
+            last: None,
+            direct,
+        }
+    }
+
+    fn slot(&self, bits: u64) -> usize {
+        (bits.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+    }
+
+    /// The key of `value`, added if new.
+    fn intern(&mut self, value: T) -> u32 {
+        let bits = value.bits();
+        if let Some((b, key)) = self.last
+            && b == bits
+        {
+            return key;
+        }
+        if let Some((lo, table)) = &mut self.direct
+            && let Some(entry) = (value.integer())
+                .and_then(|i| usize::try_from(i.wrapping_sub(*lo)).ok())
+                .and_then(|at| table.get_mut(at))
+        {
+            let key = if *entry == 0 {
+                self.values.push(value);
+                *entry = self.values.len() as u32;
+                *entry - 1
+            } else {
+                *entry - 1
+            };
+            self.last = Some((bits, key));
+            return key;
+        }
+        if self.slots.is_empty() {
+            // A value outside the direct table's range (none should be): the
+            // hashed table from here on, holding every value so far.
+            self.direct = None;
+            self.slots = vec![0; 1 << 12];
+            while self.values.len() * 2 > self.slots.len() {
+                self.slots.extend(std::iter::repeat_n(0, self.slots.len()));
+                self.shift -= 1;
+            }
+            self.rehash();
+        }
+        let mask = self.slots.len() - 1;
+        let mut slot = self.slot(bits);
+        let key = loop {
+            match self.slots[slot] {
+                0 => break None,
+                entry if self.values[entry as usize - 1].bits() == bits => break Some(entry - 1),
+                _ => slot = (slot + 1) & mask,
+            }
+        };
+        let key = key.unwrap_or_else(|| {
+            self.values.push(value);
+            let key = self.values.len() as u32;
+            self.slots[slot] = key;
+            if self.values.len() * 2 > self.slots.len() {
+                self.grow();
+            }
+            key - 1
+        });
+        self.last = Some((bits, key));
+        key
+    }
+
+    /// The keys of `values`, added to `keys` (values added where new).
+    fn intern_all(&mut self, values: &[T], keys: &mut Vec<u32>) {
+        keys.reserve(values.len());
+        if let Some((lo, table)) = &mut self.direct {
+            let lo = *lo;
+            for (n, &v) in values.iter().enumerate() {
+                let entry = (v.integer())
+                    .and_then(|i| usize::try_from(i.wrapping_sub(lo)).ok())
+                    .and_then(|at| table.get_mut(at));
+                let Some(entry) = entry else {
+                    // Out of the table's range: the general path for the rest.
+                    for &v in &values[n..] {
+                        keys.push(self.intern(v));
+                    }
+                    return;
+                };
+                if *entry == 0 {
+                    self.values.push(v);
+                    *entry = self.values.len() as u32;
+                }
+                keys.push(*entry - 1);
+            }
+            self.last = None;
+        } else {
+            keys.extend(values.iter().map(|&v| self.intern(v)));
+        }
+    }
+
+    fn grow(&mut self) {
+        let len = self.slots.len() * 2;
+        self.slots = vec![0; len];
+        self.shift -= 1;
+        self.rehash();
+    }
+
+    /// Fill the (empty) slots with every value.
+    fn rehash(&mut self) {
+        let mask = self.slots.len() - 1;
+        for (i, v) in self.values.iter().enumerate() {
+            let mut slot = self.slot(v.bits());
+            while self.slots[slot] != 0 {
+                slot = (slot + 1) & mask;
+            }
+            self.slots[slot] = i as u32 + 1;
+        }
+    }
+}
+
+/// Bits needed for values up to `max`.
+fn bits_for(max: usize) -> u8 {
+    (usize::BITS - max.leading_zeros()) as u8
+}
+
+thread_local! {
+    /// One zstd context per encoder thread, at the level it was made for
+    /// (parquet's writer makes one per column chunk).
+    static ZSTD: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
+}
+
+/// `data` compressed at `level`.
+fn compress(level: i32, data: &[u8]) -> Result<Vec<u8>, ParquetError> {
+    ZSTD.with_borrow_mut(|slot| {
+        if slot.as_ref().is_none_or(|(l, _)| *l != level) {
+            let compressor = zstd::bulk::Compressor::new(level)
+                .map_err(|e| ParquetError::External(Box::new(e)))?;
+            *slot = Some((level, compressor));
+        }
+        let (_, compressor) = slot.as_mut().expect("set above");
+        compressor
+            .compress(data)
+            .map_err(|e| ParquetError::External(Box::new(e)))
+    })
+}
+
+/// One data page being filled: its levels, and the keys of its values.
+struct PageBuilder {
+    rows: usize,
+    levels: usize,
+    keys: Vec<u32>,
+    def: Option<Hybrid>,
+    rep: Option<Hybrid>,
+    /// Levels below the maximum definition level (nulls and empty lists).
+    nulls: usize,
+}
+
+impl Chunk<'_> {
+    fn encode<T: Fixed>(&self, values: &[T]) -> Result<Option<DictionaryChunk>, ParquetError> {
+        let (max_def, max_rep) = (self.descr.max_def_level(), self.descr.max_rep_level());
+        let rows = match &self.shape {
+            Shape::Flat(_) => values.len(),
+            Shape::List { offsets, .. } => offsets.len().saturating_sub(1),
+        };
+        if rows == 0 {
+            return Ok(None);
+        }
+        let width = std::mem::size_of::<T>().max(4);
+        let limit = self.props.dictionary_page_size_limit() / width;
+        let page_rows = self.props.data_page_row_count_limit().max(1);
+        let page_bytes = self.props.data_page_size_limit();
+        // The values the rows hold (a list's: its offsets' span).
+        let span = match &self.shape {
+            Shape::Flat(_) => Some(values),
+            Shape::List { offsets, .. } => offsets
+                .first()
+                .zip(offsets.last())
+                .and_then(|(&a, &b)| values.get(a..b)),
+        };
+        let Some(span) = span else {
+            return Ok(None);
+        };
+        let mut dictionary = Dictionary::<T>::new(span);
+        let mut nans = 0u64;
+        let mut def_histogram = vec![0i64; max_def as usize + 1];
+        let mut rep_histogram = vec![0i64; max_rep as usize + 1];
+        let (mut levels_total, mut nulls_total) = (0usize, 0usize);
+        // Data pages, made before the dictionary page that precedes them.
+        let mut pages = Vec::new();
+        let new_page = |capacity: usize| PageBuilder {
+            rows: 0,
+            levels: 0,
+            keys: Vec::with_capacity(capacity),
+            def: (max_def > 0).then(|| Hybrid::new(bits_for(max_def as usize))),
+            rep: (max_rep > 0).then(|| Hybrid::new(bits_for(max_rep as usize))),
+            nulls: 0,
+        };
+        let mut page = new_page(page_rows.min(rows));
+        let mut r = 0;
+        while r < rows {
+            // Rows taken this step: one, or the rest of the page for a flat
+            // column without nulls.
+            let mut step = 1;
+            match &self.shape {
+                Shape::Flat(None) => {
+                    step = (page_rows - page.rows).min(rows - r);
+                    dictionary.intern_all(&values[r..r + step], &mut page.keys);
+                    page.levels += step;
+                    if let Some(def) = &mut page.def {
+                        def.push(1, step);
+                    }
+                }
+                Shape::Flat(nulls) => {
+                    page.levels += 1;
+                    if nulls.as_ref().is_none_or(|n| n.is_valid(r)) {
+                        page.keys.push(dictionary.intern(values[r]));
+                        if let Some(def) = &mut page.def {
+                            def.push(1, 1);
+                        }
+                    } else {
+                        page.nulls += 1;
+                        if let Some(def) = &mut page.def {
+                            def.push(0, 1);
+                        }
+                    }
+                }
+                Shape::List {
+                    offsets,
+                    nulls,
+                    items,
+                    levels: (list, _),
+                } => {
+                    let empty = *list as u32;
+                    let (def, rep) = (
+                        page.def.as_mut().expect("lists have levels"),
+                        page.rep.as_mut().expect("lists have levels"),
+                    );
+                    let (start, end) = (offsets[r], offsets[r + 1]);
+                    if end < start || end > values.len() {
+                        return Ok(None);
+                    }
+                    if nulls.as_ref().is_some_and(|n| n.is_null(r)) {
+                        def.push(0, 1);
+                        rep.push(0, 1);
+                        page.levels += 1;
+                        page.nulls += 1;
+                    } else if start == end {
+                        def.push(empty, 1);
+                        rep.push(0, 1);
+                        page.levels += 1;
+                        page.nulls += 1;
+                    } else {
+                        rep.push(0, 1);
+                        rep.push(1, end - start - 1);
+                        page.levels += end - start;
+                        match items {
+                            Some(items) if items.null_count() > 0 => {
+                                for (i, &v) in values.iter().enumerate().take(end).skip(start) {
+                                    if items.is_valid(i) {
+                                        def.push(max_def as u32, 1);
+                                        page.keys.push(dictionary.intern(v));
+                                    } else {
+                                        def.push(empty + 1, 1);
+                                        page.nulls += 1;
+                                    }
+                                }
+                            }
+                            _ => {
+                                def.push(max_def as u32, end - start);
+                                dictionary.intern_all(&values[start..end], &mut page.keys);
+                            }
+                        }
+                    }
+                }
+            }
+            page.rows += step;
+            r += step;
+            if dictionary.values.len() > limit {
+                return Ok(None);
+            }
+            // parquet's estimate of a dictionary page's size: every group of
+            // 8 keys a bit-packed run of its own.
+            let estimate = page.keys.len().div_ceil(8)
+                * (1 + bits_for(dictionary.values.len().saturating_sub(1)) as usize);
+            if page.rows >= page_rows || estimate >= page_bytes || r == rows {
+                let capacity = page.keys.len();
+                let full = std::mem::replace(&mut page, new_page(capacity));
+                if T::FLOAT {
+                    nans += (full.keys.iter())
+                        .filter(|&&k| dictionary.values[k as usize].is_nan())
+                        .count() as u64;
+                }
+                levels_total += full.levels;
+                nulls_total += full.nulls;
+                if let Some(def) = &full.def {
+                    def.histogram(&mut def_histogram);
+                }
+                if let Some(rep) = &full.rep {
+                    rep.histogram(&mut rep_histogram);
+                }
+                pages.push(self.data_page(full, dictionary.values.len())?);
+            }
+        }
+        if dictionary.values.is_empty() {
+            return Ok(None);
+        }
+
+        let mut plain = Vec::with_capacity(dictionary.values.len() * width);
+        for &v in &dictionary.values {
+            v.plain(&mut plain);
+        }
+        let dictionary_page = CompressedPage::new(
+            Page::DictionaryPage {
+                buf: compress(self.level, &plain)?.into(),
+                num_values: dictionary.values.len() as u32,
+                encoding: self.props.dictionary_page_encoding(),
+                is_sorted: false,
+            },
+            plain.len(),
+        );
+
+        let data_pages = pages.len();
+        // Each page's bytes, and a header of well under 64 bytes each.
+        let size = (pages.iter().map(|p| p.data().len() + 64)).sum::<usize>()
+            + dictionary_page.data().len()
+            + 64;
+        let mut sink = TrackedWrite::new(Vec::with_capacity(size));
+        let mut page_writer = SerializedPageWriter::new(&mut sink);
+        let dict_spec = page_writer.write_page(dictionary_page)?;
+        let mut data_offset = None;
+        let (mut compressed, mut uncompressed) =
+            (dict_spec.compressed_size, dict_spec.uncompressed_size);
+        for page in pages {
+            let spec = page_writer.write_page(page)?;
+            data_offset.get_or_insert(spec.offset);
+            compressed += spec.compressed_size;
+            uncompressed += spec.uncompressed_size;
+        }
+        page_writer.close()?;
+        let bytes = Bytes::from(sink.into_inner()?);
+
+        let (mut min, mut max): (Option<T>, Option<T>) = (None, None);
+        for &v in &dictionary.values {
+            min = Some(match min {
+                None => v,
+                Some(m) if m.is_nan() && !v.is_nan() => v,
+                Some(m) if !m.is_nan() && v.is_nan() => m,
+                Some(m) if m.greater(v) => v,
+                Some(m) => m,
+            });
+            max = Some(match max {
+                None => v,
+                Some(m) if m.is_nan() && !v.is_nan() => v,
+                Some(m) if !m.is_nan() && v.is_nan() => m,
+                Some(m) if v.greater(m) => v,
+                Some(m) => m,
+            });
+        }
+        let statistics = T::statistics(min, max, nulls_total as u64, T::FLOAT.then_some(nans));
+        let (dictionary_encoding, data_encoding) = (
+            self.props.dictionary_page_encoding(),
+            self.props.dictionary_data_page_encoding(),
+        );
+        let mut builder = ColumnChunkMetaData::builder(self.descr.clone())
+            .set_compression(self.props.compression(self.descr.path()))
+            .set_encodings(vec![dictionary_encoding, Encoding::RLE, data_encoding])
+            .set_page_encoding_stats(vec![
+                PageEncodingStats {
+                    page_type: PageType::DICTIONARY_PAGE,
+                    encoding: dictionary_encoding,
+                    count: 1,
+                },
+                PageEncodingStats {
+                    page_type: PageType::DATA_PAGE_V2,
+                    encoding: data_encoding,
+                    count: data_pages as i32,
+                },
+            ])
+            .set_total_compressed_size(compressed as i64)
+            .set_total_uncompressed_size(uncompressed as i64)
+            .set_num_values(levels_total as i64)
+            .set_data_page_offset(data_offset.unwrap_or(0) as i64)
+            .set_dictionary_page_offset(Some(dict_spec.offset as i64));
+        if self.props.statistics_enabled(self.descr.path()) != EnabledStatistics::None {
+            builder = builder
+                .set_statistics(statistics)
+                .set_definition_level_histogram((max_def > 0).then(|| def_histogram.into()))
+                .set_repetition_level_histogram((max_rep > 0).then(|| rep_histogram.into()));
+        }
+        let metadata = builder.build()?;
+        Ok(Some(DictionaryChunk {
+            close: ColumnCloseResult {
+                bytes_written: bytes.len() as u64,
+                rows_written: rows as u64,
+                metadata,
+                bloom_filter: None,
+                column_index: None,
+                offset_index: None,
+            },
+            bytes,
+        }))
+    }
+
+    /// `page` as a V2 data page: repetition then definition levels as they
+    /// are, then the key width and the keys, compressed where that pays.
+    fn data_page(&self, page: PageBuilder, entries: usize) -> Result<CompressedPage, ParquetError> {
+        let mut levels = Vec::new();
+        if let Some(rep) = page.rep {
+            rep.finish(&mut levels);
+        }
+        let rep_len = levels.len();
+        if let Some(def) = page.def {
+            def.finish(&mut levels);
+        }
+        let def_len = levels.len() - rep_len;
+        let width = bits_for(entries.saturating_sub(1));
+        // At most a header byte per group of 8 keys beyond their bits.
+        let mut data = Vec::with_capacity(2 + page.keys.len().div_ceil(8) * (width as usize + 1));
+        data.push(width);
+        encode_keys(&page.keys, width, &mut data);
+        let uncompressed = levels.len() + data.len();
+        let compressed = compress(self.level, &data)?;
+        let is_compressed = (compressed.len() as f64) < uncompressed as f64 * self.v2_ratio;
+        let values = if is_compressed { &compressed } else { &data };
+        let mut buf = Vec::with_capacity(levels.len() + values.len());
+        buf.extend_from_slice(&levels);
+        buf.extend_from_slice(values);
+        let page = Page::DataPageV2 {
+            buf: buf.into(),
+            num_values: page.levels as u32,
+            encoding: self.props.dictionary_data_page_encoding(),
+            num_nulls: page.nulls as u32,
+            num_rows: page.rows as u32,
+            def_levels_byte_len: def_len as u32,
+            rep_levels_byte_len: rep_len as u32,
+            is_compressed,
+            statistics: None,
+        };
+        Ok(CompressedPage::new(page, uncompressed))
+    }
+}
+
+/// Runs of at least this many equal values are RLE runs.
+const MIN_RUN: usize = 8;
+
+/// Parquet's RLE / bit-packed hybrid encoding (no length prefix), fed runs
+/// of equal values: runs of [`MIN_RUN`] or more as RLE runs, the rest
+/// bit-packed in groups of 8 (the last group padded with zeros). Consecutive
+/// runs of one value are merged first.
+struct Hybrid {
+    width: u8,
+    out: Vec<u8>,
+    /// Values waiting to be bit-packed.
+    literals: Vec<u32>,
+    /// The run being gathered.
+    run: Option<(u32, usize)>,
+    /// Count of each value pushed (levels' histograms), when small.
+    counts: Vec<i64>,
+}
+
+impl Hybrid {
+    fn new(width: u8) -> Self {
+        Hybrid {
+            width,
+            out: Vec::new(),
+            literals: Vec::new(),
+            run: None,
+            counts: vec![0; if width <= 4 { 1 << width } else { 0 }],
+        }
+    }
+
+    /// `count` values `value` (below `1 << width`).
+    fn push(&mut self, value: u32, count: usize) {
+        if count == 0 {
+            return;
+        }
+        if let Some(c) = self.counts.get_mut(value as usize) {
+            *c += count as i64;
+        }
+        match &mut self.run {
+            Some((v, n)) if *v == value => *n += count,
+            _ => {
+                if let Some((v, n)) = self.run.replace((value, count)) {
+                    self.emit(v, n);
+                }
+            }
+        }
+    }
+
+    fn emit(&mut self, value: u32, count: usize) {
+        if count < MIN_RUN {
+            self.literals.extend(std::iter::repeat_n(value, count));
+            return;
+        }
+        // Literals before the run fill their last group from the run.
+        let pad = (8 - self.literals.len() % 8) % 8;
+        let mut rest = count;
+        if !self.literals.is_empty() {
+            self.literals.extend(std::iter::repeat_n(value, pad));
+            bit_pack(&self.literals, self.width, &mut self.out);
+            self.literals.clear();
+            rest -= pad;
+        }
+        if rest >= MIN_RUN {
+            rle_run(value, rest, self.width, &mut self.out);
+        } else {
+            self.literals.extend(std::iter::repeat_n(value, rest));
+        }
+    }
+
+    /// Add each value's count to `histogram` (levels: small values).
+    fn histogram(&self, histogram: &mut [i64]) {
+        for (h, c) in histogram.iter_mut().zip(&self.counts) {
+            *h += c;
+        }
+    }
+
+    /// Append the encoding to `out`.
+    fn finish(mut self, out: &mut Vec<u8>) {
+        if let Some((v, n)) = self.run.take() {
+            self.emit(v, n);
+        }
+        if !self.literals.is_empty() {
+            bit_pack(&self.literals, self.width, &mut self.out);
+        }
+        out.extend_from_slice(&self.out);
+    }
+}
+
+/// `keys` in the hybrid encoding, as [`Hybrid`] writes them, straight from
+/// the slice (keys are mostly literals: no copy into a literal buffer).
+fn encode_keys(keys: &[u32], width: u8, out: &mut Vec<u8>) {
+    let n = keys.len();
+    // Start of the literals not written yet.
+    let mut literal = 0;
+    let mut i = 0;
+    while i < n {
+        let k = keys[i];
+        let mut j = i + 1;
+        while j < n && keys[j] == k {
+            j += 1;
+        }
+        if j - i >= MIN_RUN {
+            // Literals before the run fill their last group from the run.
+            let pad = (8 - (i - literal) % 8) % 8;
+            let pad = if i > literal { pad } else { 0 };
+            if i > literal {
+                bit_pack(&keys[literal..i + pad], width, out);
+            }
+            if j - i - pad >= MIN_RUN {
+                rle_run(k, j - i - pad, width, out);
+                literal = j;
+            } else {
+                literal = i + pad;
+            }
+        }
+        i = j;
+    }
+    if literal < n {
+        bit_pack(&keys[literal..], width, out);
+    }
+}
+
+fn varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn rle_run(value: u32, count: usize, width: u8, out: &mut Vec<u8>) {
+    varint((count as u64) << 1, out);
+    out.extend_from_slice(&value.to_le_bytes()[..(width as usize).div_ceil(8)]);
+}
+
+/// One bit-packed run of `values`, padded with zeros to a multiple of 8.
+fn bit_pack(values: &[u32], width: u8, out: &mut Vec<u8>) {
+    let groups = values.len().div_ceil(8);
+    varint(((groups as u64) << 1) | 1, out);
+    let width = width as u32;
+    let start = out.len();
+    out.reserve(groups * width as usize);
+    let mut acc = 0u64;
+    let mut bits = 0u32;
+    for &v in values {
+        acc |= (v as u64) << bits;
+        bits += width;
+        while bits >= 32 {
+            out.extend_from_slice(&(acc as u32).to_le_bytes());
+            acc >>= 32;
+            bits -= 32;
+        }
+    }
+    while bits > 0 {
+        out.push(acc as u8);
+        acc >>= 8;
+        bits = bits.saturating_sub(8);
+    }
+    out.resize(start + groups * width as usize, 0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs, literals, padding and widths 0 to 32 decode to the values.
+    #[test]
+    fn hybrid_runs_decode_to_their_values() {
+        for width in [0u8, 1, 3, 8, 13, 17, 31, 32] {
+            let max = if width == 0 {
+                0
+            } else {
+                u32::MAX >> (32 - width)
+            };
+            let mut values = Vec::new();
+            for i in 0..3000u32 {
+                let v = match i % 300 {
+                    0..=40 => max,
+                    41..=45 => 1.min(max),
+                    _ => i.wrapping_mul(2_654_435_761) & max,
+                };
+                values.push(v);
+            }
+            for len in [0, 1, 7, 8, 9, 41, 48, 49, 3000] {
+                let mut out = Vec::new();
+                let mut hybrid = Hybrid::new(width);
+                for &v in &values[..len] {
+                    hybrid.push(v, 1);
+                }
+                hybrid.finish(&mut out);
+                assert_eq!(
+                    decode_hybrid(&out, width, len),
+                    &values[..len],
+                    "width {width} len {len}"
+                );
+            }
+        }
+    }
+
+    /// Integers interned through the direct table get the keys the hashed
+    /// table gives, values outside its range included (it turns into the
+    /// hashed table).
+    #[test]
+    fn direct_and_hashed_interning_agree() {
+        let values: Vec<i64> = (0..20_000).map(|i| (i * 7919) % 3000 - 1500).collect();
+        let mut direct = Dictionary::new(&values);
+        assert!(direct.direct.is_some());
+        let mut hashed = Dictionary::<i64>::new(&[]);
+        assert!(hashed.direct.is_none());
+        let asked: Vec<i64> = values
+            .iter()
+            .copied()
+            .chain([1 << 40, -5000, 7, 1 << 40])
+            .collect();
+        let keys: Vec<u32> = asked.iter().map(|&v| direct.intern(v)).collect();
+        assert!(direct.direct.is_none(), "out of range: hashed from then on");
+        let expected: Vec<u32> = asked.iter().map(|&v| hashed.intern(v)).collect();
+        assert_eq!(keys, expected);
+        assert_eq!(direct.values, hashed.values);
+        // The same through `intern_all`, from a fresh direct table.
+        let mut all = Dictionary::new(&values);
+        let mut bulk = Vec::new();
+        all.intern_all(&asked, &mut bulk);
+        assert_eq!(bulk, expected);
+        assert!(all.direct.is_none());
+        for (&k, &v) in keys.iter().zip(&asked) {
+            assert_eq!(direct.values[k as usize], v);
+        }
+    }
+
+    /// A plain reading of the hybrid encoding (the specification's).
+    fn decode_hybrid(mut data: &[u8], width: u8, n: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        let varint = |data: &mut &[u8]| {
+            let (mut v, mut shift) = (0u64, 0);
+            loop {
+                let b = data[0];
+                *data = &data[1..];
+                v |= ((b & 0x7f) as u64) << shift;
+                shift += 7;
+                if b < 0x80 {
+                    return v;
+                }
+            }
+        };
+        while out.len() < n {
+            let header = varint(&mut data);
+            if header & 1 == 0 {
+                let bytes = (width as usize).div_ceil(8);
+                let mut le = [0u8; 4];
+                le[..bytes].copy_from_slice(&data[..bytes]);
+                data = &data[bytes..];
+                out.extend(std::iter::repeat_n(
+                    u32::from_le_bytes(le),
+                    (header >> 1) as usize,
+                ));
+            } else {
+                let count = (header >> 1) as usize * 8;
+                let bytes = count * width as usize / 8;
+                for k in 0..count {
+                    let mut v = 0u64;
+                    for b in 0..width as usize {
+                        let bit = k * width as usize + b;
+                        v |= (((data[bit / 8] >> (bit % 8)) & 1) as u64) << b;
+                    }
+                    out.push(v as u32);
+                }
+                data = &data[bytes..];
+            }
+        }
+        assert!(data.is_empty(), "{} bytes left", data.len());
+        out.truncate(n);
+        out
+    }
+}
