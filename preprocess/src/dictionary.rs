@@ -82,6 +82,13 @@ trait Fixed: Copy {
     /// The value as an integer (integer types only): a chunk whose values
     /// span a narrow range is interned by direct index.
     fn integer(self) -> Option<i64>;
+    /// Its place in a direct table starting at `lo` (`usize::MAX` for
+    /// values below `lo`, far above, or not integers).
+    fn offset_from(self, lo: i64) -> usize {
+        self.integer()
+            .and_then(|i| usize::try_from(i.wrapping_sub(lo)).ok())
+            .unwrap_or(usize::MAX)
+    }
 }
 
 macro_rules! fixed_int {
@@ -114,6 +121,10 @@ macro_rules! fixed_int {
             const FLOAT: bool = false;
             fn integer(self) -> Option<i64> {
                 Some(self as i64)
+            }
+            fn offset_from(self, lo: i64) -> usize {
+                // A value below `lo` wraps to a huge offset, past any table.
+                (self as i64).wrapping_sub(lo) as u64 as usize
             }
         }
     };
@@ -353,9 +364,7 @@ impl<T: Fixed> Dictionary<T> {
             return key;
         }
         if let Some((lo, table)) = &mut self.direct
-            && let Some(entry) = (value.integer())
-                .and_then(|i| usize::try_from(i.wrapping_sub(*lo)).ok())
-                .and_then(|at| table.get_mut(at))
+            && let Some(entry) = table.get_mut(value.offset_from(*lo))
         {
             let key = if *entry == 0 {
                 self.values.push(value);
@@ -406,11 +415,9 @@ impl<T: Fixed> Dictionary<T> {
         if let Some((lo, table)) = &mut self.direct {
             let lo = *lo;
             for (n, &v) in values.iter().enumerate() {
-                let entry = (v.integer())
-                    .and_then(|i| usize::try_from(i.wrapping_sub(lo)).ok())
-                    .and_then(|at| table.get_mut(at));
-                let Some(entry) = entry else {
-                    // Out of the table's range: the general path for the rest.
+                // Integers only have a direct table; past its end (a wrapped
+                // difference too) is the general path for the rest.
+                let Some(entry) = table.get_mut(v.offset_from(lo)) else {
                     for &v in &values[n..] {
                         keys.push(self.intern(v));
                     }
