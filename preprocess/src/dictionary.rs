@@ -915,26 +915,65 @@ fn rle_run(value: u32, count: usize, width: u8, out: &mut Vec<u8>) {
 fn bit_pack(values: &[u32], width: u8, out: &mut Vec<u8>) {
     let groups = values.len().div_ceil(8);
     varint(((groups as u64) << 1) | 1, out);
-    let width = width as u32;
     let start = out.len();
-    out.reserve(groups * width as usize);
+    out.resize(start + groups * width as usize, 0);
+    let packed = &mut out[start..];
+    // Whole groups of 8 values at once for widths up to 16 (a u128 each),
+    // the last (padded) group and wider values a value at a time.
+    macro_rules! widths {
+        ($($w:literal)*) => {
+            match width {
+                $($w => pack_groups::<$w>(values, packed),)*
+                _ => 0,
+            }
+        };
+    }
+    let done = widths!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+    pack_values(
+        &values[done * 8..],
+        width,
+        &mut packed[done * width as usize..],
+    );
+}
+
+/// Pack the whole groups of 8 of `values` (`W` bits each) into `packed`;
+/// returns how many groups.
+fn pack_groups<const W: usize>(values: &[u32], packed: &mut [u8]) -> usize {
+    let groups = values.chunks_exact(8);
+    let count = groups.len();
+    for (group, out) in groups.zip(packed.chunks_exact_mut(W)) {
+        let mut acc = 0u128;
+        for (i, &v) in group.iter().enumerate() {
+            acc |= (v as u128) << (i * W);
+        }
+        out.copy_from_slice(&acc.to_le_bytes()[..W]);
+    }
+    count
+}
+
+/// Pack `values` (`width` bits each) into `packed` (zeroed, large enough),
+/// a value at a time.
+fn pack_values(values: &[u32], width: u8, packed: &mut [u8]) {
+    let width = width as u32;
+    let mut at = 0;
     let mut acc = 0u64;
     let mut bits = 0u32;
     for &v in values {
         acc |= (v as u64) << bits;
         bits += width;
         while bits >= 32 {
-            out.extend_from_slice(&(acc as u32).to_le_bytes());
+            packed[at..at + 4].copy_from_slice(&(acc as u32).to_le_bytes());
+            at += 4;
             acc >>= 32;
             bits -= 32;
         }
     }
     while bits > 0 {
-        out.push(acc as u8);
+        packed[at] = acc as u8;
+        at += 1;
         acc >>= 8;
         bits = bits.saturating_sub(8);
     }
-    out.resize(start + groups * width as usize, 0);
 }
 
 #[cfg(test)]
@@ -944,7 +983,7 @@ mod tests {
     /// Runs, literals, padding and widths 0 to 32 decode to the values.
     #[test]
     fn hybrid_runs_decode_to_their_values() {
-        for width in [0u8, 1, 3, 8, 13, 17, 31, 32] {
+        for width in [0u8, 1, 3, 8, 13, 15, 16, 17, 31, 32] {
             let max = if width == 0 {
                 0
             } else {

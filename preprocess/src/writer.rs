@@ -2,7 +2,7 @@
 //! the footer, then the file published under its final name.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -50,7 +50,7 @@ pub(crate) trait Publish: Send + Sync {
 pub(crate) struct OpenShard {
     relative: String,
     staged: PathBuf,
-    writer: SerializedFileWriter<HashingWriter<File>>,
+    writer: SerializedFileWriter<HashingWriter<BufWriter<File>>>,
     row_groups: Vec<u64>,
     bytes: u64,
 }
@@ -65,7 +65,9 @@ impl OpenShard {
         let staged = publish.staging_path(&relative);
         let file = File::create(&staged).map_err(|e| PreprocessError::io("create", &staged, e))?;
         let sink = HashingWriter {
-            inner: file,
+            // parquet's writer hands on its 8 KiB buffer a write at a time:
+            // gathered here, a shard is written in 1 MiB system calls.
+            inner: BufWriter::with_capacity(1 << 20, file),
             hasher: crc32fast::Hasher::new(),
             len: 0,
         };
@@ -140,7 +142,8 @@ impl OpenShard {
             CHUNK_CRC_KEY.to_string(),
             ChunkChecksums(sums).encode(),
         ));
-        let sink = self.writer.into_inner().map_err(encode_err)?;
+        let mut sink = self.writer.into_inner().map_err(encode_err)?;
+        sink.flush().map_err(|e| io_err("write", e))?;
         let bytes = sink.len;
         let crc32 = Crc32(sink.hasher.finalize());
 
