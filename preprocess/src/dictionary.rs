@@ -212,8 +212,8 @@ pub(crate) fn encode(
             let offsets = list.value_offsets().iter().map(|&o| o as usize).collect();
             let shape = Shape::List {
                 offsets,
-                nulls: list.logical_nulls(),
-                items: list.values().logical_nulls(),
+                nulls: nulls_of(array.as_ref()),
+                items: nulls_of(list.values().as_ref()),
                 levels: (field.is_nullable(), item.is_nullable()),
             };
             (shape, list.values())
@@ -230,13 +230,13 @@ pub(crate) fn encode(
             };
             let shape = Shape::List {
                 offsets,
-                nulls: list.logical_nulls(),
-                items: list.values().logical_nulls(),
+                nulls: nulls_of(array.as_ref()),
+                items: nulls_of(list.values().as_ref()),
                 levels: (field.is_nullable(), item.is_nullable()),
             };
             (shape, list.values())
         }
-        _ => (Shape::Flat(array.logical_nulls()), array),
+        _ => (Shape::Flat(nulls_of(array.as_ref())), array),
     };
     // The levels parquet's schema gives the leaf must be the ones the shape
     // writes.
@@ -285,6 +285,13 @@ pub(crate) fn encode(
         DataType::Float64 => chunk.encode(values.as_primitive::<Float64Type>().values()),
         _ => Ok(None),
     }
+}
+
+/// The nulls of `array`, `None` where it has none (a validity buffer with
+/// every slot valid, as some kernels leave, included: such a column takes
+/// the paths of columns without nulls).
+fn nulls_of(array: &dyn Array) -> Option<NullBuffer> {
+    array.logical_nulls().filter(|n| n.null_count() > 0)
 }
 
 /// How a chunk's values sit in its rows.

@@ -315,7 +315,7 @@ mod tests {
     /// Every fixed-width type, nullable or not, with NaNs, both zeros, one
     /// value, runs and many values, over several pages: the same values back,
     /// and the chunk metadata parquet's writer gives (statistics, encodings,
-    /// page kinds, level histograms), at about its size.
+    /// page kinds, level histograms), at most 3% over its size.
     #[test]
     fn chunks_read_back_as_parquets_own() {
         let rows = 50_000usize;
@@ -375,6 +375,15 @@ mod tests {
                 )),
             ),
             (
+                // Every slot valid, with a validity buffer (as `take` and
+                // `interleave` may leave): a column without nulls all the same.
+                "i64_all_valid",
+                Arc::new(Int64Array::new(
+                    (0..rows as i64).map(|i| i % 77).collect(),
+                    Some(arrow_buffer::NullBuffer::new_valid(rows)),
+                )),
+            ),
+            (
                 "text",
                 Arc::new(StringArray::from_iter_values(
                     (0..rows).map(|i| format!("{}", mix(i))),
@@ -384,10 +393,9 @@ mod tests {
         let batch = RecordBatch::try_from_iter(columns).unwrap();
         let (theirs, ours, kinds) = both(&batch);
         // Every fixed-width column here, not the string column.
-        assert_eq!(
-            kinds,
-            [true, true, true, true, true, true, true, true, true, false]
-        );
+        let fixed = batch.num_columns() - 1;
+        assert_eq!(kinds[..fixed], vec![true; fixed]);
+        assert!(!kinds[fixed]);
         let (their_batch, their_meta) = read(&theirs);
         let (our_batch, our_meta) = read(&ours);
         assert_eq!(our_batch, batch);
@@ -412,7 +420,7 @@ mod tests {
             );
             let ratio = o.compressed_size() as f64 / t.compressed_size() as f64;
             assert!(
-                (0.9..1.03).contains(&ratio),
+                (0.8..1.03).contains(&ratio),
                 "{name}: {ratio} of parquet's size"
             );
         }
@@ -489,7 +497,7 @@ mod tests {
             );
             let ratio = o.compressed_size() as f64 / t.compressed_size() as f64;
             assert!(
-                (0.9..1.03).contains(&ratio),
+                (0.8..1.03).contains(&ratio),
                 "{name}: {ratio} of parquet's size"
             );
         }
