@@ -24,7 +24,7 @@ use std::cell::RefCell;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type};
-use arrow_array::{Array, ArrayRef};
+use arrow_array::{Array, ArrayRef, OffsetSizeTrait};
 use arrow_buffer::NullBuffer;
 use arrow_schema::{DataType, Field};
 use bytes::Bytes;
@@ -62,6 +62,8 @@ impl DictionaryChunk {
 
 /// A physical value of a fixed-width Parquet type.
 trait Fixed: Copy {
+    /// Whether NaNs are counted in statistics (floating point types).
+    const FLOAT: bool;
     /// Its bit pattern: what interning compares, as parquet compares bytes.
     fn bits(self) -> u64;
     /// Its PLAIN encoding.
@@ -70,6 +72,12 @@ trait Fixed: Copy {
     fn greater(self, other: Self) -> bool;
     /// Whether it is a NaN (statistics skip NaNs while other values exist).
     fn is_nan(self) -> bool;
+    /// The value as an integer (integer types only): a chunk whose values
+    /// span a narrow range is interned by direct index.
+    fn integer(self) -> Option<i64>;
+    /// Its place in a direct table starting at `lo` (`usize::MAX` for
+    /// values below `lo`, far above, or not integers).
+    fn offset_from(self, lo: i64) -> usize;
     /// Chunk statistics of these values.
     fn statistics(
         min: Option<Self>,
@@ -77,75 +85,43 @@ trait Fixed: Copy {
         nulls: u64,
         nans: Option<u64>,
     ) -> Statistics;
-    /// Whether NaNs are counted in statistics (floating point types).
-    const FLOAT: bool;
-    /// The value as an integer (integer types only): a chunk whose values
-    /// span a narrow range is interned by direct index.
-    fn integer(self) -> Option<i64>;
-    /// Its place in a direct table starting at `lo` (`usize::MAX` for
-    /// values below `lo`, far above, or not integers).
-    fn offset_from(self, lo: i64) -> usize {
-        self.integer()
-            .and_then(|i| usize::try_from(i.wrapping_sub(lo)).ok())
-            .unwrap_or(usize::MAX)
-    }
 }
 
-macro_rules! fixed_int {
-    ($t:ty, $unsigned:ty, $variant:ident) => {
+/// `Fixed` for `$t`; `$bits`, `$greater`, `$nan` and `$integer` are the
+/// type's own parts, written with the value `$v` (and `$w` for the other of
+/// a comparison).
+macro_rules! fixed {
+    ($t:ty, $float:expr, |$v:ident, $w:ident| bits: $bits:expr, greater: $greater:expr,
+     nan: $nan:expr, integer: $integer:expr) => {
         impl Fixed for $t {
+            const FLOAT: bool = $float;
             fn bits(self) -> u64 {
-                self as $unsigned as u64
+                let $v = self;
+                $bits
             }
             fn plain(self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_le_bytes());
             }
             fn greater(self, other: Self) -> bool {
-                self > other
+                let ($v, $w) = (self, other);
+                $greater
             }
             fn is_nan(self) -> bool {
-                false
+                // Unused where the answer is the type's (integers).
+                #[allow(unused_variables)]
+                let $v = self;
+                $nan
             }
-            fn statistics(
-                min: Option<Self>,
-                max: Option<Self>,
-                nulls: u64,
-                nans: Option<u64>,
-            ) -> Statistics {
-                Statistics::$variant(
-                    ValueStatistics::new(min, max, None, Some(nulls), false)
-                        .with_nan_count(nans)
-                        .with_backwards_compatible_min_max(true),
-                )
-            }
-            const FLOAT: bool = false;
             fn integer(self) -> Option<i64> {
-                Some(self as i64)
+                // Unused where the answer is the type's (floats).
+                #[allow(unused_variables)]
+                let $v = self;
+                $integer
             }
             fn offset_from(self, lo: i64) -> usize {
                 // A value below `lo` wraps to a huge offset, past any table.
-                (self as i64).wrapping_sub(lo) as u64 as usize
-            }
-        }
-    };
-}
-fixed_int!(i32, u32, Int32);
-fixed_int!(i64, u64, Int64);
-
-macro_rules! fixed_float {
-    ($t:ty, $variant:ident) => {
-        impl Fixed for $t {
-            fn bits(self) -> u64 {
-                self.to_bits() as u64
-            }
-            fn plain(self, out: &mut Vec<u8>) {
-                out.extend_from_slice(&self.to_le_bytes());
-            }
-            fn greater(self, other: Self) -> bool {
-                self.total_cmp(&other).is_gt()
-            }
-            fn is_nan(self) -> bool {
-                self.is_nan()
+                self.integer()
+                    .map_or(usize::MAX, |i| i.wrapping_sub(lo) as u64 as usize)
             }
             fn statistics(
                 min: Option<Self>,
@@ -153,21 +129,20 @@ macro_rules! fixed_float {
                 nulls: u64,
                 nans: Option<u64>,
             ) -> Statistics {
-                Statistics::$variant(
-                    ValueStatistics::new(min, max, None, Some(nulls), false)
-                        .with_nan_count(nans)
-                        .with_backwards_compatible_min_max(true),
-                )
-            }
-            const FLOAT: bool = true;
-            fn integer(self) -> Option<i64> {
-                None
+                ValueStatistics::new(min, max, None, Some(nulls), false)
+                    .with_nan_count(nans)
+                    .with_backwards_compatible_min_max(true)
+                    .into()
             }
         }
     };
 }
-fixed_float!(f32, Float);
-fixed_float!(f64, Double);
+fixed!(i32, false, |v, w| bits: v as u32 as u64, greater: v > w, nan: false, integer: Some(v as i64));
+fixed!(i64, false, |v, w| bits: v as u64, greater: v > w, nan: false, integer: Some(v));
+fixed!(f32, true, |v, w| bits: v.to_bits() as u64, greater: v.total_cmp(&w).is_gt(),
+    nan: v.is_nan(), integer: None);
+fixed!(f64, true, |v, w| bits: v.to_bits(), greater: v.total_cmp(&w).is_gt(),
+    nan: v.is_nan(), integer: None);
 
 /// Encode `array` (the column of a top-level field whose only Parquet leaf
 /// is `descr`: a fixed-width column, or a list of one) here, or `None`
@@ -206,37 +181,13 @@ pub(crate) fn encode(
     ) {
         return Ok(None);
     }
-    let (shape, values) = match array.data_type() {
-        DataType::List(item) => {
-            let list = array.as_list::<i32>();
-            let offsets = list.value_offsets().iter().map(|&o| o as usize).collect();
-            let shape = Shape::List {
-                offsets,
-                nulls: nulls_of(array.as_ref()),
-                items: nulls_of(list.values().as_ref()),
-                levels: (field.is_nullable(), item.is_nullable()),
-            };
-            (shape, list.values())
-        }
-        DataType::LargeList(item) => {
-            let list = array.as_list::<i64>();
-            let Ok(offsets) = list
-                .value_offsets()
-                .iter()
-                .map(|&o| usize::try_from(o))
-                .collect()
-            else {
-                return Ok(None);
-            };
-            let shape = Shape::List {
-                offsets,
-                nulls: nulls_of(array.as_ref()),
-                items: nulls_of(list.values().as_ref()),
-                levels: (field.is_nullable(), item.is_nullable()),
-            };
-            (shape, list.values())
-        }
-        _ => (Shape::Flat(nulls_of(array.as_ref())), array),
+    let shape = match array.data_type() {
+        DataType::List(item) => list_shape::<i32>(array, field, item),
+        DataType::LargeList(item) => list_shape::<i64>(array, field, item),
+        _ => Some((Shape::Flat(nulls_of(array.as_ref())), array)),
+    };
+    let Some((shape, values)) = shape else {
+        return Ok(None);
     };
     // The levels parquet's schema gives the leaf must be the ones the shape
     // writes.
@@ -292,6 +243,26 @@ pub(crate) fn encode(
 /// the paths of columns without nulls).
 fn nulls_of(array: &dyn Array) -> Option<NullBuffer> {
     array.logical_nulls().filter(|n| n.null_count() > 0)
+}
+
+/// A list column's shape and its values (`None`: an offset that is no
+/// index).
+fn list_shape<'a, O: OffsetSizeTrait>(
+    array: &'a ArrayRef,
+    field: &Field,
+    item: &Field,
+) -> Option<(Shape, &'a ArrayRef)> {
+    let list = array.as_list::<O>();
+    let offsets = (list.value_offsets().iter())
+        .map(|o| o.to_usize())
+        .collect::<Option<Vec<usize>>>()?;
+    let shape = Shape::List {
+        offsets,
+        nulls: nulls_of(array.as_ref()),
+        items: nulls_of(list.values().as_ref()),
+        levels: (field.is_nullable(), item.is_nullable()),
+    };
+    Some((shape, list.values()))
 }
 
 /// How a chunk's values sit in its rows.
