@@ -167,8 +167,9 @@ pub(crate) struct Encoder {
     schema: SchemaRef,
     factory: ArrowRowGroupWriterFactory,
     props: WriterPropertiesPtr,
-    /// The Parquet leaf of each top-level field that is one (`None` for
-    /// nested fields), for [`dictionary::encode`].
+    /// The only Parquet leaf of each top-level field that has one (a
+    /// primitive column, or a list of one; `None` for the others), for
+    /// [`dictionary::encode`].
     flat: Vec<Option<ColumnDescPtr>>,
 }
 
