@@ -304,9 +304,11 @@ struct Dictionary<T> {
 }
 
 impl<T: Fixed> Dictionary<T> {
+    /// Slots of a new hashed table.
+    const SLOTS: usize = 1 << 12;
+
     /// A dictionary for `values` (every value it will be asked to intern).
     fn new(values: &[T]) -> Self {
-        const SLOTS: usize = 1 << 12;
         // A table indexed by value costs its zeroing: worth it up to about as
         // many entries as values (and at most 1 Mi entries, 4 MiB).
         let direct = (values.iter().try_fold((i64::MAX, i64::MIN), |(lo, hi), v| {
@@ -314,16 +316,16 @@ impl<T: Fixed> Dictionary<T> {
         }))
         .and_then(|(lo, hi)| {
             let span = usize::try_from(hi.checked_sub(lo)?).ok()?.checked_add(1)?;
-            (span <= values.len().max(SLOTS) && span <= 1 << 20).then(|| (lo, vec![0; span]))
+            (span <= values.len().max(Self::SLOTS) && span <= 1 << 20).then(|| (lo, vec![0; span]))
         });
         Dictionary {
             values: Vec::new(),
             slots: if direct.is_some() {
                 Vec::new()
             } else {
-                vec![0; SLOTS]
+                vec![0; Self::SLOTS]
             },
-            shift: 64 - SLOTS.trailing_zeros(),
+            shift: 64 - Self::SLOTS.trailing_zeros(),
             last: None,
             direct,
         }
@@ -358,12 +360,11 @@ impl<T: Fixed> Dictionary<T> {
             // A value outside the direct table's range (none should be): the
             // hashed table from here on, holding every value so far.
             self.direct = None;
-            self.slots = vec![0; 1 << 12];
-            while self.values.len() * 2 > self.slots.len() {
-                self.slots.extend(std::iter::repeat_n(0, self.slots.len()));
-                self.shift -= 1;
-            }
-            self.rehash();
+            self.resize(
+                (self.values.len() * 2 + 1)
+                    .next_power_of_two()
+                    .max(Self::SLOTS),
+            );
         }
         let mask = self.slots.len() - 1;
         let mut slot = self.slot(bits);
@@ -414,15 +415,14 @@ impl<T: Fixed> Dictionary<T> {
     }
 
     fn grow(&mut self) {
-        let len = self.slots.len() * 2;
-        self.slots = vec![0; len];
-        self.shift -= 1;
-        self.rehash();
+        self.resize(self.slots.len() * 2);
     }
 
-    /// Fill the (empty) slots with every value.
-    fn rehash(&mut self) {
-        let mask = self.slots.len() - 1;
+    /// A hashed table of `len` slots (a power of two) holding every value.
+    fn resize(&mut self, len: usize) {
+        self.slots = vec![0; len];
+        self.shift = 64 - len.trailing_zeros();
+        let mask = len - 1;
         for (i, v) in self.values.iter().enumerate() {
             let mut slot = self.slot(v.bits());
             while self.slots[slot] != 0 {
@@ -525,9 +525,9 @@ impl Chunk<'_> {
                         def.push(1, step);
                     }
                 }
-                Shape::Flat(nulls) => {
+                Shape::Flat(Some(nulls)) => {
                     page.levels += 1;
-                    if nulls.as_ref().is_none_or(|n| n.is_valid(r)) {
+                    if nulls.is_valid(r) {
                         page.keys.push(dictionary.intern(values[r]));
                         if let Some(def) = &mut page.def {
                             def.push(1, 1);
@@ -627,7 +627,7 @@ impl Chunk<'_> {
         let dictionary_page = CompressedPage::new(
             Page::DictionaryPage {
                 buf: compress(self.level, &plain)?.into(),
-                num_values: dictionary.values.len() as u32,
+                num_values: page_count(dictionary.values.len(), "dictionary values")?,
                 encoding: self.props.dictionary_page_encoding(),
                 is_sorted: false,
             },
@@ -654,23 +654,25 @@ impl Chunk<'_> {
         page_writer.close()?;
         let bytes = Bytes::from(sink.into_inner()?);
 
-        let (mut min, mut max): (Option<T>, Option<T>) = (None, None);
-        for &v in &dictionary.values {
-            min = Some(match min {
-                None => v,
-                Some(m) if m.is_nan() && !v.is_nan() => v,
-                Some(m) if !m.is_nan() && v.is_nan() => m,
-                Some(m) if m.greater(v) => v,
-                Some(m) => m,
-            });
-            max = Some(match max {
-                None => v,
-                Some(m) if m.is_nan() && !v.is_nan() => v,
-                Some(m) if !m.is_nan() && v.is_nan() => m,
-                Some(m) if v.greater(m) => v,
-                Some(m) => m,
-            });
-        }
+        // As parquet's writer keeps them: a NaN only while nothing else has
+        // been seen, otherwise the order of `greater`.
+        let extreme = |past: fn(T, T) -> bool| {
+            dictionary.values.iter().fold(None, |kept: Option<T>, &v| {
+                Some(match kept {
+                    None => v,
+                    Some(k) if k.is_nan() != v.is_nan() => {
+                        if k.is_nan() {
+                            v
+                        } else {
+                            k
+                        }
+                    }
+                    Some(k) if past(v, k) => v,
+                    Some(k) => k,
+                })
+            })
+        };
+        let (min, max) = (extreme(|v, k| k.greater(v)), extreme(|v, k| v.greater(k)));
         let statistics = T::statistics(min, max, nulls_total as u64, T::FLOAT.then_some(nans));
         let (dictionary_encoding, data_encoding) = (
             self.props.dictionary_page_encoding(),
@@ -688,7 +690,9 @@ impl Chunk<'_> {
                 PageEncodingStats {
                     page_type: PageType::DATA_PAGE_V2,
                     encoding: data_encoding,
-                    count: data_pages as i32,
+                    count: i32::try_from(data_pages).map_err(|_| {
+                        ParquetError::General(format!("a column chunk of {data_pages} pages"))
+                    })?,
                 },
             ])
             .set_total_compressed_size(compressed as i64)
@@ -742,17 +746,22 @@ impl Chunk<'_> {
         buf.extend_from_slice(values);
         let page = Page::DataPageV2 {
             buf: buf.into(),
-            num_values: page.levels as u32,
+            num_values: page_count(page.levels, "values")?,
             encoding: self.props.dictionary_data_page_encoding(),
-            num_nulls: page.nulls as u32,
-            num_rows: page.rows as u32,
-            def_levels_byte_len: def_len as u32,
-            rep_levels_byte_len: rep_len as u32,
+            num_nulls: page_count(page.nulls, "nulls")?,
+            num_rows: page_count(page.rows, "rows")?,
+            def_levels_byte_len: page_count(def_len, "definition level bytes")?,
+            rep_levels_byte_len: page_count(rep_len, "repetition level bytes")?,
             is_compressed,
             statistics: None,
         };
         Ok(CompressedPage::new(page, uncompressed))
     }
+}
+
+/// A page header's count, which Parquet stores in 32 bits.
+fn page_count(n: usize, what: &str) -> Result<u32, ParquetError> {
+    u32::try_from(n).map_err(|_| ParquetError::General(format!("a data page of {n} {what}")))
 }
 
 /// Runs of at least this many equal values are RLE runs.
