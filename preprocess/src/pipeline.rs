@@ -297,6 +297,7 @@ fn run(
             let encoder = &encoder;
             let tokens = &tokens;
             let tokenizer = tokenizer.cloned();
+            let failpoints = &options.failpoints;
             scope.spawn(move || {
                 for (seq, batch, raw) in jobs {
                     // The tokenizer is another library reading untrusted text:
@@ -319,13 +320,22 @@ fn run(
                         }
                         Some(Err(e)) => Err(e),
                     };
+                    // The encoders (parquet's writer, the dictionary encoder)
+                    // as well: a panic is this row group's error.
                     let result = batch.and_then(|batch| {
-                        encoder
-                            .encode(seq, &batch, raw)
-                            .map_err(|source| PreprocessError::Encode {
-                                shard: format!("(row group {seq})"),
-                                source,
-                            })
+                        shardfeed_format::panic::catch(|| {
+                            encode_failpoint(failpoints, seq);
+                            encoder.encode(seq, &batch, raw)
+                        })
+                        .unwrap_or_else(|message| {
+                            Err(parquet::errors::ParquetError::General(format!(
+                                "the encoder panicked: {message}"
+                            )))
+                        })
+                        .map_err(|source| PreprocessError::Encode {
+                            shard: format!("(row group {seq})"),
+                            source,
+                        })
                     });
                     if done.send(result).is_err() {
                         break;
@@ -690,6 +700,14 @@ fn write_shards(
         return Err(e);
     }
     Ok((shards, raw_bytes))
+}
+
+/// Failpoint `encode` at row group `seq`: `panic` panics inside the
+/// encoder's thread (to show it becomes the row group's error).
+fn encode_failpoint(failpoints: &shardfeed_format::failpoint::Failpoints, seq: u64) {
+    if failpoints.hit("encode", seq) == Some(shardfeed_format::failpoint::Action::Panic) {
+        panic!("failpoint encode at row group {seq}");
+    }
 }
 
 /// Carry out failpoint `point` at `item`: `exit` ends the process (as a

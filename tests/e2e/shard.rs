@@ -664,6 +664,20 @@ fn killing_shard_never_leaves_a_broken_dataset_and_a_rerun_completes() {
             "{point}: the lock stays"
         );
     }
+    // A panic inside an encoder thread (parquet's writer or the dictionary
+    // encoder) is that row group's error, not a crash of the process.
+    let run = Run::from_command(
+        bin()
+            .args(&args)
+            .env("SHARDFEED_FAILPOINTS", "encode=panic@2"),
+    );
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("row group 2") && run.stderr.contains("the encoder panicked"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("RUST_BACKTRACE"), "{}", run.stderr);
     // The interrupted output holds no manifest; the same command completes it.
     assert!(!out.join("manifest.json").exists());
     shardfeed(&args).success();
