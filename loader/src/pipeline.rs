@@ -225,6 +225,7 @@ impl Pipeline {
             .map(|(i, s)| (i as u64, *s))
             .collect();
         let stash = Arc::new(Stash::new(&segments));
+        let shares = shared_fetches(&segments, 2 * config.window.max(1));
 
         let (fetched_tx, fetched_rx) = tokio::sync::mpsc::channel::<
             Result<(Fetched, OwnedSemaphorePermit)>,
@@ -253,44 +254,71 @@ impl Pipeline {
                 // Admission is sequential, in plan order: each segment takes
                 // its share of the budget before any later one can, so the
                 // segments a window waits for are never starved by later ones.
-                let admitted = futures::stream::iter(segments).then(|(seq, segment)| {
-                    let fetch = fetch.clone();
-                    let semaphore = semaphore.clone();
-                    let counters = counters.clone();
-                    let config = config.clone();
-                    let cancel = cancel.clone();
-                    async move {
-                        match config.failpoints.hit("fetch", seq) {
-                            None => {}
-                            Some(Action::Block) => std::future::pending::<()>().await,
-                            Some(Action::Panic) => {
-                                panic!("injected panic in the fetch stage (failpoint)")
+                let admitted = futures::stream::iter(segments.into_iter().zip(shares)).then(
+                    |((seq, segment), share)| {
+                        let fetch = fetch.clone();
+                        let semaphore = semaphore.clone();
+                        let counters = counters.clone();
+                        let config = config.clone();
+                        let cancel = cancel.clone();
+                        async move {
+                            match config.failpoints.hit("fetch", seq) {
+                                None => {}
+                                Some(Action::Block) => std::future::pending::<()>().await,
+                                Some(Action::Panic) => {
+                                    panic!("injected panic in the fetch stage (failpoint)")
+                                }
+                                Some(Action::Stop) => return Err(LoaderError::Closed),
+                                Some(action) => return Err(injected("fetch", action, &cancel)),
                             }
-                            Some(Action::Stop) => return Err(LoaderError::Closed),
-                            Some(action) => return Err(injected("fetch", action, &cancel)),
+                            let footer = fetch.footer(segment.shard).await?;
+                            let cost = fetch.segment_cost(&footer, segment, max_unit);
+                            let permit = semaphore
+                                .clone()
+                                .acquire_many_owned(cost)
+                                .await
+                                .map_err(|_| LoaderError::Closed)?;
+                            if let Some(t) = &counters.trace {
+                                let held = (total as u64)
+                                    .saturating_sub(semaphore.available_permits() as u64);
+                                t.counter("bytes_in_flight", held << 10);
+                            }
+                            Ok((seq, segment, footer, permit, share))
                         }
-                        let footer = fetch.footer(segment.shard).await?;
-                        let cost = fetch.segment_cost(&footer, segment, max_unit);
-                        let permit = semaphore
-                            .clone()
-                            .acquire_many_owned(cost)
-                            .await
-                            .map_err(|_| LoaderError::Closed)?;
-                        if let Some(t) = &counters.trace {
-                            let held =
-                                (total as u64).saturating_sub(semaphore.available_permits() as u64);
-                            t.counter("bytes_in_flight", held << 10);
-                        }
-                        Ok((seq, segment, footer, permit))
-                    }
-                });
+                    },
+                );
                 let mut results = std::pin::pin!(
                     admitted
                         .map(|admitted| {
                             let fetch = fetch.clone();
+                            let config = config.clone();
+                            let cancel = cancel.clone();
                             async move {
-                                let (seq, segment, footer, permit) = admitted?;
-                                fetch.fetch(seq, segment, footer).await.map(|f| (f, permit))
+                                let (seq, segment, footer, permit, share) = admitted?;
+                                let shared = match share.from {
+                                    Some(from) => from.await.ok(),
+                                    None => None,
+                                };
+                                let fetched = match shared {
+                                    Some(chunks) => Ok(Fetched {
+                                        seq,
+                                        segment,
+                                        footer,
+                                        chunks,
+                                    }),
+                                    None => match config.failpoints.hit("read", seq) {
+                                        // The segment's own read (not one it
+                                        // was handed): only `error` is honoured.
+                                        Some(Action::Error) => {
+                                            Err(injected("read", Action::Error, &cancel))
+                                        }
+                                        _ => fetch.fetch(seq, segment, footer).await,
+                                    },
+                                };
+                                if let (Ok(f), Some(to)) = (&fetched, share.to) {
+                                    let _ = to.send(f.chunks.clone());
+                                }
+                                fetched.map(|f| (f, permit))
                             }
                         })
                         .buffered(config.io_concurrency)
@@ -459,6 +487,45 @@ impl Pipeline {
             collated,
         }
     }
+}
+
+/// A fetched row group's column chunks, handed from one segment to a later
+/// one of the same row group.
+type SharedChunks = Vec<(usize, u64, bytes::Bytes, Option<shardfeed_format::Crc32>)>;
+
+/// How one segment's fetch is shared: `to` hands its chunks on to a later
+/// segment of the same row group, `from` receives them from an earlier one.
+#[derive(Default)]
+struct Share {
+    to: Option<tokio::sync::oneshot::Sender<SharedChunks>>,
+    from: Option<tokio::sync::oneshot::Receiver<SharedChunks>>,
+}
+
+/// The shares of a pass's segments, one each: a segment that starts where
+/// an earlier segment of the same row group ends (the rest of a row group
+/// whose first slice opened the epoch's first window, in the window right
+/// after it) reuses that segment's fetched chunks instead of reading the
+/// whole row group again. The chunks are passed as the earlier fetch
+/// completes; admission is in plan order and the later segment is admitted
+/// next to the earlier one's window, so the kept bytes are within the two
+/// windows of read-ahead; segments more than `reach` apart are not paired.
+/// Should the earlier fetch fail, the later segment reads its row group
+/// itself.
+fn shared_fetches(segments: &[(u64, Segment)], reach: usize) -> Vec<Share> {
+    let mut shares: Vec<Share> = segments.iter().map(|_| Share::default()).collect();
+    let mut open: HashMap<(u32, u32, u32), usize> = HashMap::new();
+    for (i, (_, s)) in segments.iter().enumerate() {
+        if s.start > 0
+            && let Some(head) = open.remove(&(s.shard, s.row_group, s.start))
+            && i - head <= reach
+        {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            shares[head].to = Some(tx);
+            shares[i].from = Some(rx);
+        }
+        open.insert((s.shard, s.row_group, s.end), i);
+    }
+    shares
 }
 
 /// Rows decoded past a segment's end, kept for the later segment of the same
@@ -709,6 +776,35 @@ mod tests {
             start,
             end,
         }
+    }
+
+    #[test]
+    fn the_rest_of_a_row_group_reuses_its_slices_fetch_within_reach() {
+        let segments: Vec<(u64, Segment)> = [
+            seg(0, 1, 0, 4),
+            seg(0, 2, 0, 3),
+            seg(0, 1, 4, 30),
+            seg(1, 0, 0, 30),
+            seg(0, 2, 3, 30),
+            seg(0, 3, 5, 30),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| (i as u64, s))
+        .collect();
+        let pairs = |reach| {
+            let shares = super::shared_fetches(&segments, reach);
+            shares
+                .iter()
+                .map(|s| (s.to.is_some(), s.from.is_some()))
+                .collect::<Vec<_>>()
+        };
+        // 0 hands on to 2 and 1 to 4; a segment starting mid-group with no
+        // earlier part (5) reads itself.
+        let (no, to, from) = ((false, false), (true, false), (false, true));
+        assert_eq!(pairs(3), [to, to, from, no, from, no]);
+        // 1 and 4 are 3 apart: out of reach 2.
+        assert_eq!(pairs(2), [to, no, from, no, no, no]);
     }
 
     #[test]

@@ -120,23 +120,30 @@ fn collect(url: &str, threads: usize, prefetch: usize, epoch: u64) -> Vec<Vec<i6
 /// Windows of 2 row groups over 50: the epoch's first window is sliced (the
 /// rest of each of its row groups decoded once and kept for its later
 /// segment, or decoded again by whichever thread gets there first): the same
-/// batches whatever the threads, every row once.
+/// batches whatever the threads, every row once; the rest of a sliced row
+/// group reuses the bytes its slice fetched (a read of its own would fail).
 #[test]
 fn sliced_first_window_gives_the_same_rows_whatever_the_threads() {
     let tmp = tempdir();
     let url = dataset(tmp.path(), Kind::Text, 5000, 100, 16 << 10);
-    let run = |threads: usize| {
+    let run = |threads: usize, failpoints: &str| {
         let mut loader = Loader::builder(&url)
             .batch_size(50)
             .seed(4)
             .window(2)
             .decode_threads(threads)
+            .io_concurrency(threads)
+            .failpoints(failpoints)
             .build()
             .unwrap();
         id_batches(&mut loader)
     };
-    let one = run(1);
-    assert_eq!(run(3), one);
+    let one = run(1, "");
+    assert_eq!(run(3, ""), one);
+    // Segments 0 and 1 are the slices of the first window's two row groups,
+    // 2 and 3 the rest of each: a read of its own by either fails.
+    assert_eq!(run(1, "read=error@2;read=error@3"), one);
+    assert_eq!(run(3, "read=error@2;read=error@3"), one);
     let mut all: Vec<i64> = one.into_iter().flatten().collect();
     all.sort();
     assert_eq!(all, (0..5000).collect::<Vec<_>>());
