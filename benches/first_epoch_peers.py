@@ -131,7 +131,9 @@ def run_peer(tool, kind, ds, batch, epochs):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--bin", default="target/release/shardfeed")
-    p.add_argument("--datasets", required=True, help="kind=path,... (kinds: tokens, tabular, images)")
+    p.add_argument("--datasets", required=True,
+                   help="kind=path,... (kinds: tokens, tabular, images; a label kind-NAME "
+                        "compares two datasets of one kind)")
     p.add_argument("--tools", default="shardfeed,pyarrow,polars,dataloader")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--repeat", type=int, default=3)
@@ -139,9 +141,10 @@ def main():
     tools = args.tools.split(",")
     results = {}
     for kind, ds, tool in interleaved(args.repeat, args.datasets, tools):
-        batch = BATCH[kind]
+        base = kind.split("-")[0]
+        batch = BATCH[base]
         r = (run_shardfeed(args.bin, ds, batch, args.epochs) if tool == "shardfeed"
-             else run_peer(tool, kind, ds, batch, args.epochs))
+             else run_peer(tool, base, ds, batch, args.epochs))
         results.setdefault((kind, tool), []).append(r)
         print(json.dumps({"dataset": kind, "tool": tool, **r}), flush=True)
     print("\nrows/s, medians of", args.repeat, "fresh processes (first pass; best later pass)")
