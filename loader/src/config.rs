@@ -620,13 +620,13 @@ impl LoaderBuilder {
             counters.clone(),
             self.retry.clone(),
             cache,
-            // Idle read buffers kept for reuse: 1/32 of the budget (32 MiB
-            // at the default), a few row groups' worth. Freed memory is
-            // reused by the allocator too (mimalloc, purging off, in the CLI
-            // and the Python package); a larger pool only hoards buffers of
-            // sizes the next reads do not fit: a quarter of the budget held
-            // 80-110 MiB more on images for the same throughput.
-            usize::try_from(self.byte_budget / 32).unwrap_or(usize::MAX),
+            // Idle read buffers kept for reuse: a quarter of the budget.
+            // Reads of 2 MiB and more are mapped for themselves, not taken
+            // from the allocator (whose heap they fragmented), so this pool
+            // is what keeps them from being faulted in afresh; with 1/32
+            // (when they came from mimalloc) the process held as much memory
+            // but spent 2-4x the system time (BENCHMARKS.md).
+            usize::try_from(self.byte_budget / 4).unwrap_or(usize::MAX),
         ));
         let sizes = estimate_sizes(&runtime, &fetch, &manifest, &self, &plans)?;
 

@@ -119,7 +119,13 @@ fn data_pages_zstd_cannot_shrink_are_stored_as_they_are() {
     assert!(raw > 0);
     // (Row groups of 1000 rows: in row groups of 100 the dictionary holds
     // most ids and the keys barely compress.)
-    let tokens = sharded(&tmp.path().join("tokens"), Kind::Tokens, 2000, 1000, 4 << 20);
+    let tokens = sharded(
+        &tmp.path().join("tokens"),
+        Kind::Tokens,
+        2000,
+        1000,
+        4 << 20,
+    );
     let (compressed, raw) = data_pages(Path::new(&tokens), "input_ids");
     assert!(compressed > 0, "zipf-like token ids not compressed");
     assert_eq!(raw, 0, "token id pages stored uncompressed");
