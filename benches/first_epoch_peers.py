@@ -4,7 +4,7 @@ polars and a torch DataLoader, on the same shards, in one run (issue 18, item 1)
 
 Every tool runs in a new process per repeat and makes `--epochs` passes over every row:
   * shardfeed:  `shardfeed bench DS --epochs N` (shuffled, collated into slabs, 2 threads);
-    its first epoch is the run's time less the steady epochs' (`steady_rows_per_s`);
+    its passes are the epochs' own rates (`epoch_rows_per_s`);
   * pyarrow:    `ParquetFile.iter_batches(batch_size)` over every shard, 2 CPU threads
     (no shuffle, no collation);
   * polars:     `scan_parquet(shards).collect_batches(chunk_size)`, `POLARS_MAX_THREADS=2`
@@ -13,7 +13,7 @@ Every tool runs in a new process per repeat and makes `--epochs` passes over eve
     IterableDataset that reads shuffled row groups with pyarrow, shuffles their rows and
     collates numpy arrays into tensors; its first epoch includes starting the workers.
 Passes are timed inside the process (imports and interpreter start-up excluded; shardfeed's
-process start-up excluded too). "first" is the first pass of a fresh process; "steady" the best
+process start-up excluded too; its passes are `bench --json`'s `epoch_rows_per_s`). "first" is the first pass of a fresh process; "steady" the best
 later pass. Medians over `--repeat` interleaved runs.
 
     python3 benches/first_epoch_peers.py --bin target/release/shardfeed \\
@@ -109,10 +109,10 @@ def run_shardfeed(binary, ds, batch, epochs):
     r = subprocess.run([binary, "bench", ds, "--batch-size", str(batch), "--threads", "2",
                         "--epochs", str(epochs), "--json"], check=True, capture_output=True, text=True)
     out = json.loads(r.stdout)
-    per_epoch = out["rows"] / epochs
-    steady = out["steady_rows_per_s"]
-    first_s = out["seconds"] - (epochs - 1) * per_epoch / steady
-    return {"first": per_epoch / first_s, "steady": steady,
+    # Each epoch's own rate, as the peers' passes are timed: the first, and
+    # the best later one.
+    rates = out["epoch_rows_per_s"]
+    return {"first": rates[0], "steady": max(rates[1:]),
             "first_batch_ms": out["time_to_first_batch_ms"], "peak_rss_mib": out["peak_rss_bytes"] / 2**20}
 
 

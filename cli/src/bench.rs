@@ -271,6 +271,9 @@ pub struct BenchReport {
     /// sees once buffers and the allocator are warm; with `--epochs 1`, equal
     /// to `rows_per_s`.
     pub steady_rows_per_s: f64,
+    /// Rows per second of each epoch, in order (`steady_rows_per_s` is
+    /// their mean after the first; peers' "best later pass" is their max).
+    pub epoch_rows_per_s: Vec<f64>,
     /// Simulated step, if any.
     pub step_ms: Option<f64>,
     /// Peak resident memory of the process.
@@ -367,10 +370,17 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     let mut timeline = args.report.as_ref().map(|_| Timeline::default());
     let started = Instant::now();
     let mut first_epoch = None;
+    let mut epoch_rows_per_s = Vec::new();
+    let mut epoch_start = (0.0, 0u64);
     for epoch in 0..args.epochs {
+        let stats = loader.stats();
+        let now = started.elapsed().as_secs_f64();
+        if epoch > 0 && now > epoch_start.0 {
+            epoch_rows_per_s.push((stats.rows - epoch_start.1) as f64 / (now - epoch_start.0));
+        }
+        epoch_start = (now, stats.rows);
         if epoch == 1 {
-            let stats = loader.stats();
-            first_epoch = Some((started.elapsed().as_secs_f64(), stats.wait_ms, stats.rows));
+            first_epoch = Some((now, stats.wait_ms, stats.rows));
         }
         loader.set_epoch(epoch);
         loop {
@@ -402,6 +412,9 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     }
     let seconds = started.elapsed().as_secs_f64();
     let stats = loader.stats();
+    if args.epochs > 0 && seconds > epoch_start.0 {
+        epoch_rows_per_s.push((stats.rows - epoch_start.1) as f64 / (seconds - epoch_start.0));
+    }
     let report = BenchReport {
         dataset: shardfeed_format::redact::url(url),
         rows: stats.rows,
@@ -423,6 +436,7 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
             Some((t, _, rows)) if seconds > t => (stats.rows - rows) as f64 / (seconds - t),
             _ => stats.rows as f64 / seconds,
         },
+        epoch_rows_per_s,
         step_ms: args.step_ms,
         peak_rss_bytes: shardfeed_preprocess::peak_rss_bytes(),
         decode_paths: stats.decode_paths,

@@ -33,6 +33,14 @@ fn check_consistent(report: &serde_json::Value) {
         f(&report["wait_max_ms"]),
     );
     assert!(p50 <= p95 && p95 <= p99 && p99 <= max, "{report}");
+    // One rate per epoch, each of rows actually streamed.
+    let epochs = report["epoch_rows_per_s"].as_array().unwrap();
+    assert_eq!(
+        epochs.len() as u64,
+        report["epochs"].as_u64().unwrap(),
+        "{report}"
+    );
+    assert!(epochs.iter().all(|r| f(r) > 0.0), "{report}");
     let stats = &report["stats"];
     // The histogram's sum is the loader's total wait, every call counted.
     assert!(
@@ -189,6 +197,7 @@ fn the_html_report_is_self_contained_and_renders_in_a_headless_browser() {
     let url = sharded(tmp.path(), Kind::Tokens, 600, 50, 1 << 30);
     let html = tmp.path().join("report.html");
     let report = bench(&url, &["--report", &s(&html), "--epochs", "2"], "");
+    check_consistent(&report);
     let page = std::fs::read_to_string(&html).unwrap();
     // One file: no scripts, no references to anything outside it.
     for outside in ["<script", "src=", "href=", "url(", "@import"] {
