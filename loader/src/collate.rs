@@ -87,6 +87,17 @@ impl ColumnPlan {
         )
     }
 
+    /// Bytes of values a batch of `rows` takes in this column when that is
+    /// fixed (fixed-width columns), else 0.
+    pub(crate) fn fixed_bytes(&self, rows: usize) -> usize {
+        match self.kind {
+            Kind::Primitive(d) => d.size().saturating_mul(rows),
+            Kind::Bool => rows,
+            Kind::FixedList(d, k) => d.size().saturating_mul(k).saturating_mul(rows),
+            _ => 0,
+        }
+    }
+
     /// Whether the column holds images to decode.
     pub(crate) fn is_image(&self) -> bool {
         matches!(self.kind, Kind::Image { .. })

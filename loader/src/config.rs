@@ -838,14 +838,24 @@ fn estimate_sizes(
                 .saturating_add(decoded_per_row),
         )
         .saturating_add(overhead as u64);
-    // Twice the estimate for what varies from batch to batch; decoded images
-    // have exactly their size.
+    // Twice the estimate for what varies from batch to batch (lists,
+    // strings, encoded bytes); fixed-width columns and decoded images take
+    // exactly their size in every batch.
     let images = (rows as u64).saturating_mul(decoded_per_row);
+    let fixed: u64 = plans
+        .iter()
+        .map(|p| p.fixed_bytes(rows) as u64)
+        .fold(0, u64::saturating_add);
+    let varying = batch_bytes
+        .saturating_sub(overhead as u64)
+        .saturating_sub(images)
+        .saturating_sub(fixed);
     let slab_bytes = usize::try_from(
-        batch_bytes
-            .saturating_sub(images)
+        varying
             .saturating_mul(2)
-            .saturating_add(images),
+            .saturating_add(fixed)
+            .saturating_add(images)
+            .saturating_add(overhead as u64),
     )
     .unwrap_or(usize::MAX)
     .max(64 << 10);

@@ -149,6 +149,65 @@ fn sliced_first_window_gives_the_same_rows_whatever_the_threads() {
     assert_eq!(all, (0..5000).collect::<Vec<_>>());
 }
 
+/// Slabs of a dataset of fixed-width columns (nullable, bool, fixed-size
+/// lists among them) are sized to the batch exactly, not twice it: every
+/// batch still fits one (no oversize batch), every row once.
+#[test]
+fn fixed_width_batches_fit_slabs_of_their_exact_size() {
+    use arrow_array::builder::{FixedSizeListBuilder, Float32Builder};
+    use arrow_array::{ArrayRef, BooleanArray, Float32Array, Int64Array};
+    let tmp = tempdir();
+    let rows = 30_000i64;
+    let mut list = FixedSizeListBuilder::new(Float32Builder::new(), 3);
+    for i in 0..rows {
+        list.values().append_slice(&[i as f32, 1.0, -1.0]);
+        list.append(true);
+    }
+    let batch = RecordBatch::try_from_iter([
+        (
+            "id",
+            std::sync::Arc::new(Int64Array::from_iter_values(0..rows)) as ArrayRef,
+        ),
+        (
+            "x",
+            std::sync::Arc::new(Float32Array::from_iter(
+                (0..rows).map(|i| (i % 7 != 0).then_some(i as f32)),
+            )) as ArrayRef,
+        ),
+        (
+            "flag",
+            std::sync::Arc::new(BooleanArray::from_iter((0..rows).map(|i| Some(i % 3 == 0))))
+                as ArrayRef,
+        ),
+        ("v", std::sync::Arc::new(list.finish()) as ArrayRef),
+    ])
+    .unwrap();
+    let input = tmp.path().join("fixed.parquet");
+    write_parquet(&input, &batch);
+    let url = s(&tmp.path().join("ds"));
+    let options = shardfeed_preprocess::ShardOptions::default().with_row_group_rows(4000);
+    shardfeed_preprocess::shard(&[s(&input)], &url, &options).unwrap();
+    let batch_size = 10_000usize;
+    let mut loader = Loader::builder(&url)
+        .batch_size(batch_size)
+        .seed(5)
+        .build()
+        .unwrap();
+    let mut ids: Vec<i64> = id_batches(&mut loader).into_iter().flatten().collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..rows).collect::<Vec<_>>());
+    let stats = loader.stats();
+    assert_eq!(stats.oversize_batches, 0);
+    // Values: 8 + 4 + 1 + 12 bytes a row; a validity byte for `x`; a few
+    // alignment pads.
+    let need = batch_size * (8 + 4 + 1 + 12 + 1);
+    assert!(
+        (need..need + 4096).contains(&stats.slab_bytes),
+        "slabs of {} bytes for {need} bytes of values",
+        stats.slab_bytes
+    );
+}
+
 /// A dataset of fixed-width columns only: each pass's first window reaches
 /// the collator before it is permuted (the first batches gather from it)
 /// and its permuted version replaces it between batches, whenever that is
