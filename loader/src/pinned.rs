@@ -20,6 +20,10 @@ use crate::{LoaderError, Result};
 /// Alignment of slabs and of every column region inside them.
 pub const SLAB_ALIGN: usize = 4096;
 
+/// Host slabs of at least this many bytes (a huge page) are mapped for
+/// themselves, in whole huge pages.
+const MAPPED_FROM: usize = 2 << 20;
+
 /// How slabs should be allocated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum PinningMode {
@@ -70,6 +74,8 @@ impl Pinning {
 
 enum Backing {
     Host(Layout),
+    /// Anonymous memory mapped for this slab alone, `cap` bytes.
+    Mapped(usize),
     #[cfg(feature = "cuda")]
     Cuda(Arc<cudarc::driver::CudaContext>),
 }
@@ -88,6 +94,9 @@ unsafe impl Sync for Slab {}
 
 impl Slab {
     fn host(len: usize) -> Result<Slab> {
+        if len >= MAPPED_FROM {
+            return Slab::mapped(len);
+        }
         let layout = Layout::from_size_align(len.max(1), SLAB_ALIGN).map_err(|e| {
             LoaderError::BadOption {
                 option: "slab_bytes",
@@ -104,6 +113,44 @@ impl Slab {
             ptr,
             len,
             backing: Backing::Host(layout),
+        })
+    }
+
+    /// A slab of its own mapping (zeroed by the kernel, page-aligned),
+    /// rounded up to whole huge pages and advised to use them: large slabs
+    /// kept out of the allocator's heap, whose huge pages they would share
+    /// with small, short-lived blocks.
+    fn mapped(len: usize) -> Result<Slab> {
+        let err = |source: std::io::Error| LoaderError::Io {
+            op: format!("allocate a {len}-byte slab"),
+            source,
+        };
+        let cap = len
+            .checked_next_multiple_of(MAPPED_FROM)
+            .ok_or_else(|| err(std::io::Error::from(std::io::ErrorKind::OutOfMemory)))?;
+        // SAFETY: a new private anonymous mapping of `cap` bytes (no file,
+        // no fixed address); the result is checked before use.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                cap,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(err(std::io::Error::last_os_error()));
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| err(std::io::Error::other("mmap gave a null address")))?;
+        // SAFETY: advice on the mapping just made; a refusal only costs speed.
+        unsafe { libc::madvise(ptr.as_ptr().cast(), cap, libc::MADV_HUGEPAGE) };
+        Ok(Slab {
+            ptr,
+            len,
+            backing: Backing::Mapped(cap),
         })
     }
 
@@ -157,6 +204,11 @@ impl Drop for Slab {
         match &self.backing {
             // SAFETY: allocated in `Slab::host` with this layout.
             Backing::Host(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr(), *layout) },
+            // SAFETY: the mapping of `cap` bytes made in `Slab::mapped`,
+            // unmapped once, here.
+            Backing::Mapped(cap) => unsafe {
+                libc::munmap(self.ptr.as_ptr().cast(), *cap);
+            },
             #[cfg(feature = "cuda")]
             Backing::Cuda(ctx) => {
                 if ctx.bind_to_thread().is_ok() {
@@ -413,6 +465,25 @@ mod tests {
         });
         assert!(waiter, "a cancelled wait gets no slab");
         assert_eq!(pool.made(), 3, "the pool never holds more than its size");
+    }
+
+    /// Slabs of a huge page and more are their own mappings: zeroed,
+    /// aligned, writable over their whole length; smaller ones the heap's.
+    #[test]
+    fn large_host_slabs_are_mapped_zeroed_and_writable() {
+        for len in [MAPPED_FROM - 1, MAPPED_FROM, 3 * MAPPED_FROM + 5] {
+            let mut slab = Slab::host(len).unwrap();
+            assert_eq!(
+                matches!(slab.backing, Backing::Mapped(_)),
+                len >= MAPPED_FROM,
+                "{len}"
+            );
+            assert_eq!(slab.len(), len);
+            assert_eq!(slab.as_slice().as_ptr() as usize % SLAB_ALIGN, 0);
+            assert!(slab.as_slice().iter().all(|&b| b == 0));
+            slab.as_mut_slice().fill(7);
+            assert!(slab.as_slice().iter().all(|&b| b == 7));
+        }
     }
 
     #[test]
