@@ -24,6 +24,7 @@ use shardfeed_format::{Crc32, Location, Manifest, RetryPolicy};
 
 use crate::cache::ShardCache;
 use crate::decode::{Fetched, FooterInfo};
+use crate::mapped::MAPPED_FROM;
 use crate::parquet::projection;
 use crate::plan::Segment;
 use crate::shard::{check_schema, decode_footer};
@@ -415,14 +416,9 @@ impl FetchContext {
 /// Buffers smaller than this come from the allocator's own small pages.
 const MIN_POOLED: usize = 64 << 10;
 
-/// Buffers of at least this many bytes are mapped for themselves (see
-/// [`ReadBuf`]); their sizes are rounded up to a multiple of it, a huge
-/// page.
-const MAPPED_FROM: usize = 2 << 20;
-
 /// A read buffer: its first `len` bytes are initialised. Buffers of
-/// [`MAPPED_FROM`] bytes or more are anonymous memory mapped for each one
-/// alone, not the allocator's: column chunks of every size come and go
+/// [`MAPPED_FROM`] bytes or more are mapped for each one alone
+/// ([`crate::mapped`]), not the allocator's: column chunks of every size come and go
 /// all the time, and mimalloc (which never hands freed memory back, so
 /// that it is reused instead of faulted in again) kept ~180 MiB more than
 /// the live buffers on an image dataset, whose first epoch pays for every
@@ -448,32 +444,8 @@ impl ReadBuf {
         if cap < MAPPED_FROM {
             return Ok(ReadBuf::Heap(Vec::with_capacity(cap)));
         }
-        let cap = cap
-            .checked_next_multiple_of(MAPPED_FROM)
-            .ok_or_else(|| std::io::Error::other(format!("a read of {cap} bytes")))?;
-        // SAFETY: a new private anonymous mapping of `cap` bytes (no file,
-        // no fixed address); the result is checked before use.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                cap,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        let ptr = std::ptr::NonNull::new(ptr as *mut u8)
-            .ok_or_else(|| std::io::Error::other("mmap gave a null address"))?;
-        let buf = ReadBuf::Mapped { ptr, cap, len: 0 };
-        // Backed by huge pages where the system allows (a fault per 2 MiB,
-        // as mimalloc's arenas are); a refusal only costs speed.
-        // SAFETY: advice on the mapping just made, which stays mapped.
-        unsafe { libc::madvise(ptr.as_ptr() as *mut libc::c_void, cap, libc::MADV_HUGEPAGE) };
-        Ok(buf)
+        let (ptr, cap) = crate::mapped::map(cap)?;
+        Ok(ReadBuf::Mapped { ptr, cap, len: 0 })
     }
 
     fn capacity(&self) -> usize {
@@ -526,9 +498,9 @@ impl AsRef<[u8]> for ReadBuf {
 impl Drop for ReadBuf {
     fn drop(&mut self) {
         if let ReadBuf::Mapped { ptr, cap, .. } = self {
-            // SAFETY: the mapping of `cap` bytes at `ptr` made in
-            // `with_capacity`, unmapped once, here.
-            unsafe { libc::munmap(ptr.as_ptr() as *mut libc::c_void, *cap) };
+            // SAFETY: the mapping made in `with_capacity`, unmapped once,
+            // here, as the buffer goes.
+            unsafe { crate::mapped::unmap(*ptr, *cap) };
         }
     }
 }

@@ -15,14 +15,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::mapped::MAPPED_FROM;
 use crate::{LoaderError, Result};
 
 /// Alignment of slabs and of every column region inside them.
 pub const SLAB_ALIGN: usize = 4096;
-
-/// Host slabs of at least this many bytes (a huge page) are mapped for
-/// themselves, in whole huge pages.
-const MAPPED_FROM: usize = 2 << 20;
 
 /// How slabs should be allocated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -116,37 +113,14 @@ impl Slab {
         })
     }
 
-    /// A slab of its own mapping (zeroed by the kernel, page-aligned),
-    /// rounded up to whole huge pages and advised to use them: large slabs
-    /// kept out of the allocator's heap, whose huge pages they would share
-    /// with small, short-lived blocks.
+    /// A slab of its own mapping ([`crate::mapped`]: zeroed, page-aligned,
+    /// whole huge pages): large slabs kept out of the allocator's heap,
+    /// whose huge pages they would share with small, short-lived blocks.
     fn mapped(len: usize) -> Result<Slab> {
-        let err = |source: std::io::Error| LoaderError::Io {
+        let (ptr, cap) = crate::mapped::map(len).map_err(|source| LoaderError::Io {
             op: format!("allocate a {len}-byte slab"),
             source,
-        };
-        let cap = len
-            .checked_next_multiple_of(MAPPED_FROM)
-            .ok_or_else(|| err(std::io::Error::from(std::io::ErrorKind::OutOfMemory)))?;
-        // SAFETY: a new private anonymous mapping of `cap` bytes (no file,
-        // no fixed address); the result is checked before use.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                cap,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(err(std::io::Error::last_os_error()));
-        }
-        let ptr = NonNull::new(ptr.cast::<u8>())
-            .ok_or_else(|| err(std::io::Error::other("mmap gave a null address")))?;
-        // SAFETY: advice on the mapping just made; a refusal only costs speed.
-        unsafe { libc::madvise(ptr.as_ptr().cast(), cap, libc::MADV_HUGEPAGE) };
+        })?;
         Ok(Slab {
             ptr,
             len,
@@ -206,9 +180,7 @@ impl Drop for Slab {
             Backing::Host(layout) => unsafe { std::alloc::dealloc(self.ptr.as_ptr(), *layout) },
             // SAFETY: the mapping of `cap` bytes made in `Slab::mapped`,
             // unmapped once, here.
-            Backing::Mapped(cap) => unsafe {
-                libc::munmap(self.ptr.as_ptr().cast(), *cap);
-            },
+            Backing::Mapped(cap) => unsafe { crate::mapped::unmap(self.ptr, *cap) },
             #[cfg(feature = "cuda")]
             Backing::Cuda(ctx) => {
                 if ctx.bind_to_thread().is_ok() {
