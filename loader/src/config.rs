@@ -858,24 +858,24 @@ fn estimate_sizes(
         )
         .saturating_add(overhead as u64);
     // Twice the estimate for what varies from batch to batch (lists,
-    // strings, encoded bytes); fixed-width columns and decoded images take
-    // exactly their size in every batch.
+    // strings, encoded bytes); decoded images have exactly their size, and
+    // so does a batch of fixed-width columns only (when some columns vary,
+    // their share of the estimate is itself an estimate: the whole batch
+    // keeps the margin).
     let images = (rows as u64).saturating_mul(decoded_per_row);
-    let fixed: u64 = plans
-        .iter()
-        .map(|p| p.fixed_bytes(rows) as u64)
-        .fold(0, u64::saturating_add);
-    let varying = batch_bytes
-        .saturating_sub(overhead as u64)
-        .saturating_sub(images)
-        .saturating_sub(fixed);
-    let slab_bytes = usize::try_from(
-        varying
+    let all_fixed = plans.iter().all(|p| p.is_fixed_width() || p.is_image());
+    let slab_bytes = usize::try_from(if all_fixed {
+        plans
+            .iter()
+            .map(|p| p.fixed_bytes(rows) as u64)
+            .fold(images, u64::saturating_add)
+            .saturating_add(overhead as u64)
+    } else {
+        batch_bytes
+            .saturating_sub(images)
             .saturating_mul(2)
-            .saturating_add(fixed)
             .saturating_add(images)
-            .saturating_add(overhead as u64),
-    )
+    })
     .unwrap_or(usize::MAX)
     .max(64 << 10);
     Ok(Sizes {
