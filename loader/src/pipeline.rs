@@ -513,19 +513,31 @@ struct Share {
 /// itself.
 fn shared_fetches(segments: &[(u64, Segment)], reach: usize) -> Vec<Share> {
     let mut shares: Vec<Share> = segments.iter().map(|_| Share::default()).collect();
+    for (head, tail) in continuations(segments) {
+        if tail - head <= reach {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            shares[head].to = Some(tx);
+            shares[tail].from = Some(rx);
+        }
+    }
+    shares
+}
+
+/// The segments that continue an earlier segment of their row group
+/// (start where it ends), as `(earlier, later)` indices into `segments`:
+/// each earlier segment continued once, by the first later one.
+fn continuations(segments: &[(u64, Segment)]) -> Vec<(usize, usize)> {
+    let mut pairs = Vec::new();
     let mut open: HashMap<(u32, u32, u32), usize> = HashMap::new();
     for (i, (_, s)) in segments.iter().enumerate() {
         if s.start > 0
             && let Some(head) = open.remove(&(s.shard, s.row_group, s.start))
-            && i - head <= reach
         {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            shares[head].to = Some(tx);
-            shares[i].from = Some(rx);
+            pairs.push((head, i));
         }
         open.insert((s.shard, s.row_group, s.end), i);
     }
-    shares
+    pairs
 }
 
 /// Rows decoded past a segment's end, kept for the later segment of the same
@@ -545,14 +557,13 @@ struct Stash {
 
 impl Stash {
     fn new(segments: &[(u64, Segment)]) -> Self {
-        let mut ends = HashSet::new();
-        let mut wanted = HashSet::new();
-        for (_, s) in segments {
-            if s.start > 0 && ends.contains(&(s.shard, s.row_group, s.start)) {
-                wanted.insert((s.shard, s.row_group, s.start));
-            }
-            ends.insert((s.shard, s.row_group, s.end));
-        }
+        let wanted = continuations(segments)
+            .into_iter()
+            .map(|(_, later)| {
+                let s = segments[later].1;
+                (s.shard, s.row_group, s.start)
+            })
+            .collect();
         Stash {
             wanted,
             rows: Mutex::new(HashMap::new()),
