@@ -371,16 +371,11 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     let started = Instant::now();
     let mut first_epoch = None;
     let mut epoch_rows_per_s = Vec::new();
-    let mut epoch_start = (0.0, 0u64);
     for epoch in 0..args.epochs {
         let stats = loader.stats();
-        let now = started.elapsed().as_secs_f64();
-        if epoch > 0 && now > epoch_start.0 {
-            epoch_rows_per_s.push((stats.rows - epoch_start.1) as f64 / (now - epoch_start.0));
-        }
-        epoch_start = (now, stats.rows);
+        let (epoch_started, rows_before) = (started.elapsed().as_secs_f64(), stats.rows);
         if epoch == 1 {
-            first_epoch = Some((now, stats.wait_ms, stats.rows));
+            first_epoch = Some((epoch_started, stats.wait_ms, stats.rows));
         }
         loader.set_epoch(epoch);
         loop {
@@ -409,12 +404,13 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
                 break;
             }
         }
+        let elapsed = started.elapsed().as_secs_f64() - epoch_started;
+        if elapsed > 0.0 {
+            epoch_rows_per_s.push((loader.stats().rows - rows_before) as f64 / elapsed);
+        }
     }
     let seconds = started.elapsed().as_secs_f64();
     let stats = loader.stats();
-    if args.epochs > 0 && seconds > epoch_start.0 {
-        epoch_rows_per_s.push((stats.rows - epoch_start.1) as f64 / (seconds - epoch_start.0));
-    }
     let report = BenchReport {
         dataset: shardfeed_format::redact::url(url),
         rows: stats.rows,
