@@ -212,54 +212,71 @@ fn fixed_width_batches_fit_slabs_of_their_exact_size() {
 /// the collator before it is permuted (the first batches gather from it)
 /// and its permuted version replaces it between batches, whenever that is
 /// ready: the batches are the same whatever the threads and read-ahead, over
-/// epochs, every row once.
+/// epochs, every row once with its own values. Twice: with small row groups,
+/// and with row groups whose `id` dictionaries make a window's pass the
+/// bound above which the shuffle stage looks values up (`x`'s stay keys).
 #[test]
 fn a_first_window_gathered_before_it_is_permuted_gives_the_same_batches() {
     use arrow_array::{ArrayRef, Float32Array, Int64Array};
-    let tmp = tempdir();
-    let rows = 6000i64;
-    let batch = RecordBatch::try_from_iter([
-        (
-            "id",
-            std::sync::Arc::new(Int64Array::from_iter_values(0..rows)) as ArrayRef,
-        ),
-        (
-            "x",
-            std::sync::Arc::new(Float32Array::from_iter_values(
-                (0..rows).map(|i| i as f32 * 0.5),
-            )) as ArrayRef,
-        ),
-    ])
-    .unwrap();
-    let input = tmp.path().join("fixed.parquet");
-    write_parquet(&input, &batch);
-    let url = s(&tmp.path().join("ds"));
-    let options = shardfeed_preprocess::ShardOptions::default()
-        .with_row_group_rows(250)
-        .with_shard_size(32 << 10);
-    shardfeed_preprocess::shard(&[s(&input)], &url, &options).unwrap();
-    let run = |threads: usize, prefetch: usize| {
-        let mut loader = Loader::builder(&url)
-            .batch_size(64)
-            .seed(3)
-            .decode_threads(threads)
-            .prefetch(prefetch)
-            .build()
-            .unwrap();
-        let epochs: Vec<Vec<Vec<i64>>> = (0..3).map(|_| id_batches(&mut loader)).collect();
-        epochs
-    };
-    let reference = run(1, 2);
-    assert_eq!(run(3, 16), reference);
-    assert_eq!(run(2, 4), reference);
-    // 8 decode threads: the shuffle and collate stages get helper threads.
-    assert_eq!(run(8, 4), reference);
-    for epoch in &reference {
-        let mut ids: Vec<i64> = epoch.iter().flatten().copied().collect();
-        ids.sort_unstable();
-        assert_eq!(ids.len() as i64, rows / 64 * 64);
-        ids.dedup();
-        assert_eq!(ids.len() as i64, rows / 64 * 64, "no row twice");
+    for (rows, group_rows, batch_size) in [(6000i64, 250u64, 64usize), (48_000, 5000, 500)] {
+        let tmp = tempdir();
+        let batch = RecordBatch::try_from_iter([
+            (
+                "id",
+                std::sync::Arc::new(Int64Array::from_iter_values(0..rows)) as ArrayRef,
+            ),
+            (
+                "x",
+                std::sync::Arc::new(Float32Array::from_iter_values(
+                    (0..rows).map(|i| (i % 4096) as f32 * 0.5),
+                )) as ArrayRef,
+            ),
+        ])
+        .unwrap();
+        let input = tmp.path().join("fixed.parquet");
+        write_parquet(&input, &batch);
+        let url = s(&tmp.path().join("ds"));
+        let options = shardfeed_preprocess::ShardOptions::default()
+            .with_row_group_rows(group_rows)
+            .with_shard_size(group_rows * 128);
+        shardfeed_preprocess::shard(&[s(&input)], &url, &options).unwrap();
+        let run = |threads: usize, prefetch: usize| {
+            let mut loader = Loader::builder(&url)
+                .batch_size(batch_size)
+                .seed(3)
+                .decode_threads(threads)
+                .prefetch(prefetch)
+                .build()
+                .unwrap();
+            let epochs: Vec<Vec<Vec<i64>>> = (0..3)
+                .map(|_| {
+                    (&mut loader)
+                        .map(|b| {
+                            let b = b.unwrap();
+                            let (ids, xs) = (b.values::<i64>("id").unwrap(), b.values::<f32>("x"));
+                            for (id, x) in ids.iter().zip(xs.unwrap()) {
+                                assert_eq!(*x, (id % 4096) as f32 * 0.5, "row {id}");
+                            }
+                            ids.to_vec()
+                        })
+                        .collect()
+                })
+                .collect();
+            epochs
+        };
+        let reference = run(1, 2);
+        assert_eq!(run(3, 16), reference);
+        assert_eq!(run(2, 4), reference);
+        // 8 decode threads: the shuffle and collate stages get helper threads.
+        assert_eq!(run(8, 4), reference);
+        let kept = rows / batch_size as i64 * batch_size as i64;
+        for epoch in &reference {
+            let mut ids: Vec<i64> = epoch.iter().flatten().copied().collect();
+            ids.sort_unstable();
+            assert_eq!(ids.len() as i64, kept);
+            ids.dedup();
+            assert_eq!(ids.len() as i64, kept, "no row twice");
+        }
     }
 }
 
