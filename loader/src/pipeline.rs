@@ -399,6 +399,7 @@ impl Pipeline {
                 waiting: BTreeMap::new(),
                 counters: self.counters.clone(),
                 cancel: cancel.clone(),
+                next_order: None,
             };
             let cancel = cancel.clone();
             threads.push(
