@@ -50,6 +50,11 @@ pub const FIRST_SLICES: u32 = 8;
 /// epoch's at most; measured on a 9-window token epoch: 2-3% of the steady
 /// rate) for a first batch up to 8x sooner (there 30-39 ms against 67-78).
 pub const MIN_WINDOWS_TO_SLICE: u64 = 8;
+/// Default of [`LoaderBuilder::decode_niceness`]. Measured on the 40-column
+/// tabular set of BENCHMARKS.md with 2 decode threads on 2 cores: nice 0 /
+/// 3 / 6 gave 1.76 / 1.86 / 1.90 cores busy and 6 epochs in 5.9 / 5.7 /
+/// 5.3 s (mean of four runs); tokens and images within noise.
+pub const DEFAULT_DECODE_NICENESS: u8 = 6;
 /// Default row groups that may be skipped with [`OnError::Skip`].
 pub const DEFAULT_MAX_SKIPPED: u64 = 10;
 /// Default of [`LoaderBuilder::slow_warning`]: a warning when the consumer
@@ -118,6 +123,7 @@ pub struct LoaderBuilder {
     pub(crate) world_size: Option<u64>,
     pub(crate) drop_last: bool,
     pub(crate) decode_threads: usize,
+    decode_niceness: u8,
     io_concurrency: Option<usize>,
     io_threads: usize,
     pub(crate) prefetch_batches: Option<usize>,
@@ -196,6 +202,7 @@ impl LoaderBuilder {
             world_size: None,
             drop_last: true,
             decode_threads: 0,
+            decode_niceness: DEFAULT_DECODE_NICENESS,
             io_concurrency: None,
             io_threads: 2,
             prefetch_batches: None,
@@ -300,6 +307,17 @@ impl LoaderBuilder {
     /// Decode threads (default: all cores).
     pub fn decode_threads(mut self, threads: usize) -> Self {
         self.decode_threads = threads;
+        self
+    }
+    /// How much lower the decode threads' scheduling priority is than that
+    /// of the thread that starts each pass (a Linux nice increment, 0 to 19;
+    /// default [`DEFAULT_DECODE_NICENESS`]; elsewhere ignored). The shuffle
+    /// and collate stages are one thread each and every batch passes through
+    /// them, while the decode threads work ahead in parallel: when cores are
+    /// short, the single threads should get them first. Idle cores still run
+    /// the decode threads at full speed; 0 schedules every stage alike.
+    pub fn decode_niceness(mut self, niceness: u8) -> Self {
+        self.decode_niceness = niceness;
         self
     }
     /// Storage requests in flight (default: 8 to object storage; reads of
@@ -480,6 +498,12 @@ impl LoaderBuilder {
         }
         if self.window == Some(0) {
             return bad("window", "must be greater than 0".into());
+        }
+        if self.decode_niceness > 19 {
+            return bad(
+                "decode_niceness",
+                format!("{} is past 19, the lowest priority", self.decode_niceness),
+            );
         }
         if self.io_concurrency == Some(0) || self.io_threads == 0 {
             return bad("io_concurrency", "must be greater than 0".into());
@@ -758,6 +782,7 @@ impl LoaderBuilder {
             drop_last: self.drop_last,
             keep_partial: self.keep_partial,
             decode_threads,
+            decode_niceness: self.decode_niceness,
             // Local reads are copies from the page cache (or a disk read
             // ahead by the kernel): more of them in flight than threads to
             // run them only hold more buffers (8 concurrent 8 MB reads on 2
@@ -912,6 +937,8 @@ pub(crate) struct Config {
     pub drop_last: bool,
     pub keep_partial: bool,
     pub decode_threads: usize,
+    /// See [`LoaderBuilder::decode_niceness`].
+    pub decode_niceness: u8,
     pub io_concurrency: usize,
     pub prefetch_batches: usize,
     pub list_mode: ListMode,

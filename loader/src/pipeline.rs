@@ -379,7 +379,10 @@ impl Pipeline {
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("shardfeed-decode-{i}"))
-                    .spawn(move || decoder.run())
+                    .spawn(move || {
+                        lower_priority(decoder.config.decode_niceness);
+                        decoder.run()
+                    })
                     .expect("spawn a decode thread"),
             );
         }
@@ -610,6 +613,30 @@ struct Decoder {
     fetched_all: Arc<AtomicBool>,
 }
 
+/// Lowers the calling thread's scheduling priority by `niceness` (capped
+/// at 19, the lowest). Linux only, where the nice value is the thread's own
+/// (threads it starts inherit it); elsewhere, or when the call fails,
+/// nothing changes.
+pub(crate) fn lower_priority(niceness: u8) {
+    #[cfg(target_os = "linux")]
+    if niceness > 0 {
+        // SAFETY: system calls on the calling thread's own id, and its own
+        // errno.
+        unsafe {
+            let tid = libc::gettid() as libc::id_t;
+            // -1 is a valid nice value as well as the error return.
+            *libc::__errno_location() = 0;
+            let current = libc::getpriority(libc::PRIO_PROCESS, tid);
+            if current != -1 || *libc::__errno_location() == 0 {
+                let lowered = current.saturating_add(i32::from(niceness)).min(19);
+                libc::setpriority(libc::PRIO_PROCESS, tid, lowered);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = niceness;
+}
+
 impl Decoder {
     /// Decode until the pass ends; a thread that stops before then (without
     /// having sent an error) reports it, so that the segment it held is
@@ -767,6 +794,36 @@ impl Decoder {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    /// The calling thread's nice value, as the kernel reports it.
+    #[cfg(target_os = "linux")]
+    fn nice() -> i32 {
+        // SAFETY: a system call on the calling thread's own id.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+    }
+
+    /// A thread lowers its own priority only, by the increment asked for,
+    /// capped at 19.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn lower_priority_lowers_the_calling_thread_only() {
+        let before = nice();
+        let (lowered, capped, unchanged) = std::thread::spawn(|| {
+            let base = nice();
+            super::lower_priority(0);
+            let unchanged = nice() == base;
+            super::lower_priority(3);
+            let lowered = nice() - base;
+            super::lower_priority(19);
+            (lowered, nice(), unchanged)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(lowered, 3.min(19 - before));
+        assert_eq!(capped, 19);
+        assert!(unchanged);
+        assert_eq!(nice(), before, "the caller's thread is left as it was");
+    }
 
     use arrow_array::{Array, Int64Array, RecordBatch};
 

@@ -280,6 +280,63 @@ fn a_first_window_gathered_before_it_is_permuted_gives_the_same_batches() {
     }
 }
 
+/// The nice value of each of this process's threads whose name starts with
+/// `prefix` (Linux's `/proc`), and of the calling thread.
+#[cfg(target_os = "linux")]
+fn thread_nice(prefix: &str) -> (Vec<i32>, i32) {
+    let nice_of = |stat: &str| -> i32 {
+        // Field 19; the name (field 2, in parentheses) may hold spaces.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        after.split(' ').nth(16).unwrap().parse().unwrap()
+    };
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.starts_with(prefix)
+            && let Ok(stat) = std::fs::read_to_string(dir.join("stat"))
+        {
+            found.push(nice_of(&stat));
+        }
+    }
+    let own = nice_of(&std::fs::read_to_string("/proc/thread-self/stat").unwrap());
+    (found, own)
+}
+
+/// Decode threads run `decode_niceness` below the thread that started the
+/// pass (default 6), the other stages at its priority; 0 leaves them all alike.
+#[cfg(target_os = "linux")]
+#[test]
+fn decode_threads_run_at_the_niceness_asked_for() {
+    let tmp = tempdir();
+    // 60 row groups: the read-ahead holds the decode threads in the pass
+    // while the first batch is read.
+    let url = dataset(tmp.path(), Kind::Text, 6000, 100, 16 << 10);
+    for (niceness, expected) in [(None, 6), (Some(0), 0), (Some(2), 2)] {
+        let mut builder = Loader::builder(&url)
+            .batch_size(10)
+            .decode_threads(2)
+            .prefetch(2);
+        if let Some(n) = niceness {
+            builder = builder.decode_niceness(n);
+        }
+        let mut loader = builder.build().unwrap();
+        loader.next().unwrap().unwrap();
+        let (decode, own) = thread_nice("shardfeed-decod");
+        assert_eq!(decode.len(), 2, "two decode threads alive");
+        for n in decode {
+            assert_eq!(n, (own + expected).min(19), "niceness {niceness:?}");
+        }
+        let (collate, _) = thread_nice("shardfeed-colla");
+        assert!(!collate.is_empty() && collate.iter().all(|&n| n == own));
+    }
+    let err = Loader::builder(&url)
+        .decode_niceness(20)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("decode_niceness"), "{err}");
+}
+
 #[test]
 fn order_depends_only_on_seed_epoch_and_rank() {
     let tmp = tempdir();
