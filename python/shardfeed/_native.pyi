@@ -63,6 +63,7 @@ class Loader:
         flip: bool = False,
         channels_first: bool = False,
         max_image_pixels: int | None = None,
+        decode_niceness: int | None = None,
     ) -> None:
         """Build a loader; ``ValueError`` names a bad option.
 
@@ -103,6 +104,11 @@ class Loader:
         million) is an error naming shard, row group and row, or, with
         ``on_error="skip"``, its row is left out and named in
         ``stats()["skipped_images"]``.
+
+        ``decode_niceness`` (0 to 19, default 6; Linux): how much lower the
+        decode threads' scheduling priority is than the thread that starts an
+        epoch, so that the one shuffle and one collate thread get short cores
+        first; 0 schedules every stage alike.
 
         ``inject_latency_ms`` / ``inject_failure_rate`` read the dataset through
         a fault-injecting store (as ``shardfeed bench --inject-*``), for tests

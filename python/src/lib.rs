@@ -345,7 +345,7 @@ impl PyLoader {
         pack_column=None, eos_id=None, pad_id=0, pack_window=None, max_segments=None,
         mix_stop="first_exhausted", read_batch=None, decode_images=None, image_size=None,
         crop="random_resized", scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip=false,
-        channels_first=false, max_image_pixels=None,
+        channels_first=false, max_image_pixels=None, decode_niceness=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -393,6 +393,7 @@ impl PyLoader {
         flip: bool,
         channels_first: bool,
         max_image_pixels: Option<u64>,
+        decode_niceness: Option<u8>,
     ) -> PyResult<Self> {
         // A str is one dataset; a dict maps datasets to weights.
         let sources: Option<Vec<(String, f64)>> = match url.extract::<String>() {
@@ -506,6 +507,9 @@ impl PyLoader {
         }
         if let Some(n) = io_concurrency {
             b = b.io_concurrency(n);
+        }
+        if let Some(n) = decode_niceness {
+            b = b.decode_niceness(n);
         }
         if inject_latency_ms.is_some() || inject_failure_rate.is_some() {
             b = b.inject_faults(FaultConfig {

@@ -66,6 +66,8 @@ def test_errors_map_to_python_exceptions(tmp_path, kinds_dataset):
         shardfeed.Loader(kinds_dataset, 8, rank=4, world_size=4)
     with pytest.raises(ValueError, match="pinning"):
         shardfeed.Loader(kinds_dataset, 8, pinning="sometimes")
+    with pytest.raises(ValueError, match="decode_niceness"):
+        shardfeed.Loader(kinds_dataset, 8, decode_niceness=20)
     with pytest.raises(ValueError, match="shard_size"):
         shardfeed.shard(kinds_dataset, str(tmp_path / "x"), shard_size="lots")
     with pytest.raises(FileNotFoundError, match="nothing-here"):
