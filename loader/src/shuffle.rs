@@ -301,6 +301,56 @@ impl Shuffler {
     }
 }
 
+/// Appends `map(key)` to `out` for every key of a dictionary's `keys` (u16
+/// or i32), in row order, each checked against the dictionary's `len`
+/// values: a null slot's key past them is given as 0, any other is an error.
+#[inline(always)]
+fn extend_keys<T>(
+    keys: &dyn Array,
+    len: usize,
+    out: &mut Vec<T>,
+    map: impl Fn(usize) -> T,
+) -> std::result::Result<(), String> {
+    use arrow_array::types::{Int32Type, UInt16Type};
+    let checked = |key: usize, i: usize| -> std::result::Result<usize, String> {
+        if key < len {
+            Ok(key)
+        } else if keys.is_null(i) {
+            Ok(0)
+        } else {
+            Err(format!(
+                "key {key} is outside its dictionary of {len} values"
+            ))
+        }
+    };
+    // Every key below `len` (one vectorised pass), or each one checked.
+    match keys.data_type() {
+        DataType::UInt16 => {
+            let ks = keys.as_primitive::<UInt16Type>().values();
+            if (ks.iter().fold(0u16, |m, &k| m.max(k)) as usize) < len {
+                out.extend(ks.iter().map(|&k| map(k as usize)));
+            } else {
+                for (i, &k) in ks.iter().enumerate() {
+                    out.push(map(checked(k as usize, i)?));
+                }
+            }
+        }
+        DataType::Int32 => {
+            let ks = keys.as_primitive::<Int32Type>().values();
+            // As unsigned: a negative key is out of range too.
+            if (ks.iter().fold(0u32, |m, &k| m.max(k as u32)) as usize) < len {
+                out.extend(ks.iter().map(|&k| map(k as usize)));
+            } else {
+                for (i, &k) in ks.iter().enumerate() {
+                    out.push(map(checked(usize::try_from(k).unwrap_or(usize::MAX), i)?));
+                }
+            }
+        }
+        other => return Err(format!("dictionary keys of type {other}")),
+    }
+    Ok(())
+}
+
 /// The dictionaries `dictionaries` (keys u16 or i32) as one, with keys of
 /// type `K` in `order` (indices into the concatenated rows), and a bound on
 /// those keys: no key (null slots' included) is above it.
@@ -308,10 +358,9 @@ fn permute_keys<K: ArrowDictionaryKeyType>(
     dictionaries: &[&dyn AnyDictionaryArray],
     order: &[u32],
 ) -> std::result::Result<(ArrayRef, KeyBound), String> {
-    use arrow_array::types::{Int32Type, UInt16Type};
     // Keys of every batch, shifted to the concatenated dictionary. Each key
-    // is checked against its own dictionary here (a null slot's key is set
-    // to 0), so the unchecked construction below holds.
+    // is checked against its own dictionary by `extend_keys` (a null slot's
+    // key past it is set to 0), so the unchecked construction below holds.
     let rows: usize = dictionaries.iter().map(|d| d.len()).sum();
     let values_total: usize = dictionaries.iter().map(|d| d.values().len()).sum();
     if K::Native::from_usize(values_total.saturating_sub(1)).is_none() {
@@ -322,50 +371,12 @@ fn permute_keys<K: ArrowDictionaryKeyType>(
     let mut keys: Vec<K::Native> = Vec::with_capacity(rows);
     let mut shift = 0usize;
     // Every key of a dictionary of `len` values is below `len` after the
-    // checks below, or 0 (a null slot's): at most `shift + max(len, 1) - 1`.
+    // checks, or 0 (a null slot's): at most `shift + max(len, 1) - 1`.
     let mut bound = 0usize;
     for d in dictionaries {
-        let raw = d.keys();
         let len = d.values().len();
         bound = bound.max(shift + len.max(1) - 1);
-        // Every key below `len` (one vectorised pass); otherwise only null
-        // slots may hold one, and theirs become 0.
-        let checked = |key: usize, i: usize| -> std::result::Result<usize, String> {
-            if key < len {
-                Ok(key)
-            } else if raw.is_null(i) {
-                Ok(0)
-            } else {
-                Err(format!(
-                    "key {key} is outside its dictionary of {len} values"
-                ))
-            }
-        };
-        match raw.data_type() {
-            DataType::UInt16 => {
-                let ks = raw.as_primitive::<UInt16Type>().values();
-                if ks.iter().fold(0u16, |m, &k| m.max(k)) as usize >= len {
-                    for (i, &k) in ks.iter().enumerate() {
-                        keys.push(K::Native::usize_as(checked(k as usize, i)? + shift));
-                    }
-                } else {
-                    keys.extend(ks.iter().map(|&k| K::Native::usize_as(k as usize + shift)));
-                }
-            }
-            DataType::Int32 => {
-                let ks = raw.as_primitive::<Int32Type>().values();
-                // As unsigned: a negative key is out of range too.
-                if ks.iter().fold(0u32, |m, &k| m.max(k as u32)) as usize >= len {
-                    for (i, &k) in ks.iter().enumerate() {
-                        let k = usize::try_from(k).unwrap_or(usize::MAX);
-                        keys.push(K::Native::usize_as(checked(k, i)? + shift));
-                    }
-                } else {
-                    keys.extend(ks.iter().map(|&k| K::Native::usize_as(k as usize + shift)));
-                }
-            }
-            other => return Err(format!("dictionary keys of type {other}")),
-        }
+        extend_keys(d.keys(), len, &mut keys, |k| K::Native::usize_as(k + shift))?;
         shift += len;
     }
     let values: Vec<&dyn Array> = dictionaries.iter().map(|d| d.values().as_ref()).collect();
@@ -381,7 +392,7 @@ fn permute_keys<K: ArrowDictionaryKeyType>(
     let permuted: Vec<K::Native> = order.iter().map(|&g| keys[g as usize]).collect();
     // Null rows (their keys index their dictionary too) keep their nulls.
     let nulls = permuted_nulls(dictionaries, order, rows);
-    // SAFETY: every key was checked above to lie inside its own dictionary
+    // SAFETY: every key was checked by `extend_keys` to lie inside its own dictionary
     // (null slots set to 0, inside it too) and shifted by the values before
     // that dictionary in the concatenation `values`, whose length fits `K`.
     let array: ArrayRef = Arc::new(unsafe {
@@ -460,7 +471,6 @@ fn look_up<T: ArrowNativeType>(
     order: &[u32],
     rows: usize,
 ) -> std::result::Result<arrow_buffer::Buffer, String> {
-    use arrow_array::types::{Int32Type, UInt16Type};
     let mut all: Vec<T> = Vec::with_capacity(rows);
     for d in dictionaries {
         let data = d.values().to_data();
@@ -470,38 +480,11 @@ fn look_up<T: ArrowNativeType>(
             .ok_or("dictionary values without a buffer")?;
         let values: arrow_buffer::ScalarBuffer<T> =
             arrow_buffer::ScalarBuffer::new(buffer.clone(), data.offset(), data.len());
-        let raw = d.keys();
-        let len = values.len();
-        // A key past the dictionary: its null slot's value is never read.
-        let checked = |k: usize, i: usize| match values.get(k) {
-            Some(&v) => Ok(v),
-            None if raw.is_null(i) => Ok(T::default()),
-            None => Err(format!("key {k} is outside its dictionary of {len} values")),
-        };
-        match raw.data_type() {
-            DataType::UInt16 => {
-                let ks = raw.as_primitive::<UInt16Type>().values();
-                if (ks.iter().fold(0u16, |m, &k| m.max(k)) as usize) < len {
-                    all.extend(ks.iter().map(|&k| values[k as usize]));
-                } else {
-                    for (i, &k) in ks.iter().enumerate() {
-                        all.push(checked(k as usize, i)?);
-                    }
-                }
-            }
-            DataType::Int32 => {
-                let ks = raw.as_primitive::<Int32Type>().values();
-                // As unsigned: a negative key is out of range too.
-                if (ks.iter().fold(0u32, |m, &k| m.max(k as u32)) as usize) < len {
-                    all.extend(ks.iter().map(|&k| values[k as usize]));
-                } else {
-                    for (i, &k) in ks.iter().enumerate() {
-                        all.push(checked(usize::try_from(k).unwrap_or(usize::MAX), i)?);
-                    }
-                }
-            }
-            other => return Err(format!("dictionary keys of type {other}")),
-        }
+        // A null slot's key past the dictionary is given as 0: only an
+        // empty dictionary has no value there, and its rows are all null.
+        extend_keys(d.keys(), values.len(), &mut all, |k| {
+            values.get(k).copied().unwrap_or_default()
+        })?;
     }
     // `order` is a permutation of the window's rows (the plan's) and its
     // length was checked against them; indexing checks each index anyway.
