@@ -1,11 +1,13 @@
 //! A stage's independent pieces of work (a window's or a batch's columns)
 //! shared out among short-lived helper threads.
 
-/// Run `work` on each of `items`, shared round-robin among `workers`
-/// threads: the calling one and helpers named `name`, each of which calls
-/// `after` once its share is done. Returns the results in item order. A
-/// panic on a helper resumes on the calling thread, where the stage reports
-/// it as its error.
+/// Run `work` on each of `items`, shared among `workers` threads (the
+/// calling one and helpers named `name`, each of which calls `after` once
+/// there is no item left), each taking the next item as it finishes one:
+/// items of uneven cost (a window's looked-up columns against its 2-byte
+/// keys) keep every thread busy to the end. Returns the results in item
+/// order. A panic on a helper resumes on the calling thread, where the stage
+/// reports it as its error.
 pub(crate) fn share_out<T: Send, R: Send>(
     items: Vec<T>,
     workers: usize,
@@ -18,27 +20,30 @@ pub(crate) fn share_out<T: Send, R: Send>(
     if workers == 1 {
         return items.into_iter().map(work).collect();
     }
-    let mut shares: Vec<Vec<(usize, T)>> = (0..workers).map(|_| Vec::new()).collect();
-    for (i, item) in items.into_iter().enumerate() {
-        shares[i % workers].push((i, item));
-    }
-    let mut shares = shares.into_iter();
-    let mine = shares.next().expect("more than one share");
+    // Held only while an item is taken, never while one is worked on.
+    let queue = std::sync::Mutex::new(items.into_iter().enumerate());
+    let take = || queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+    let run = || {
+        let mut out = Vec::new();
+        while let Some((i, item)) = take() {
+            out.push((i, work(item)));
+        }
+        out
+    };
     let done: Vec<Vec<(usize, R)>> = std::thread::scope(|s| {
-        let helpers: Vec<_> = shares
-            .map(|share| {
+        let helpers: Vec<_> = (1..workers)
+            .map(|_| {
                 std::thread::Builder::new()
                     .name(name.into())
-                    .spawn_scoped(s, move || {
-                        let out: Vec<(usize, R)> =
-                            share.into_iter().map(|(i, t)| (i, work(t))).collect();
+                    .spawn_scoped(s, || {
+                        let out = run();
                         after();
                         out
                     })
                     .expect("spawn a helper thread")
             })
             .collect();
-        let mut all = vec![mine.into_iter().map(|(i, t)| (i, work(t))).collect()];
+        let mut all = vec![run()];
         for h in helpers {
             all.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
         }
@@ -49,7 +54,7 @@ pub(crate) fn share_out<T: Send, R: Send>(
         out[i] = Some(r);
     }
     out.into_iter()
-        .map(|r| r.expect("every item is in one share"))
+        .map(|r| r.expect("every item is taken once"))
         .collect()
 }
 
