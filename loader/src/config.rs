@@ -40,7 +40,7 @@ pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 30;
 /// Default bytes of fetched and decoded row groups held at once.
 pub const DEFAULT_BYTE_BUDGET: u64 = 1 << 30;
 /// An epoch's first window of a dataset shuffled at shard time (and large
-/// enough, see [`MIN_WINDOWS_TO_SLICE`]) is served as the first
+/// enough, see `MIN_WINDOWS_TO_SLICE`) is served as the first
 /// `1/FIRST_SLICES` of its row groups, then the rest (see [`crate::plan`]).
 pub const FIRST_SLICES: u32 = 8;
 /// The first window is sliced only when a rank's epoch holds at least this

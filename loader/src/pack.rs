@@ -22,7 +22,7 @@
 //! variable-length attention kernels take them; and `source` `[S]`, the
 //! mixture source of each segment (-1 for padding).
 //!
-//! The packer is written against [`Docs`], so that the mixture feeds it from
+//! The packer is written against `Docs`, so that the mixture feeds it from
 //! decoded batches without copying documents (split mode), and property
 //! tests feed it from vectors.
 
