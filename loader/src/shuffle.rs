@@ -381,14 +381,9 @@ fn permute_keys<K: ArrowDictionaryKeyType>(
     }
     let values: Vec<&dyn Array> = dictionaries.iter().map(|d| d.values().as_ref()).collect();
     let values = arrow_select::concat::concat(&values).map_err(|e| e.to_string())?;
-    if order.len() != rows {
-        return Err(format!(
-            "an order of {} rows for a window of {rows}",
-            order.len()
-        ));
-    }
-    // `order` is a permutation of the window's rows (the plan's), so every
-    // index is in range; indexing checks it anyway.
+    // `order` is a permutation of the window's rows (the plan's; `permute`
+    // checked its length), so every index is in range; indexing checks it
+    // anyway.
     let permuted: Vec<K::Native> = order.iter().map(|&g| keys[g as usize]).collect();
     // Null rows (their keys index their dictionary too) keep their nulls.
     let nulls = permuted_nulls(dictionaries, order, rows);
@@ -442,12 +437,6 @@ fn looked_up(
         return Ok(None);
     }
     let rows: usize = dictionaries.iter().map(|d| d.len()).sum();
-    if order.len() != rows {
-        return Err(format!(
-            "an order of {} rows for a window of {rows}",
-            order.len()
-        ));
-    }
     let buffer = if width == Some(8) {
         look_up::<u64>(dictionaries, order, rows)?
     } else {
@@ -486,8 +475,8 @@ fn look_up<T: ArrowNativeType>(
             values.get(k).copied().unwrap_or_default()
         })?;
     }
-    // `order` is a permutation of the window's rows (the plan's) and its
-    // length was checked against them; indexing checks each index anyway.
+    // `order` is a permutation of the window's rows (the plan's; `permute`
+    // checked its length); indexing checks each index anyway.
     let permuted: Vec<T> = order.iter().map(|&g| all[g as usize]).collect();
     Ok(arrow_buffer::Buffer::from_vec(permuted))
 }
@@ -548,6 +537,14 @@ pub(crate) fn permute(
         .first()
         .ok_or_else(|| err("a window with rows has no batches".into()))?;
     let n = first.num_columns();
+    // Every column of the window has these rows: the order must cover them.
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    if order.len() != rows {
+        return Err(err(format!(
+            "an order of {} rows for a window of {rows}",
+            order.len()
+        )));
+    }
     // Built once, when a plain column first needs it (a copy of the order
     // per column cost more than some columns' gathers).
     let indices = std::sync::OnceLock::new();
