@@ -414,7 +414,8 @@ pub(crate) const LOOK_UP_ABOVE: usize = 256 << 10;
 
 /// `dictionaries` (of one column, `values` values in all) looked up and put
 /// in `order`, as a plain array of their value type, when their values are
-/// 4- or 8-byte primitives without nulls that hold at least `above` bytes;
+/// 4- or 8-byte primitives, aligned to their width and without nulls, that
+/// hold at least `above` bytes;
 /// `None` otherwise (the keys are permuted instead). A key outside its
 /// dictionary is an error unless its slot is null.
 fn looked_up(
@@ -428,16 +429,20 @@ fn looked_up(
     };
     let value_type = first.values().data_type();
     let width = value_type.primitive_width();
-    if !matches!(width, Some(4 | 8))
-        || values.saturating_mul(width.unwrap_or(0)) < above
-        || dictionaries
-            .iter()
-            .any(|d| d.values().data_type() != value_type || d.values().null_count() > 0)
+    let Some(width @ (4 | 8)) = width else {
+        return Ok(None);
+    };
+    if values.saturating_mul(width) < above
+        || dictionaries.iter().any(|d| {
+            d.values().data_type() != value_type
+                || d.values().null_count() > 0
+                || !aligned(d.values().as_ref(), width)
+        })
     {
         return Ok(None);
     }
     let rows: usize = dictionaries.iter().map(|d| d.len()).sum();
-    let buffer = if width == Some(8) {
+    let buffer = if width == 8 {
         look_up::<u64>(dictionaries, order, rows)?
     } else {
         look_up::<u32>(dictionaries, order, rows)?
@@ -449,6 +454,19 @@ fn looked_up(
         .build()
         .map_err(|e| e.to_string())?;
     Ok(Some(arrow_array::make_array(data)))
+}
+
+/// Whether the values of `array` (a primitive array of `width`-byte
+/// values) start at an address `width` aligns: not so for every type of
+/// that width (a day-time interval is two 4-byte halves, 4-aligned), and
+/// [`look_up`] reads them as `width`-byte integers.
+fn aligned(array: &dyn Array, width: usize) -> bool {
+    let data = array.to_data();
+    data.buffers().first().is_some_and(|b| {
+        (b.as_ptr() as usize)
+            .wrapping_add(data.offset().wrapping_mul(width))
+            .is_multiple_of(width)
+    })
 }
 
 /// The values of `dictionaries` (primitives of `T`'s width) at their keys,
@@ -847,5 +865,40 @@ mod tests {
             below.column(0).data_type(),
             DataType::Dictionary(..)
         ));
+    }
+
+    /// Values of a width their type does not align them to (day-time
+    /// intervals: two 4-byte halves) stay keys instead of being read as
+    /// 8-byte integers.
+    #[test]
+    fn values_not_aligned_to_their_width_stay_keys() {
+        use arrow_array::IntervalDayTimeArray;
+        use arrow_buffer::{Buffer, IntervalDayTime, ScalarBuffer};
+        let n = 100usize;
+        let halves: Vec<u32> = (0..2 * n as u32 + 1).collect();
+        let raw = Buffer::from_vec(halves);
+        // Start the values 4 bytes past an 8-byte boundary.
+        let skip = if (raw.as_ptr() as usize).is_multiple_of(8) {
+            4
+        } else {
+            0
+        };
+        let raw = raw.slice_with_length(skip, 8 * n);
+        assert_eq!(raw.as_ptr() as usize % 8, 4);
+        let values: ScalarBuffer<IntervalDayTime> = ScalarBuffer::new(raw, 0, n);
+        let values = Arc::new(IntervalDayTimeArray::new(values, None));
+        let keys = arrow_array::UInt16Array::from_iter_values((0..n as u16).rev());
+        let dict = DictionaryArray::<UInt16Type>::try_new(keys, values).unwrap();
+        let batch = RecordBatch::try_from_iter([("v", Arc::new(dict) as ArrayRef)]).unwrap();
+        let order: Vec<u32> = (0..n as u32).map(|i| i * 7 % n as u32).collect();
+        let (permuted, bounds) = permute(std::slice::from_ref(&batch), &order, 0, 1, 0).unwrap();
+        assert!(bounds[0].is_some(), "kept as keys");
+        let d = permuted.column(0).as_any_dictionary();
+        let got = arrow_select::take::take(d.values(), d.keys(), None).unwrap();
+        let source = batch.column(0).as_any_dictionary();
+        let all = arrow_select::take::take(source.values(), source.keys(), None).unwrap();
+        let indices = arrow_array::UInt32Array::from(order);
+        let expected = arrow_select::take::take(&all, &indices, None).unwrap();
+        assert_eq!(got.as_ref(), expected.as_ref());
     }
 }
