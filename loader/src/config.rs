@@ -857,7 +857,7 @@ fn estimate_sizes(
     for g in meta.row_groups() {
         cost = cost.saturating_add(fetch.row_group_cost(&footer.arrow, g));
         for (i, c) in g.columns().iter().enumerate() {
-            let size = c.uncompressed_size().max(0) as u64;
+            let size = crate::fetch::decoded_bytes(c);
             all = all.saturating_add(size);
             if leaves.contains(&i) && !image_leaves.contains(&i) {
                 projected = projected.saturating_add(size);

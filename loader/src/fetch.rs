@@ -341,7 +341,7 @@ impl FetchContext {
 
     /// Bytes a row group of the projected columns takes in the budget: per
     /// column chunk, the larger of its fetched (compressed) and decoded
-    /// (uncompressed pages) sizes. Compressed chunks are dropped once
+    /// sizes ([`decoded_bytes`]). Compressed chunks are dropped once
     /// decoded; pages stored uncompressed are decoded into views of the
     /// fetched bytes themselves.
     pub(crate) fn row_group_cost(
@@ -354,7 +354,7 @@ impl FetchContext {
             .iter()
             .map(|&leaf| {
                 let c = meta.column(leaf);
-                (c.compressed_size().max(0) as u64).max(c.uncompressed_size().max(0) as u64)
+                (c.compressed_size().max(0) as u64).max(decoded_bytes(c))
             })
             .fold(0, u64::saturating_add)
     }
@@ -590,6 +590,24 @@ impl Drop for Pooled {
 /// its checksum is computed, instead of a second pass over cold memory.
 const READ_PIECE: usize = 256 << 10;
 
+/// Bytes a column chunk decodes to, as far as its footer tells: its pages'
+/// uncompressed size (dictionaries stay dictionaries, so that is close),
+/// but for `DELTA_BINARY_PACKED` integers, which decode to plain values
+/// several times the size of their bit-packed deltas, a value's width for
+/// each of its values. (Footer counts are untrusted: saturating.)
+pub(crate) fn decoded_bytes(c: &parquet::file::metadata::ColumnChunkMetaData) -> u64 {
+    use parquet::basic::{Encoding, Type};
+    let pages = c.uncompressed_size().max(0) as u64;
+    if !c.encodings().any(|e| e == Encoding::DELTA_BINARY_PACKED) {
+        return pages;
+    }
+    let width = match c.column_descr().physical_type() {
+        Type::INT32 => 4,
+        _ => 8,
+    };
+    pages.max((c.num_values().max(0) as u64).saturating_mul(width))
+}
+
 /// `ranges` of `file` (whose manifest size is `len`), each into its own
 /// buffer from `pool`, with its CRC-32.
 fn read_at(
@@ -681,6 +699,48 @@ mod tests {
     use std::sync::atomic::Ordering::Relaxed;
 
     use super::*;
+
+    /// A delta-encoded integer chunk counts its decoded values (8 bytes
+    /// each), not its few bit-packed bytes; a dictionary chunk its pages.
+    #[test]
+    fn delta_chunks_count_their_decoded_values() {
+        use parquet::basic::Encoding;
+        use parquet::file::properties::{WriterProperties, WriterVersion};
+        let rows = 10_000i64;
+        let batch = arrow_array::RecordBatch::try_from_iter([
+            (
+                "delta",
+                std::sync::Arc::new(arrow_array::Int64Array::from_iter_values(0..rows))
+                    as arrow_array::ArrayRef,
+            ),
+            (
+                "dict",
+                std::sync::Arc::new(arrow_array::Int64Array::from_iter_values(
+                    (0..rows).map(|i| i % 7),
+                )),
+            ),
+        ])
+        .unwrap();
+        let props = WriterProperties::builder()
+            .set_writer_version(WriterVersion::PARQUET_2_0)
+            .set_column_dictionary_enabled("delta".into(), false)
+            .set_column_encoding("delta".into(), Encoding::DELTA_BINARY_PACKED)
+            .build();
+        let mut file = Vec::new();
+        let mut writer =
+            parquet::arrow::ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let reader =
+            parquet::file::serialized_reader::SerializedFileReader::new(bytes::Bytes::from(file))
+                .unwrap();
+        use parquet::file::reader::FileReader;
+        let group = reader.metadata().row_group(0);
+        let (delta, dict) = (group.column(0), group.column(1));
+        assert!(delta.uncompressed_size() < rows);
+        assert_eq!(decoded_bytes(delta), rows as u64 * 8);
+        assert_eq!(decoded_bytes(dict), dict.uncompressed_size() as u64);
+    }
 
     /// Reads of every size come back byte for byte with their checksums;
     /// a large one's mapped buffer goes back to the pool and serves the next

@@ -64,6 +64,8 @@ impl DictionaryChunk {
 trait Fixed: Copy {
     /// Whether NaNs are counted in statistics (floating point types).
     const FLOAT: bool;
+    /// Whether it is an integer (INT32 or INT64 stored).
+    const INTEGER: bool = !Self::FLOAT;
     /// Its bit pattern: what interning compares, as parquet compares bytes.
     fn bits(self) -> u64;
     /// Its PLAIN encoding.
@@ -471,7 +473,31 @@ struct PageBuilder {
 }
 
 impl Chunk<'_> {
+    /// The chunk of `values`: dictionary encoded, or for a flat integer
+    /// column without nulls `DELTA_BINARY_PACKED` where that is smaller (or
+    /// the dictionary outgrows its limit); `None` where parquet's writer
+    /// should write it.
     fn encode<T: Fixed>(&self, values: &[T]) -> Result<Option<DictionaryChunk>, ParquetError> {
+        let dictionary = self.dictionary_pages(values)?;
+        let flat = matches!(self.shape, Shape::Flat(None)) && T::INTEGER && !values.is_empty();
+        let bits = if std::mem::size_of::<T>() == 8 {
+            64
+        } else {
+            32
+        };
+        let get = |v: T| v.integer().unwrap_or_default();
+        let encoded = match dictionary {
+            Some(d) if !flat || d.bytes() <= crate::delta::size(values, get, bits) => d,
+            // Smaller as deltas, or a dictionary past its limit (parquet's
+            // writer would fall back to PLAIN).
+            _ if flat => self.delta_pages(values, get, bits)?,
+            _ => return Ok(None),
+        };
+        self.assemble(encoded).map(Some)
+    }
+
+    /// `values` as dictionary pages, or `None` (see [`Chunk::encode`]).
+    fn dictionary_pages<T: Fixed>(&self, values: &[T]) -> Result<Option<Encoded>, ParquetError> {
         let (max_def, max_rep) = (self.descr.max_def_level(), self.descr.max_rep_level());
         let rows = match &self.shape {
             Shape::Flat(_) => values.len(),
@@ -634,26 +660,6 @@ impl Chunk<'_> {
             plain.len(),
         );
 
-        let data_pages = pages.len();
-        // Each page's bytes, and a header of well under 64 bytes each.
-        let size = (pages.iter().map(|p| p.data().len() + 64)).sum::<usize>()
-            + dictionary_page.data().len()
-            + 64;
-        let mut sink = TrackedWrite::new(Vec::with_capacity(size));
-        let mut page_writer = SerializedPageWriter::new(&mut sink);
-        let dict_spec = page_writer.write_page(dictionary_page)?;
-        let mut data_offset = None;
-        let (mut compressed, mut uncompressed) =
-            (dict_spec.compressed_size, dict_spec.uncompressed_size);
-        for page in pages {
-            let spec = page_writer.write_page(page)?;
-            data_offset.get_or_insert(spec.offset);
-            compressed += spec.compressed_size;
-            uncompressed += spec.uncompressed_size;
-        }
-        page_writer.close()?;
-        let bytes = Bytes::from(sink.into_inner()?);
-
         // As parquet's writer keeps them: a NaN only while nothing else has
         // been seen, otherwise the order of `greater`.
         let extreme = |past: fn(T, T) -> bool| {
@@ -674,32 +680,148 @@ impl Chunk<'_> {
         };
         let (min, max) = (extreme(|v, k| k.greater(v)), extreme(|v, k| v.greater(k)));
         let statistics = T::statistics(min, max, nulls_total as u64, T::FLOAT.then_some(nans));
-        let (dictionary_encoding, data_encoding) = (
-            self.props.dictionary_page_encoding(),
-            self.props.dictionary_data_page_encoding(),
-        );
+        let dictionary_encoding = self.props.dictionary_page_encoding();
+        Ok(Some(Encoded {
+            dictionary_page: Some(dictionary_page),
+            pages,
+            encodings: vec![
+                dictionary_encoding,
+                Encoding::RLE,
+                self.props.dictionary_data_page_encoding(),
+            ],
+            data_encoding: self.props.dictionary_data_page_encoding(),
+            statistics,
+            rows,
+            levels: levels_total,
+            def_histogram,
+            rep_histogram,
+        }))
+    }
+
+    /// `values` (a flat integer column without nulls, `bits` wide, read by
+    /// `get`) as V2 `DELTA_BINARY_PACKED` pages of at most
+    /// `data_page_row_count_limit` rows, stored as they are: zstd shrinks
+    /// the bit-packed deltas of columns that take them by 0-2% (the tabular
+    /// set of BENCHMARKS.md), so trying it would cost `shard` time for
+    /// nothing.
+    fn delta_pages<T: Fixed>(
+        &self,
+        values: &[T],
+        get: impl Fn(T) -> i64 + Copy,
+        bits: u32,
+    ) -> Result<Encoded, ParquetError> {
+        let max_def = self.descr.max_def_level();
+        let rows = values.len();
+        // Deltas take at most 65 bits a value: pages stay under the byte limit.
+        let page_rows = (self.props.data_page_row_count_limit())
+            .min(self.props.data_page_size_limit() / 9)
+            .max(crate::delta::BLOCK);
+        let mut pages = Vec::with_capacity(rows.div_ceil(page_rows));
+        let mut data = Vec::new();
+        for page in values.chunks(page_rows) {
+            let mut levels = Vec::new();
+            if max_def > 0 {
+                let mut def = Hybrid::new(bits_for(max_def as usize));
+                def.push(1, page.len());
+                def.finish(&mut levels);
+            }
+            data.clear();
+            crate::delta::encode(page, get, bits, &mut data);
+            pages.push(self.v2_page(
+                &levels,
+                &data,
+                Encoding::DELTA_BINARY_PACKED,
+                (page.len(), page.len(), 0),
+                (levels.len(), 0),
+                false,
+            )?);
+        }
+        let fold = |past: fn(T, T) -> bool| {
+            values.iter().fold(None, |kept: Option<T>, &v| match kept {
+                Some(k) if !past(v, k) => Some(k),
+                _ => Some(v),
+            })
+        };
+        let (min, max) = (fold(|v, k| k.greater(v)), fold(|v, k| v.greater(k)));
+        Ok(Encoded {
+            dictionary_page: None,
+            pages,
+            encodings: vec![Encoding::RLE, Encoding::DELTA_BINARY_PACKED],
+            data_encoding: Encoding::DELTA_BINARY_PACKED,
+            statistics: T::statistics(min, max, 0, None),
+            rows,
+            levels: rows,
+            def_histogram: if max_def > 0 {
+                vec![0, rows as i64]
+            } else {
+                vec![0]
+            },
+            rep_histogram: vec![0],
+        })
+    }
+
+    /// The chunk of `encoded`'s pages, with the metadata parquet's writer
+    /// gives such a chunk.
+    fn assemble(&self, encoded: Encoded) -> Result<DictionaryChunk, ParquetError> {
+        let Encoded {
+            dictionary_page,
+            pages,
+            encodings,
+            data_encoding,
+            statistics,
+            rows,
+            levels: levels_total,
+            def_histogram,
+            rep_histogram,
+        } = encoded;
+        let (max_def, max_rep) = (self.descr.max_def_level(), self.descr.max_rep_level());
+        let data_pages = pages.len();
+        // Each page's bytes, and a header of well under 64 bytes each.
+        let size = (pages.iter().map(|p| p.data().len() + 64)).sum::<usize>()
+            + dictionary_page.as_ref().map_or(0, |p| p.data().len() + 64);
+        let mut sink = TrackedWrite::new(Vec::with_capacity(size));
+        let mut page_writer = SerializedPageWriter::new(&mut sink);
+        let (mut compressed, mut uncompressed) = (0, 0);
+        let mut dictionary_offset = None;
+        if let Some(page) = dictionary_page {
+            let spec = page_writer.write_page(page)?;
+            dictionary_offset = Some(spec.offset as i64);
+            (compressed, uncompressed) = (spec.compressed_size, spec.uncompressed_size);
+        }
+        let mut data_offset = None;
+        for page in pages {
+            let spec = page_writer.write_page(page)?;
+            data_offset.get_or_insert(spec.offset);
+            compressed += spec.compressed_size;
+            uncompressed += spec.uncompressed_size;
+        }
+        page_writer.close()?;
+        let bytes = Bytes::from(sink.into_inner()?);
+
         let mut builder = ColumnChunkMetaData::builder(self.descr.clone())
             .set_compression(self.props.compression(self.descr.path()))
-            .set_encodings(vec![dictionary_encoding, Encoding::RLE, data_encoding])
-            .set_page_encoding_stats(vec![
-                PageEncodingStats {
+            .set_encodings(encodings.clone())
+            .set_page_encoding_stats(
+                (dictionary_offset.is_some().then_some(PageEncodingStats {
                     page_type: PageType::DICTIONARY_PAGE,
-                    encoding: dictionary_encoding,
+                    encoding: encodings[0],
                     count: 1,
-                },
-                PageEncodingStats {
+                }))
+                .into_iter()
+                .chain([PageEncodingStats {
                     page_type: PageType::DATA_PAGE_V2,
                     encoding: data_encoding,
                     count: i32::try_from(data_pages).map_err(|_| {
                         ParquetError::General(format!("a column chunk of {data_pages} pages"))
                     })?,
-                },
-            ])
+                }])
+                .collect(),
+            )
             .set_total_compressed_size(compressed as i64)
             .set_total_uncompressed_size(uncompressed as i64)
             .set_num_values(levels_total as i64)
             .set_data_page_offset(data_offset.unwrap_or(0) as i64)
-            .set_dictionary_page_offset(Some(dict_spec.offset as i64));
+            .set_dictionary_page_offset(dictionary_offset);
         if self.props.statistics_enabled(self.descr.path()) != EnabledStatistics::None {
             builder = builder
                 .set_statistics(statistics)
@@ -707,7 +829,7 @@ impl Chunk<'_> {
                 .set_repetition_level_histogram((max_rep > 0).then(|| rep_histogram.into()));
         }
         let metadata = builder.build()?;
-        Ok(Some(DictionaryChunk {
+        Ok(DictionaryChunk {
             close: ColumnCloseResult {
                 bytes_written: bytes.len() as u64,
                 rows_written: rows as u64,
@@ -717,7 +839,7 @@ impl Chunk<'_> {
                 offset_index: None,
             },
             bytes,
-        }))
+        })
     }
 
     /// `page` as a V2 data page: repetition then definition levels as they
@@ -737,25 +859,77 @@ impl Chunk<'_> {
         let mut data = Vec::with_capacity(2 + page.keys.len().div_ceil(8) * (width as usize + 1));
         data.push(width);
         encode_keys(&page.keys, width, &mut data);
+        self.v2_page(
+            &levels,
+            &data,
+            self.props.dictionary_data_page_encoding(),
+            (page.levels, page.rows, page.nulls),
+            (def_len, rep_len),
+            true,
+        )
+    }
+
+    /// A V2 data page of `levels` (repetition then definition levels, of
+    /// `def_len` and `rep_len` bytes) and the values `data`, stored
+    /// compressed only where zstd shrinks the page below the V2 ratio
+    /// threshold (without `try_zstd`, as it is); `values`, `rows` and
+    /// `nulls` are the page's counts.
+    fn v2_page(
+        &self,
+        levels: &[u8],
+        data: &[u8],
+        encoding: Encoding,
+        (values, rows, nulls): (usize, usize, usize),
+        (def_len, rep_len): (usize, usize),
+        try_zstd: bool,
+    ) -> Result<CompressedPage, ParquetError> {
         let uncompressed = levels.len() + data.len();
-        let compressed = compress(self.level, &data)?;
-        let is_compressed = (compressed.len() as f64) < uncompressed as f64 * self.v2_ratio;
-        let values = if is_compressed { &compressed } else { &data };
-        let mut buf = Vec::with_capacity(levels.len() + values.len());
-        buf.extend_from_slice(&levels);
-        buf.extend_from_slice(values);
+        let compressed = if try_zstd {
+            compress(self.level, data)?
+        } else {
+            Vec::new()
+        };
+        let is_compressed =
+            try_zstd && (compressed.len() as f64) < uncompressed as f64 * self.v2_ratio;
+        let stored = if is_compressed { &compressed[..] } else { data };
+        let mut buf = Vec::with_capacity(levels.len() + stored.len());
+        buf.extend_from_slice(levels);
+        buf.extend_from_slice(stored);
         let page = Page::DataPageV2 {
             buf: buf.into(),
-            num_values: page_count(page.levels, "values")?,
-            encoding: self.props.dictionary_data_page_encoding(),
-            num_nulls: page_count(page.nulls, "nulls")?,
-            num_rows: page_count(page.rows, "rows")?,
+            num_values: page_count(values, "values")?,
+            encoding,
+            num_nulls: page_count(nulls, "nulls")?,
+            num_rows: page_count(rows, "rows")?,
             def_levels_byte_len: page_count(def_len, "definition level bytes")?,
             rep_levels_byte_len: page_count(rep_len, "repetition level bytes")?,
             is_compressed,
             statistics: None,
         };
         Ok(CompressedPage::new(page, uncompressed))
+    }
+}
+
+/// A chunk's pages, and what its metadata needs.
+struct Encoded {
+    dictionary_page: Option<CompressedPage>,
+    pages: Vec<CompressedPage>,
+    /// The chunk's encodings as parquet lists them (a dictionary's first).
+    encodings: Vec<Encoding>,
+    data_encoding: Encoding,
+    statistics: Statistics,
+    rows: usize,
+    /// Levels (values and nulls) in all.
+    levels: usize,
+    def_histogram: Vec<i64>,
+    rep_histogram: Vec<i64>,
+}
+
+impl Encoded {
+    /// Bytes of its pages as stored (headers aside).
+    fn bytes(&self) -> usize {
+        (self.pages.iter().map(|p| p.data().len())).sum::<usize>()
+            + self.dictionary_page.as_ref().map_or(0, |p| p.data().len())
     }
 }
 

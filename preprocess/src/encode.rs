@@ -317,12 +317,32 @@ mod tests {
 
     /// Every column chunk of `ours` has the metadata parquet's writer gave
     /// the same column in `theirs` (statistics, encodings, page kinds,
-    /// counts, codec, level histograms), at most 3% over its size.
-    fn assert_chunks_match(theirs: &ParquetMetaData, ours: &ParquetMetaData, batch: &RecordBatch) {
+    /// counts, codec, level histograms), at most 3% over its size; or, for
+    /// the columns of `delta`, is `DELTA_BINARY_PACKED` (parquet's writer
+    /// makes a dictionary), smaller than parquet's, with its statistics.
+    fn assert_chunks_match(
+        theirs: &ParquetMetaData,
+        ours: &ParquetMetaData,
+        batch: &RecordBatch,
+        delta: &[&str],
+    ) {
+        use parquet::basic::Encoding;
         let (theirs, ours) = (theirs.row_group(0), ours.row_group(0));
         for (c, field) in batch.schema().fields().iter().enumerate() {
             let (t, o, name) = (theirs.column(c), ours.column(c), field.name());
             assert_eq!(o.statistics(), t.statistics(), "{name}");
+            let deltas = o.encodings().any(|e| e == Encoding::DELTA_BINARY_PACKED);
+            assert_eq!(deltas, delta.contains(&name.as_str()), "{name}");
+            if deltas {
+                assert!(
+                    o.encodings()
+                        .all(|e| matches!(e, Encoding::RLE | Encoding::DELTA_BINARY_PACKED))
+                );
+                assert!(o.dictionary_page_offset().is_none(), "{name}");
+                assert!(o.compressed_size() < t.compressed_size(), "{name}");
+                assert_eq!(o.num_values(), t.num_values(), "{name}");
+                continue;
+            }
             assert_eq!(o.encodings_mask(), t.encodings_mask(), "{name}");
             assert_eq!(o.page_encoding_stats(), t.page_encoding_stats(), "{name}");
             assert_eq!(o.num_values(), t.num_values(), "{name}");
@@ -349,6 +369,13 @@ mod tests {
     #[test]
     fn chunks_read_back_as_parquets_own() {
         let rows = 50_000usize;
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
         let mix = |i: usize| (i * 7919 + i / 13) % 1000;
         let floats: Vec<f32> = (0..rows)
             .map(|i| match i % 97 {
@@ -391,6 +418,26 @@ mod tests {
                     (0..rows as i64).map(|i| i * 3 - 5),
                 )),
             ),
+            (
+                // Random over the whole range: 64-bit deltas that wrap.
+                "i64_random",
+                Arc::new(Int64Array::from_iter_values(
+                    (0..rows).map(|_| next() as i64),
+                )),
+            ),
+            (
+                "i32_random",
+                Arc::new(Int32Array::from_iter_values(
+                    (0..rows).map(|_| (next() >> 32) as i32),
+                )),
+            ),
+            (
+                // ~5 x 10^4 distinct ids of up to 10^6: fewer bytes as deltas.
+                "i64_ids",
+                Arc::new(Int64Array::from_iter_values(
+                    (0..rows).map(|_| (next() % 1_000_000) as i64 + 1),
+                )),
+            ),
             ("f32", Arc::new(Float32Array::from(floats.clone()))),
             (
                 "f64_nulls",
@@ -430,7 +477,12 @@ mod tests {
         let (our_batch, our_meta) = read(&ours);
         assert_eq!(our_batch, batch);
         assert_eq!(their_batch, batch);
-        assert_chunks_match(&their_meta, &our_meta, &batch);
+        assert_chunks_match(
+            &their_meta,
+            &our_meta,
+            &batch,
+            &["i64_distinct", "i64_random", "i32_random", "i64_ids"],
+        );
     }
 
     /// Lists of fixed-width values (token ids): null rows, empty lists, null
@@ -486,22 +538,39 @@ mod tests {
             wide.value(3).as_primitive::<Int64Type>().values(),
             &[0, 1 << 33, 2 << 33]
         );
-        assert_chunks_match(&their_meta, &our_meta, &batch);
+        assert_chunks_match(&their_meta, &our_meta, &batch, &[]);
     }
 
-    /// A chunk whose dictionary would pass the dictionary page limit is left
-    /// to parquet's writer (which falls back to PLAIN pages).
+    /// A chunk whose dictionary would pass the dictionary page limit is
+    /// written as deltas when its values are integers, else left to
+    /// parquet's writer (which falls back to PLAIN pages).
     #[test]
     fn a_dictionary_past_the_page_limit_is_left_to_parquet() {
         let rows = 200_000i64;
-        let batch = RecordBatch::try_from_iter([(
-            "v",
-            Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i * 31))) as ArrayRef,
-        )])
+        let batch = RecordBatch::try_from_iter([
+            (
+                "v",
+                Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i * 31))) as ArrayRef,
+            ),
+            (
+                "f",
+                Arc::new(arrow_array::Float64Array::from_iter_values(
+                    (0..rows).map(|i| i as f64 / 3.0),
+                )),
+            ),
+        ])
         .unwrap();
         let (_, ours, kinds) = both(&batch);
-        assert_eq!(kinds, [false]);
-        assert_eq!(read(&ours).0, batch);
+        assert_eq!(kinds, [true, false]);
+        let (read_back, metadata) = read(&ours);
+        assert_eq!(read_back, batch);
+        let v = metadata.row_group(0).column(0);
+        assert!(
+            v.encodings()
+                .any(|e| e == parquet::basic::Encoding::DELTA_BINARY_PACKED)
+        );
+        // A constant delta: a few bytes a block of 128 values.
+        assert!(v.compressed_size() < rows / 10, "{}", v.compressed_size());
     }
 
     /// A data page is stored compressed only when zstd saves a tenth of its
@@ -520,9 +589,12 @@ mod tests {
             state ^= state << 17;
             state
         };
-        // Log-uniform over 1..10^4, as the tabular fixture's `c3`.
+        // Log-uniform over 1..10^4, as the tabular fixture's `c3`, spread
+        // apart (so that its deltas are wide and it stays a dictionary).
         let band: Vec<i64> = (0..rows)
-            .map(|_| 10_000f64.powf((next() >> 11) as f64 / (1u64 << 53) as f64) as i64)
+            .map(|_| {
+                10_000f64.powf((next() >> 11) as f64 / (1u64 << 53) as f64) as i64 * 1_000_000_007
+            })
             .collect();
         let skewed: Vec<i64> = (0..rows)
             .map(|_| (next() % 40_000).trailing_zeros() as i64)

@@ -19,6 +19,7 @@
 //! # Ok::<(), shardfeed_preprocess::PreprocessError>(())
 //! ```
 
+mod delta;
 mod dictionary;
 mod encode;
 mod error;

@@ -5,7 +5,8 @@
 //! the small dictionary page, as an Arrow `Dictionary(UInt16 | Int32, T)`
 //! array. The shuffle stage then permutes keys instead of values, and the
 //! collator looks each value up as it writes the slab. A chunk that falls
-//! back to plain pages is decoded to plain values.
+//! back to plain pages, or whose integers are `DELTA_BINARY_PACKED`, is
+//! decoded to plain values.
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use parquet::errors::Result;
 use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::reader::ChunkReader;
 
+use super::delta::delta_values;
 use super::levels::{decoded_rows, finish_validity, page_present};
 use super::page::{FlatPage, Pages, flat_page};
 use super::rle::{Key, Keys, dictionary_keys};
@@ -37,6 +39,16 @@ pub(crate) struct FixedLeaf {
     /// Bytes per Arrow value: 1, 2, 4 or 8 (narrower than `physical` for
     /// small integers stored as INT32).
     width: usize,
+    /// Stored as INT32 or INT64 (not FLOAT or DOUBLE).
+    integer: bool,
+}
+
+impl FixedLeaf {
+    /// Whether values are stored as INT32 or INT64 (`DELTA_BINARY_PACKED`
+    /// is for those only).
+    pub(super) fn integer(&self) -> bool {
+        self.integer
+    }
 }
 
 /// The leaf of root column `root` when it is a non-nested primitive
@@ -61,6 +73,10 @@ pub(super) fn fixed_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<Fix
         leaf,
         physical,
         width,
+        integer: matches!(
+            column.physical_type(),
+            PhysicalType::INT32 | PhysicalType::INT64
+        ),
     })
 }
 
@@ -75,6 +91,28 @@ fn narrow(stored: &[u8], leaf: &FixedLeaf, out: &mut Vec<u8>) {
         // as a cast of the value that fits the column's type.
         out.extend_from_slice(&v[..leaf.width]);
     }
+}
+
+/// The plain values of a chunk being decoded (Arrow width), made at its
+/// first page that is not dictionary encoded from the values of the `keys`
+/// decoded before it (their checks against `dictionary` already done).
+fn plain_values<'a, K: Key>(
+    plain: &'a mut Option<Vec<u8>>,
+    keys: &[K],
+    dictionary: Option<&[u8]>,
+    rows: usize,
+    leaf: &FixedLeaf,
+) -> &'a mut Vec<u8> {
+    plain.get_or_insert_with(|| {
+        let mut values = Vec::with_capacity(rows * leaf.width);
+        if let Some(dict) = dictionary {
+            for &k in keys {
+                let at = k.as_usize() * leaf.physical;
+                narrow(&dict[at..at + leaf.physical], leaf, &mut values);
+            }
+        }
+        values
+    })
 }
 
 /// Decode `rows` values of the column chunk `chunk` (a [`FixedLeaf`]) of a
@@ -141,7 +179,9 @@ where
     let mut validity: Option<BooleanBufferBuilder> = None;
     // Dictionary values at the stored width, and the keys decoded so far.
     let mut dictionary: Option<Bytes> = None;
-    let mut keys: Vec<K::Native> = Vec::with_capacity(rows);
+    // (Sized at the first dictionary-encoded page: a chunk of delta or
+    // plain pages has none.)
+    let mut keys: Vec<K::Native> = Vec::new();
     // Once a plain page shows up, values (Arrow width) replace keys.
     let mut plain: Option<Vec<u8>> = None;
     let mut decoded = 0usize;
@@ -195,18 +235,12 @@ where
                         buf.len()
                     )));
                 }
-                let values = plain.get_or_insert_with(|| {
-                    // Earlier dictionary pages become plain values.
-                    let mut values = Vec::with_capacity(rows * leaf.width);
-                    if let Some(dict) = &dictionary {
-                        for &k in &keys {
-                            let at = k.as_usize() * leaf.physical;
-                            narrow(&dict[at..at + leaf.physical], leaf, &mut values);
-                        }
-                    }
-                    values
-                });
+                let values = plain_values(&mut plain, &keys, dictionary.as_deref(), rows, leaf);
                 narrow(&buf[..bytes], leaf, values);
+            }
+            Encoding::DELTA_BINARY_PACKED if leaf.integer => {
+                let values = plain_values(&mut plain, &keys, dictionary.as_deref(), rows, leaf);
+                delta_values(&buf, present, leaf.physical, leaf.width, values).map_err(err)?;
             }
             Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
                 let Some(dict) = &dictionary else {
@@ -216,6 +250,9 @@ where
                 };
                 let dict_len = dict.len() / leaf.physical;
                 let start = keys.len();
+                if keys.capacity() == 0 {
+                    keys.reserve_exact(rows);
+                }
                 keys.reserve(present);
                 let mut sink = Keys {
                     out: &mut keys,

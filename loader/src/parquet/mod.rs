@@ -9,6 +9,7 @@
 //! | [`thrift`] | page headers (Thrift compact protocol) |
 //! | [`page`] | a chunk's pages: headers, bodies, zstd, level/value split |
 //! | [`rle`], [`bitpack`] | RLE / bit-packed hybrid keys and levels; bit unpacking |
+//! | [`delta`] | `DELTA_BINARY_PACKED` integers |
 //! | [`levels`] | definition levels of flat nullable columns |
 //! | [`fixed`], [`list`], [`binary`] | value decoders into Arrow arrays |
 //! | [`sparse`] | the fetched byte ranges of a shard, as parquet's `ChunkReader` |
@@ -20,9 +21,9 @@
 //! | column (Arrow type, Parquet levels) | chunk's encodings | path |
 //! |---|---|---|
 //! | `list<int32>`, required list of required items (rep 1, def 1) | PLAIN, RLE, (PLAIN\|RLE)_DICTIONARY | [`ColumnPath::List`] |
-//! | int8..uint64, float32/64 stored as INT32/INT64/FLOAT/DOUBLE, flat, required or nullable | same | [`ColumnPath::Fixed`] |
+//! | int8..uint64, float32/64 stored as INT32/INT64/FLOAT/DOUBLE, flat, required or nullable | same, and DELTA_BINARY_PACKED for INT32/INT64 | [`ColumnPath::Fixed`] |
 //! | binary, string (also large), flat BYTE_ARRAY, required or nullable | same | [`ColumnPath::Bytes`] |
-//! | anything else (nested, structs, decimals, booleans, ...), or other encodings (DELTA_*, BYTE_STREAM_SPLIT, BIT_PACKED levels) | any | [`ColumnPath::Arrow`] |
+//! | anything else (nested, structs, decimals, booleans, ...), or other encodings (other DELTA_*, BYTE_STREAM_SPLIT, BIT_PACKED levels) | any | [`ColumnPath::Arrow`] |
 //!
 //! Pages of zstd and uncompressed chunks are read here ([`page`]); chunks
 //! of other codecs keep the own value decoders over parquet's page reader.
@@ -34,6 +35,7 @@
 
 mod binary;
 mod bitpack;
+mod delta;
 mod fixed;
 mod levels;
 mod list;
@@ -105,6 +107,18 @@ fn own_encodings(chunk: &ColumnChunkMetaData) -> bool {
     })
 }
 
+/// Whether the own fixed-width decoder reads every encoding of `chunk`:
+/// those of [`own_encodings`], and `DELTA_BINARY_PACKED` for `integer`
+/// columns.
+fn own_fixed_encodings(chunk: &ColumnChunkMetaData, integer: bool) -> bool {
+    chunk.encodings().all(|e| {
+        matches!(
+            e,
+            Encoding::PLAIN | Encoding::RLE | Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY
+        ) || (integer && e == Encoding::DELTA_BINARY_PACKED)
+    })
+}
+
 /// How one column chunk is decoded (see the table in the module docs).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum ColumnPath {
@@ -140,7 +154,7 @@ pub(crate) fn column_path(
         };
     }
     match fixed::fixed_leaf(arrow, root) {
-        Some(f) if own(f.leaf) => ColumnPath::Fixed(f),
+        Some(f) if own_fixed_encodings(meta.column(f.leaf), f.integer()) => ColumnPath::Fixed(f),
         _ => ColumnPath::Arrow,
     }
 }
