@@ -144,12 +144,16 @@ pub(super) fn delta_values(
             let mut at = 0;
             let mut in_mini = 0;
             while in_mini < per_mini && left > 0 {
-                unpack32(w, &body[at.min(body.len())..], &mut group);
+                // The group's values (past the last value, a partial group's
+                // padding runs on: `last` is not used after it).
+                unpack32(
+                    w,
+                    &body[at.min(body.len())..],
+                    min_delta,
+                    &mut last,
+                    &mut group,
+                );
                 let n = left.min(32);
-                for d in &mut group[..n] {
-                    last = last.wrapping_add(min_delta).wrapping_add(*d);
-                    *d = last;
-                }
                 push(&group[..n], width, mask, out);
                 left -= n;
                 at += 4 * w;
@@ -160,42 +164,58 @@ pub(super) fn delta_values(
     Ok(())
 }
 
-/// Append `values` (masked to the physical width) to `out`, each as its
-/// first `width` little-endian bytes.
+/// Append `values` (at most 32, masked to the physical width) to `out`,
+/// each as its first `width` little-endian bytes: laid out in a buffer on
+/// the stack (a loop the compiler vectorises), then one copy.
 #[inline]
 fn push(values: &[u64], width: usize, mask: u64, out: &mut Vec<u8>) {
+    let mut bytes = [0u8; 32 * 8];
     match width {
-        8 => values
-            .iter()
-            .for_each(|v| out.extend_from_slice(&(v & mask).to_le_bytes())),
-        4 => values
-            .iter()
-            .for_each(|v| out.extend_from_slice(&((v & mask) as u32).to_le_bytes())),
-        _ => values
-            .iter()
-            .for_each(|v| out.extend_from_slice(&(v & mask).to_le_bytes()[..width])),
+        8 => {
+            for (b, v) in bytes.chunks_exact_mut(8).zip(values) {
+                b.copy_from_slice(&(v & mask).to_le_bytes());
+            }
+        }
+        4 => {
+            for (b, v) in bytes.chunks_exact_mut(4).zip(values) {
+                b.copy_from_slice(&(*v as u32).to_le_bytes());
+            }
+        }
+        2 => {
+            for (b, v) in bytes.chunks_exact_mut(2).zip(values) {
+                b.copy_from_slice(&(*v as u16).to_le_bytes());
+            }
+        }
+        _ => {
+            for (b, v) in bytes.iter_mut().zip(values) {
+                *b = *v as u8;
+            }
+        }
     }
+    out.extend_from_slice(&bytes[..values.len() * width]);
 }
 
-/// Unpack 32 values of `w` bits (LSB first) from `src` (fewer bytes than
-/// `4 * w`: the missing ones read as zeros) into `out`.
-fn unpack32(w: usize, src: &[u8], out: &mut [u64; 32]) {
+/// Unpack 32 deltas of `w` bits (LSB first) from `src` (fewer bytes than
+/// `4 * w`: the missing ones read as zeros) and write the values they make
+/// to `out`: each the one before (`last`, then updated) plus `min_delta`
+/// plus its delta, wrapping.
+fn unpack32(w: usize, src: &[u8], min_delta: u64, last: &mut u64, out: &mut [u64; 32]) {
     // Constant-width unpacking reads 16 bytes past the values' last byte.
     if src.len() >= 4 * w + 16 {
-        return unpack32_dispatch(w, src, out);
+        return unpack32_dispatch(w, src, min_delta, last, out);
     }
     let mut padded = [0u8; 4 * 64 + 16];
     let n = src.len().min(4 * w);
     padded[..n].copy_from_slice(&src[..n]);
-    unpack32_dispatch(w, &padded, out)
+    unpack32_dispatch(w, &padded, min_delta, last, out)
 }
 
 /// [`unpack32`] with the width a constant (the compiler unrolls each).
-fn unpack32_dispatch(w: usize, src: &[u8], out: &mut [u64; 32]) {
+fn unpack32_dispatch(w: usize, src: &[u8], min_delta: u64, last: &mut u64, out: &mut [u64; 32]) {
     macro_rules! widths {
         ($($n:literal)*) => {
             match w {
-                $($n => unpack32_width::<$n>(src, out),)*
+                $($n => unpack32_width::<$n>(src, min_delta, last, out),)*
                 _ => unreachable!("bit width {w} was checked against 64"),
             }
         };
@@ -205,26 +225,28 @@ fn unpack32_dispatch(w: usize, src: &[u8], out: &mut [u64; 32]) {
         60 61 62 63 64)
 }
 
-/// 32 values of `W` bits from `src`, which holds at least `4 * W + 16` bytes.
+/// [`unpack32`] of `W`-bit deltas; `src` holds at least `4 * W + 16` bytes.
 #[inline(always)]
-fn unpack32_width<const W: usize>(src: &[u8], out: &mut [u64; 32]) {
+fn unpack32_width<const W: usize>(src: &[u8], min_delta: u64, last: &mut u64, out: &mut [u64; 32]) {
     let src = &src[..4 * W + 16];
-    if W == 0 {
-        *out = [0; 32];
-        return;
-    }
     let mask = if W == 64 { u64::MAX } else { (1u64 << W) - 1 };
+    let mut value = *last;
     for (i, o) in out.iter_mut().enumerate() {
         let bit = i * W;
         let (byte, shift) = (bit / 8, bit % 8);
-        *o = if W <= 56 {
+        let delta = if W == 0 {
+            0
+        } else if W <= 56 {
             let word = u64::from_le_bytes(src[byte..byte + 8].try_into().expect("8 bytes"));
             (word >> shift) & mask
         } else {
             let word = u128::from_le_bytes(src[byte..byte + 16].try_into().expect("16 bytes"));
             (word >> shift) as u64 & mask
         };
+        value = value.wrapping_add(min_delta).wrapping_add(delta);
+        *o = value;
     }
+    *last = value;
 }
 
 #[cfg(test)]
@@ -294,7 +316,7 @@ mod tests {
     }
 
     /// Every width unpacks as the bits were packed, with and without bytes
-    /// after the group.
+    /// after the group, into the running values.
     #[test]
     fn groups_of_every_width_unpack() {
         for w in 0..=64usize {
@@ -311,12 +333,19 @@ mod tests {
                     }
                 }
             }
-            let mut out = [0u64; 32];
-            unpack32(w, &packed, &mut out);
-            assert_eq!(out.to_vec(), values, "width {w}");
-            let mut out = [0u64; 32];
-            unpack32(w, &packed[..4 * w], &mut out);
-            assert_eq!(out.to_vec(), values, "width {w}, no bytes after");
+            // From 5, with a minimum delta of 3: running sums.
+            let mut expected = Vec::new();
+            let mut value = 5u64;
+            for &v in &values {
+                value = value.wrapping_add(3).wrapping_add(v);
+                expected.push(value);
+            }
+            for src in [&packed[..], &packed[..4 * w]] {
+                let (mut out, mut last) = ([0u64; 32], 5u64);
+                unpack32(w, src, 3, &mut last, &mut out);
+                assert_eq!(out.to_vec(), expected, "width {w}, {} bytes", src.len());
+                assert_eq!(last, expected[31]);
+            }
         }
     }
 }
