@@ -213,11 +213,12 @@ fn fixed_width_batches_fit_slabs_of_their_exact_size() {
 /// and its permuted version replaces it between batches, whenever that is
 /// ready: the batches are the same whatever the threads and read-ahead, over
 /// epochs, every row once with its own values. Twice: with small row groups,
-/// and with row groups whose `id` dictionaries make a window's pass the
-/// bound above which the shuffle stage looks values up (`x`'s stay keys).
+/// and with row groups whose `y` dictionaries (5,000 distinct floats each)
+/// make a window's pass the bound above which the shuffle stage looks values
+/// up (`x`'s stay keys; `id` is written as deltas, plain values).
 #[test]
 fn a_first_window_gathered_before_it_is_permuted_gives_the_same_batches() {
-    use arrow_array::{ArrayRef, Float32Array, Int64Array};
+    use arrow_array::{ArrayRef, Float32Array, Float64Array, Int64Array};
     for (rows, group_rows, batch_size) in [(6000i64, 250u64, 64usize), (48_000, 5000, 500)] {
         let tmp = tempdir();
         let batch = RecordBatch::try_from_iter([
@@ -229,6 +230,12 @@ fn a_first_window_gathered_before_it_is_permuted_gives_the_same_batches() {
                 "x",
                 std::sync::Arc::new(Float32Array::from_iter_values(
                     (0..rows).map(|i| (i % 4096) as f32 * 0.5),
+                )) as ArrayRef,
+            ),
+            (
+                "y",
+                std::sync::Arc::new(Float64Array::from_iter_values(
+                    (0..rows).map(|i| i as f64 * 1.5),
                 )) as ArrayRef,
             ),
         ])
@@ -254,8 +261,10 @@ fn a_first_window_gathered_before_it_is_permuted_gives_the_same_batches() {
                         .map(|b| {
                             let b = b.unwrap();
                             let (ids, xs) = (b.values::<i64>("id").unwrap(), b.values::<f32>("x"));
-                            for (id, x) in ids.iter().zip(xs.unwrap()) {
+                            let ys = b.values::<f64>("y").unwrap();
+                            for ((id, x), y) in ids.iter().zip(xs.unwrap()).zip(ys) {
                                 assert_eq!(*x, (id % 4096) as f32 * 0.5, "row {id}");
+                                assert_eq!(*y, *id as f64 * 1.5, "row {id}");
                             }
                             ids.to_vec()
                         })
