@@ -165,13 +165,7 @@ mod tests {
     /// 32-bit deltas wrap.
     #[test]
     fn sizes_match_the_streams() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::encode::tests::random();
         for n in [1usize, 2, 32, 33, 129, 1000] {
             for bits in [0u32, 1, 9, 31, 33, 64] {
                 let values: Vec<i64> = (0..n)

@@ -253,7 +253,7 @@ impl Encoder {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use arrow_array::{
@@ -267,6 +267,17 @@ mod tests {
     use parquet::file::metadata::ParquetMetaData;
 
     use super::*;
+
+    /// A seeded xorshift generator of test values.
+    pub(crate) fn random() -> impl FnMut() -> u64 {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        }
+    }
 
     /// `batch` written by parquet's writer alone, and through [`Encoder`]
     /// (which encodes flat fixed-width columns here), with the kind of each
@@ -369,13 +380,7 @@ mod tests {
     #[test]
     fn chunks_read_back_as_parquets_own() {
         let rows = 50_000usize;
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = random();
         let mix = |i: usize| (i * 7919 + i / 13) % 1000;
         let floats: Vec<f32> = (0..rows)
             .map(|i| match i % 97 {
@@ -582,13 +587,7 @@ mod tests {
         use parquet::column::page::Page;
         use parquet::file::reader::{FileReader, SerializedFileReader};
         let rows = 60_000usize;
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = random();
         // Log-uniform over 1..10^4, as the tabular fixture's `c3`, spread
         // apart (so that its deltas are wide and it stays a dictionary).
         let band: Vec<i64> = (0..rows)
