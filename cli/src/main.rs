@@ -124,9 +124,11 @@ struct ShardArgs {
     /// Rows per row group (default: sized by --row-group-size).
     #[arg(long)]
     row_group_rows: Option<u64>,
-    /// Target uncompressed bytes per row group, when --row-group-rows is not given.
-    #[arg(long, default_value = "8MiB")]
-    row_group_size: String,
+    /// Target uncompressed bytes per row group, when --row-group-rows is not
+    /// given (default: 8MiB, and 4MiB once rows average over 64KiB: images,
+    /// audio).
+    #[arg(long)]
+    row_group_size: Option<String>,
     /// zstd compression level (1-22).
     #[arg(long, default_value_t = shardfeed_preprocess::DEFAULT_ZSTD_LEVEL)]
     zstd_level: i32,
@@ -230,11 +232,13 @@ fn size_arg(option: &str, value: &str) -> Result<u64> {
 fn shard_options(args: &ShardArgs) -> Result<ShardOptions> {
     let mut options = ShardOptions::default()
         .with_shard_size(size_arg("--shard-size", &args.shard_size)?)
-        .with_row_group_bytes(size_arg("--row-group-size", &args.row_group_size)?)
         .with_zstd_level(args.zstd_level)
         .with_memory_budget(size_arg("--memory-budget", &args.memory_budget)?)
         .with_threads(args.threads)
         .with_overwrite(args.overwrite);
+    if let Some(size) = &args.row_group_size {
+        options = options.with_row_group_bytes(size_arg("--row-group-size", size)?);
+    }
     if let Some(rows) = args.row_group_rows {
         options = options.with_row_group_rows(rows);
     }

@@ -31,7 +31,7 @@ use crate::measure::{batch_bytes, peak_rss_bytes};
 use crate::output;
 use crate::tokenize::{TextTokenizer, check_texts};
 use crate::writer::{OpenShard, Publish};
-use crate::{PreprocessError, Progress, Result, ShardOptions, shuffle};
+use crate::{LARGE_ROW_BYTES, PreprocessError, Progress, Result, ShardOptions, shuffle};
 
 /// What a finished `shard` run did.
 #[derive(Clone, Debug, Serialize)]
@@ -547,11 +547,16 @@ fn produce(
     assembler.finish(&mut emit)
 }
 
-/// Cuts the row stream into row groups of a fixed row count or a target size.
+/// Cuts the row stream into row groups of a fixed row count or a target size
+/// (a smaller one once the rows seen average over [`LARGE_ROW_BYTES`]).
 struct Assembler {
     schema: SchemaRef,
     rows_target: Option<u64>,
     bytes_target: u64,
+    /// The target for large rows, where it differs.
+    large_target: Option<u64>,
+    /// Rows and bytes seen so far (the average decides the target).
+    seen: (u64, u64),
     pending: Vec<RecordBatch>,
     rows: u64,
     bytes: u64,
@@ -571,16 +576,29 @@ impl Assembler {
             } else {
                 options.effective_row_group_bytes()
             },
+            large_target: options.effective_large_row_group_bytes(),
+            seen: (0, 0),
             pending: Vec::new(),
             rows: 0,
             bytes: 0,
         }
     }
 
+    /// The bytes a row group targets: the large-row target once the rows
+    /// seen so far (in stream order: the same for the same inputs) average
+    /// over [`LARGE_ROW_BYTES`].
+    fn bytes_target(&self) -> u64 {
+        let (rows, bytes) = self.seen;
+        match self.large_target {
+            Some(large) if bytes > rows.saturating_mul(LARGE_ROW_BYTES) => large,
+            _ => self.bytes_target,
+        }
+    }
+
     fn is_full(&self) -> bool {
         match self.rows_target {
             Some(rows) => self.rows >= rows,
-            None => self.bytes >= self.bytes_target,
+            None => self.bytes >= self.bytes_target(),
         }
     }
 
@@ -589,13 +607,20 @@ impl Assembler {
         mut batch: RecordBatch,
         emit: &mut impl FnMut(RecordBatch, u64) -> Result<()>,
     ) -> Result<()> {
+        if self.rows_target.is_none() && self.large_target.is_some() {
+            let (rows, bytes) = self.seen;
+            self.seen = (
+                rows + batch.num_rows() as u64,
+                bytes.saturating_add(batch_bytes(&batch)),
+            );
+        }
         while batch.num_rows() > 0 {
             let n = batch.num_rows() as u64;
             let take = match self.rows_target {
                 Some(target) => (target - self.rows).min(n),
                 None => {
                     let per_row = batch_bytes(&batch).max(1) as f64 / n as f64;
-                    let missing = self.bytes_target.saturating_sub(self.bytes) as f64;
+                    let missing = self.bytes_target().saturating_sub(self.bytes) as f64;
                     ((missing / per_row).ceil() as u64).clamp(1, n)
                 }
             };

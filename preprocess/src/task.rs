@@ -270,6 +270,7 @@ pub(crate) fn run_fingerprint(
         options.shard_size,
         options.row_group_rows.unwrap_or(0),
         options.effective_row_group_bytes(),
+        options.effective_large_row_group_bytes().unwrap_or(0),
         options.shuffle_seed.map_or(u64::MAX, |s| s),
     ];
     for source in &inputs.sources {

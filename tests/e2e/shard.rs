@@ -1486,3 +1486,63 @@ fn folder_inputs_skip_hidden_files_follow_links_and_say_what_they_left_out() {
         .count();
     assert_eq!(labels, 6);
 }
+
+/// Rows averaging over 64 KiB (images) get row groups of 4 MiB by default,
+/// others 8 MiB; a row group size that is set applies to every row.
+#[test]
+fn large_rows_get_smaller_row_groups_unless_a_size_is_set() {
+    use arrow_array::{ArrayRef, BinaryArray, Int64Array};
+    use shardfeed_preprocess::ShardOptions;
+    let tmp = tempdir();
+    // Rows per row group of `value`-byte rows sharded with `options`.
+    let groups = |name: &str, rows: i64, value: usize, options: ShardOptions| -> Vec<u64> {
+        let batch = RecordBatch::try_from_iter([
+            (
+                "id",
+                std::sync::Arc::new(Int64Array::from_iter_values(0..rows)) as ArrayRef,
+            ),
+            (
+                "bytes",
+                std::sync::Arc::new(BinaryArray::from_iter_values(
+                    (0..rows).map(|i| vec![(i % 251) as u8; value]),
+                )),
+            ),
+        ])
+        .unwrap();
+        let input = tmp.path().join(format!("{name}.parquet"));
+        write_parquet(&input, &batch);
+        let out = tmp.path().join(name);
+        shardfeed_preprocess::shard(&[s(&input)], &s(&out), &options).unwrap();
+        let (manifest, batches) = read_dataset(&out);
+        let mut ids = ids(&concat(&batches));
+        ids.sort_unstable();
+        assert_eq!(ids, (0..rows).collect::<Vec<_>>());
+        manifest
+            .shards
+            .iter()
+            .flat_map(|s| s.row_groups.clone())
+            .collect()
+    };
+    // A row is its value, an offset and an id: 100,012 bytes; 4 MiB holds
+    // 41.9 of them, 8 MiB 83.9 (a row group closes at the row that reaches
+    // its target).
+    let large = groups("large", 300, 100_000, ShardOptions::default());
+    assert!(large.len() > 2);
+    assert!(
+        large[..large.len() - 1].iter().all(|&r| r == 42),
+        "{large:?}"
+    );
+    let set = groups(
+        "set",
+        300,
+        100_000,
+        ShardOptions::default().with_row_group_bytes(8 << 20),
+    );
+    assert!(set[..set.len() - 1].iter().all(|&r| r == 84), "{set:?}");
+    // 1,012-byte rows: 8 MiB row groups of 8,290 rows (8,289.1 reach it).
+    let small = groups("small", 20_000, 1000, ShardOptions::default());
+    assert!(
+        small[..small.len() - 1].iter().all(|&r| r == 8290),
+        "{small:?}"
+    );
+}
