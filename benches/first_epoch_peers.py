@@ -116,8 +116,21 @@ def run_shardfeed(binary, ds, batch, epochs):
             "first_batch_ms": out["time_to_first_batch_ms"], "peak_rss_mib": out["peak_rss_bytes"] / 2**20}
 
 
-def run_peer(tool, kind, ds, batch, epochs):
+def own_files(folder):
+    """The Parquet files a peer wrote under `folder`, and their rows."""
+    import glob
+    import pyarrow.parquet as pq
+    files = sorted(glob.glob(os.path.join(folder, "**", "*.parquet"), recursive=True))
+    return files, sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+
+
+def run_peer(tool, kind, ds, batch, epochs, own=None):
     files, total = shards(ds)
+    if own:
+        # The peer reads the files its own writer made of the same rows.
+        files, own_total = own_files(own)
+        if own_total != total:
+            raise SystemExit(f"{own} holds {own_total} rows, {ds} {total}")
     env = dict(os.environ, POLARS_MAX_THREADS="2", OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-c", PEER, kind, tool, str(batch), str(epochs), *files],
                        check=True, capture_output=True, text=True, env=env)
@@ -137,23 +150,29 @@ def main():
     p.add_argument("--tools", default="shardfeed,pyarrow,polars,dataloader")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--own", default="",
+                   help="kind:tool=folder,...: that peer reads the Parquet files its own writer "
+                        "made of the same rows (e.g. benches/shard_peers.py's outputs), not "
+                        "shardfeed's shards")
     p.add_argument("--no-warm", action="store_true",
                    help="do not read every shard once first (by default none of the tools "
                         "meets a cold page cache: the first process of a run would pay for it)")
     args = p.parse_args()
     tools = args.tools.split(",")
+    own = dict(e.split("=", 1) for e in args.own.split(",") if e)
     if not args.no_warm:
-        for entry in args.datasets.split(","):
-            for f in shards(entry.split("=", 1)[1])[0]:
-                with open(f, "rb") as fh:
-                    while fh.read(16 << 20):
-                        pass
+        folders = [shards(e.split("=", 1)[1])[0] for e in args.datasets.split(",")]
+        folders += [own_files(f)[0] for f in own.values()]
+        for f in (f for group in folders for f in group):
+            with open(f, "rb") as fh:
+                while fh.read(16 << 20):
+                    pass
     results = {}
     for kind, ds, tool in interleaved(args.repeat, args.datasets, tools):
         base = kind.split("-")[0]
         batch = BATCH[base]
         r = (run_shardfeed(args.bin, ds, batch, args.epochs) if tool == "shardfeed"
-             else run_peer(tool, base, ds, batch, args.epochs))
+             else run_peer(tool, base, ds, batch, args.epochs, own.get(f"{kind}:{tool}")))
         results.setdefault((kind, tool), []).append(r)
         print(json.dumps({"dataset": kind, "tool": tool, **r}), flush=True)
     print("\nrows/s, medians of", args.repeat, "fresh processes (first pass; best later pass)")
