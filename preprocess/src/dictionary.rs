@@ -18,7 +18,10 @@
 //! computes them (bit patterns compared, so NaNs of one pattern are one
 //! entry, as in parquet). A column whose dictionary would pass
 //! `dictionary_page_size_limit` is left to parquet's writer, which falls
-//! back to PLAIN pages. Tests in `encode.rs` compare chunks with parquet's.
+//! back to PLAIN pages. A flat integer column without nulls is written as
+//! `DELTA_BINARY_PACKED` pages instead (`delta.rs`) where its deltas take
+//! fewer bytes than the dictionary chunk, or its dictionary would pass the
+//! limit. Tests in `encode.rs` compare chunks with parquet's.
 
 use std::cell::RefCell;
 
