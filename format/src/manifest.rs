@@ -60,6 +60,11 @@ pub struct WriteOptions {
     pub row_group_rows: Option<u64>,
     /// Target uncompressed bytes per row group, when rows were not fixed.
     pub row_group_bytes: Option<u64>,
+    /// Target for row groups once the rows averaged over 64 KiB (images,
+    /// audio), where it differs from `row_group_bytes` (absent in manifests
+    /// written before it, and where a size was set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub large_row_group_bytes: Option<u64>,
     /// Seed of the global row shuffle, if the rows were shuffled.
     pub shuffle_seed: Option<u64>,
     /// The tokenizer that turned a text column into token ids while
@@ -376,6 +381,7 @@ mod tests {
                 shard_size: 128 << 20,
                 row_group_rows: Some(4),
                 row_group_bytes: None,
+                large_row_group_bytes: None,
                 shuffle_seed: None,
                 tokenizer: None,
             },

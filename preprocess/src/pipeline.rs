@@ -126,6 +126,11 @@ pub(crate) fn write_dataset(
             .row_group_rows
             .is_none()
             .then_some(options.effective_row_group_bytes()),
+        large_row_group_bytes: options
+            .row_group_rows
+            .is_none()
+            .then(|| options.effective_large_row_group_bytes())
+            .flatten(),
         shuffle_seed: options.recorded_seed.or(options.shuffle_seed),
         tokenizer: tokenizer.map(|t| t.record()),
     };

@@ -261,6 +261,7 @@ pub fn dataset(dir: &Path, schema: arrow_schema::Schema, file: Vec<u8>) -> Strin
             shard_size: 1 << 20,
             row_group_rows: None,
             row_group_bytes: None,
+            large_row_group_bytes: None,
             shuffle_seed: None,
             tokenizer: None,
         },

@@ -1517,6 +1517,9 @@ fn large_rows_get_smaller_row_groups_unless_a_size_is_set() {
         let mut ids = ids(&concat(&batches));
         ids.sort_unstable();
         assert_eq!(ids, (0..rows).collect::<Vec<_>>());
+        // The manifest records the large-row target where it applies.
+        let large = options.large_row_group_bytes.map(|_| 4u64 << 20);
+        assert_eq!(manifest.options.large_row_group_bytes, large, "{name}");
         manifest
             .shards
             .iter()
