@@ -663,25 +663,7 @@ impl Chunk<'_> {
             plain.len(),
         );
 
-        // As parquet's writer keeps them: a NaN only while nothing else has
-        // been seen, otherwise the order of `greater`.
-        let extreme = |past: fn(T, T) -> bool| {
-            dictionary.values.iter().fold(None, |kept: Option<T>, &v| {
-                Some(match kept {
-                    None => v,
-                    Some(k) if k.is_nan() != v.is_nan() => {
-                        if k.is_nan() {
-                            v
-                        } else {
-                            k
-                        }
-                    }
-                    Some(k) if past(v, k) => v,
-                    Some(k) => k,
-                })
-            })
-        };
-        let (min, max) = (extreme(|v, k| k.greater(v)), extreme(|v, k| v.greater(k)));
+        let (min, max) = extremes(&dictionary.values);
         let statistics = T::statistics(min, max, nulls_total as u64, T::FLOAT.then_some(nans));
         let dictionary_encoding = self.props.dictionary_page_encoding();
         Ok(Some(Encoded {
@@ -739,13 +721,7 @@ impl Chunk<'_> {
                 false,
             )?);
         }
-        let fold = |past: fn(T, T) -> bool| {
-            values.iter().fold(None, |kept: Option<T>, &v| match kept {
-                Some(k) if !past(v, k) => Some(k),
-                _ => Some(v),
-            })
-        };
-        let (min, max) = (fold(|v, k| k.greater(v)), fold(|v, k| v.greater(k)));
+        let (min, max) = extremes(values);
         Ok(Encoded {
             dictionary_page: None,
             pages,
@@ -936,6 +912,29 @@ impl Encoded {
     }
 }
 
+/// The minimum and maximum of `values` as parquet's writer keeps them in
+/// statistics: a NaN only while nothing else has been seen, otherwise the
+/// order of [`Fixed::greater`].
+fn extremes<T: Fixed>(values: &[T]) -> (Option<T>, Option<T>) {
+    let extreme = |past: fn(T, T) -> bool| {
+        values.iter().fold(None, |kept: Option<T>, &v| {
+            Some(match kept {
+                None => v,
+                Some(k) if k.is_nan() != v.is_nan() => {
+                    if k.is_nan() {
+                        v
+                    } else {
+                        k
+                    }
+                }
+                Some(k) if past(v, k) => v,
+                Some(k) => k,
+            })
+        })
+    };
+    (extreme(|v, k| k.greater(v)), extreme(|v, k| v.greater(k)))
+}
+
 /// A page header's count, which Parquet stores in 32 bits.
 fn page_count(n: usize, what: &str) -> Result<u32, ParquetError> {
     u32::try_from(n).map_err(|_| ParquetError::General(format!("a data page of {n} {what}")))
@@ -1062,7 +1061,8 @@ fn encode_keys(keys: &[u32], width: u8, out: &mut Vec<u8>) {
     }
 }
 
-fn varint(mut v: u64, out: &mut Vec<u8>) {
+/// `v` as an unsigned LEB128 varint.
+pub(crate) fn varint(mut v: u64, out: &mut Vec<u8>) {
     while v >= 0x80 {
         out.push(v as u8 | 0x80);
         v >>= 7;

@@ -592,7 +592,7 @@ impl Assembler {
     /// The bytes a row group targets: the large-row target once the rows
     /// seen so far (in stream order: the same for the same inputs) average
     /// over [`LARGE_ROW_BYTES`].
-    fn bytes_target(&self) -> u64 {
+    fn target(&self) -> u64 {
         let (rows, bytes) = self.seen;
         match self.large_target {
             Some(large) if bytes > rows.saturating_mul(LARGE_ROW_BYTES) => large,
@@ -603,7 +603,7 @@ impl Assembler {
     fn is_full(&self) -> bool {
         match self.rows_target {
             Some(rows) => self.rows >= rows,
-            None => self.bytes >= self.bytes_target(),
+            None => self.bytes >= self.target(),
         }
     }
 
@@ -625,7 +625,7 @@ impl Assembler {
                 Some(target) => (target - self.rows).min(n),
                 None => {
                     let per_row = batch_bytes(&batch).max(1) as f64 / n as f64;
-                    let missing = self.bytes_target().saturating_sub(self.bytes) as f64;
+                    let missing = self.target().saturating_sub(self.bytes) as f64;
                     ((missing / per_row).ceil() as u64).clamp(1, n)
                 }
             };

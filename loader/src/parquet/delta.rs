@@ -17,25 +17,9 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    /// An unsigned LEB128 varint of at most 10 bytes.
+    /// An unsigned LEB128 varint; `what` names it in errors.
     fn varint(&mut self, what: &str) -> Result<u64, String> {
-        let mut value = 0u64;
-        for i in 0..10 {
-            let byte = *self
-                .buf
-                .get(self.pos)
-                .ok_or_else(|| format!("delta header: the page ends inside its {what}"))?;
-            self.pos += 1;
-            let bits = u64::from(byte & 0x7f);
-            if i == 9 && bits > 1 {
-                return Err(format!("delta header: its {what} overflows 64 bits"));
-            }
-            value |= bits << (7 * i);
-            if byte & 0x80 == 0 {
-                return Ok(value);
-            }
-        }
-        Err(format!("delta header: its {what} overflows 64 bits"))
+        super::rle::uleb128(self.buf, &mut self.pos, what)
     }
 
     /// A zigzag-encoded signed varint.
@@ -79,10 +63,10 @@ pub(super) fn delta_values(
 ) -> Result<(), String> {
     debug_assert!(matches!(physical, 4 | 8) && width <= physical);
     let mut cur = Cursor { buf, pos: 0 };
-    let block = cur.varint("block size")?;
-    let miniblocks = cur.varint("miniblock count")?;
-    let total = cur.varint("value count")?;
-    let first = cur.zigzag("first value")?;
+    let block = cur.varint("delta header: its block size")?;
+    let miniblocks = cur.varint("delta header: its miniblock count")?;
+    let total = cur.varint("delta header: its value count")?;
+    let first = cur.zigzag("delta header: its first value")?;
     if block == 0 || !block.is_multiple_of(128) || block > MAX_BLOCK {
         return Err(format!(
             "delta header: a block of {block} values (a multiple of 128, at most {MAX_BLOCK})"
@@ -106,19 +90,14 @@ pub(super) fn delta_values(
     }
     let (miniblocks, per_mini) = (miniblocks as usize, (block / miniblocks) as usize);
     let max_width = physical * 8;
-    let mask = if physical == 4 {
-        u64::from(u32::MAX)
-    } else {
-        u64::MAX
-    };
     out.reserve(count.saturating_mul(width));
     let mut last = first as u64;
     let mut group = [0u64; 32];
     group[0] = last;
-    push(&group[..1], width, mask, out);
+    push(&group[..1], width, out);
     let mut left = count - 1;
     while left > 0 {
-        let min_delta = cur.zigzag("minimum delta")? as u64;
+        let min_delta = cur.zigzag("delta values: a minimum delta")? as u64;
         let widths = cur.take(miniblocks, "the miniblock bit widths")?;
         for &w in widths {
             if left == 0 {
@@ -154,7 +133,7 @@ pub(super) fn delta_values(
                     &mut group,
                 );
                 let n = left.min(32);
-                push(&group[..n], width, mask, out);
+                push(&group[..n], width, out);
                 left -= n;
                 at += 4 * w;
                 in_mini += 32;
@@ -164,16 +143,17 @@ pub(super) fn delta_values(
     Ok(())
 }
 
-/// Append `values` (at most 32, masked to the physical width) to `out`,
-/// each as its first `width` little-endian bytes: laid out in a buffer on
-/// the stack (a loop the compiler vectorises), then one copy.
+/// Append `values` (at most 32) to `out`, each as its first `width`
+/// little-endian bytes (the low bytes: a value wrapped in a narrower
+/// physical width keeps them): laid out in a buffer on the stack (a loop
+/// the compiler vectorises), then one copy.
 #[inline]
-fn push(values: &[u64], width: usize, mask: u64, out: &mut Vec<u8>) {
+fn push(values: &[u64], width: usize, out: &mut Vec<u8>) {
     let mut bytes = [0u8; 32 * 8];
     match width {
         8 => {
             for (b, v) in bytes.chunks_exact_mut(8).zip(values) {
-                b.copy_from_slice(&(v & mask).to_le_bytes());
+                b.copy_from_slice(&v.to_le_bytes());
             }
         }
         4 => {

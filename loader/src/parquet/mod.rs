@@ -99,12 +99,7 @@ fn single_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<usize> {
 
 /// Whether the own decoders read every encoding of `chunk`.
 fn own_encodings(chunk: &ColumnChunkMetaData) -> bool {
-    chunk.encodings().all(|e| {
-        matches!(
-            e,
-            Encoding::PLAIN | Encoding::RLE | Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY
-        )
-    })
+    own_fixed_encodings(chunk, false)
 }
 
 /// Whether the own fixed-width decoder reads every encoding of `chunk`:

@@ -74,7 +74,7 @@ pub(super) fn walk_bits(
     let mut at = 0usize;
     let mut level = 0usize;
     while level < count {
-        let header = uleb128(data, &mut at)?;
+        let header = uleb128(data, &mut at, "a run header")?;
         if header & 1 == 0 {
             let run = usize::try_from(header >> 1)
                 .unwrap_or(usize::MAX)
@@ -116,24 +116,25 @@ pub(super) fn walk_bits(
     Ok(())
 }
 
-/// Read an unsigned LEB128 varint from `data` at `*at`.
-fn uleb128(data: &[u8], at: &mut usize) -> std::result::Result<u64, String> {
+/// Read an unsigned LEB128 varint (at most 10 bytes, 64 bits) from `data`
+/// at `*at`; `what` names it in errors.
+pub(super) fn uleb128(data: &[u8], at: &mut usize, what: &str) -> std::result::Result<u64, String> {
     let mut value = 0u64;
-    let mut shift = 0;
-    loop {
+    for i in 0..10 {
         let byte = *data
             .get(*at)
-            .ok_or_else(|| "a run header overruns the page".to_string())?;
+            .ok_or_else(|| format!("{what} overruns the page"))?;
         *at += 1;
-        value |= u64::from(byte & 0x7f) << shift;
+        let bits = u64::from(byte & 0x7f);
+        if i == 9 && bits > 1 {
+            break;
+        }
+        value |= bits << (7 * i);
         if byte & 0x80 == 0 {
             return Ok(value);
         }
-        shift += 7;
-        if shift > 63 {
-            return Err("a run header is too long".into());
-        }
     }
+    Err(format!("{what} overflows 64 bits"))
 }
 
 /// Where decoded keys go.
@@ -234,7 +235,7 @@ pub(super) fn decode_hybrid_into(
     let mut done = 0usize;
     let mut at = 0usize;
     while done < count {
-        let header = uleb128(data, &mut at)?;
+        let header = uleb128(data, &mut at, "a run header")?;
         let remaining = count - done;
         if header & 1 == 0 {
             // A run of one repeated value, stored in ceil(width / 8) bytes.
