@@ -9,8 +9,6 @@
 //! ids, counts, measurements): the loader then decodes it without zstd and
 //! without a dictionary lookup (docs/FORMAT.md).
 
-use crate::dictionary::varint;
-
 /// Deltas a block (parquet's writer uses the same).
 pub(crate) const BLOCK: usize = 128;
 /// Deltas a miniblock.
@@ -30,6 +28,16 @@ fn delta(a: i64, b: i64, bits: u32) -> i64 {
 
 fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
+}
+
+/// `v` as an unsigned LEB128 varint (also the RLE run headers of
+/// `dictionary.rs`).
+pub(crate) fn varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
 }
 
 fn varint_len(v: u64) -> usize {

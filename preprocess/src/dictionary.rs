@@ -41,6 +41,8 @@ use parquet::file::statistics::{Statistics, ValueStatistics};
 use parquet::file::writer::{SerializedPageWriter, SerializedRowGroupWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
 
+use crate::delta::varint;
+
 /// A column chunk encoded here, to be spliced into a row group as parquet's
 /// own chunks are.
 pub(crate) struct DictionaryChunk {
@@ -1059,15 +1061,6 @@ fn encode_keys(keys: &[u32], width: u8, out: &mut Vec<u8>) {
     if literal < n {
         bit_pack(&keys[literal..], width, out);
     }
-}
-
-/// `v` as an unsigned LEB128 varint.
-pub(crate) fn varint(mut v: u64, out: &mut Vec<u8>) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 fn rle_run(value: u32, count: usize, width: u8, out: &mut Vec<u8>) {
