@@ -1,17 +1,25 @@
 //! Large buffers mapped for themselves (read buffers, slabs): anonymous
-//! memory in whole huge pages, outside the allocator's heap, so that buffers
-//! of every size come and go without fragmenting it, and are handed back
-//! to the system whole.
+//! memory outside the allocator's heap, so that buffers of every size come
+//! and go without fragmenting it, and are handed back to the system whole.
+//!
+//! They are not advised to use transparent huge pages (`MADV_HUGEPAGE`):
+//! the system's own policy applies. Advised, a buffer's first touch of each
+//! 2 MiB costs a whole zeroed huge page, and on a virtual machine whose
+//! host takes back the guest's free memory (free page reporting, as on this
+//! project's machines) every such page is faulted in again on the host: a
+//! fresh process spent 85% of its time before the first batch zeroing huge
+//! pages, and its first epoch ran at half the steady rate (BENCHMARKS.md).
 
 use std::ptr::NonNull;
 
-/// Buffers of at least this many bytes (a huge page) are mapped for
-/// themselves; their sizes are rounded up to a multiple of it.
+/// Buffers of at least this many bytes are mapped for themselves; their
+/// sizes are rounded up to a multiple of it (2 MiB: pooled buffers of
+/// nearby sizes fit each other's requests; the pages past `len` are
+/// never touched, so they cost no memory).
 pub(crate) const MAPPED_FROM: usize = 2 << 20;
 
-/// A new mapping of at least `len` bytes, zeroed, page-aligned, advised to
-/// use huge pages where the system allows (a fault per 2 MiB, as mimalloc's
-/// arenas are; a refusal only costs speed): its address and size.
+/// A new mapping of at least `len` bytes, zeroed, page-aligned: its address
+/// and size.
 pub(crate) fn map(len: usize) -> std::io::Result<(NonNull<u8>, usize)> {
     let cap = len
         .checked_next_multiple_of(MAPPED_FROM)
@@ -33,8 +41,6 @@ pub(crate) fn map(len: usize) -> std::io::Result<(NonNull<u8>, usize)> {
     }
     let ptr = NonNull::new(ptr.cast::<u8>())
         .ok_or_else(|| std::io::Error::other("mmap gave a null address"))?;
-    // SAFETY: advice on the mapping just made, which stays mapped.
-    unsafe { libc::madvise(ptr.as_ptr().cast(), cap, libc::MADV_HUGEPAGE) };
     Ok((ptr, cap))
 }
 
@@ -46,4 +52,43 @@ pub(crate) fn map(len: usize) -> std::io::Result<(NonNull<u8>, usize)> {
 pub(crate) unsafe fn unmap(ptr: NonNull<u8>, cap: usize) {
     // SAFETY: the caller's promise: a live mapping of `cap` bytes at `ptr`.
     unsafe { libc::munmap(ptr.as_ptr().cast(), cap) };
+}
+
+#[cfg(test)]
+mod tests {
+    /// The `VmFlags` of the mapping of `/proc/self/smaps` that holds `addr`.
+    fn vm_flags(addr: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().unwrap_or("");
+            if let Some((lo, hi)) = range.split_once('-')
+                && let (Ok(lo), Ok(hi)) =
+                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+            {
+                inside = (lo..hi).contains(&addr);
+            } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+                return flags.trim().to_string();
+            }
+        }
+        panic!("no mapping holds {addr:#x}");
+    }
+
+    /// Buffers are mapped without huge page advice (`hg`), so the system's
+    /// policy decides, and are zeroed and writable over their capacity.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn mappings_are_not_advised_to_use_huge_pages() {
+        let (ptr, cap) = super::map(3 << 20).unwrap();
+        assert_eq!(cap, 4 << 20);
+        let flags = vm_flags(ptr.as_ptr() as usize);
+        assert!(flags.split_whitespace().any(|f| f == "rd"), "{flags}");
+        assert!(!flags.split_whitespace().any(|f| f == "hg"), "{flags}");
+        // SAFETY: the mapping just made, `cap` bytes long, unmapped below.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), cap) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        bytes.fill(1);
+        // SAFETY: what `map` gave; `bytes` is not used after this.
+        unsafe { super::unmap(ptr, cap) };
+    }
 }

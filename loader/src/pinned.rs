@@ -113,9 +113,9 @@ impl Slab {
         })
     }
 
-    /// A slab of its own mapping ([`crate::mapped`]: zeroed, page-aligned,
-    /// whole huge pages): large slabs kept out of the allocator's heap,
-    /// whose huge pages they would share with small, short-lived blocks.
+    /// A slab of its own mapping ([`crate::mapped`]: zeroed, page-aligned):
+    /// large slabs kept out of the allocator's heap, whose pages they would
+    /// share with small, short-lived blocks.
     fn mapped(len: usize) -> Result<Slab> {
         let (ptr, cap) = crate::mapped::map(len).map_err(|source| LoaderError::Io {
             op: format!("allocate a {len}-byte slab"),
@@ -439,7 +439,7 @@ mod tests {
         assert_eq!(pool.made(), 3, "the pool never holds more than its size");
     }
 
-    /// Slabs of a huge page and more are their own mappings: zeroed,
+    /// Slabs of 2 MiB and more are their own mappings: zeroed,
     /// aligned, writable over their whole length; smaller ones the heap's.
     #[test]
     fn large_host_slabs_are_mapped_zeroed_and_writable() {
