@@ -278,6 +278,10 @@ pub struct BenchReport {
     pub step_ms: Option<f64>,
     /// Peak resident memory of the process.
     pub peak_rss_bytes: Option<u64>,
+    /// Anonymous memory of the process in transparent huge pages at the end
+    /// (Linux): 0 unless the system's policy is `always` or
+    /// `MIMALLOC_ALLOW_THP=1` is set (the loader advises none).
+    pub huge_page_bytes: Option<u64>,
     /// Column chunks decoded by each path (the own decoders, or parquet's reader).
     pub decode_paths: DecodePaths,
     /// Row groups skipped as damaged (`--on-error skip`).
@@ -435,6 +439,7 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         epoch_rows_per_s,
         step_ms: args.step_ms,
         peak_rss_bytes: shardfeed_preprocess::peak_rss_bytes(),
+        huge_page_bytes: shardfeed_preprocess::huge_page_bytes(),
         decode_paths: stats.decode_paths,
         skipped: stats.skipped.clone(),
         mixing: stats.mixing.clone(),

@@ -42,7 +42,7 @@ pub use error::{BoxError, PreprocessError, Result};
 pub use input::{SkippedInput, files_schema};
 pub use input_format::InputFormat;
 pub use lock::LOCK_FILE;
-pub use measure::peak_rss_bytes;
+pub use measure::{huge_page_bytes, peak_rss_bytes};
 pub use options::{
     DEFAULT_MEMORY_BUDGET, DEFAULT_ROW_GROUP_BYTES, DEFAULT_SHARD_SIZE, DEFAULT_SHUFFLE_SEED,
     DEFAULT_ZSTD_LEVEL, LARGE_ROW_BYTES, LARGE_ROW_GROUP_BYTES, Progress, READ_BATCH_ROWS,

@@ -67,8 +67,19 @@ fn array_bytes(array: &dyn Array) -> u64 {
 
 /// Peak resident set size of this process (Linux), in bytes.
 pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    kib_field("/proc/self/status", "VmHWM:")
+}
+
+/// Anonymous memory of this process now held in transparent huge pages
+/// (Linux), in bytes.
+pub fn huge_page_bytes() -> Option<u64> {
+    kib_field("/proc/self/smaps_rollup", "AnonHugePages:")
+}
+
+/// The value of a `NAME: N kB` line of a `/proc` file, in bytes.
+fn kib_field(path: &str, name: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.starts_with(name))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    kb.checked_mul(1024)
 }

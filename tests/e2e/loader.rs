@@ -915,6 +915,38 @@ fn streaming_uncompressed_pages_keeps_memory_to_the_budget() {
     );
 }
 
+/// Neither the loader's buffers nor the command's allocator are advised to
+/// use transparent huge pages: under the usual `madvise` policy (or
+/// `never`) a `bench` process holds none at its end (with the advice, it
+/// held ~300 MiB of them, zeroed 2 MiB at a time; BENCHMARKS.md).
+#[test]
+fn bench_holds_no_huge_pages_unless_the_system_policy_is_always() {
+    let policy =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Tabular, 200_000, 50_000, 64 << 20);
+    let out = shardfeed(&[
+        "bench",
+        &url,
+        "--batch-size",
+        "1000",
+        "--epochs",
+        "2",
+        "--json",
+    ])
+    .success()
+    .json();
+    assert_eq!(out["rows"].as_u64().unwrap(), 400_000);
+    let huge = out["huge_page_bytes"].as_u64();
+    eprintln!(
+        "THP policy {:?}: {huge:?} bytes in huge pages",
+        policy.trim()
+    );
+    if policy.contains("[madvise]") || policy.contains("[never]") {
+        assert_eq!(huge, Some(0), "THP policy {policy:?}");
+    }
+}
+
 #[test]
 fn dropping_a_loader_mid_epoch_stops_promptly_and_slabs_are_leased() {
     let tmp = tempdir();
