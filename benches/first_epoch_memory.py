@@ -8,6 +8,11 @@ the process (mostly page faults on fresh memory), from `getrusage` of the child.
 
     python3 benches/first_epoch_memory.py --bin /tmp/before --bin target/release/shardfeed \\
         --datasets /tmp/sf-ab2/tokens/ds,/tmp/sf-ab2/tabular/ds,/tmp/sf-ab2/images/ds
+
+`--idle S` waits S seconds before each run: on a VM whose host takes back the guest's free
+memory after a moment (free page reporting), a process then meets memory the host must fault in
+again, as a trainer does that starts on a machine idle for a while; back to back, it reuses what
+the previous run just freed.
 """
 import argparse, json, os, resource, statistics, subprocess, sys, time
 
@@ -42,6 +47,8 @@ def main():
                    help="byte budgets besides the default (repeatable)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--idle", type=float, default=0.0,
+                   help="seconds to wait before each run (0: back to back)")
     args = p.parse_args()
     budgets = [None] + args.budget
     results = {}
@@ -50,6 +57,7 @@ def main():
             for budget in budgets:
                 bins = args.bin if i % 2 == 0 else list(reversed(args.bin))
                 for b in bins:
+                    time.sleep(args.idle)
                     r = run_once(b, ds, args.threads, budget)
                     results.setdefault((ds, budget or "default", b), []).append(r)
                     print(json.dumps({"dataset": ds, "budget": budget or "default", "bin": b, **r}),
