@@ -45,7 +45,7 @@ fn cut_secrets(url: &str) -> String {
     out
 }
 
-/// `text` with every URL in it redacted as [`url`] does (for messages of
+/// `text` with every URL in it redacted as [`url()`] does (for messages of
 /// other libraries, which may quote the URL of a failed request).
 pub fn text(text: &str) -> String {
     if !text.contains("://") {
