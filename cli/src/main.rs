@@ -193,7 +193,7 @@ struct ShardArgs {
     #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = storage_option)]
     storage_options: Vec<(String, String)>,
     /// Tokenize a text column with this Hugging Face tokenizer file
-    /// (tokenizer.json): the ids go to --tokens-column (list<int32>) with
+    /// (tokenizer.json): the ids go to --tokens-column (`list<int32>`) with
     /// num_tokens beside them, and the text column is dropped.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
@@ -310,39 +310,8 @@ fn keep_c_heap() {
 /// mimalloc's `purge_delay` option (milliseconds before freed memory goes back to the OS).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// mimalloc's `allow_thp` option: whether it advises transparent huge pages
-/// (`MADV_HUGEPAGE`) for the arenas it reserves.
-const MI_OPTION_ALLOW_THP: libmimalloc_sys::mi_option_t = 43;
-
-/// Runs before `main`, and so before the first allocation reserves
-/// mimalloc's first arena (1 GiB): unless `MIMALLOC_ALLOW_THP` is set,
-/// mimalloc does not advise huge pages for its arenas, and the system's
-/// policy applies (with the common `madvise` policy, 4 KiB pages). Each
-/// first touch of a huge page zeroes 2 MiB, and on a virtual machine whose
-/// host takes back free guest memory, faults it in again on the host too:
-/// there a fresh `bench` spent 85% of its time before the first batch in
-/// that zeroing, and its first epoch ran at half the steady rate
-/// (BENCHMARKS.md). mimalloc is initialised first, so that the option only
-/// drops the advice (set before, it would turn huge pages off for the whole
-/// process).
-#[cfg(target_os = "linux")]
-#[used]
-#[unsafe(link_section = ".init_array")]
-static NO_HUGE_PAGE_ADVICE: extern "C" fn() = no_huge_page_advice;
-
-#[cfg(target_os = "linux")]
-extern "C" fn no_huge_page_advice() {
-    // SAFETY: reads the environment (a NUL-terminated name) before any thread
-    // starts; allocates nothing.
-    if unsafe { libc::getenv(c"MIMALLOC_ALLOW_THP".as_ptr()) }.is_null() {
-        // SAFETY: mimalloc's initialisation (idempotent) and an option;
-        // valid at any time.
-        unsafe {
-            libmimalloc_sys::mi_process_init();
-            libmimalloc_sys::mi_option_set(MI_OPTION_ALLOW_THP, 0);
-        }
-    }
-}
+// No huge page advice for mimalloc's arenas (why: the macro's docs).
+shardfeed_format::mimalloc_without_huge_page_advice!();
 
 fn run_shard(args: &ShardArgs) -> Result<()> {
     let mut options = shard_options(args)?;

@@ -26,6 +26,7 @@
 //! assert!(shardfeed_format::validate_shard_path(&shard.path).is_ok());
 //! ```
 
+mod allocator;
 pub mod checksum;
 mod error;
 pub mod failpoint;

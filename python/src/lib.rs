@@ -40,34 +40,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// mimalloc's `purge_delay` option.
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// mimalloc's `allow_thp` option: whether it advises transparent huge pages
-/// (`MADV_HUGEPAGE`) for the arenas it reserves.
-const MI_OPTION_ALLOW_THP: libmimalloc_sys::mi_option_t = 43;
-
-/// Runs when the extension is loaded, before its first allocation reserves
-/// mimalloc's first arena: unless `MIMALLOC_ALLOW_THP` is set, the
-/// extension's mimalloc does not advise huge pages for its arenas (as the
-/// `shardfeed` command's does not: a fresh process's first epoch ran at
-/// half the steady rate zeroing huge pages, BENCHMARKS.md). mimalloc is
-/// initialised first, so that huge pages stay as they were for the rest of
-/// the Python process (torch's and numpy's memory).
-#[cfg(target_os = "linux")]
-#[used]
-#[unsafe(link_section = ".init_array")]
-static NO_HUGE_PAGE_ADVICE: extern "C" fn() = no_huge_page_advice;
-
-#[cfg(target_os = "linux")]
-extern "C" fn no_huge_page_advice() {
-    // SAFETY: reads the environment (a NUL-terminated name); allocates nothing.
-    if unsafe { libc::getenv(c"MIMALLOC_ALLOW_THP".as_ptr()) }.is_null() {
-        // SAFETY: mimalloc's initialisation (idempotent) and an option;
-        // valid at any time.
-        unsafe {
-            libmimalloc_sys::mi_process_init();
-            libmimalloc_sys::mi_option_set(MI_OPTION_ALLOW_THP, 0);
-        }
-    }
-}
+// No huge page advice for mimalloc's arenas (why: the macro's docs).
+shardfeed_format::mimalloc_without_huge_page_advice!();
 
 create_exception!(
     shardfeed,
