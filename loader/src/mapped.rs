@@ -54,7 +54,7 @@ pub(crate) unsafe fn unmap(ptr: NonNull<u8>, cap: usize) {
     unsafe { libc::munmap(ptr.as_ptr().cast(), cap) };
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     /// The `VmFlags` of the mapping of `/proc/self/smaps` that holds `addr`.
     fn vm_flags(addr: usize) -> String {
@@ -76,7 +76,6 @@ mod tests {
 
     /// Buffers are mapped without huge page advice (`hg`), so the system's
     /// policy decides, and are zeroed and writable over their capacity.
-    #[cfg(target_os = "linux")]
     #[test]
     fn mappings_are_not_advised_to_use_huge_pages() {
         let (ptr, cap) = super::map(3 << 20).unwrap();
