@@ -30,16 +30,22 @@ const UNCOMPRESSED_BELOW: f64 = 0.90;
 /// data that is compressed already (JPEG, PNG, video files): they are
 /// written uncompressed and without a dictionary, instead of zstd trying
 /// every page (and the dictionary hashing every value of a row group's
-/// first megabyte) to store it as it was anyway.
+/// first megabyte) to store it as it was anyway. Columns named in
+/// `no_dictionary` (large, distinct values: [`BinaryColumns`]) keep zstd
+/// but are written `PLAIN` from their first value.
 pub(crate) fn writer_properties(
     zstd_level: i32,
     stored: &[ColumnPath],
+    no_dictionary: &[ColumnPath],
 ) -> Result<WriterPropertiesPtr, ParquetError> {
     let mut builder = WriterProperties::builder();
     for path in stored {
         builder = builder
             .set_column_compression(path.clone(), Compression::UNCOMPRESSED)
             .set_column_dictionary_enabled(path.clone(), false);
+    }
+    for path in no_dictionary {
+        builder = builder.set_column_dictionary_enabled(path.clone(), false);
     }
     Ok(Arc::new(
         builder
@@ -61,15 +67,19 @@ pub(crate) fn writer_properties(
     ))
 }
 
-/// Values sampled per binary column by [`media_columns`].
-const MEDIA_SAMPLE: usize = 16;
+/// Values sampled per binary or string column by [`BinaryColumns::of`].
+const SAMPLE: usize = 16;
 
-/// Whether `schema` has a binary column, at the top level or in a struct
-/// (where [`media_columns`] looks).
+/// Mean sampled length from which distinct values are written without a
+/// dictionary: a 1 MiB dictionary page holds at most 1,024 of them.
+const NO_DICTIONARY_FROM: usize = 1024;
+
+/// Whether `schema` has a binary or string column, at the top level or in
+/// a struct (where [`BinaryColumns::of`] looks).
 pub(crate) fn has_binary_leaf(schema: &Schema) -> bool {
     fn binary(t: &DataType) -> bool {
         match t {
-            DataType::Binary | DataType::LargeBinary => true,
+            DataType::Binary | DataType::LargeBinary | DataType::Utf8 | DataType::LargeUtf8 => true,
             DataType::Struct(fields) => fields.iter().any(|f| binary(f.data_type())),
             _ => false,
         }
@@ -77,45 +87,86 @@ pub(crate) fn has_binary_leaf(schema: &Schema) -> bool {
     schema.fields().iter().any(|f| binary(f.data_type()))
 }
 
-/// The binary columns of `batch` (at the top level, or in structs, as
-/// Hugging Face datasets store an `image` as `{bytes, path}`) whose first
-/// non-null values (up to [`MEDIA_SAMPLE`]) are all images of a compressed
-/// format, told by their first bytes: JPEG, PNG, WebP or GIF.
-pub(crate) fn media_columns(batch: &RecordBatch) -> Vec<ColumnPath> {
-    fn visit(path: Vec<String>, array: &ArrayRef, found: &mut Vec<ColumnPath>) {
-        let sample: Vec<&[u8]> = match array.data_type() {
-            DataType::Binary => array
-                .as_binary::<i32>()
-                .iter()
-                .flatten()
-                .take(MEDIA_SAMPLE)
-                .collect(),
-            DataType::LargeBinary => array
-                .as_binary::<i64>()
-                .iter()
-                .flatten()
-                .take(MEDIA_SAMPLE)
-                .collect(),
-            DataType::Struct(_) => {
-                let parent = array.as_struct();
-                for (field, child) in parent.fields().iter().zip(parent.columns()) {
-                    let mut child_path = path.clone();
-                    child_path.push(field.name().clone());
-                    visit(child_path, child, found);
+/// The binary and string columns of a batch (at the top level, or in
+/// structs, as Hugging Face datasets store an `image` as `{bytes, path}`)
+/// that are written otherwise than the rest, judged on their first non-null
+/// values (up to [`SAMPLE`]).
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct BinaryColumns {
+    /// Binary columns whose sampled values are all images of a compressed
+    /// format, told by their first bytes (JPEG, PNG, WebP or GIF): stored
+    /// as they are.
+    pub stored: Vec<ColumnPath>,
+    /// Other columns whose sampled values are all distinct and average at
+    /// least [`NO_DICTIONARY_FROM`] bytes (documents, audio, serialised
+    /// tensors): no dictionary. Parquet's writer would put each row
+    /// group's first megabyte of them in a dictionary page (compressed,
+    /// whatever zstd makes of it) before it falls back to `PLAIN`: a page
+    /// the loader decompresses and looks up for nothing.
+    pub no_dictionary: Vec<ColumnPath>,
+}
+
+impl BinaryColumns {
+    /// Classify the binary and string columns of `batch`.
+    pub(crate) fn of(batch: &RecordBatch) -> Self {
+        fn sample<'a, I: Iterator<Item = Option<&'a [u8]>>>(values: I) -> Vec<&'a [u8]> {
+            values.flatten().take(SAMPLE).collect()
+        }
+        fn visit(path: Vec<String>, array: &ArrayRef, found: &mut BinaryColumns) {
+            let (values, may_be_image) = match array.data_type() {
+                DataType::Binary => (sample(array.as_binary::<i32>().iter()), true),
+                DataType::LargeBinary => (sample(array.as_binary::<i64>().iter()), true),
+                DataType::Utf8 => (
+                    sample(
+                        array
+                            .as_string::<i32>()
+                            .iter()
+                            .map(|v| v.map(str::as_bytes)),
+                    ),
+                    false,
+                ),
+                DataType::LargeUtf8 => (
+                    sample(
+                        array
+                            .as_string::<i64>()
+                            .iter()
+                            .map(|v| v.map(str::as_bytes)),
+                    ),
+                    false,
+                ),
+                DataType::Struct(_) => {
+                    let parent = array.as_struct();
+                    for (field, child) in parent.fields().iter().zip(parent.columns()) {
+                        let mut child_path = path.clone();
+                        child_path.push(field.name().clone());
+                        visit(child_path, child, found);
+                    }
+                    return;
                 }
+                _ => return,
+            };
+            if values.is_empty() {
                 return;
             }
-            _ => return,
-        };
-        if !sample.is_empty() && sample.iter().all(|v| compressed_image(v)) {
-            found.push(ColumnPath::new(path));
+            if may_be_image && values.iter().all(|v| compressed_image(v)) {
+                found.stored.push(ColumnPath::new(path));
+                return;
+            }
+            let total: usize = values.iter().map(|v| v.len()).sum();
+            let distinct = values
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len();
+            if distinct == values.len() && total / values.len() >= NO_DICTIONARY_FROM {
+                found.no_dictionary.push(ColumnPath::new(path));
+            }
         }
+        let mut found = BinaryColumns::default();
+        for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+            visit(vec![field.name().clone()], column, &mut found);
+        }
+        found
     }
-    let mut found = Vec::new();
-    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
-        visit(vec![field.name().clone()], column, &mut found);
-    }
-    found
 }
 
 /// Whether `value` starts as a JPEG, PNG, WebP or GIF file does.
@@ -283,7 +334,7 @@ pub(crate) mod tests {
     /// (which encodes flat fixed-width columns here), with the kind of each
     /// chunk the encoder made.
     fn both(batch: &RecordBatch) -> (Bytes, Bytes, Vec<bool>) {
-        let props = writer_properties(3, &[]).unwrap();
+        let props = writer_properties(3, &[], &[]).unwrap();
         let options = ArrowWriterOptions::new().with_properties((*props).clone());
         let mut theirs = Vec::new();
         let mut writer =

@@ -25,7 +25,7 @@ use shardfeed_format::{
     Location, Manifest, ShardEntry, TaskRecord, WriteOptions, shard_path, task_shard_path,
 };
 
-use crate::encode::{EncodedRowGroup, Encoder, has_binary_leaf, media_columns, writer_properties};
+use crate::encode::{BinaryColumns, EncodedRowGroup, Encoder, has_binary_leaf, writer_properties};
 use crate::input::{self, Inputs, SkippedInput, Source};
 use crate::measure::{batch_bytes, peak_rss_bytes};
 use crate::output;
@@ -191,20 +191,20 @@ struct Written {
     null_texts: u64,
 }
 
-/// The binary columns that hold compressed images, judged on the first batch
-/// of the first input (a file; a folder is judged by its files' names). That
-/// batch (~2 MiB) is read here once more than the pipeline reads it, and only
-/// when the schema has a binary column. An input that fails to open or read
-/// is left to the pipeline, which names it.
-fn media_columns_of(inputs: &Inputs, schema: &SchemaRef) -> Vec<ColumnPath> {
+/// How the binary and string columns are written, judged on the first
+/// batch of the first input (a file; a folder is judged by its files'
+/// names). That batch (~2 MiB) is read here once more than the pipeline
+/// reads it, and only when the schema has a binary or string column. An
+/// input that fails to open or read is left to the pipeline, which names it.
+fn binary_columns_of(inputs: &Inputs, schema: &SchemaRef) -> BinaryColumns {
     match inputs.sources.first() {
         Some(source @ Source::File { .. }) if has_binary_leaf(schema) => {
             match input::open(source, schema).map(|mut batches| batches.next()) {
-                Ok(Some(Ok(batch))) => media_columns(&batch),
-                _ => Vec::new(),
+                Ok(Some(Ok(batch))) => BinaryColumns::of(&batch),
+                _ => BinaryColumns::default(),
             }
         }
-        _ => Vec::new(),
+        _ => BinaryColumns::default(),
     }
 }
 
@@ -230,19 +230,21 @@ fn run(
     let out_schema = tokenizer.map_or_else(|| schema.clone(), |t| t.schema());
     // Images and other files compressed already keep their bytes as they
     // are: zstd tried on every page only to store it unchanged.
-    let stored = if tokenizer.is_some() {
-        Vec::new()
+    let binary = if tokenizer.is_some() {
+        BinaryColumns::default()
     } else if inputs.files_compressed() {
-        vec![ColumnPath::from("bytes")]
+        BinaryColumns {
+            stored: vec![ColumnPath::from("bytes")],
+            no_dictionary: Vec::new(),
+        }
     } else {
-        media_columns_of(inputs, &schema)
+        binary_columns_of(inputs, &schema)
     };
-    let props = writer_properties(options.zstd_level, &stored).map_err(|source| {
-        PreprocessError::Encode {
+    let props = writer_properties(options.zstd_level, &binary.stored, &binary.no_dictionary)
+        .map_err(|source| PreprocessError::Encode {
             shard: "(all)".into(),
             source,
-        }
-    })?;
+        })?;
     let encoder = Encoder::new(out_schema.clone(), props.clone()).map_err(|source| {
         PreprocessError::Encode {
             shard: "(all)".into(),

@@ -288,7 +288,9 @@ fn assert_codecs(dataset: &Path, expected: &[(&str, bool)]) {
 /// A Parquet input's binary columns that hold compressed images (JPEG, PNG,
 /// WebP, GIF by their first bytes; top level, or in a struct as Hugging
 /// Face stores `image: {bytes, path}`) are stored uncompressed; other
-/// binary columns keep zstd; every row comes back byte for byte.
+/// binary columns keep zstd; large distinct values (binary or text) get no
+/// dictionary page, short repeated strings keep theirs; every row comes
+/// back byte for byte.
 #[test]
 fn image_columns_of_a_parquet_input_are_stored_as_they_are() {
     use arrow_array::{ArrayRef, BinaryArray, Int64Array, StringArray, StructArray};
@@ -345,6 +347,18 @@ fn image_columns_of_a_parquet_input_are_stored_as_they_are() {
         ("photo", bin(&images)),
         ("image", Arc::new(hf) as ArrayRef),
         ("blob", bin(&blobs)),
+        (
+            "doc",
+            Arc::new(StringArray::from_iter_values((0..n).map(|i| {
+                format!("document {i}: ") + &"words and more words ".repeat(60 + i % 7)
+            }))) as ArrayRef,
+        ),
+        (
+            "tag",
+            Arc::new(StringArray::from_iter_values(
+                (0..n).map(|i| format!("tag-{}", i % 5)),
+            )) as ArrayRef,
+        ),
     ])
     .unwrap();
     let input = tmp.path().join("in.parquet");
@@ -360,8 +374,45 @@ fn image_columns_of_a_parquet_input_are_stored_as_they_are() {
             ("image.bytes", false),
             ("image.path", true),
             ("blob", true),
+            ("doc", true),
+            ("tag", true),
         ],
     );
+    let dictionary = |name: &str| -> Vec<bool> {
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        manifest(&out)
+            .shards
+            .iter()
+            .flat_map(|shard| {
+                let file = std::fs::File::open(out.join(&shard.path)).unwrap();
+                let reader = SerializedFileReader::new(file).unwrap();
+                reader
+                    .metadata()
+                    .row_groups()
+                    .iter()
+                    .map(|g| {
+                        let c = g
+                            .columns()
+                            .iter()
+                            .find(|c| c.column_path().string() == name);
+                        c.unwrap().dictionary_page_offset().is_some()
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    for name in ["blob", "doc"] {
+        assert!(
+            dictionary(name).iter().all(|d| !d),
+            "{name} has a dictionary page"
+        );
+    }
+    assert!(
+        dictionary("tag").iter().all(|d| *d),
+        "tag lost its dictionary"
+    );
+    // The documents still compress: their pages are zstd-compressed.
+    assert!(data_pages(&out, "doc").0 > 0);
 }
 
 /// With the default shuffle, a folder's files are put in a seeded random
