@@ -13,13 +13,15 @@
 //! 3. The block is a list of segments (row ranges of units, clipped at the
 //!    block's ends), cut into windows of `window` segments; rows are permuted
 //!    inside each window with a seeded bijection. So that an epoch's first
-//!    batch needs neither a whole window decoded nor a window of one row
-//!    group, the first window is split in two: the first `1/first_slices` of
-//!    each of its segments, then the rest of them. Both halves draw from all
-//!    of the window's row groups, and the decoders stop after the pages that
-//!    cover a slice. Without shuffling, rows come in order and nothing is
-//!    split; the loader splits only datasets shuffled at shard time, whose
-//!    slices are random samples.
+//!    batch needs neither a whole window fetched and decoded nor a window of
+//!    one row group, the first window is split in two: the first
+//!    `1/first_slices` of some of its segments (the fewest, at least
+//!    [`MIN_FIRST_HEADS`], whose slices hold [`FIRST_HEAD_BATCHES`]
+//!    batches; all of them when even that is too few rows), then the rest
+//!    of those and the other segments whole. The decoders stop after the
+//!    pages that cover a slice. Without shuffling, rows come in order and
+//!    nothing is split; the loader splits only datasets shuffled at shard
+//!    time, whose slices are random samples.
 //! 4. Batches are consecutive runs of `batch_size` positions; with `drop_last`
 //!    the final partial batch is dropped.
 //!
@@ -76,8 +78,9 @@ pub struct PlanOptions {
     pub batch_size: usize,
     /// Drop the cross-rank remainder and the final partial batch.
     pub drop_last: bool,
-    /// The first window is served in two: the first `1/first_slices` of its
-    /// segments' rows, then the rest (0 or 1: not split).
+    /// The first window is served in two: the first `1/first_slices` of
+    /// the rows of some of its segments, then the rest (0 or 1: not split;
+    /// see the module's documentation).
     pub first_slices: u32,
     /// With `drop_last`, still yield the final partial batch (only the
     /// cross-rank remainder is dropped): a mixture's sources read every row
@@ -105,6 +108,36 @@ impl Piece {
     pub fn rows(&self) -> u64 {
         self.end.saturating_sub(self.start)
     }
+}
+
+/// Fewest segments of a first window whose first slices serve an epoch's
+/// first batches: below this the heads would be a one-row-group window.
+pub const MIN_FIRST_HEADS: usize = 2;
+/// Batches the first slices must hold (unless every segment of the first
+/// window is sliced): a batch that straddles the heads and the rest waits
+/// for the whole rest.
+pub const FIRST_HEAD_BATCHES: u64 = 2;
+
+/// How many of a first window's segments (whose first slices hold
+/// `slices` rows each, in order) are sliced: the fewest, at least
+/// [`MIN_FIRST_HEADS`], whose slices hold [`FIRST_HEAD_BATCHES`] batches of
+/// `batch_size`, or all of them. The first batch waits for the sliced
+/// segments' row groups to be fetched whole (their chunks' checksums cover
+/// whole chunks), so fewer of them bring it sooner: on a 1.5 GB token set
+/// (row groups of ~1,000 rows, 4.4 MB), slicing 2 of 8 instead of all 8
+/// (BENCHMARKS.md). The rest of the window is the next window, as before.
+fn first_heads(slices: impl Iterator<Item = u64>, batch_size: u64) -> usize {
+    let want = FIRST_HEAD_BATCHES.saturating_mul(batch_size);
+    let mut rows = 0u64;
+    let mut count = 0usize;
+    for slice in slices {
+        if count >= MIN_FIRST_HEADS && rows >= want {
+            break;
+        }
+        rows = rows.saturating_add(slice);
+        count += 1;
+    }
+    count
 }
 
 /// Positions `[from, to)` of the sequence `pieces` make, as pieces.
@@ -340,29 +373,37 @@ impl EpochPlan {
         }
         let window = options.window.max(1);
         if options.shuffle && options.first_slices > 1 && !segments.is_empty() {
-            // The first window's segments, split: their first slices, then
-            // what is left of each.
-            let first = window.min(segments.len());
-            let mut heads = Vec::with_capacity(first);
-            let mut tails = Vec::with_capacity(first);
-            for s in &segments[..first] {
-                let slice = (s.end - s.start).div_ceil(options.first_slices);
+            // The first window's segments, split: the first slices of as
+            // many of them as `first_heads` says (the heads), then what is
+            // left of those and the others whole (the rest).
+            let whole = window.min(segments.len());
+            let slice_of = |s: &Segment| (s.end - s.start).div_ceil(options.first_slices);
+            let sliced = first_heads(
+                segments[..whole].iter().map(|s| slice_of(s) as u64),
+                options.batch_size as u64,
+            );
+            let mut heads = Vec::with_capacity(sliced);
+            let mut rest = Vec::with_capacity(whole);
+            for s in &segments[..sliced] {
+                let slice = slice_of(s);
                 heads.push(Segment {
                     end: s.start + slice,
                     ..*s
                 });
                 if s.start + slice < s.end {
-                    tails.push(Segment {
+                    rest.push(Segment {
                         start: s.start + slice,
                         ..*s
                     });
                 }
             }
-            let split_at = heads.len() + tails.len();
-            heads.extend(tails);
-            heads.extend_from_slice(&segments[first..]);
+            rest.extend_from_slice(&segments[sliced..whole]);
+            let first = heads.len();
+            let split_at = first + rest.len();
+            heads.extend(rest);
+            heads.extend_from_slice(&segments[whole..]);
             segments = heads;
-            // Windows: the heads, the tails, then `window` segments each.
+            // Windows: the heads, the rest, then `window` segments each.
             let mut window_starts = Vec::with_capacity(segments.len().div_ceil(window) + 3);
             let mut window_segments = Vec::with_capacity(segments.len().div_ceil(window) + 3);
             let mut acc = 0u64;
@@ -779,6 +820,49 @@ mod tests {
         assert_eq!(ids, (0..3200).collect::<Vec<_>>());
     }
 
+    /// Where two batches fit in the first slices of fewer row groups than a
+    /// window holds, only those are sliced (at least two): the first batches
+    /// wait for two row groups' fetches, not a whole window's; the rest of
+    /// the window (their tails and the other row groups whole) comes next.
+    #[test]
+    fn only_as_many_row_groups_are_sliced_as_the_first_batches_need() {
+        let m = manifest(&vec![vec![80; 20]; 2]);
+        let opts = |batch_size| PlanOptions {
+            seed: 4,
+            epoch: 1,
+            rank: 0,
+            world_size: 1,
+            shuffle: true,
+            window: 8,
+            batch_size,
+            drop_last: false,
+            first_slices: 8,
+            keep_partial: false,
+        };
+        // Slices of 10 rows: batches of 7 need two row groups (14 rows),
+        // of 15 three (30 rows), of 50 all eight.
+        for (batch, sliced) in [(1, 2), (7, 2), (10, 2), (15, 3), (50, 8), (4000, 8)] {
+            let plan = EpochPlan::new(&m, opts(batch));
+            let heads = plan.window(0).segments;
+            let rest = plan.window(1).segments;
+            assert_eq!(heads.len(), sliced, "batch {batch}");
+            assert!(heads.iter().all(|s| s.start == 0 && s.end == 10));
+            assert_eq!(rest.len(), 8, "batch {batch}");
+            let (tails, whole) = rest.split_at(sliced);
+            for (h, t) in heads.iter().zip(tails) {
+                assert_eq!(
+                    (t.shard, t.row_group, t.start, t.end),
+                    (h.shard, h.row_group, 10, 80)
+                );
+            }
+            assert!(whole.iter().all(|s| s.start == 0 && s.end == 80));
+            assert!((2..plan.window_count()).all(|w| plan.window(w).segments.len() == 8));
+            let mut ids = row_ids(&m, &plan);
+            ids.sort();
+            assert_eq!(ids, (0..3200).collect::<Vec<_>>());
+        }
+    }
+
     #[test]
     fn epochs_change_the_order_and_no_shuffle_keeps_input_order() {
         let m = manifest(&[vec![100, 100], vec![100, 50]]);
@@ -843,6 +927,18 @@ mod golden {
 
     /// Global ids (rows numbered shard by shard) of a rank's epoch.
     fn ids(seed: u64, epoch: u64, rank: u64, world: u64) -> Vec<u64> {
+        ids_with(seed, epoch, rank, world, 2, 4)
+    }
+
+    /// [`ids`] with another window and batch size.
+    fn ids_with(
+        seed: u64,
+        epoch: u64,
+        rank: u64,
+        world: u64,
+        window: usize,
+        batch_size: usize,
+    ) -> Vec<u64> {
         let m = layout();
         let plan = EpochPlan::new(
             &m,
@@ -852,8 +948,8 @@ mod golden {
                 rank,
                 world_size: world,
                 shuffle: true,
-                window: 2,
-                batch_size: 4,
+                window,
+                batch_size,
                 drop_last: true,
                 first_slices: 8,
                 keep_partial: false,
@@ -888,7 +984,7 @@ mod golden {
     fn orders_for_fixed_seeds_are_pinned() {
         assert_eq!(
             crate::state::PLAN_VERSION,
-            2,
+            3,
             "update the pinned orders with the version"
         );
         // (seed, epoch, rank, world size) -> the rank's rows, in order.
@@ -924,5 +1020,15 @@ mod golden {
                 "seed {seed} epoch {epoch} rank {rank}/{world}"
             );
         }
+        // A first window of five row groups of which two are sliced (plan
+        // version 3; version 2 sliced all five).
+        assert_eq!(ids_with(5, 0, 0, 1, 5, 1), PINNED_FEW_HEADS);
     }
+
+    /// Heads `[10, 17]`: the first slices (one row each) of the first two
+    /// row groups in the epoch's order; then the rest of the window.
+    const PINNED_FEW_HEADS: &[u64] = &[
+        10, 17, 35, 18, 4, 20, 14, 11, 16, 6, 19, 13, 9, 15, 12, 3, 1, 2, 34, 25, 0, 23, 24, 8, 21,
+        31, 27, 32, 36, 33, 5, 28, 22, 26, 30, 29, 7,
+    ];
 }

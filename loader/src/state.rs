@@ -20,7 +20,7 @@ use crate::{LoaderError, Result};
 /// The state format this build writes and reads.
 pub const STATE_VERSION: u32 = 2;
 /// The order algorithm of [`crate::plan`] this build implements.
-pub const PLAN_VERSION: u32 = 2;
+pub const PLAN_VERSION: u32 = 3;
 
 /// Where a loader is: enough to continue exactly there in a new process.
 /// Serialized as JSON it is well under 1 KB.

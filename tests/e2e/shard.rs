@@ -693,6 +693,10 @@ fn killing_shard_never_leaves_a_broken_dataset_and_a_rerun_completes() {
         FileFormat::Parquet(Compression::SNAPPY),
     );
     let out = tmp.path().join("ds");
+    // The shuffle's spill folders of the killed runs stay in the test's
+    // folder, not in the system's temporary folder.
+    let spill = tmp.path().join("spill");
+    std::fs::create_dir(&spill).unwrap();
     let args = shard_args(
         &inputs,
         &out,
@@ -703,6 +707,8 @@ fn killing_shard_never_leaves_a_broken_dataset_and_a_rerun_completes() {
             "64",
             "--threads",
             "2",
+            "--temp-dir",
+            &s(&spill),
         ],
     );
     // Killed (an abrupt exit, as SIGKILL) at points spread across a run:
@@ -737,9 +743,12 @@ fn killing_shard_never_leaves_a_broken_dataset_and_a_rerun_completes() {
         run.stderr
     );
     assert!(!run.stderr.contains("RUST_BACKTRACE"), "{}", run.stderr);
-    // The interrupted output holds no manifest; the same command completes it.
+    // The interrupted output holds no manifest; the same command completes it,
+    // and removes its own spill folder (the killed runs could not).
     assert!(!out.join("manifest.json").exists());
+    let before = std::fs::read_dir(&spill).unwrap().count();
     shardfeed(&args).success();
+    assert_eq!(std::fs::read_dir(&spill).unwrap().count(), before);
     shardfeed(&["verify", &s(&out)]).success();
     let all = read_all(&out);
     assert_eq!(ids(&all), (0..3000).collect::<Vec<i64>>());
