@@ -125,7 +125,7 @@ struct ShardArgs {
     #[arg(long)]
     row_group_rows: Option<u64>,
     /// Target uncompressed bytes per row group, when --row-group-rows is not
-    /// given (default: 8MiB, and 4MiB once rows average over 64KiB: images,
+    /// given (default: 8MiB, and 2MiB once rows average over 64KiB: images,
     /// audio).
     #[arg(long)]
     row_group_size: Option<String>,

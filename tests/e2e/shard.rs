@@ -1578,7 +1578,7 @@ fn large_rows_get_smaller_row_groups_unless_a_size_is_set() {
         ids.sort_unstable();
         assert_eq!(ids, (0..rows).collect::<Vec<_>>());
         // The manifest records the large-row target where it applies.
-        let large = options.large_row_group_bytes.map(|_| 4u64 << 20);
+        let large = options.large_row_group_bytes.map(|_| 2u64 << 20);
         assert_eq!(manifest.options.large_row_group_bytes, large, "{name}");
         manifest
             .shards
@@ -1586,13 +1586,13 @@ fn large_rows_get_smaller_row_groups_unless_a_size_is_set() {
             .flat_map(|s| s.row_groups.clone())
             .collect()
     };
-    // A row is its value, an offset and an id: 100,012 bytes; 4 MiB holds
-    // 41.9 of them, 8 MiB 83.9 (a row group closes at the row that reaches
+    // A row is its value, an offset and an id: 100,012 bytes; 2 MiB holds
+    // 20.97 of them, 8 MiB 83.9 (a row group closes at the row that reaches
     // its target).
     let large = groups("large", 300, 100_000, ShardOptions::default());
     assert!(large.len() > 2);
     assert!(
-        large[..large.len() - 1].iter().all(|&r| r == 42),
+        large[..large.len() - 1].iter().all(|&r| r == 21),
         "{large:?}"
     );
     let set = groups(
