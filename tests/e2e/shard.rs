@@ -1181,10 +1181,18 @@ fn a_second_writer_is_refused_and_a_killed_writers_lock_is_taken_over() {
         FileFormat::Parquet(Compression::SNAPPY),
     );
     let out = tmp.path().join("ds");
+    // The killed run's spill folder stays in the test's folder.
     let args = shard_args(
         &inputs,
         &out,
-        &["--shard-size", "256KiB", "--row-group-rows", "64"],
+        &[
+            "--shard-size",
+            "256KiB",
+            "--row-group-rows",
+            "64",
+            "--temp-dir",
+            &s(tmp.path()),
+        ],
     );
     // The first run stops (alive) after publishing its second shard.
     let mut first = bin()
