@@ -112,28 +112,15 @@ impl BinaryColumns {
         fn sample<'a, I: Iterator<Item = Option<&'a [u8]>>>(values: I) -> Vec<&'a [u8]> {
             values.flatten().take(SAMPLE).collect()
         }
+        fn texts<O: arrow_array::OffsetSizeTrait>(array: &ArrayRef) -> Vec<&[u8]> {
+            sample(array.as_string::<O>().iter().map(|v| v.map(str::as_bytes)))
+        }
         fn visit(path: Vec<String>, array: &ArrayRef, found: &mut BinaryColumns) {
             let (values, may_be_image) = match array.data_type() {
                 DataType::Binary => (sample(array.as_binary::<i32>().iter()), true),
                 DataType::LargeBinary => (sample(array.as_binary::<i64>().iter()), true),
-                DataType::Utf8 => (
-                    sample(
-                        array
-                            .as_string::<i32>()
-                            .iter()
-                            .map(|v| v.map(str::as_bytes)),
-                    ),
-                    false,
-                ),
-                DataType::LargeUtf8 => (
-                    sample(
-                        array
-                            .as_string::<i64>()
-                            .iter()
-                            .map(|v| v.map(str::as_bytes)),
-                    ),
-                    false,
-                ),
+                DataType::Utf8 => (texts::<i32>(array), false),
+                DataType::LargeUtf8 => (texts::<i64>(array), false),
                 DataType::Struct(_) => {
                     let parent = array.as_struct();
                     for (field, child) in parent.fields().iter().zip(parent.columns()) {
