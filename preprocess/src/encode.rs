@@ -415,6 +415,81 @@ pub(crate) mod tests {
     /// value, runs and many values, over several pages: the same values back,
     /// and the chunk metadata parquet's writer gives (statistics, encodings,
     /// page kinds, level histograms), at most 3% over its size.
+    /// Binary and string columns of every offset width, at the top level
+    /// and in a struct: images (by signature) are stored as they are; large
+    /// distinct values lose the dictionary; short values, repeated large
+    /// values and all-null columns keep it; nulls are not sampled.
+    #[test]
+    fn binary_columns_are_classified_by_their_first_values() {
+        use arrow_array::{BinaryArray, LargeBinaryArray, LargeStringArray, StructArray};
+        use arrow_schema::Field;
+        let n = 20;
+        let long = |i: usize| format!("{i:04} {}", "text ".repeat(300));
+        let jpeg = |i: usize| [&[0xFF, 0xD8, 0xFF, 0xE0][..], &[i as u8; 2000][..]].concat();
+        let blob = |i: usize| vec![i as u8; 1500];
+        let docs: ArrayRef = Arc::new(StringArray::from_iter_values((0..n).map(long)));
+        let nested = StructArray::from(vec![
+            (
+                Arc::new(Field::new("bytes", DataType::Binary, false)),
+                Arc::new(BinaryArray::from_iter_values((0..n).map(jpeg))) as ArrayRef,
+            ),
+            (
+                Arc::new(Field::new("text", DataType::Utf8, false)),
+                docs.clone(),
+            ),
+        ]);
+        let batch = RecordBatch::try_from_iter([
+            ("doc", docs),
+            (
+                "large_doc",
+                Arc::new(LargeStringArray::from_iter_values((0..n).map(long))) as ArrayRef,
+            ),
+            (
+                "large_blob",
+                Arc::new(LargeBinaryArray::from_iter_values((0..n).map(blob))) as ArrayRef,
+            ),
+            (
+                "photo",
+                Arc::new(BinaryArray::from_iter_values((0..n).map(jpeg))) as ArrayRef,
+            ),
+            ("image", Arc::new(nested) as ArrayRef),
+            (
+                "tag",
+                Arc::new(StringArray::from_iter_values(
+                    (0..n).map(|i| format!("t{i}")),
+                )) as ArrayRef,
+            ),
+            (
+                "repeated",
+                Arc::new(StringArray::from_iter_values((0..n).map(|i| long(i % 3)))) as ArrayRef,
+            ),
+            (
+                // Nulls first: the sample is the distinct long values after them.
+                "sparse",
+                Arc::new(StringArray::from_iter(
+                    (0..n).map(|i| (i >= 5).then(|| long(i))),
+                )) as ArrayRef,
+            ),
+            (
+                "empty",
+                Arc::new(StringArray::from_iter((0..n).map(|_| None::<String>))) as ArrayRef,
+            ),
+            (
+                "number",
+                Arc::new(Int64Array::from_iter_values(0..n as i64)) as ArrayRef,
+            ),
+        ])
+        .unwrap();
+        let found = BinaryColumns::of(&batch);
+        let names =
+            |paths: &[ColumnPath]| -> Vec<String> { paths.iter().map(|p| p.string()).collect() };
+        assert_eq!(names(&found.stored), ["photo", "image.bytes"]);
+        assert_eq!(
+            names(&found.no_dictionary),
+            ["doc", "large_doc", "large_blob", "image.text", "sparse"]
+        );
+    }
+
     #[test]
     fn chunks_read_back_as_parquets_own() {
         let rows = 50_000usize;
