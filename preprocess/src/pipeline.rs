@@ -229,7 +229,8 @@ fn run(
     // The shards' schema: the input's, or with the text's ids.
     let out_schema = tokenizer.map_or_else(|| schema.clone(), |t| t.schema());
     // Images and other files compressed already keep their bytes as they
-    // are: zstd tried on every page only to store it unchanged.
+    // are (zstd tried on every page only to store it unchanged); large
+    // distinct values get no dictionary.
     let binary = if tokenizer.is_some() {
         BinaryColumns::default()
     } else if inputs.files_compressed() {

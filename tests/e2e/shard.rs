@@ -256,30 +256,40 @@ fn a_folder_of_files_becomes_one_row_per_file_with_labels() {
     }
 }
 
-/// Every row group of every shard of `dataset` stores each named leaf
-/// column with zstd or, if not, uncompressed and without a dictionary.
-fn assert_codecs(dataset: &Path, expected: &[(&str, bool)]) {
+/// The chunk metadata of leaf column `name` (a dotted path) in every row
+/// group of every shard of `dataset`, in order.
+fn column_chunks(dataset: &Path, name: &str) -> Vec<parquet::file::metadata::ColumnChunkMetaData> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
+    let mut chunks = Vec::new();
     for shard in &manifest(dataset).shards {
         let file = std::fs::File::open(dataset.join(&shard.path)).unwrap();
         let reader = SerializedFileReader::new(file).unwrap();
         for group in reader.metadata().row_groups() {
-            for &(name, zstd) in expected {
-                let column = group
-                    .columns()
-                    .iter()
-                    .find(|c| c.column_path().string() == name)
-                    .unwrap_or_else(|| panic!("no column {name}"));
-                let compression = column.compression();
-                assert_eq!(
-                    matches!(compression, Compression::ZSTD(_)),
-                    zstd,
-                    "{name}: {compression}"
-                );
-                if !zstd {
-                    assert_eq!(compression, Compression::UNCOMPRESSED, "{name}");
-                    assert!(column.dictionary_page_offset().is_none(), "{name}");
-                }
+            let column = group
+                .columns()
+                .iter()
+                .find(|c| c.column_path().string() == name)
+                .unwrap_or_else(|| panic!("no column {name}"));
+            chunks.push(column.clone());
+        }
+    }
+    chunks
+}
+
+/// Every row group of every shard of `dataset` stores each named leaf
+/// column with zstd or, if not, uncompressed and without a dictionary.
+fn assert_codecs(dataset: &Path, expected: &[(&str, bool)]) {
+    for &(name, zstd) in expected {
+        for column in column_chunks(dataset, name) {
+            let compression = column.compression();
+            assert_eq!(
+                matches!(compression, Compression::ZSTD(_)),
+                zstd,
+                "{name}: {compression}"
+            );
+            if !zstd {
+                assert_eq!(compression, Compression::UNCOMPRESSED, "{name}");
+                assert!(column.dictionary_page_offset().is_none(), "{name}");
             }
         }
     }
@@ -379,26 +389,9 @@ fn image_columns_of_a_parquet_input_are_stored_as_they_are() {
         ],
     );
     let dictionary = |name: &str| -> Vec<bool> {
-        use parquet::file::reader::{FileReader, SerializedFileReader};
-        manifest(&out)
-            .shards
+        column_chunks(&out, name)
             .iter()
-            .flat_map(|shard| {
-                let file = std::fs::File::open(out.join(&shard.path)).unwrap();
-                let reader = SerializedFileReader::new(file).unwrap();
-                reader
-                    .metadata()
-                    .row_groups()
-                    .iter()
-                    .map(|g| {
-                        let c = g
-                            .columns()
-                            .iter()
-                            .find(|c| c.column_path().string() == name);
-                        c.unwrap().dictionary_page_offset().is_some()
-                    })
-                    .collect::<Vec<_>>()
-            })
+            .map(|c| c.dictionary_page_offset().is_some())
             .collect()
     };
     for name in ["blob", "doc"] {
