@@ -1901,8 +1901,14 @@ mod tests {
             );
 
             // Permuted into one batch first (the shuffle stage), then collated.
-            let (permuted, bounds) =
-                permute(&batches, &order, 0, 1, crate::shuffle::LOOK_UP_ABOVE).unwrap();
+            let (permuted, bounds) = permute(
+                batches.to_vec(),
+                &order,
+                0,
+                1,
+                crate::shuffle::LOOK_UP_ABOVE,
+            )
+            .unwrap();
             let all_dictionary = kinds.iter().all(|&k| k > 0);
             assert_eq!(
                 matches!(permuted.column(0).data_type(), DataType::Dictionary(..)),
@@ -2016,7 +2022,14 @@ mod tests {
             .map(|&o| if o < 40 { (0, o) } else { (1, o - 40) })
             .collect();
         assert_eq!(read(&[&batches[0], &batches[1]], &rows), expected);
-        let (permuted, _) = permute(&batches, &order, 0, 1, crate::shuffle::LOOK_UP_ABOVE).unwrap();
+        let (permuted, _) = permute(
+            batches.to_vec(),
+            &order,
+            0,
+            1,
+            crate::shuffle::LOOK_UP_ABOVE,
+        )
+        .unwrap();
         let rows: Vec<(u32, u32)> = (0..100).map(|i| (0, i)).collect();
         assert_eq!(read(&[&permuted], &rows), expected);
     }
