@@ -274,6 +274,16 @@ pub struct BenchReport {
     /// Rows per second of each epoch, in order (`steady_rows_per_s` is
     /// their mean after the first; peers' "best later pass" is their max).
     pub epoch_rows_per_s: Vec<f64>,
+    /// Minor page faults of the process during each epoch, the first from
+    /// the process's start (building the loader is part of what a fresh
+    /// process pays): the fresh memory the first epoch touches, which later
+    /// epochs reuse. Empty where `getrusage` is not available.
+    pub epoch_minor_faults: Vec<u64>,
+    /// CPU seconds the kernel spent for the process during each epoch
+    /// (page faults, reads from the page cache, thread wake-ups).
+    pub epoch_system_s: Vec<f64>,
+    /// CPU seconds in user mode during each epoch (all threads).
+    pub epoch_user_s: Vec<f64>,
     /// Simulated step, if any.
     pub step_ms: Option<f64>,
     /// Peak resident memory of the process.
@@ -375,9 +385,17 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     let started = Instant::now();
     let mut first_epoch = None;
     let mut epoch_rows_per_s = Vec::new();
+    let mut epoch_usage: Vec<Usage> = Vec::new();
     for epoch in 0..args.epochs {
         let stats = loader.stats();
         let (epoch_started, rows_before) = (started.elapsed().as_secs_f64(), stats.rows);
+        // From the process's start for the first epoch: building the loader
+        // (reading the manifest and a footer) is part of what it costs.
+        let usage_before = if epoch == 0 {
+            Some(Usage::default())
+        } else {
+            Usage::now()
+        };
         if epoch == 1 {
             first_epoch = Some((epoch_started, stats.wait_ms, stats.rows));
         }
@@ -412,6 +430,9 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         if elapsed > 0.0 {
             epoch_rows_per_s.push((loader.stats().rows - rows_before) as f64 / elapsed);
         }
+        if let (Some(before), Some(after)) = (usage_before, Usage::now()) {
+            epoch_usage.push(after.since(&before));
+        }
     }
     let seconds = started.elapsed().as_secs_f64();
     let stats = loader.stats();
@@ -437,6 +458,9 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
             _ => stats.rows as f64 / seconds,
         },
         epoch_rows_per_s,
+        epoch_minor_faults: epoch_usage.iter().map(|u| u.minor_faults).collect(),
+        epoch_system_s: epoch_usage.iter().map(|u| u.system_s).collect(),
+        epoch_user_s: epoch_usage.iter().map(|u| u.user_s).collect(),
         step_ms: args.step_ms,
         peak_rss_bytes: shardfeed_preprocess::peak_rss_bytes(),
         huge_page_bytes: shardfeed_preprocess::huge_page_bytes(),
@@ -492,6 +516,44 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     Ok(report)
 }
 
+/// The process's CPU time and minor page faults (`getrusage`), all threads.
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    user_s: f64,
+    system_s: f64,
+    minor_faults: u64,
+}
+
+impl Usage {
+    /// So far in this process; `None` where `getrusage` fails.
+    fn now() -> Option<Usage> {
+        let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: getrusage writes a `rusage` into the pointer it is given,
+        // which points at one; the result is read only when it succeeded.
+        let u = unsafe {
+            if libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr()) != 0 {
+                return None;
+            }
+            u.assume_init()
+        };
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        Some(Usage {
+            user_s: secs(u.ru_utime),
+            system_s: secs(u.ru_stime),
+            minor_faults: u64::try_from(u.ru_minflt).unwrap_or(0),
+        })
+    }
+
+    /// What was spent between `before` and `self`.
+    fn since(&self, before: &Usage) -> Usage {
+        Usage {
+            user_s: self.user_s - before.user_s,
+            system_s: self.system_s - before.system_s,
+            minor_faults: self.minor_faults.saturating_sub(before.minor_faults),
+        }
+    }
+}
+
 /// Print a report.
 pub fn print(report: &BenchReport, json: bool) -> Result<()> {
     if json {
@@ -517,6 +579,17 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
         println!(
             "after the first epoch: {:.0} rows/s",
             report.steady_rows_per_s
+        );
+    }
+    if let (Some(first), Some(faults)) = (
+        report.epoch_system_s.first(),
+        report.epoch_minor_faults.first(),
+    ) {
+        let later = report.epoch_minor_faults.len().saturating_sub(1).max(1);
+        println!(
+            "first epoch: {faults} page faults (fresh memory), {first:.2} s in the kernel; later epochs: {:.0} faults, {:.2} s each",
+            report.epoch_minor_faults.iter().skip(1).sum::<u64>() as f64 / later as f64,
+            report.epoch_system_s.iter().skip(1).sum::<f64>() / later as f64,
         );
     }
     if let Some(step) = report.step_ms {
