@@ -591,21 +591,49 @@ impl Drop for Pooled {
 const READ_PIECE: usize = 256 << 10;
 
 /// Bytes a column chunk decodes to, as far as its footer tells: its pages'
-/// uncompressed size (dictionaries stay dictionaries, so that is close),
-/// but for `DELTA_BINARY_PACKED` integers, which decode to plain values
-/// several times the size of their bit-packed deltas, a value's width for
-/// each of its values. (Footer counts are untrusted: saturating.)
+/// uncompressed size, but more where the decoders make more of them (they
+/// are what the byte budget holds, so an estimate below them lets the
+/// loader hold more than its budget):
+/// - `DELTA_BINARY_PACKED` integers decode to plain values, several times
+///   the size of their bit-packed deltas: a value's width for each value;
+/// - dictionary-encoded values in lists (token ids) are looked up into
+///   plain values: the same (a dictionary-encoded token list decodes to
+///   about twice its pages);
+/// - a flat fixed-width dictionary column stays a dictionary whose keys
+///   take 2 bytes a value where the pages hold them bit-packed: 2 bytes a
+///   value more than the pages (an underestimate for dictionaries of more
+///   than 2^16 values, whose keys take 4: the footer does not say how many).
+///
+/// Byte-array values keep their pages' size. (Footer counts are untrusted:
+/// saturating.)
 pub(crate) fn decoded_bytes(c: &parquet::file::metadata::ColumnChunkMetaData) -> u64 {
     use parquet::basic::{Encoding, Type};
     let pages = c.uncompressed_size().max(0) as u64;
-    if !c.encodings().any(|e| e == Encoding::DELTA_BINARY_PACKED) {
+    let values = c.num_values().max(0) as u64;
+    let descr = c.column_descr();
+    let width = match descr.physical_type() {
+        Type::INT32 | Type::FLOAT => 4,
+        Type::INT64 | Type::DOUBLE => 8,
+        Type::INT96 => 12,
+        Type::FIXED_LEN_BYTE_ARRAY => descr.type_length().max(0) as u64,
+        Type::BOOLEAN | Type::BYTE_ARRAY => return pages,
+    };
+    let plain = values.saturating_mul(width);
+    let mut encodings = c.encodings();
+    if encodings.any(|e| e == Encoding::DELTA_BINARY_PACKED) {
+        return pages.max(plain);
+    }
+    if !c
+        .encodings()
+        .any(|e| matches!(e, Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY))
+    {
         return pages;
     }
-    let width = match c.column_descr().physical_type() {
-        Type::INT32 => 4,
-        _ => 8,
-    };
-    pages.max((c.num_values().max(0) as u64).saturating_mul(width))
+    if descr.max_rep_level() > 0 {
+        pages.max(plain)
+    } else {
+        pages.saturating_add(values.saturating_mul(2))
+    }
 }
 
 /// `ranges` of `file` (whose manifest size is `len`), each into its own
@@ -701,9 +729,11 @@ mod tests {
     use super::*;
 
     /// A delta-encoded integer chunk counts its decoded values (8 bytes
-    /// each), not its few bit-packed bytes; a dictionary chunk its pages.
+    /// each), not its few bit-packed bytes; a flat dictionary chunk its
+    /// pages and 2-byte keys; a dictionary-encoded list its looked-up values;
+    /// a plain chunk its pages.
     #[test]
-    fn delta_chunks_count_their_decoded_values() {
+    fn chunks_count_what_they_decode_to() {
         use parquet::basic::Encoding;
         use parquet::file::properties::{WriterProperties, WriterVersion};
         let rows = 10_000i64;
@@ -719,12 +749,29 @@ mod tests {
                     (0..rows).map(|i| i % 7),
                 )),
             ),
+            (
+                "ids",
+                std::sync::Arc::new(arrow_array::ListArray::from_iter_primitive::<
+                    arrow_array::types::Int32Type,
+                    _,
+                    _,
+                >(
+                    (0..rows).map(|i| Some((0..(i % 5) as i32).map(|t| Some(t * 7 % 50)))),
+                )),
+            ),
+            (
+                "plain",
+                std::sync::Arc::new(arrow_array::Float64Array::from_iter_values(
+                    (0..rows).map(|i| i as f64 * 0.37),
+                )),
+            ),
         ])
         .unwrap();
         let props = WriterProperties::builder()
             .set_writer_version(WriterVersion::PARQUET_2_0)
             .set_column_dictionary_enabled("delta".into(), false)
             .set_column_encoding("delta".into(), Encoding::DELTA_BINARY_PACKED)
+            .set_column_dictionary_enabled("plain".into(), false)
             .build();
         let mut file = Vec::new();
         let mut writer =
@@ -736,10 +783,25 @@ mod tests {
                 .unwrap();
         use parquet::file::reader::FileReader;
         let group = reader.metadata().row_group(0);
-        let (delta, dict) = (group.column(0), group.column(1));
+        let (delta, dict, ids, plain) = (
+            group.column(0),
+            group.column(1),
+            group.column(2),
+            group.column(3),
+        );
         assert!(delta.uncompressed_size() < rows);
         assert_eq!(decoded_bytes(delta), rows as u64 * 8);
-        assert_eq!(decoded_bytes(dict), dict.uncompressed_size() as u64);
+        assert_eq!(
+            decoded_bytes(dict),
+            dict.uncompressed_size() as u64 + rows as u64 * 2
+        );
+        // 0 + 1 + 2 + 3 + 4 ids per five rows (an empty list is one level).
+        let levels = (rows / 5 * 11) as u64;
+        assert_eq!(ids.num_values() as u64, levels);
+        assert!((ids.uncompressed_size() as u64) < levels * 4);
+        assert_eq!(decoded_bytes(ids), levels * 4);
+        assert_eq!(decoded_bytes(plain), plain.uncompressed_size() as u64);
+        assert!(decoded_bytes(plain) >= rows as u64 * 8);
     }
 
     /// Reads of every size come back byte for byte with their checksums;
