@@ -585,11 +585,18 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
         report.epoch_system_s.first(),
         report.epoch_minor_faults.first(),
     ) {
-        let later = report.epoch_minor_faults.len().saturating_sub(1).max(1);
+        let later = report.epoch_minor_faults.len().saturating_sub(1);
+        let after = if later == 0 {
+            String::new()
+        } else {
+            format!(
+                "; later epochs: {:.0} faults, {:.2} s each",
+                report.epoch_minor_faults.iter().skip(1).sum::<u64>() as f64 / later as f64,
+                report.epoch_system_s.iter().skip(1).sum::<f64>() / later as f64,
+            )
+        };
         println!(
-            "first epoch: {faults} page faults (fresh memory), {first:.2} s in the kernel; later epochs: {:.0} faults, {:.2} s each",
-            report.epoch_minor_faults.iter().skip(1).sum::<u64>() as f64 / later as f64,
-            report.epoch_system_s.iter().skip(1).sum::<f64>() / later as f64,
+            "first epoch: {faults} page faults (fresh memory), {first:.2} s in the kernel{after}"
         );
     }
     if let Some(step) = report.step_ms {

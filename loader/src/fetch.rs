@@ -619,8 +619,7 @@ pub(crate) fn decoded_bytes(c: &parquet::file::metadata::ColumnChunkMetaData) ->
         Type::BOOLEAN | Type::BYTE_ARRAY => return pages,
     };
     let plain = values.saturating_mul(width);
-    let mut encodings = c.encodings();
-    if encodings.any(|e| e == Encoding::DELTA_BINARY_PACKED) {
+    if c.encodings().any(|e| e == Encoding::DELTA_BINARY_PACKED) {
         return pages.max(plain);
     }
     if !c
