@@ -393,6 +393,87 @@ fn the_byte_budget_counts_only_the_projected_columns() {
     assert_eq!(rows, 40_000);
 }
 
+/// The byte budget counts a dictionary-encoded token list at the plain ids
+/// the decoder looks it up into, not at its (smaller) pages: a budget
+/// between the two for the row groups two windows hold is refused by name,
+/// where it let the loader hold more than it allowed; one above the
+/// looked-up size streams every row once.
+#[test]
+fn the_byte_budget_counts_token_lists_at_their_looked_up_ids() {
+    let tmp = tempdir();
+    let url = sharded(tmp.path(), Kind::Tokens, 400, 40, 1 << 30);
+    let manifest = manifest(Path::new(&url));
+    let bytes = std::fs::read(Path::new(&url).join(&manifest.shards[0].path)).unwrap();
+    let meta = parquet::file::metadata::ParquetMetaDataReader::new()
+        .parse_and_finish(&bytes::Bytes::from(bytes))
+        .unwrap();
+    // Per row group, the largest of each column's stored, page and (for the
+    // looked-up list) plain bytes, averaged as the loader does.
+    let (mut pages, mut plain) = (0u64, 0u64);
+    for g in meta.row_groups() {
+        for c in g.columns() {
+            let stored = c.compressed_size() as u64;
+            let page = c.uncompressed_size() as u64;
+            let width = if c.column_descr().max_rep_level() > 0 {
+                4
+            } else {
+                8
+            };
+            let values = c.num_values() as u64 * width;
+            let looked_up = c.column_descr().max_rep_level() > 0
+                && c.encodings().any(|e| e == Encoding::RLE_DICTIONARY);
+            let delta = c.encodings().any(|e| e == Encoding::DELTA_BINARY_PACKED);
+            pages += stored.max(if delta { page.max(values) } else { page });
+            plain += stored.max(if delta || looked_up {
+                page.max(values)
+            } else {
+                page
+            });
+        }
+    }
+    let groups = meta.num_row_groups() as u64;
+    let (pages, plain) = (pages / groups, plain / groups);
+    // The ids are dictionary-encoded and decode to more than their pages
+    // (1.46x here; 1.9x on `generate tokens` data, whose vocabulary is smaller).
+    assert!(plain > pages * 5 / 4, "pages {pages}, plain {plain}");
+    // Two windows of 2 row groups, and a batch smaller than any row group
+    // (which touches one more): 5 held.
+    let smallest = manifest
+        .shards
+        .iter()
+        .flat_map(|s| s.row_groups.iter().copied())
+        .min()
+        .unwrap();
+    let batch = (smallest as usize / 2).max(1);
+    let budget = |per_group: u64| 5 * per_group;
+    let between = (budget(pages) + budget(plain)) / 2;
+    match Loader::builder(&url)
+        .window(2)
+        .batch_size(batch)
+        .prefetch(2)
+        .byte_budget(between)
+        .build()
+    {
+        Err(LoaderError::BadOption { option, reason }) => {
+            assert_eq!(option, "byte_budget", "{reason}");
+            assert!(reason.contains("5 row groups"), "{reason}");
+        }
+        other => panic!("not refused: {:?}", other.map(|_| ())),
+    }
+    let mut loader = Loader::builder(&url)
+        .window(2)
+        .batch_size(batch)
+        .prefetch(2)
+        .byte_budget(budget(plain) * 11 / 10)
+        .build()
+        .unwrap();
+    let (batches, error) = drain(&mut loader, "id");
+    assert!(error.is_none(), "{error:?}");
+    let mut ids: Vec<i64> = batches.concat();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..400).collect::<Vec<i64>>());
+}
+
 /// The damaged row group of `url`'s first shard at `row_group`: one byte of
 /// its first column chunk flipped (its checksum then fails).
 fn damage(url: &str, row_group: usize) {
