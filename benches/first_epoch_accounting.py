@@ -4,7 +4,7 @@ how much of that the fresh memory it touches explains on this host.
 
 For each dataset, `shardfeed bench DS --epochs N --json` runs `--repeat` times in fresh
 processes; its report gives each epoch's rows/s, minor page faults and kernel CPU time
-(`epoch_minor_faults`, `epoch_system_s`; the first epoch's counted from the process's start).
+(`epoch_minor_faults`, `epoch_system_s`; the first epoch's with the loader's building).
 In the same run, a probe measures what one fresh 4 KiB page costs here: it maps anonymous memory
 and touches each page once (then the same loop again over the touched pages, to take out the
 loop's own cost).

@@ -41,8 +41,8 @@ fn check_consistent(report: &serde_json::Value) {
         "{report}"
     );
     assert!(epochs.iter().all(|r| f(r) > 0.0), "{report}");
-    // Each epoch's faults and CPU time, the first counted from the
-    // process's start: it at least paid for the loader's first buffers.
+    // Each epoch's faults and CPU time, the first with the loader's
+    // building: it at least paid for the loader's first buffers.
     for key in ["epoch_minor_faults", "epoch_system_s", "epoch_user_s"] {
         let values = report[key].as_array().unwrap();
         assert_eq!(values.len(), epochs.len(), "{key}: {report}");
