@@ -19,11 +19,16 @@ use crate::{LoaderError, Result};
 
 /// Default rows per batch.
 pub const DEFAULT_BATCH_SIZE: usize = 256;
-/// Default row groups per shuffle window of a dataset shuffled at shard time.
+/// Default row groups per shuffle window of a dataset shuffled at shard time
+/// (fewer, down to [`MIN_FITTED_WINDOW`], where the byte budget cannot hold
+/// two windows of this many).
 pub const DEFAULT_WINDOW: usize = 8;
 /// The most row groups a window gets by default (a dataset written in input
 /// order gets as many as a quarter of the byte budget holds, up to this).
 pub const MAX_AUTO_WINDOW: usize = 256;
+/// The smallest shuffle window chosen to fit a dataset shuffled at shard
+/// time into the byte budget (see [`DEFAULT_WINDOW`]).
+pub const MIN_FITTED_WINDOW: usize = 2;
 /// A dataset written in input order whose windows mix fewer row groups than
 /// this (or than it has) gets a warning.
 pub const MIXED_ROW_GROUPS: u64 = 64;
@@ -656,22 +661,7 @@ impl LoaderBuilder {
         let sizes = estimate_sizes(&runtime, &fetch, &manifest, &self, &plans)?;
 
         let shuffled_at_shard_time = manifest.options.shuffle_seed.is_some();
-        let window = match self.window {
-            Some(w) => w,
-            None if shuffled_at_shard_time || !self.shuffle => DEFAULT_WINDOW,
-            None => usize::try_from(self.byte_budget / 4 / sizes.unit_bytes.max(1))
-                .unwrap_or(MAX_AUTO_WINDOW)
-                .clamp(DEFAULT_WINDOW, MAX_AUTO_WINDOW),
-        };
         let units = manifest.row_group_count().max(1) as u64;
-        if self.shuffle && !shuffled_at_shard_time && (window as u64) < units.min(MIXED_ROW_GROUPS)
-        {
-            tracing::warn!(
-                "{} was written in input order (shard --no-shuffle) and each shuffle window mixes only {window} of its {units} row groups: batches may hold few classes or domains; raise byte_budget or window, or shard it again with the default shuffle",
-                location.url()
-            );
-        }
-
         // Memory: the budget bounds the projected bytes of row groups fetched
         // or decoded but not yet collated. The collator holds the windows a
         // batch touches: every row group of the batch's rows plus the rest of
@@ -684,10 +674,45 @@ impl LoaderBuilder {
             .min()
             .unwrap_or(1);
         let batch_groups = (self.batch_size as u64).div_ceil(min_group_rows) + 1;
-        let needed = (2 * window as u64)
-            .saturating_add(batch_groups.saturating_sub(1))
-            .min(units.max(2 * window as u64));
-        if sizes.unit_bytes.saturating_mul(needed) > self.byte_budget {
+        let needed_for = |window: usize| {
+            (2 * window as u64)
+                .saturating_add(batch_groups.saturating_sub(1))
+                .min(units.max(2 * window as u64))
+        };
+        let fits =
+            |window: usize| sizes.unit_bytes.saturating_mul(needed_for(window)) <= self.byte_budget;
+        let window = match self.window {
+            Some(w) => w,
+            // A dataset shuffled at shard time: windows of the default size,
+            // or as large as the budget holds two of (a mixture's sources
+            // share one budget: eight sources of 8 MB row groups get 128 MiB
+            // each, which holds two windows of 7), down to 2; below that the
+            // budget is refused by name.
+            None if shuffled_at_shard_time || !self.shuffle => (MIN_FITTED_WINDOW..=DEFAULT_WINDOW)
+                .rev()
+                .find(|&w| fits(w))
+                .unwrap_or(DEFAULT_WINDOW),
+            None => usize::try_from(self.byte_budget / 4 / sizes.unit_bytes.max(1))
+                .unwrap_or(MAX_AUTO_WINDOW)
+                .clamp(DEFAULT_WINDOW, MAX_AUTO_WINDOW),
+        };
+        if self.window.is_none() && window < DEFAULT_WINDOW {
+            tracing::info!(
+                "{}: shuffle windows of {window} row groups (not {DEFAULT_WINDOW}): byte_budget ({} bytes) holds two of that many",
+                location.url(),
+                self.byte_budget
+            );
+        }
+        if self.shuffle && !shuffled_at_shard_time && (window as u64) < units.min(MIXED_ROW_GROUPS)
+        {
+            tracing::warn!(
+                "{} was written in input order (shard --no-shuffle) and each shuffle window mixes only {window} of its {units} row groups: batches may hold few classes or domains; raise byte_budget or window, or shard it again with the default shuffle",
+                location.url()
+            );
+        }
+
+        let needed = needed_for(window);
+        if !fits(window) {
             return bad(
                 "byte_budget",
                 format!(

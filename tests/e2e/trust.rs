@@ -376,8 +376,9 @@ fn retries_are_one_layer_counted_against_a_failing_server() {
 fn the_byte_budget_counts_only_the_projected_columns() {
     let tmp = tempdir();
     let url = sharded(tmp.path(), Kind::Tabular, 40_000, 2048, 4 << 20);
+    // Windows of 8 (set: left to itself the window would shrink to fit).
     assert!(matches!(
-        Loader::builder(&url).byte_budget(2 << 20).build(),
+        Loader::builder(&url).window(8).byte_budget(2 << 20).build(),
         Err(LoaderError::BadOption {
             option: "byte_budget",
             ..
@@ -385,6 +386,7 @@ fn the_byte_budget_counts_only_the_projected_columns() {
     ));
     let mut loader = Loader::builder(&url)
         .columns(["label"])
+        .window(8)
         .byte_budget(2 << 20)
         .batch_size(1000)
         .build()
@@ -403,36 +405,7 @@ fn the_byte_budget_counts_token_lists_at_their_looked_up_ids() {
     let tmp = tempdir();
     let url = sharded(tmp.path(), Kind::Tokens, 400, 40, 1 << 30);
     let manifest = manifest(Path::new(&url));
-    let bytes = std::fs::read(Path::new(&url).join(&manifest.shards[0].path)).unwrap();
-    let meta = parquet::file::metadata::ParquetMetaDataReader::new()
-        .parse_and_finish(&bytes::Bytes::from(bytes))
-        .unwrap();
-    // Per row group, the largest of each column's stored, page and (for the
-    // looked-up list) plain bytes, averaged as the loader does.
-    let (mut pages, mut plain) = (0u64, 0u64);
-    for g in meta.row_groups() {
-        for c in g.columns() {
-            let stored = c.compressed_size() as u64;
-            let page = c.uncompressed_size() as u64;
-            let width = if c.column_descr().max_rep_level() > 0 {
-                4
-            } else {
-                8
-            };
-            let values = c.num_values() as u64 * width;
-            let looked_up = c.column_descr().max_rep_level() > 0
-                && c.encodings().any(|e| e == Encoding::RLE_DICTIONARY);
-            let delta = c.encodings().any(|e| e == Encoding::DELTA_BINARY_PACKED);
-            pages += stored.max(if delta { page.max(values) } else { page });
-            plain += stored.max(if delta || looked_up {
-                page.max(values)
-            } else {
-                page
-            });
-        }
-    }
-    let groups = meta.num_row_groups() as u64;
-    let (pages, plain) = (pages / groups, plain / groups);
+    let (pages, plain) = token_group_bytes(&url);
     // The ids are dictionary-encoded and decode to more than their pages
     // (1.46x here; 1.9x on `generate tokens` data, whose vocabulary is smaller).
     assert!(plain > pages * 5 / 4, "pages {pages}, plain {plain}");
@@ -472,6 +445,86 @@ fn the_byte_budget_counts_token_lists_at_their_looked_up_ids() {
     let mut ids: Vec<i64> = batches.concat();
     ids.sort_unstable();
     assert_eq!(ids, (0..400).collect::<Vec<i64>>());
+}
+
+/// The average bytes a row group of the tokens dataset at `url` costs the
+/// byte budget, counted at its pages and at its looked-up ids: per column
+/// the largest of its stored, page and (delta integers, and a dictionary
+/// list once looked up) plain bytes, as the loader counts them.
+fn token_group_bytes(url: &str) -> (u64, u64) {
+    let manifest = manifest(Path::new(url));
+    let bytes = std::fs::read(Path::new(url).join(&manifest.shards[0].path)).unwrap();
+    let meta = parquet::file::metadata::ParquetMetaDataReader::new()
+        .parse_and_finish(&bytes::Bytes::from(bytes))
+        .unwrap();
+    // Per row group, the largest of each column's stored, page and (for the
+    // looked-up list) plain bytes, averaged as the loader does.
+    let (mut pages, mut plain) = (0u64, 0u64);
+    for g in meta.row_groups() {
+        for c in g.columns() {
+            let stored = c.compressed_size() as u64;
+            let page = c.uncompressed_size() as u64;
+            let width = if c.column_descr().max_rep_level() > 0 {
+                4
+            } else {
+                8
+            };
+            let values = c.num_values() as u64 * width;
+            let looked_up = c.column_descr().max_rep_level() > 0
+                && c.encodings().any(|e| e == Encoding::RLE_DICTIONARY);
+            let delta = c.encodings().any(|e| e == Encoding::DELTA_BINARY_PACKED);
+            pages += stored.max(if delta { page.max(values) } else { page });
+            plain += stored.max(if delta || looked_up {
+                page.max(values)
+            } else {
+                page
+            });
+        }
+    }
+    let groups = meta.num_row_groups() as u64;
+    (pages / groups, plain / groups)
+}
+
+/// Without an explicit window, a dataset shuffled at shard time gets the
+/// largest window (8 at most, 2 at least) whose two fit the byte budget, as
+/// a mixture's sources sharing one budget need; every row still comes once.
+/// A budget below two windows of 2 is refused by name.
+#[test]
+fn the_window_shrinks_to_what_the_byte_budget_holds() {
+    let tmp = tempdir();
+    let url = sharded(tmp.path(), Kind::Tokens, 400, 40, 1 << 30);
+    let (_, plain) = token_group_bytes(&url);
+    let manifest = manifest(Path::new(&url));
+    let smallest = manifest
+        .shards
+        .iter()
+        .flat_map(|s| s.row_groups.iter().copied())
+        .min()
+        .unwrap();
+    let batch = (smallest as usize / 2).max(1);
+    // Two windows of w and a batch across two row groups: 2w + 1 held.
+    let build = |budget: u64| {
+        Loader::builder(&url)
+            .batch_size(batch)
+            .prefetch(2)
+            .byte_budget(budget)
+            .build()
+    };
+    let mut loader = build(plain * 7 + plain / 2).unwrap();
+    assert_eq!(loader.stats().mixing.window_row_groups, 3);
+    let (batches, error) = drain(&mut loader, "id");
+    assert!(error.is_none(), "{error:?}");
+    let mut ids: Vec<i64> = batches.concat();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..400).collect::<Vec<i64>>());
+    let loader = build(1 << 30).unwrap();
+    assert_eq!(loader.stats().mixing.window_row_groups, 8);
+    match build(plain * 4) {
+        Err(LoaderError::BadOption { option, reason }) => {
+            assert_eq!(option, "byte_budget", "{reason}");
+        }
+        other => panic!("not refused: {:?}", other.map(|_| ())),
+    }
 }
 
 /// The damaged row group of `url`'s first shard at `row_group`: one byte of
