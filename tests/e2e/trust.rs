@@ -404,20 +404,13 @@ fn the_byte_budget_counts_only_the_projected_columns() {
 fn the_byte_budget_counts_token_lists_at_their_looked_up_ids() {
     let tmp = tempdir();
     let url = sharded(tmp.path(), Kind::Tokens, 400, 40, 1 << 30);
-    let manifest = manifest(Path::new(&url));
     let (pages, plain) = token_group_bytes(&url);
     // The ids are dictionary-encoded and decode to more than their pages
     // (1.46x here; 1.9x on `generate tokens` data, whose vocabulary is smaller).
     assert!(plain > pages * 5 / 4, "pages {pages}, plain {plain}");
     // Two windows of 2 row groups, and a batch smaller than any row group
     // (which touches one more): 5 held.
-    let smallest = manifest
-        .shards
-        .iter()
-        .flat_map(|s| s.row_groups.iter().copied())
-        .min()
-        .unwrap();
-    let batch = (smallest as usize / 2).max(1);
+    let batch = batch_within_a_row_group(&url);
     let budget = |per_group: u64| 5 * per_group;
     let between = (budget(pages) + budget(plain)) / 2;
     match Loader::builder(&url)
@@ -445,6 +438,18 @@ fn the_byte_budget_counts_token_lists_at_their_looked_up_ids() {
     let mut ids: Vec<i64> = batches.concat();
     ids.sort_unstable();
     assert_eq!(ids, (0..400).collect::<Vec<i64>>());
+}
+
+/// A batch size smaller than any row group of the dataset at `url` (such
+/// a batch touches at most two row groups).
+fn batch_within_a_row_group(url: &str) -> usize {
+    let smallest = manifest(Path::new(url))
+        .shards
+        .iter()
+        .flat_map(|s| s.row_groups.iter().copied())
+        .min()
+        .unwrap();
+    (smallest as usize / 2).max(1)
 }
 
 /// The average bytes a row group of the tokens dataset at `url` costs the
@@ -494,14 +499,7 @@ fn the_window_shrinks_to_what_the_byte_budget_holds() {
     let tmp = tempdir();
     let url = sharded(tmp.path(), Kind::Tokens, 400, 40, 1 << 30);
     let (_, plain) = token_group_bytes(&url);
-    let manifest = manifest(Path::new(&url));
-    let smallest = manifest
-        .shards
-        .iter()
-        .flat_map(|s| s.row_groups.iter().copied())
-        .min()
-        .unwrap();
-    let batch = (smallest as usize / 2).max(1);
+    let batch = batch_within_a_row_group(&url);
     // Two windows of w and a batch across two row groups: 2w + 1 held.
     let build = |budget: u64| {
         Loader::builder(&url)
