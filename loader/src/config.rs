@@ -675,9 +675,9 @@ impl LoaderBuilder {
             .unwrap_or(1);
         let batch_groups = (self.batch_size as u64).div_ceil(min_group_rows) + 1;
         let needed_for = |window: usize| {
-            (2 * window as u64)
-                .saturating_add(batch_groups.saturating_sub(1))
-                .min(units.max(2 * window as u64))
+            let two = (window as u64).saturating_mul(2);
+            two.saturating_add(batch_groups.saturating_sub(1))
+                .min(units.max(two))
         };
         let fits =
             |window: usize| sizes.unit_bytes.saturating_mul(needed_for(window)) <= self.byte_budget;
