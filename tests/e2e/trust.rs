@@ -330,6 +330,9 @@ fn options_whose_memory_exceeds_the_budget_are_refused() {
     assert_eq!(name, "batch_size", "{reason}");
     let (name, reason) = option(Loader::builder(&url).batch_size(64).pad_to(1 << 40, 0.0));
     assert_eq!(name, "pad_to", "{reason}");
+    // Two windows of usize::MAX row groups: counted without overflow, refused.
+    let (name, reason) = option(Loader::builder(&url).window(usize::MAX));
+    assert_eq!(name, "byte_budget", "{reason}");
     let run = shardfeed(&["bench", &url, "--batch-size", "1000000000"]).failure();
     assert!(run.stderr.contains("batch_size"), "{}", run.stderr);
 }
