@@ -626,17 +626,18 @@ fn permute_column<'a>(
         return Ok((array, Some(bound)));
     }
     let plain: Vec<ArrayRef> = arrays
-        .iter()
+        .into_iter()
         .map(|a| match a.as_any_dictionary_opt() {
             Some(d) => arrow_select::take::take(d.values(), d.keys(), None),
-            None => Ok(a.clone()),
+            None => Ok(a),
         })
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| e.to_string())?;
-    drop(arrays);
-    let plain_refs: Vec<&dyn Array> = plain.iter().map(|a| a.as_ref()).collect();
-    let all = arrow_select::concat::concat(&plain_refs).map_err(|e| e.to_string())?;
-    drop(plain_refs);
+    let all = {
+        let refs: Vec<&dyn Array> = plain.iter().map(|a| a.as_ref()).collect();
+        arrow_select::concat::concat(&refs).map_err(|e| e.to_string())?
+    };
+    // The decoded arrays go before the gather allocates the permuted copy.
     drop(plain);
     let array = arrow_select::take::take(&all, indices(), None).map_err(|e| e.to_string())?;
     Ok((array, None))
