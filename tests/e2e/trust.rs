@@ -322,10 +322,7 @@ fn shards_truncated_while_read_are_an_error_not_a_signal() {
 fn options_whose_memory_exceeds_the_budget_are_refused() {
     let tmp = tempdir();
     let url = tokens(tmp.path());
-    let option = |builder: shardfeed_loader::LoaderBuilder| match builder.build() {
-        Err(LoaderError::BadOption { option, reason }) => (option, reason),
-        other => panic!("not refused: {:?}", other.map(|_| ())),
-    };
+    let option = |builder: shardfeed_loader::LoaderBuilder| refused(builder.build());
     let (name, reason) = option(Loader::builder(&url).batch_size(1_000_000_000));
     assert_eq!(name, "batch_size", "{reason}");
     let (name, reason) = option(Loader::builder(&url).batch_size(64).pad_to(1 << 40, 0.0));
@@ -416,19 +413,16 @@ fn the_byte_budget_counts_token_lists_at_their_looked_up_ids() {
     let batch = batch_within_a_row_group(&url);
     let budget = |per_group: u64| 5 * per_group;
     let between = (budget(pages) + budget(plain)) / 2;
-    match Loader::builder(&url)
-        .window(2)
-        .batch_size(batch)
-        .prefetch(2)
-        .byte_budget(between)
-        .build()
-    {
-        Err(LoaderError::BadOption { option, reason }) => {
-            assert_eq!(option, "byte_budget", "{reason}");
-            assert!(reason.contains("5 row groups"), "{reason}");
-        }
-        other => panic!("not refused: {:?}", other.map(|_| ())),
-    }
+    let (option, reason) = refused(
+        Loader::builder(&url)
+            .window(2)
+            .batch_size(batch)
+            .prefetch(2)
+            .byte_budget(between)
+            .build(),
+    );
+    assert_eq!(option, "byte_budget", "{reason}");
+    assert!(reason.contains("5 row groups"), "{reason}");
     let mut loader = Loader::builder(&url)
         .window(2)
         .batch_size(batch)
@@ -436,11 +430,24 @@ fn the_byte_budget_counts_token_lists_at_their_looked_up_ids() {
         .byte_budget(budget(plain) * 11 / 10)
         .build()
         .unwrap();
-    let (batches, error) = drain(&mut loader, "id");
+    assert_ids_once(&mut loader, 400);
+}
+
+/// The option a build refused and why; panics if it was not refused.
+fn refused(built: shardfeed_loader::Result<Loader>) -> (&'static str, String) {
+    match built {
+        Err(LoaderError::BadOption { option, reason }) => (option, reason),
+        other => panic!("not refused: {:?}", other.map(|_| ())),
+    }
+}
+
+/// One epoch of `loader` yields ids `0..rows`, each once, without an error.
+fn assert_ids_once(loader: &mut Loader, rows: i64) {
+    let (batches, error) = drain(loader, "id");
     assert!(error.is_none(), "{error:?}");
     let mut ids: Vec<i64> = batches.concat();
     ids.sort_unstable();
-    assert_eq!(ids, (0..400).collect::<Vec<i64>>());
+    assert_eq!(ids, (0..rows).collect::<Vec<i64>>());
 }
 
 /// A batch size smaller than any row group of the dataset at `url` (such
@@ -513,19 +520,11 @@ fn the_window_shrinks_to_what_the_byte_budget_holds() {
     };
     let mut loader = build(plain * 7 + plain / 2).unwrap();
     assert_eq!(loader.stats().mixing.window_row_groups, 3);
-    let (batches, error) = drain(&mut loader, "id");
-    assert!(error.is_none(), "{error:?}");
-    let mut ids: Vec<i64> = batches.concat();
-    ids.sort_unstable();
-    assert_eq!(ids, (0..400).collect::<Vec<i64>>());
+    assert_ids_once(&mut loader, 400);
     let loader = build(1 << 30).unwrap();
     assert_eq!(loader.stats().mixing.window_row_groups, 8);
-    match build(plain * 4) {
-        Err(LoaderError::BadOption { option, reason }) => {
-            assert_eq!(option, "byte_budget", "{reason}");
-        }
-        other => panic!("not refused: {:?}", other.map(|_| ())),
-    }
+    let (option, reason) = refused(build(plain * 4));
+    assert_eq!(option, "byte_budget", "{reason}");
 }
 
 /// The damaged row group of `url`'s first shard at `row_group`: one byte of
