@@ -37,7 +37,8 @@ pub enum Action {
     /// Exit the process with status 137.
     Exit,
     /// Take this many milliseconds longer over the item, then work as usual
-    /// (a slow stage, for the metrics tests; honoured by `decode`).
+    /// (a slow stage, for the metrics tests; honoured by `decode` and
+    /// `read`).
     Slow(u64),
 }
 

@@ -105,6 +105,16 @@ fn every_row_exactly_once_per_epoch_across_ranks() {
 }
 
 fn collect(url: &str, threads: usize, prefetch: usize, epoch: u64) -> Vec<Vec<i64>> {
+    collect_with(url, threads, prefetch, epoch, "")
+}
+
+fn collect_with(
+    url: &str,
+    threads: usize,
+    prefetch: usize,
+    epoch: u64,
+    failpoints: &str,
+) -> Vec<Vec<i64>> {
     let mut loader = Loader::builder(url)
         .batch_size(64)
         .seed(11)
@@ -112,6 +122,7 @@ fn collect(url: &str, threads: usize, prefetch: usize, epoch: u64) -> Vec<Vec<i6
         .decode_threads(threads)
         .prefetch(prefetch)
         .io_concurrency(threads * 2)
+        .failpoints(failpoints)
         .build()
         .unwrap();
     id_batches(&mut loader)
@@ -371,6 +382,13 @@ fn order_depends_only_on_seed_epoch_and_rank() {
     let a = collect(&url, 1, 1, 0);
     let b = collect(&url, 4, 8, 0);
     assert_eq!(a, b, "thread count or prefetch changed the order");
+    // Reads are handed on as they finish: a first read that finishes after
+    // the seven behind it (8 in flight) changes nothing either.
+    let late = collect_with(&url, 4, 8, 0, "read=slow:200@0");
+    assert_eq!(
+        a, late,
+        "the order in which reads finished changed the order"
+    );
     let c = collect(&url, 2, 2, 1);
     assert_ne!(a, c, "epochs must differ");
     let mut sorted: Vec<i64> = c.into_iter().flatten().collect();
