@@ -814,8 +814,9 @@ impl LoaderBuilder {
             // 2 cores: 40-50 MiB more RSS on images, slower first epochs).
             // One more than the decode threads: while a finished read hands
             // its bytes on and the next one is started (two thread wake-ups),
-            // another is still copying (images, 2 cores: +11-14% rows/s
-            // against as many as the decode threads, ~20 MiB more RSS).
+            // or waits for an earlier one to finish, another is still copying
+            // (images, 2 cores: +7-9% rows/s against as many reads as decode
+            // threads, ~15 MiB more RSS).
             io_concurrency: self.io_concurrency.unwrap_or(if local {
                 decode_threads.max(2) + 1
             } else {

@@ -382,8 +382,8 @@ fn order_depends_only_on_seed_epoch_and_rank() {
     let a = collect(&url, 1, 1, 0);
     let b = collect(&url, 4, 8, 0);
     assert_eq!(a, b, "thread count or prefetch changed the order");
-    // Reads are handed on as they finish: a first read that finishes after
-    // the seven behind it (8 in flight) changes nothing either.
+    // Nor does a first read that takes longer than the seven behind it
+    // (8 in flight): the order is the plan's, not the reads'.
     let late = collect_with(&url, 4, 8, 0, "read=slow:200@0");
     assert_eq!(
         a, late,
