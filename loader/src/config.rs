@@ -326,7 +326,7 @@ impl LoaderBuilder {
         self
     }
     /// Storage requests in flight (default: 8 to object storage; reads of
-    /// local files, one more than the decode threads and at least 3).
+    /// local files, as many as decode threads and at least 2).
     pub fn io_concurrency(mut self, requests: usize) -> Self {
         self.io_concurrency = Some(requests);
         self
@@ -809,16 +809,13 @@ impl LoaderBuilder {
             decode_threads,
             decode_niceness: self.decode_niceness,
             // Local reads are copies from the page cache (or a disk read
-            // ahead by the kernel): many more of them in flight than threads
-            // to run them only hold more buffers (8 concurrent 8 MB reads on
-            // 2 cores: 40-50 MiB more RSS on images, slower first epochs).
-            // One more than the decode threads: while a finished read hands
-            // its bytes on and the next one is started (two thread wake-ups),
-            // or waits for an earlier one to finish, another is still copying
-            // (images, 2 cores: +7-9% rows/s against as many reads as decode
-            // threads, ~15 MiB more RSS).
+            // ahead by the kernel): more of them in flight than threads to
+            // run them only hold more buffers (8 concurrent 8 MB reads on 2
+            // cores: 40-50 MiB more RSS on images, slower first epochs) or
+            // take cores from decoding (one more than the decode threads:
+            // images +5-9% rows/s, tokens -7-10%, their CPU time +8%).
             io_concurrency: self.io_concurrency.unwrap_or(if local {
-                decode_threads.max(2) + 1
+                decode_threads.max(2)
             } else {
                 DEFAULT_IO_CONCURRENCY
             }),

@@ -331,7 +331,7 @@ impl Pipeline {
                         // handed on as each finished (`buffer_unordered`),
                         // later windows' segments went first and a fresh
                         // process's first token batch came after 70-130 ms,
-                        // not 40-55 (a few percent more rows/s on images).
+                        // not 40-55 (for 2-6% more rows/s on images).
                         // Nothing after this depends on the order for
                         // correctness: decoded segments carry their sequence
                         // numbers to the shuffle stage.
