@@ -326,33 +326,47 @@ impl Pipeline {
                                 fetched.map(|f| (f, permit))
                             }
                         })
-                        // Handed on in plan order, so the decode threads
-                        // take a window's segments before the next one's:
-                        // handed on as each finished (`buffer_unordered`),
-                        // later windows' segments went first and a fresh
-                        // process's first token batch came after 70-130 ms,
-                        // not 40-55 (for 2-6% more rows/s on images).
-                        // Nothing after this depends on the order for
-                        // correctness: decoded segments carry their sequence
-                        // numbers to the shuffle stage.
-                        .buffered(config.io_concurrency)
+                        // Reads finish in any order (a read that finished
+                        // behind a slower one does not hold its slot: on
+                        // images both of 2 slots were busy 88% of the time,
+                        // not 80%), but are handed on in plan order below.
+                        .buffer_unordered(config.io_concurrency)
                 );
+                // Finished reads wait here for the earlier ones: the decode
+                // threads take a window's segments before the next one's
+                // (handed on as they finished, later windows' segments went
+                // first and a fresh process's first token batch came after
+                // 70-130 ms, not 40-55). Their permits bound what waits.
+                let mut next = first_seq;
+                let mut finished: BTreeMap<u64, (Fetched, OwnedSemaphorePermit)> = BTreeMap::new();
                 while let Some(result) = results.next().await {
-                    if let Err(LoaderError::Closed) = result {
+                    let ready = match result {
                         // Cancelled, or a silent stop injected by a failpoint.
-                        return;
-                    }
-                    let failed = result.is_err();
-                    Counters::add(&counters.decode_queue, 1);
-                    if failed {
-                        // The error itself tells the rest of the pipeline.
-                        fetched_all_by_work.store(true, Ordering::SeqCst);
-                    }
-                    let sending = Instant::now();
-                    let sent = fetched_tx.send(result).await;
-                    Counters::add_time(&counters.fetch_blocked_out_ns, sending.elapsed());
-                    if sent.is_err() || failed {
-                        return;
+                        Err(LoaderError::Closed) => return,
+                        // The error itself tells the rest of the pipeline, at once.
+                        Err(e) => vec![Err(e)],
+                        Ok((fetched, permit)) => {
+                            finished.insert(fetched.seq, (fetched, permit));
+                            let mut ready = Vec::new();
+                            while let Some(item) = finished.remove(&next) {
+                                ready.push(Ok(item));
+                                next += 1;
+                            }
+                            ready
+                        }
+                    };
+                    for result in ready {
+                        let failed = result.is_err();
+                        Counters::add(&counters.decode_queue, 1);
+                        if failed {
+                            fetched_all_by_work.store(true, Ordering::SeqCst);
+                        }
+                        let sending = Instant::now();
+                        let sent = fetched_tx.send(result).await;
+                        Counters::add_time(&counters.fetch_blocked_out_ns, sending.elapsed());
+                        if sent.is_err() || failed {
+                            return;
+                        }
                     }
                 }
                 fetched_all_by_work.store(true, Ordering::SeqCst);
