@@ -4,9 +4,10 @@
 For each dataset (generated and sharded once, with --shard-bin's defaults, --bin-a's
 unless given), run `shardfeed bench` (--epochs 3 unless given, 2 decode threads)
 alternately with build A and build B, --repeat times,
-and report the median steady rate (after epoch 1), the median rate over all three
-epochs including start-up, and the ratios B/A, with pyarrow's iter_batches over the
-same files in the same run for scale.
+and report the median steady rate (after epoch 1), the median first epoch (a fresh
+process's, from before the loader is built), the median rate over all epochs including
+start-up, and the ratios B/A, with pyarrow's iter_batches over the same files in the same
+run for scale. `--datasets kind=path,...` runs on shards already made instead.
 
     python3 benches/loader_ab.py --bin-a /tmp/shardfeed-before --bin-b target/release/shardfeed \
         --work /tmp/shardfeed-ab --size 300MB --repeat 5
@@ -22,7 +23,9 @@ BATCH = {"tokens": 64, "tabular": 4096, "images": 32}
 def bench(binary, path, batch, epochs):
     r = subprocess.run([binary, "bench", path, "--batch-size", str(batch), "--threads", "2",
                         "--epochs", str(epochs), "--json"], check=True, capture_output=True, text=True)
-    return json.loads(r.stdout)
+    out = json.loads(r.stdout)
+    out["first_epoch_rows_per_s"] = out["epoch_rows_per_s"][0]
+    return out
 
 
 def iter_batches(path, batch):
@@ -45,15 +48,20 @@ def main():
     p.add_argument("--shard-bin", default=None,
                    help="the build that shards the datasets, with its defaults (default: --bin-a)")
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--datasets", default=None,
+                   help="kind=path,...: shards already made (no --work, --size, --shard-bin)")
     args = p.parse_args()
     shard_bin = args.shard_bin or args.bin_a
     pa.set_cpu_count(2)
     pa.set_io_thread_count(2)
     rows = []
-    for kind in args.kinds.split(","):
+    given = dict(e.split("=", 1) for e in args.datasets.split(",")) if args.datasets else None
+    for kind in (given or args.kinds.split(",")):
         batch = BATCH[kind]
         raw, path = os.path.join(args.work, kind, "raw"), os.path.join(args.work, kind, "ds")
-        if not os.path.exists(os.path.join(path, "manifest.json")):
+        if given:
+            path = given[kind]
+        elif not os.path.exists(os.path.join(path, "manifest.json")):
             subprocess.run([args.bin_a, "generate", kind, "--size", args.size, "--files", "4", "-o", raw],
                            check=True, capture_output=True)
             subprocess.run([shard_bin, "shard", raw, "-o", path, "--overwrite"], check=True, capture_output=True)
@@ -69,6 +77,10 @@ def main():
             "a_steady_rows_s": round(med("a", "steady_rows_per_s")),
             "b_steady_rows_s": round(med("b", "steady_rows_per_s")),
             "b_over_a_steady": round(med("b", "steady_rows_per_s") / med("a", "steady_rows_per_s"), 3),
+            "a_first_epoch_rows_s": round(med("a", "first_epoch_rows_per_s")),
+            "b_first_epoch_rows_s": round(med("b", "first_epoch_rows_per_s")),
+            "b_over_a_first_epoch": round(
+                med("b", "first_epoch_rows_per_s") / med("a", "first_epoch_rows_per_s"), 3),
             "a_all_epochs_rows_s": round(med("a", "rows_per_s")),
             "b_all_epochs_rows_s": round(med("b", "rows_per_s")),
             "b_over_a_all_epochs": round(med("b", "rows_per_s") / med("a", "rows_per_s"), 3),
@@ -78,10 +90,11 @@ def main():
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print("\n| dataset | A steady rows/s | B steady rows/s | B/A steady | A all epochs incl. start-up | B all epochs | B/A | peak RSS A / B | pyarrow iter_batches |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| dataset | A steady rows/s | B steady rows/s | B/A steady | A first epoch | B first epoch | B/A | A all epochs incl. start-up | B all epochs | B/A | peak RSS A / B | pyarrow iter_batches |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['dataset']} | {r['a_steady_rows_s']} | {r['b_steady_rows_s']} | {r['b_over_a_steady']} | "
+              f"{r['a_first_epoch_rows_s']} | {r['b_first_epoch_rows_s']} | {r['b_over_a_first_epoch']} | "
               f"{r['a_all_epochs_rows_s']} | {r['b_all_epochs_rows_s']} | {r['b_over_a_all_epochs']} | "
               f"{r['a_peak_rss_mib']} / {r['b_peak_rss_mib']} MiB | {r['pyarrow_iter_batches_rows_s']} |")
 
