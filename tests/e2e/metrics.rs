@@ -121,6 +121,55 @@ fn the_bottleneck_is_the_slow_store_or_the_slow_decode() {
     );
 }
 
+/// Reads finish in any order but reach the decode threads in plan order:
+/// with one decode thread and the first read the slowest (the reads after it
+/// finish first), the trace's decode spans follow the row groups in order.
+#[test]
+fn reads_reach_the_decoders_in_plan_order_whatever_order_they_finish_in() {
+    let tmp = tempdir();
+    // One shard of 12 row groups, read in order (no shuffle).
+    let url = sharded(tmp.path(), Kind::Tokens, 600, 50, 1 << 30);
+    let trace = tmp.path().join("trace.json");
+    let args = [
+        "bench",
+        &url,
+        "--batch-size",
+        "50",
+        "--threads",
+        "1",
+        "--no-shuffle",
+        "--trace",
+        &s(&trace),
+        "--json",
+    ];
+    let report = Run::from_command(
+        bin()
+            .args(args)
+            .env("SHARDFEED_FAILPOINTS", "read=slow:300@0"),
+    )
+    .success()
+    .json();
+    assert_eq!(report["rows"], 600, "{report}");
+    let events: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&trace).unwrap()).expect("a JSON array");
+    let mut decodes: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["name"] == "decode")
+        .collect();
+    decodes.sort_by(|a, b| {
+        a["ts"]
+            .as_f64()
+            .unwrap()
+            .total_cmp(&b["ts"].as_f64().unwrap())
+    });
+    let order: Vec<u64> = decodes
+        .iter()
+        .take(12)
+        .map(|e| e["args"]["row_group"].as_u64().unwrap())
+        .collect();
+    assert_eq!(order, (0..12).collect::<Vec<u64>>());
+}
+
 #[test]
 fn the_trace_has_every_stage_and_its_waits_sum_to_the_loaders() {
     let tmp = tempdir();
