@@ -9,7 +9,7 @@ use shardfeed_format::{Location, Manifest, RetryPolicy};
 
 use crate::cache::ShardCache;
 use crate::collate::{ColumnPlan, ListMode, plan_columns};
-use crate::fetch::FetchContext;
+use crate::fetch::{FetchContext, LocalReads};
 use crate::image::{Crop, ImageOptions};
 use crate::loader::Loader;
 use crate::parquet::projection;
@@ -326,7 +326,8 @@ impl LoaderBuilder {
         self
     }
     /// Storage requests in flight (default: 8 to object storage; reads of
-    /// local files, as many as decode threads and at least 2).
+    /// local files, twice as many as decode threads and at least 4, run by
+    /// as many read threads as decode threads).
     pub fn io_concurrency(mut self, requests: usize) -> Self {
         self.io_concurrency = Some(requests);
         self
@@ -650,13 +651,16 @@ impl LoaderBuilder {
             counters.clone(),
             self.retry.clone(),
             cache,
-            // Idle read buffers kept for reuse: a quarter of the budget.
-            // Reads of 2 MiB and more are mapped for themselves, not taken
-            // from the allocator (whose heap they fragmented), so this pool
-            // is what keeps them from being faulted in afresh; with 1/32
-            // (when they came from mimalloc) the process held as much memory
-            // but spent 2-4x the system time (BENCHMARKS.md).
-            usize::try_from(self.byte_budget / 4).unwrap_or(usize::MAX),
+            LocalReads {
+                // Idle read buffers kept for reuse: a quarter of the budget.
+                // Reads of 2 MiB and more are mapped for themselves, not taken
+                // from the allocator (whose heap they fragmented), so this pool
+                // is what keeps them from being faulted in afresh; with 1/32
+                // (when they came from mimalloc) the process held as much
+                // memory but spent 2-4x the system time (BENCHMARKS.md).
+                idle_buffers: usize::try_from(self.byte_budget / 4).unwrap_or(usize::MAX),
+                threads: local_readers(decode_threads),
+            },
         ));
         let sizes = estimate_sizes(&runtime, &fetch, &manifest, &self, &plans)?;
 
@@ -809,13 +813,14 @@ impl LoaderBuilder {
             decode_threads,
             decode_niceness: self.decode_niceness,
             // Local reads are copies from the page cache (or a disk read
-            // ahead by the kernel): more of them in flight than threads to
-            // run them only hold more buffers (8 concurrent 8 MB reads on 2
-            // cores: 40-50 MiB more RSS on images, slower first epochs) or
-            // take cores from decoding (one more than the decode threads:
-            // images +5-9% rows/s, tokens -7-10%, their CPU time +8%).
+            // ahead by the kernel) on the read threads: twice as many in
+            // flight as threads, so that a thread that finishes one finds the
+            // next queued. More threads than decode threads took cores from
+            // decoding (one more: images +5-9% rows/s, tokens -7-10%, their
+            // CPU time +8%); a queued read holds no buffer, only its share of
+            // the byte budget.
             io_concurrency: self.io_concurrency.unwrap_or(if local {
-                decode_threads.max(2)
+                2 * local_readers(decode_threads)
             } else {
                 DEFAULT_IO_CONCURRENCY
             }),
@@ -935,6 +940,12 @@ fn estimate_sizes(
         batch_bytes,
         slab_bytes,
     })
+}
+
+/// Threads that read local files (a local dataset's shards, or a remote
+/// one's cached copies), for `decode_threads` decode threads.
+fn local_readers(decode_threads: usize) -> usize {
+    decode_threads.max(2)
 }
 
 impl Config {
