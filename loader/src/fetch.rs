@@ -92,8 +92,8 @@ type ReadJob = Box<dyn FnOnce() + Send>;
 /// read takes the next one queued at once. On the runtime's blocking pool
 /// each read was handed to a thread and its result back (two wake-ups, and
 /// on a virtual machine whose idle cores halt, each can take a fraction of
-/// a millisecond): with reads queued ahead of fewer threads, images +21-24%
-/// rows/s on 2 cores, less CPU time (BENCHMARKS.md).
+/// a millisecond): with reads queued ahead of fewer threads, images +13-24%
+/// rows/s on 2 cores, tokens and tabular level (BENCHMARKS.md).
 struct Readers {
     queue: crossbeam_channel::Sender<ReadJob>,
 }
@@ -290,6 +290,9 @@ impl FetchContext {
             Some(file) => {
                 let len = self.entry(shard).bytes;
                 let pool = self.buffers.clone();
+                // Started at the first local read (a remote dataset without
+                // a cache never starts them). Two first reads at once may
+                // both start threads: the set not kept ends with its queue.
                 let readers = match self.readers.get() {
                     Some(r) => r,
                     None => {
