@@ -6,21 +6,32 @@ use shardfeed_fixtures::Kind;
 
 use crate::support::*;
 
-/// `bench --json` of the dataset at `url` with `extra` options and failpoints.
+/// `bench --json` of the dataset at `url` on 2 decode threads with `extra`
+/// options and failpoints.
 fn bench(url: &str, extra: &[&str], failpoints: &str) -> serde_json::Value {
+    bench_on(url, "2", extra, failpoints)
+}
+
+/// [`bench`] on `threads` decode threads.
+fn bench_on(url: &str, threads: &str, extra: &[&str], failpoints: &str) -> serde_json::Value {
     let mut args = vec![
         "bench",
         url,
         "--batch-size",
         "50",
         "--threads",
-        "2",
+        threads,
         "--json",
     ];
     args.extend(extra);
     Run::from_command(bin().args(&args).env("SHARDFEED_FAILPOINTS", failpoints))
         .success()
         .json()
+}
+
+/// The events of the trace file at `path`.
+fn trace_events(path: &std::path::Path) -> Vec<serde_json::Value> {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).expect("a JSON array")
 }
 
 /// The report's waits and stages hold together.
@@ -130,28 +141,14 @@ fn reads_reach_the_decoders_in_plan_order_whatever_order_they_finish_in() {
     // One shard of 12 row groups, read in order (no shuffle).
     let url = sharded(tmp.path(), Kind::Tokens, 600, 50, 1 << 30);
     let trace = tmp.path().join("trace.json");
-    let args = [
-        "bench",
+    let report = bench_on(
         &url,
-        "--batch-size",
-        "50",
-        "--threads",
         "1",
-        "--no-shuffle",
-        "--trace",
-        &s(&trace),
-        "--json",
-    ];
-    let report = Run::from_command(
-        bin()
-            .args(args)
-            .env("SHARDFEED_FAILPOINTS", "read=slow:300@0"),
-    )
-    .success()
-    .json();
+        &["--no-shuffle", "--trace", &s(&trace)],
+        "read=slow:300@0",
+    );
     assert_eq!(report["rows"], 600, "{report}");
-    let events: Vec<serde_json::Value> =
-        serde_json::from_slice(&std::fs::read(&trace).unwrap()).expect("a JSON array");
+    let events = trace_events(&trace);
     let mut decodes: Vec<&serde_json::Value> = events
         .iter()
         .filter(|e| e["ph"] == "X" && e["name"] == "decode")
@@ -181,8 +178,7 @@ fn the_trace_has_every_stage_and_its_waits_sum_to_the_loaders() {
         &["--trace", &s(&trace), "--epochs", "2"],
         "decode=slow:30",
     );
-    let events: Vec<serde_json::Value> =
-        serde_json::from_slice(&std::fs::read(&trace).unwrap()).expect("a JSON array");
+    let events = trace_events(&trace);
     let spans = |name: &str| -> Vec<&serde_json::Value> {
         events
             .iter()
