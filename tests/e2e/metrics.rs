@@ -34,6 +34,23 @@ fn trace_events(path: &std::path::Path) -> Vec<serde_json::Value> {
     serde_json::from_slice(&std::fs::read(path).unwrap()).expect("a JSON array")
 }
 
+/// The spans named `name` among a trace's `events`.
+fn spans<'a>(events: &'a [serde_json::Value], name: &str) -> Vec<&'a serde_json::Value> {
+    events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["name"] == name)
+        .collect()
+}
+
+/// A token dataset of 12 row groups in one shard (in a new folder), and
+/// where a trace of it goes.
+fn traced_tokens() -> (tempfile::TempDir, String, std::path::PathBuf) {
+    let tmp = tempdir();
+    let url = sharded(tmp.path(), Kind::Tokens, 600, 50, 1 << 30);
+    let trace = tmp.path().join("trace.json");
+    (tmp, url, trace)
+}
+
 /// The report's waits and stages hold together.
 fn check_consistent(report: &serde_json::Value) {
     let f = |v: &serde_json::Value| v.as_f64().unwrap();
@@ -137,10 +154,8 @@ fn the_bottleneck_is_the_slow_store_or_the_slow_decode() {
 /// finish first), the trace's decode spans follow the row groups in order.
 #[test]
 fn reads_reach_the_decoders_in_plan_order_whatever_order_they_finish_in() {
-    let tmp = tempdir();
-    // One shard of 12 row groups, read in order (no shuffle).
-    let url = sharded(tmp.path(), Kind::Tokens, 600, 50, 1 << 30);
-    let trace = tmp.path().join("trace.json");
+    // Read in order (no shuffle).
+    let (_tmp, url, trace) = traced_tokens();
     let report = bench_on(
         &url,
         "1",
@@ -149,10 +164,7 @@ fn reads_reach_the_decoders_in_plan_order_whatever_order_they_finish_in() {
     );
     assert_eq!(report["rows"], 600, "{report}");
     let events = trace_events(&trace);
-    let mut decodes: Vec<&serde_json::Value> = events
-        .iter()
-        .filter(|e| e["ph"] == "X" && e["name"] == "decode")
-        .collect();
+    let mut decodes = spans(&events, "decode");
     decodes.sort_by(|a, b| {
         a["ts"]
             .as_f64()
@@ -169,9 +181,7 @@ fn reads_reach_the_decoders_in_plan_order_whatever_order_they_finish_in() {
 
 #[test]
 fn the_trace_has_every_stage_and_its_waits_sum_to_the_loaders() {
-    let tmp = tempdir();
-    let url = sharded(tmp.path(), Kind::Tokens, 600, 50, 1 << 30);
-    let trace = tmp.path().join("trace.json");
+    let (_tmp, url, trace) = traced_tokens();
     // Decodes take long enough that both decode threads get row groups.
     let report = bench(
         &url,
@@ -179,12 +189,7 @@ fn the_trace_has_every_stage_and_its_waits_sum_to_the_loaders() {
         "decode=slow:30",
     );
     let events = trace_events(&trace);
-    let spans = |name: &str| -> Vec<&serde_json::Value> {
-        events
-            .iter()
-            .filter(|e| e["ph"] == "X" && e["name"] == name)
-            .collect()
-    };
+    let spans = |name: &str| spans(&events, name);
     for name in ["fetch", "decode", "collate batch", "wait"] {
         assert!(!spans(name).is_empty(), "no {name} span");
     }
