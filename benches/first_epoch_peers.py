@@ -19,9 +19,9 @@ later pass. Medians over `--repeat` interleaved runs.
     python3 benches/first_epoch_peers.py --bin target/release/shardfeed \\
         --datasets tokens=/tmp/lbp4/tokens/ds,tabular=/tmp/lbp4/tabular/ds,images=/tmp/lbp4/images/ds
 """
-import argparse, json, os, statistics, subprocess, sys
+import argparse, json, os, statistics, subprocess, sys, time
 
-from interleave import interleaved
+from interleave import interleaved, settle_page_cache
 
 BATCH = {"tokens": 64, "tabular": 4096, "images": 32}
 
@@ -155,22 +155,29 @@ def main():
                         "made of the same rows (e.g. benches/shard_peers.py's outputs), not "
                         "shardfeed's shards")
     p.add_argument("--no-warm", action="store_true",
-                   help="do not read every shard once first (by default none of the tools "
-                        "meets a cold page cache: the first process of a run would pay for it)")
+                   help="do not read every tool's files into the page cache afresh first (by "
+                        "default none of the tools meets a cold page cache, which the first "
+                        "process of a run would pay for, and all meet their files cached alike: "
+                        "interleave.settle_page_cache)")
+    p.add_argument("--idle", type=float, default=0.0,
+                   help="seconds to wait before each process (0: back to back). On a VM whose "
+                        "host takes back the guest's free memory after a moment (free page "
+                        "reporting), a process started right after another reuses the memory "
+                        "that one freed and its first pass is cheap; after 3 s every tool's "
+                        "first pass meets memory the host must fault in again, as a trainer "
+                        "starting on a machine idle for a while does")
     args = p.parse_args()
     tools = args.tools.split(",")
     own = dict(e.split("=", 1) for e in args.own.split(",") if e)
     if not args.no_warm:
         folders = [shards(e.split("=", 1)[1])[0] for e in args.datasets.split(",")]
         folders += [own_files(f)[0] for f in own.values()]
-        for f in (f for group in folders for f in group):
-            with open(f, "rb") as fh:
-                while fh.read(16 << 20):
-                    pass
+        settle_page_cache(f for group in folders for f in group)
     results = {}
     for kind, ds, tool in interleaved(args.repeat, args.datasets, tools):
         base = kind.split("-")[0]
         batch = BATCH[base]
+        time.sleep(args.idle)
         r = (run_shardfeed(args.bin, ds, batch, args.epochs) if tool == "shardfeed"
              else run_peer(tool, base, ds, batch, args.epochs, own.get(f"{kind}:{tool}")))
         results.setdefault((kind, tool), []).append(r)
