@@ -652,13 +652,13 @@ impl LoaderBuilder {
             self.retry.clone(),
             cache,
             LocalReads {
-                // Idle read buffers kept for reuse: a quarter of the budget.
-                // Reads of 2 MiB and more are mapped for themselves, not taken
-                // from the allocator (whose heap they fragmented), so this pool
-                // is what keeps them from being faulted in afresh; with 1/32
-                // (when they came from mimalloc) the process held as much
-                // memory but spent 2-4x the system time (BENCHMARKS.md).
-                idle_buffers: usize::try_from(self.byte_budget / 4).unwrap_or(usize::MAX),
+                // Read buffers (in use and idle) kept for reuse up to the
+                // budget, which already bounds the reads in flight: every
+                // buffer the pipeline goes on needing is kept. Reads of 2 MiB
+                // and more are mapped for themselves, not taken from the
+                // allocator (whose heap they fragmented), so this pool is what
+                // keeps them from being faulted in afresh (BENCHMARKS.md).
+                buffer_bytes: usize::try_from(self.byte_budget).unwrap_or(usize::MAX),
                 threads: local_readers(decode_threads),
             },
         ));

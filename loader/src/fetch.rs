@@ -78,8 +78,9 @@ pub(crate) struct FetchContext {
 
 /// How local files are read.
 pub(crate) struct LocalReads {
-    /// Bytes of idle read buffers kept for reuse.
-    pub idle_buffers: usize,
+    /// Bytes the read buffers (in use and idle) may hold before one handed
+    /// back is unmapped rather than kept for reuse.
+    pub buffer_bytes: usize,
     /// Threads the reads run on.
     pub threads: usize,
 }
@@ -140,7 +141,7 @@ impl FetchContext {
         local: LocalReads,
     ) -> Self {
         FetchContext {
-            buffers: BufferPool::new(local.idle_buffers),
+            buffers: BufferPool::new(local.buffer_bytes),
             readers: std::sync::OnceLock::new(),
             reader_threads: local.threads,
             cache,
@@ -504,6 +505,9 @@ enum ReadBuf {
         ptr: std::ptr::NonNull<u8>,
         cap: usize,
         len: usize,
+        /// Bytes claimed for reads so far (the most at once): the pages
+        /// past them were never written and hold no memory.
+        claimed: usize,
     },
 }
 
@@ -520,13 +524,40 @@ impl ReadBuf {
             return Ok(ReadBuf::Heap(Vec::with_capacity(cap)));
         }
         let (ptr, cap) = crate::mapped::map(cap)?;
-        Ok(ReadBuf::Mapped { ptr, cap, len: 0 })
+        Ok(ReadBuf::Mapped {
+            ptr,
+            cap,
+            len: 0,
+            claimed: 0,
+        })
     }
 
     fn capacity(&self) -> usize {
         match self {
             ReadBuf::Heap(v) => v.capacity(),
             ReadBuf::Mapped { cap, .. } => *cap,
+        }
+    }
+
+    /// The memory the buffer holds: a heap buffer's capacity, a mapped
+    /// one's bytes claimed so far.
+    fn resident(&self) -> usize {
+        match self {
+            ReadBuf::Heap(v) => v.capacity(),
+            ReadBuf::Mapped { claimed, .. } => *claimed,
+        }
+    }
+
+    /// Claim the first `len` bytes (at most `capacity()`) for a read: the
+    /// bytes by which that grows [`ReadBuf::resident`].
+    fn claim(&mut self, len: usize) -> usize {
+        match self {
+            ReadBuf::Heap(_) => 0,
+            ReadBuf::Mapped { claimed, .. } => {
+                let grown = len.saturating_sub(*claimed);
+                *claimed += grown;
+                grown
+            }
         }
     }
 
@@ -583,10 +614,21 @@ impl Drop for ReadBuf {
 /// Read buffers recycled between row groups: a buffer freshly allocated
 /// for every chunk is fresh memory the kernel must zero on first touch
 /// (two thirds of the time on image datasets), where a recycled one is
-/// already mapped. At most `limit` bytes of idle buffers are kept.
+/// already mapped.
+///
+/// A buffer handed back is kept while the pool's buffers, in use and idle,
+/// hold at most `limit` bytes ([`ReadBuf::resident`]), else unmapped. The
+/// reads in flight are bounded by the byte budget, so with the budget as
+/// `limit` every buffer the pipeline goes on needing is kept, and the
+/// buffers never hold much more than the budget. (A limit on the idle
+/// buffers alone, a quarter of the budget counted by capacity, unmapped
+/// and mapped again a window's buffers at a time when the budget was
+/// lowered: images at a 128 MiB budget read 40% slower, faulting in 77 K
+/// fresh pages an epoch; BENCHMARKS.md.)
 pub(crate) struct BufferPool {
     free: Mutex<Vec<ReadBuf>>,
-    idle: std::sync::atomic::AtomicUsize,
+    /// Bytes held by the pool's buffers, in use and idle.
+    resident: std::sync::atomic::AtomicUsize,
     limit: usize,
 }
 
@@ -594,7 +636,7 @@ impl BufferPool {
     pub(crate) fn new(limit: usize) -> Arc<Self> {
         Arc::new(BufferPool {
             free: Mutex::new(Vec::new()),
-            idle: std::sync::atomic::AtomicUsize::new(0),
+            resident: std::sync::atomic::AtomicUsize::new(0),
             limit,
         })
     }
@@ -614,29 +656,31 @@ impl BufferPool {
             .filter(|(_, b)| b.capacity() >= len && b.capacity() / 2 <= len)
             .min_by_key(|(_, b)| b.capacity())
             .map(|(i, _)| i);
-        match best {
-            Some(i) => {
-                let buf = free.swap_remove(i);
-                self.idle.fetch_sub(buf.capacity(), Ordering::Relaxed);
-                Ok(buf)
-            }
+        let mut buf = match best {
+            Some(i) => free.swap_remove(i),
             None => {
                 drop(free);
-                ReadBuf::with_capacity(len)
+                let buf = ReadBuf::with_capacity(len)?;
+                self.resident.fetch_add(buf.resident(), Ordering::Relaxed);
+                buf
             }
-        }
+        };
+        self.resident.fetch_add(buf.claim(len), Ordering::Relaxed);
+        Ok(buf)
     }
 
-    /// Keep `buf` for reuse, unless the pool is full.
+    /// Keep `buf` (taken from this pool) for reuse, unless the pool's
+    /// buffers hold more than its limit: then it goes.
     fn give(&self, mut buf: ReadBuf) {
         use std::sync::atomic::Ordering;
-        if buf.capacity() < MIN_POOLED
-            || self.idle.load(Ordering::Relaxed) + buf.capacity() > self.limit
-        {
+        if buf.capacity() < MIN_POOLED {
+            return;
+        }
+        if self.resident.load(Ordering::Relaxed) > self.limit {
+            self.resident.fetch_sub(buf.resident(), Ordering::Relaxed);
             return;
         }
         buf.clear();
-        self.idle.fetch_add(buf.capacity(), Ordering::Relaxed);
         self.free.lock().expect("buffer pool").push(buf);
     }
 }
@@ -729,7 +773,13 @@ fn read_at(
                 ));
             }
             let n = (r.end - r.start) as usize;
-            let mut buf = pool.take(n)?;
+            // Back to the pool on every path, a failed read's too (the
+            // pool counts the bytes its buffers hold).
+            let mut pooled = Pooled {
+                buf: Some(pool.take(n)?),
+                pool: pool.clone(),
+            };
+            let buf = pooled.buf.as_mut().expect("a buffer just taken");
             let start = buf.as_mut_ptr();
             let mut hasher = crc32fast::Hasher::new();
             let mut done = 0usize;
@@ -771,13 +821,7 @@ fn read_at(
             }
             // SAFETY: pread initialised all `n` bytes above.
             unsafe { buf.set_len(n) };
-            Ok((
-                Bytes::from_owner(Pooled {
-                    buf: Some(buf),
-                    pool: pool.clone(),
-                }),
-                Crc32(hasher.finalize()),
-            ))
+            Ok((Bytes::from_owner(pooled), Crc32(hasher.finalize())))
         })
         .collect()
 }
@@ -905,17 +949,22 @@ mod tests {
             assert_eq!(crc.0, crc32fast::hash(want));
         }
         let large = parts[0].0.as_ptr();
+        // The pool holds what its buffers hold: 4.5 MB written into a mapped
+        // 6 MiB (the rest untouched), and the 100 kB heap buffer.
+        let held = 4_499_900 + 100_000;
+        assert_eq!(pool.resident.load(Relaxed), held);
         drop(parts);
-        // 4.5 MB in a mapped 6 MiB, and the 100 kB heap buffer.
-        assert_eq!(pool.idle.load(Relaxed), (6 << 20) + 100_000);
+        assert_eq!(pool.resident.load(Relaxed), held, "both kept");
         let again = read_at(&file, &[1_000_000..4_500_000], len, &pool).unwrap();
         assert_eq!(again[0].0.as_ptr(), large, "the mapped buffer reused");
         assert_eq!(&again[0].0[..], &data[1_000_000..4_500_000]);
+        assert_eq!(pool.resident.load(Relaxed), held, "no new memory");
         drop(again);
 
         let small = BufferPool::new(1 << 20);
         drop(read_at(&file, &[0..3_000_000], len, &small).unwrap());
-        assert_eq!(small.idle.load(Relaxed), 0, "a full pool keeps nothing");
+        assert_eq!(small.resident.load(Relaxed), 0, "a full pool keeps nothing");
+        assert!(small.free.lock().unwrap().is_empty());
 
         let short = read_at(&file, &[len - 5..len + 5], len + 10, &pool);
         assert_eq!(
@@ -923,6 +972,35 @@ mod tests {
             Some(std::io::ErrorKind::UnexpectedEof)
         );
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Buffers in use count against the pool's limit with those idle:
+    /// all are served, and of those handed back the pool keeps what fits
+    /// under its limit (and the next reads reuse them), unmapping the rest.
+    #[test]
+    fn the_pool_keeps_buffers_while_all_of_them_fit_its_limit() {
+        let pool = BufferPool::new(8 << 20);
+        let mut taken: Vec<ReadBuf> = (0..4).map(|_| pool.take(2_500_000).unwrap()).collect();
+        assert_eq!(pool.resident.load(Relaxed), 10_000_000, "all four served");
+        let addresses: Vec<usize> = taken.iter_mut().map(|b| b.as_mut_ptr() as usize).collect();
+        for buf in taken {
+            pool.give(buf);
+        }
+        // The first back found 10 MB held (over 8 MiB) and went; the rest fit.
+        assert_eq!(pool.resident.load(Relaxed), 7_500_000);
+        assert_eq!(pool.free.lock().unwrap().len(), 3);
+        let mut again: Vec<ReadBuf> = (0..3).map(|_| pool.take(2_200_000).unwrap()).collect();
+        for buf in &mut again {
+            assert!(
+                addresses[1..].contains(&(buf.as_mut_ptr() as usize)),
+                "reused"
+            );
+        }
+        assert_eq!(pool.resident.load(Relaxed), 7_500_000, "no new memory");
+        for buf in again {
+            pool.give(buf);
+        }
+        assert_eq!(pool.free.lock().unwrap().len(), 3);
     }
 
     /// Reads queued to the read threads run there, more of them than
