@@ -640,6 +640,11 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
         }
     );
     println!(
+        "read buffers: {} made, {} held",
+        report.stats.read_buffers_made,
+        shardfeed_format::size::format_size(report.stats.read_buffer_bytes)
+    );
+    println!(
         "slabs: {} made of up to {} x {} ({}), peak RSS {}",
         report.stats.slabs_made,
         report.stats.slabs,

@@ -156,6 +156,12 @@ impl FetchContext {
         }
     }
 
+    /// Read buffers of local reads made so far, and the bytes they hold
+    /// now (see [`BufferPool`]).
+    pub(crate) fn read_buffers(&self) -> (u64, u64) {
+        self.buffers.usage()
+    }
+
     fn entry(&self, shard: u32) -> &shardfeed_format::ShardEntry {
         &self.manifest.shards[shard as usize]
     }
@@ -630,6 +636,8 @@ pub(crate) struct BufferPool {
     /// Bytes held by the pool's buffers, in use and idle.
     resident: std::sync::atomic::AtomicUsize,
     limit: usize,
+    /// Buffers made so far (not counting those reused).
+    made: std::sync::atomic::AtomicU64,
 }
 
 impl BufferPool {
@@ -638,7 +646,17 @@ impl BufferPool {
             free: Mutex::new(Vec::new()),
             resident: std::sync::atomic::AtomicUsize::new(0),
             limit,
+            made: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Buffers made so far, and the bytes the pool's buffers hold now.
+    pub(crate) fn usage(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering;
+        (
+            self.made.load(Ordering::Relaxed),
+            self.resident.load(Ordering::Relaxed) as u64,
+        )
     }
 
     /// An empty buffer with room for `len` bytes: the smallest idle one
@@ -662,6 +680,7 @@ impl BufferPool {
                 drop(free);
                 let buf = ReadBuf::with_capacity(len)?;
                 self.resident.fetch_add(buf.resident(), Ordering::Relaxed);
+                self.made.fetch_add(1, Ordering::Relaxed);
                 buf
             }
         };

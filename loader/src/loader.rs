@@ -379,6 +379,7 @@ impl Loader {
         s.slabs = self.pipeline.pool.size();
         s.slabs_made = self.pipeline.pool.made();
         s.slab_bytes = self.pipeline.pool.slab_bytes();
+        (s.read_buffers_made, s.read_buffer_bytes) = self.pipeline.fetch.read_buffers();
         let manifest = &self.pipeline.manifest;
         let window = self.pipeline.config.window;
         s.mixing.window_row_groups = window;

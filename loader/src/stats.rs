@@ -354,6 +354,14 @@ pub struct Stats {
     pub slabs_made: usize,
     /// Bytes per slab.
     pub slab_bytes: usize,
+    /// Buffers made for local reads of 64 KiB and more so far; they are
+    /// reused while they hold no more than `byte_budget` together, so this
+    /// stops growing once the pipeline has as many as it needs.
+    #[serde(default)]
+    pub read_buffers_made: u64,
+    /// Bytes those read buffers hold now, in use and idle.
+    #[serde(default)]
+    pub read_buffer_bytes: u64,
     /// Column chunks decoded by each path (the own decoders, or parquet's reader).
     pub decode_paths: DecodePaths,
     /// Row groups skipped as damaged under `OnError::Skip`, each once.
@@ -443,6 +451,8 @@ impl Counters {
             slabs: 0,
             slabs_made: 0,
             slab_bytes: 0,
+            read_buffers_made: 0,
+            read_buffer_bytes: 0,
             decode_paths: *self.decode_paths.lock().expect("stats lock"),
             mixing: Mixing {
                 row_groups_per_batch: self.mixing_sources.load(Ordering::Relaxed) as f64
