@@ -13,6 +13,13 @@ def interleaved(repeat, datasets, items):
                 yield kind, ds, item
 
 
+def dataset_files(path):
+    """The shard files of the shardfeed dataset at `path`, from its manifest."""
+    import json, os
+    with open(os.path.join(path, "manifest.json")) as f:
+        return [os.path.join(path, s["path"]) for s in json.load(f)["shards"]]
+
+
 def settle_page_cache(files):
     """Read each file into the page cache afresh: drop its cached pages, then read it in order.
 

@@ -16,7 +16,7 @@ loader: `--decode-images image --image-size 224 --crop random_resized --flip`).
 """
 import argparse, json, os, resource, statistics, subprocess, time
 
-from interleave import interleaved
+from interleave import dataset_files, interleaved, settle_page_cache
 
 BATCH = {"tokens": 64, "tabular": 4096, "images": 32, "decoded": 256}
 
@@ -52,7 +52,13 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--image-column", default="image", help="the column `decoded` decodes")
+    p.add_argument("--no-settle", action="store_true",
+                   help="leave the shards' page cache as it is (by default each dataset is read "
+                        "into the cache afresh first: interleave.settle_page_cache)")
     args = p.parse_args()
+    if not args.no_settle:
+        settle_page_cache(f for e in args.datasets.split(",")
+                          for f in dataset_files(e.split("=", 1)[1]))
     nproc = os.cpu_count() or 1
     counts = ([int(t) for t in args.threads.split(",")] if args.threads
               else [t for t in (1, 2, 4, 8, 16) if t <= nproc])
