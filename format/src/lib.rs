@@ -39,7 +39,7 @@ pub mod redact;
 pub mod retry;
 pub mod size;
 
-pub use checksum::{ChunkChecksums, Crc32};
+pub use checksum::{ChunkChecksums, ChunkHash, ChunkSum, Crc32};
 pub use error::{FormatError, Result, StoreError};
 pub use location::Location;
 pub use manifest::{

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
-use shardfeed_format::{Crc32, ShardEntry};
+use shardfeed_format::{ChunkSum, ShardEntry};
 
 use crate::parquet::{Limits, SparseFile, decode_row_group_at_least};
 use crate::plan::Segment;
-use crate::shard::{ShardFooter, check_chunk, check_chunk_crc};
+use crate::shard::{ShardFooter, check_chunk, check_chunk_sum};
 use crate::stats::Counters;
 use crate::{LoaderError, Result};
 
@@ -29,7 +29,7 @@ pub(crate) struct Fetched {
     /// `(leaf column, file offset, bytes, checksum)`, one per projected
     /// column chunk: owned bytes, read from the store or a local file; the
     /// checksum when it was computed as the bytes were read.
-    pub chunks: Vec<(usize, u64, Bytes, Option<Crc32>)>,
+    pub chunks: Vec<(usize, u64, Bytes, Option<ChunkSum>)>,
 }
 
 /// A fetched segment, checked and decoded: its rows, as one or more
@@ -57,9 +57,9 @@ pub(crate) fn decode(
         ..
     } = fetched;
     let rg = segment.row_group as usize;
-    for (leaf, _, bytes, crc) in &chunks {
-        match crc {
-            Some(crc) => check_chunk_crc(entry, &footer.footer, rg, *leaf, *crc)?,
+    for (leaf, _, bytes, sum) in &chunks {
+        match sum {
+            Some(sum) => check_chunk_sum(entry, &footer.footer, rg, *leaf, *sum)?,
             None => check_chunk(entry, &footer.footer, rg, *leaf, bytes)?,
         }
     }

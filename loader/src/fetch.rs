@@ -20,7 +20,7 @@ use bytes::Bytes;
 use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::file::metadata::RowGroupMetaData;
-use shardfeed_format::{Crc32, Location, Manifest, RetryPolicy};
+use shardfeed_format::{ChunkHash, ChunkSum, Location, Manifest, RetryPolicy};
 
 use crate::cache::ShardCache;
 use crate::decode::{Fetched, FooterInfo};
@@ -286,14 +286,16 @@ impl FetchContext {
     }
 
     /// Read `ranges` of `shard`: `pread`s of the local file (with each
-    /// range's checksum), or coalesced range requests to the store.
+    /// range's checksum by `hash`, when given, computed as it is read), or
+    /// coalesced range requests to the store (checksummed by the decoder).
     async fn read_ranges(
         &self,
         shard: u32,
         ranges: Vec<std::ops::Range<u64>>,
-    ) -> Result<Vec<(Bytes, Option<Crc32>)>> {
+        hash: Option<ChunkHash>,
+    ) -> Result<Vec<(Bytes, Option<ChunkSum>)>> {
         let started = Instant::now();
-        let parts: Vec<(Bytes, Option<Crc32>)> = match self.local(shard).await? {
+        let parts: Vec<(Bytes, Option<ChunkSum>)> = match self.local(shard).await? {
             Some(file) => {
                 let len = self.entry(shard).bytes;
                 let pool = self.buffers.clone();
@@ -313,7 +315,7 @@ impl FetchContext {
                     }
                 };
                 let read = readers
-                    .run(move || read_at(&file, &ranges, len, &pool))
+                    .run(move || read_at(&file, &ranges, len, &pool, hash))
                     .await
                     .ok_or_else(|| LoaderError::Io {
                         op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
@@ -335,9 +337,6 @@ impl FetchContext {
                         source: e,
                     },
                 })?
-                .into_iter()
-                .map(|(bytes, crc)| (bytes, Some(crc)))
-                .collect()
             }
             None => {
                 let entry = self.entry(shard);
@@ -389,7 +388,7 @@ impl FetchContext {
         // The manifest checked footer_len + 4 <= bytes.
         let range = entry.bytes - entry.footer_len..entry.bytes;
         let bytes = self
-            .read_ranges(shard, vec![range])
+            .read_ranges(shard, vec![range], None)
             .await?
             .pop()
             .expect("one range")
@@ -479,7 +478,8 @@ impl FetchContext {
             ranges.push(start..end);
         }
         let starts: Vec<u64> = ranges.iter().map(|r| r.start).collect();
-        let parts = self.read_ranges(segment.shard, ranges).await?;
+        let hash = footer.footer.checksums.hash;
+        let parts = self.read_ranges(segment.shard, ranges, Some(hash)).await?;
         let chunks = leaves
             .into_iter()
             .zip(starts)
@@ -774,13 +774,14 @@ pub(crate) fn decoded_bytes(c: &parquet::file::metadata::ColumnChunkMetaData) ->
 }
 
 /// `ranges` of `file` (whose manifest size is `len`), each into its own
-/// buffer from `pool`, with its CRC-32.
+/// buffer from `pool`, with its checksum by `hash` when given.
 fn read_at(
     file: &File,
     ranges: &[std::ops::Range<u64>],
     len: u64,
     pool: &Arc<BufferPool>,
-) -> std::io::Result<Vec<(Bytes, Crc32)>> {
+    hash: Option<ChunkHash>,
+) -> std::io::Result<Vec<(Bytes, Option<ChunkSum>)>> {
     use std::os::fd::AsRawFd;
     ranges
         .iter()
@@ -800,7 +801,7 @@ fn read_at(
             };
             let buf = pooled.buf.as_mut().expect("a buffer just taken");
             let start = buf.as_mut_ptr();
-            let mut hasher = crc32fast::Hasher::new();
+            let mut hasher = hash.map(ChunkHash::hasher);
             let mut done = 0usize;
             while done < n {
                 let want = (n - done).min(READ_PIECE);
@@ -833,14 +834,16 @@ fn read_at(
                         let g = g as usize;
                         // SAFETY: pread initialised the `g` bytes at `start + done`.
                         let piece = unsafe { std::slice::from_raw_parts(start.add(done), g) };
-                        hasher.update(piece);
+                        if let Some(hasher) = hasher.as_mut() {
+                            hasher.update(piece);
+                        }
                         done += g;
                     }
                 }
             }
             // SAFETY: pread initialised all `n` bytes above.
             unsafe { buf.set_len(n) };
-            Ok((Bytes::from_owner(pooled), Crc32(hasher.finalize())))
+            Ok((Bytes::from_owner(pooled), hasher.map(|h| h.finish())))
         })
         .collect()
 }
@@ -961,11 +964,11 @@ mod tests {
         let len = data.len() as u64;
         let pool = BufferPool::new(16 << 20);
         let ranges = vec![100..4_500_000u64, 4_500_000..4_600_000, 7..8, 9..9];
-        let parts = read_at(&file, &ranges, len, &pool).unwrap();
-        for (r, (bytes, crc)) in ranges.iter().zip(&parts) {
+        let parts = read_at(&file, &ranges, len, &pool, Some(ChunkHash::Xxh3)).unwrap();
+        for (r, (bytes, sum)) in ranges.iter().zip(&parts) {
             let want = &data[r.start as usize..r.end as usize];
             assert_eq!(&bytes[..], want);
-            assert_eq!(crc.0, crc32fast::hash(want));
+            assert_eq!(*sum, Some(ChunkHash::Xxh3.of(want)));
         }
         let large = parts[0].0.as_ptr();
         // The pool holds what its buffers hold: 4.5 MB written into a mapped
@@ -974,18 +977,19 @@ mod tests {
         assert_eq!(pool.resident.load(Relaxed), held);
         drop(parts);
         assert_eq!(pool.resident.load(Relaxed), held, "both kept");
-        let again = read_at(&file, &[1_000_000..4_500_000], len, &pool).unwrap();
+        let again = read_at(&file, &[1_000_000..4_500_000], len, &pool, None).unwrap();
+        assert_eq!(again[0].1, None, "no checksum asked for");
         assert_eq!(again[0].0.as_ptr(), large, "the mapped buffer reused");
         assert_eq!(&again[0].0[..], &data[1_000_000..4_500_000]);
         assert_eq!(pool.resident.load(Relaxed), held, "no new memory");
         drop(again);
 
         let small = BufferPool::new(1 << 20);
-        drop(read_at(&file, &[0..3_000_000], len, &small).unwrap());
+        drop(read_at(&file, &[0..3_000_000], len, &small, Some(ChunkHash::Crc32)).unwrap());
         assert_eq!(small.resident.load(Relaxed), 0, "a full pool keeps nothing");
         assert!(small.free.lock().unwrap().is_empty());
 
-        let short = read_at(&file, &[len - 5..len + 5], len + 10, &pool);
+        let short = read_at(&file, &[len - 5..len + 5], len + 10, &pool, None);
         assert_eq!(
             short.err().map(|e| e.kind()),
             Some(std::io::ErrorKind::UnexpectedEof)

@@ -3,8 +3,7 @@
 
 use bytes::Bytes;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
-use shardfeed_format::checksum::CHUNK_CRC_KEY;
-use shardfeed_format::{ChunkChecksums, Crc32, ShardEntry};
+use shardfeed_format::{ChunkChecksums, ChunkHash, ChunkSum, Crc32, ShardEntry};
 
 use crate::{LoaderError, Result};
 
@@ -73,16 +72,31 @@ pub fn decode_footer(entry: &ShardEntry, footer: &[u8]) -> Result<ShardFooter> {
             ),
         ));
     }
-    let encoded = metadata
-        .file_metadata()
-        .key_value_metadata()
-        .and_then(|kv| kv.iter().find(|k| k.key == CHUNK_CRC_KEY))
-        .and_then(|k| k.value.as_deref())
-        .ok_or_else(|| corrupt(entry, None, format!("footer has no {CHUNK_CRC_KEY} entry")))?;
+    // XXH3-64 checksums (what `shard` writes), else CRC-32s (shards
+    // written before).
+    let kv = metadata.file_metadata().key_value_metadata();
+    let (hash, encoded) = [ChunkHash::Xxh3, ChunkHash::Crc32]
+        .into_iter()
+        .find_map(|hash| {
+            kv.and_then(|kv| kv.iter().find(|k| k.key == hash.key()))
+                .and_then(|k| k.value.as_deref())
+                .map(|v| (hash, v))
+        })
+        .ok_or_else(|| {
+            corrupt(
+                entry,
+                None,
+                format!(
+                    "footer has no {} (or {}) entry",
+                    ChunkHash::Xxh3.key(),
+                    ChunkHash::Crc32.key()
+                ),
+            )
+        })?;
     let checksums =
-        ChunkChecksums::decode(encoded).map_err(|e| corrupt(entry, None, e.to_string()))?;
+        ChunkChecksums::decode(hash, encoded).map_err(|e| corrupt(entry, None, e.to_string()))?;
     for (i, rg) in metadata.row_groups().iter().enumerate() {
-        if checksums.0.get(i).map(Vec::len) != Some(rg.num_columns()) {
+        if checksums.sums.get(i).map(Vec::len) != Some(rg.num_columns()) {
             return Err(corrupt(
                 entry,
                 Some(i),
@@ -151,16 +165,23 @@ pub fn check_chunk(
     column: usize,
     bytes: &[u8],
 ) -> Result<()> {
-    check_chunk_crc(entry, footer, row_group, column, Crc32::of(bytes))
+    check_chunk_sum(
+        entry,
+        footer,
+        row_group,
+        column,
+        footer.checksums.hash.of(bytes),
+    )
 }
 
-/// [`check_chunk`] with the chunk's checksum already computed (`found`).
-pub fn check_chunk_crc(
+/// [`check_chunk`] with the chunk's checksum already computed (`found`, by
+/// the footer's [`ChunkHash`]).
+pub fn check_chunk_sum(
     entry: &ShardEntry,
     footer: &ShardFooter,
     row_group: usize,
     column: usize,
-    found: Crc32,
+    found: ChunkSum,
 ) -> Result<()> {
     let expected = footer.checksums.get(row_group, column).ok_or_else(|| {
         corrupt(

@@ -13,8 +13,7 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterPropertiesPtr;
 use parquet::file::writer::SerializedFileWriter;
-use shardfeed_format::checksum::CHUNK_CRC_KEY;
-use shardfeed_format::{ChunkChecksums, Crc32, ShardEntry};
+use shardfeed_format::{ChunkChecksums, ChunkHash, Crc32, ShardEntry};
 
 use crate::encode::EncodedRowGroup;
 use crate::{PreprocessError, Result};
@@ -45,6 +44,10 @@ pub(crate) trait Publish: Send + Sync {
     /// Make the staged file visible under `relative`.
     fn publish(&self, staged: &Path, relative: &str) -> Result<()>;
 }
+
+/// How shards' column chunks are checksummed (the loader checks every byte
+/// it reads against them; see [`ChunkHash`]).
+const CHUNK_HASH: ChunkHash = ChunkHash::Xxh3;
 
 /// A shard being written.
 pub(crate) struct OpenShard {
@@ -134,13 +137,17 @@ impl OpenShard {
                 reader
                     .read_exact_at(&mut buf, start)
                     .map_err(|e| io_err("read", e))?;
-                group.push(Crc32::of(&buf));
+                group.push(CHUNK_HASH.of(&buf).value);
             }
             sums.push(group);
         }
+        let checksums = ChunkChecksums {
+            hash: CHUNK_HASH,
+            sums,
+        };
         self.writer.append_key_value_metadata(KeyValue::new(
-            CHUNK_CRC_KEY.to_string(),
-            ChunkChecksums(sums).encode(),
+            CHUNK_HASH.key().to_string(),
+            checksums.encode(),
         ));
         let mut sink = self.writer.into_inner().map_err(encode_err)?;
         sink.flush().map_err(|e| io_err("write", e))?;

@@ -2,7 +2,9 @@
 //! in the Thrift compact protocol, footers by parquet's metadata writer),
 //! and shardfeed datasets around them whose checksums and manifest are all
 //! consistent, so the bytes reach the loader's decoders past every check a
-//! forger can satisfy.
+//! forger can satisfy. Their column chunks carry CRC-32s under the key of
+//! shards written before XXH3-64 (`shardfeed.chunk_crc32`), which the loader
+//! still reads: these tests also cover that path.
 
 #![allow(dead_code)]
 
@@ -16,7 +18,9 @@ use parquet::file::metadata::{
 };
 use parquet::schema::types::SchemaDescriptor;
 use shardfeed_format::checksum::CHUNK_CRC_KEY;
-use shardfeed_format::{ChunkChecksums, Crc32, Manifest, ShardEntry, WriteOptions, shard_path};
+use shardfeed_format::{
+    ChunkChecksums, ChunkHash, Crc32, Manifest, ShardEntry, WriteOptions, shard_path,
+};
 
 /// A Thrift compact protocol writer (structs of i32 fields, enough for page headers).
 #[derive(Default)]
@@ -191,7 +195,7 @@ pub fn parquet_file_claiming(
     let mut sums = Vec::new();
     for (i, chunk) in chunks.into_iter().enumerate() {
         let start = file.len() as i64;
-        sums.push(Crc32::of(&chunk.pages));
+        sums.push(u64::from(Crc32::of(&chunk.pages).0));
         file.extend_from_slice(&chunk.pages);
         let len = chunk.pages.len() as i64;
         columns.push(
@@ -216,7 +220,11 @@ pub fn parquet_file_claiming(
         .unwrap();
     let kv = vec![KeyValue::new(
         CHUNK_CRC_KEY.to_string(),
-        ChunkChecksums(vec![sums]).encode(),
+        ChunkChecksums {
+            hash: ChunkHash::Crc32,
+            sums: vec![sums],
+        }
+        .encode(),
     )];
     let meta = ParquetMetaData::new(
         FileMetaData::new(1, file_rows, None, Some(kv), descr, None),
