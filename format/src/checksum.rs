@@ -51,7 +51,8 @@ impl fmt::Debug for Crc32 {
 impl FromStr for Crc32 {
     type Err = FormatError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s.len() != 8 {
+        // Hex digits only (`from_str_radix` takes a sign).
+        if s.len() != 8 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(FormatError::BadChecksum {
                 input: s.to_string(),
                 reason: "expected 8 hex digits",
@@ -236,7 +237,9 @@ impl ChunkChecksums {
                 .map(|rg| {
                     rg.split(',')
                         .map(|v| {
-                            if v.len() != hash.digits() {
+                            // Hex digits only (`from_str_radix` takes a sign).
+                            if v.len() != hash.digits() || !v.bytes().all(|b| b.is_ascii_hexdigit())
+                            {
                                 return Err(bad(v));
                             }
                             u64::from_str_radix(v, 16).map_err(|_| bad(v))
@@ -269,6 +272,7 @@ mod tests {
         assert_eq!(Crc32(0xcbf4_3926).to_string(), "cbf43926");
         assert_eq!("cbf43926".parse::<Crc32>().unwrap(), Crc32(0xcbf4_3926));
         assert!("xyz".parse::<Crc32>().is_err());
+        assert!("+bf43926".parse::<Crc32>().is_err());
     }
 
     #[test]
@@ -295,6 +299,8 @@ mod tests {
         );
         assert!(ChunkChecksums::decode(ChunkHash::Xxh3, "00000001").is_err());
         assert!(ChunkChecksums::decode(ChunkHash::Xxh3, "-fffffffffffffff").is_err());
+        assert!(ChunkChecksums::decode(ChunkHash::Xxh3, "+fffffffffffffff").is_err());
+        assert!(ChunkChecksums::decode(ChunkHash::Crc32, "+0000001").is_err());
     }
 
     #[test]
