@@ -157,7 +157,8 @@ fn the_bottleneck_is_the_slow_store_or_the_slow_decode() {
 /// keeps a returned buffer while its buffers hold no more than the budget
 /// together. (The pool that kept idle buffers up to a quarter of the budget,
 /// counted by capacity, unmapped this dataset's 4 MiB mappings and mapped
-/// them again every window: 64 buffers made over these three epochs.)
+/// them again every window: with the pool's limit set back to that quarter,
+/// counted by capacity, 64 buffers were made over these three epochs.)
 #[test]
 fn read_buffers_are_reused_across_epochs_at_a_small_budget() {
     let tmp = tempdir();
@@ -174,7 +175,7 @@ fn read_buffers_are_reused_across_epochs_at_a_small_budget() {
     let stats = &report["stats"];
     let made = stats["read_buffers_made"].as_u64().unwrap();
     // 60 reads of image chunks: about as many buffers are made as the
-    // pipeline holds at once (12-15 in runs here; 64 with the old pool).
+    // pipeline holds at once (12-15 in runs here; 64 with the old limit).
     assert!((1..30).contains(&made), "{made} made: {stats}");
     assert!(stats["read_buffer_bytes"].as_u64().unwrap() > 0, "{stats}");
 }
