@@ -149,9 +149,6 @@ fn the_bottleneck_is_the_slow_store_or_the_slow_decode() {
     );
 }
 
-/// Reads finish in any order but reach the decode threads in plan order:
-/// with one decode thread and the first read the slowest (the reads after it
-/// finish first), the trace's decode spans follow the row groups in order.
 /// Read buffers are reused from epoch to epoch, not made afresh for each
 /// read, even at a byte budget that holds only part of the dataset: the pool
 /// keeps a returned buffer while its buffers hold no more than the budget
@@ -180,6 +177,9 @@ fn read_buffers_are_reused_across_epochs_at_a_small_budget() {
     assert!(stats["read_buffer_bytes"].as_u64().unwrap() > 0, "{stats}");
 }
 
+/// Reads finish in any order but reach the decode threads in plan order:
+/// with one decode thread and the first read the slowest (the reads after it
+/// finish first), the trace's decode spans follow the row groups in order.
 #[test]
 fn reads_reach_the_decoders_in_plan_order_whatever_order_they_finish_in() {
     // Read in order (no shuffle).
