@@ -21,7 +21,7 @@ later pass. Medians over `--repeat` interleaved runs.
 """
 import argparse, json, os, statistics, subprocess, sys, time
 
-from interleave import interleaved, settle_page_cache
+from interleave import dataset_files, interleaved, settle_page_cache
 
 BATCH = {"tokens": 64, "tabular": 4096, "images": 32}
 
@@ -102,7 +102,7 @@ print(json.dumps({"rows": rows, "times": times}))
 
 def shards(path):
     m = json.load(open(os.path.join(path, "manifest.json")))
-    return [os.path.join(path, s["path"]) for s in m["shards"]], m["total_rows"]
+    return dataset_files(path), m["total_rows"]
 
 
 def run_shardfeed(binary, ds, batch, epochs):

@@ -31,10 +31,10 @@ def bench(binary, path, batch, epochs):
 
 
 def iter_batches(path, batch):
-    m = json.load(open(os.path.join(path, "manifest.json")))
+    files = dataset_files(path)
     t, rows = time.perf_counter(), 0
-    for s in m["shards"]:
-        for b in pq.ParquetFile(os.path.join(path, s["path"])).iter_batches(batch_size=batch):
+    for f in files:
+        for b in pq.ParquetFile(f).iter_batches(batch_size=batch):
             rows += b.num_rows
     return rows / (time.perf_counter() - t)
 

@@ -48,19 +48,21 @@ impl fmt::Debug for Crc32 {
     }
 }
 
+/// `s` as exactly `digits` hex digits (at most 16; no sign, which
+/// `from_str_radix` would take).
+fn parse_hex(s: &str, digits: usize) -> Option<u64> {
+    if s.len() != digits || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(s, 16).ok()
+}
+
 impl FromStr for Crc32 {
     type Err = FormatError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        // Hex digits only (`from_str_radix` takes a sign).
-        if s.len() != 8 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(FormatError::BadChecksum {
-                input: s.to_string(),
-                reason: "expected 8 hex digits",
-            });
-        }
-        u32::from_str_radix(s, 16)
-            .map(Crc32)
-            .map_err(|_| FormatError::BadChecksum {
+        parse_hex(s, 8)
+            .map(|v| Crc32(v as u32))
+            .ok_or_else(|| FormatError::BadChecksum {
                 input: s.to_string(),
                 reason: "expected 8 hex digits",
             })
@@ -236,14 +238,7 @@ impl ChunkChecksums {
             s.split(';')
                 .map(|rg| {
                     rg.split(',')
-                        .map(|v| {
-                            // Hex digits only (`from_str_radix` takes a sign).
-                            if v.len() != hash.digits() || !v.bytes().all(|b| b.is_ascii_hexdigit())
-                            {
-                                return Err(bad(v));
-                            }
-                            u64::from_str_radix(v, 16).map_err(|_| bad(v))
-                        })
+                        .map(|v| parse_hex(v, hash.digits()).ok_or_else(|| bad(v)))
                         .collect()
                 })
                 .collect::<Result<_, _>>()?

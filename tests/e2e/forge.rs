@@ -195,7 +195,7 @@ pub fn parquet_file_claiming(
     let mut sums = Vec::new();
     for (i, chunk) in chunks.into_iter().enumerate() {
         let start = file.len() as i64;
-        sums.push(u64::from(Crc32::of(&chunk.pages).0));
+        sums.push(ChunkHash::Crc32.of(&chunk.pages).value);
         file.extend_from_slice(&chunk.pages);
         let len = chunk.pages.len() as i64;
         columns.push(
