@@ -395,6 +395,29 @@ impl<T: Fixed> Dictionary<T> {
         key
     }
 
+    /// The values in the order of their bit patterns, and the keys of
+    /// `pages` changed to match: row groups that hold the same few values
+    /// then have the same dictionary (see [`SORTED_MAX`]). Nothing is
+    /// interned after.
+    fn sort(&mut self, pages: &mut [PageBuilder]) {
+        let mut by: Vec<u32> = (0..self.values.len() as u32).collect();
+        by.sort_unstable_by_key(|&i| self.values[i as usize].bits());
+        let mut rank = vec![0u32; by.len()];
+        for (new, &old) in by.iter().enumerate() {
+            rank[old as usize] = new as u32;
+        }
+        self.values = by.iter().map(|&i| self.values[i as usize]).collect();
+        for page in pages {
+            for key in &mut page.keys {
+                *key = rank[*key as usize];
+            }
+        }
+        // The lookup tables hold the old keys.
+        self.slots.clear();
+        self.direct = None;
+        self.last = None;
+    }
+
     /// The keys of `values`, added to `keys` (values added where new).
     fn intern_all(&mut self, values: &[T], keys: &mut Vec<u32>) {
         keys.reserve(values.len());
@@ -439,6 +462,16 @@ impl<T: Fixed> Dictionary<T> {
         }
     }
 }
+
+/// Dictionaries of at most this many values are written sorted (by their
+/// values' bit patterns) instead of in the order values first came: a
+/// low-cardinality column's row groups then have the same dictionary, and
+/// the loader's shuffle stage uses it as the window's, with one-byte keys,
+/// instead of concatenating 8 of them (on the 40-column tabular set of
+/// BENCHMARKS.md: 24 columns of 2 to 100 values). The keys of a page are
+/// written once the dictionary can no longer change order, so pages wait
+/// (unencoded) while it is this small.
+const SORTED_MAX: usize = 256;
 
 /// Bits needed for values up to `max`.
 fn bits_for(max: usize) -> u8 {
@@ -533,6 +566,9 @@ impl Chunk<'_> {
         let (mut levels_total, mut nulls_total) = (0usize, 0usize);
         // Data pages, made before the dictionary page that precedes them.
         let mut pages = Vec::new();
+        // Finished pages not yet encoded, while the dictionary may still be
+        // sorted (at most `SORTED_MAX` values).
+        let mut waiting: Vec<PageBuilder> = Vec::new();
         let new_page = |capacity: usize| PageBuilder {
             rows: 0,
             levels: 0,
@@ -644,11 +680,24 @@ impl Chunk<'_> {
                 if let Some(rep) = &full.rep {
                     rep.histogram(&mut rep_histogram);
                 }
-                pages.push(self.data_page(full, dictionary.values.len())?);
+                waiting.push(full);
+                if dictionary.values.len() > SORTED_MAX {
+                    for page in waiting.drain(..) {
+                        pages.push(self.data_page(page, dictionary.values.len())?);
+                    }
+                }
             }
         }
         if dictionary.values.is_empty() {
             return Ok(None);
+        }
+        // A dictionary that never grew past `SORTED_MAX` values has every
+        // page waiting: sorted, and their keys with it.
+        if dictionary.values.len() <= SORTED_MAX {
+            dictionary.sort(&mut waiting);
+        }
+        for page in waiting {
+            pages.push(self.data_page(page, dictionary.values.len())?);
         }
 
         let mut plain = Vec::with_capacity(dictionary.values.len() * width);

@@ -603,6 +603,63 @@ pub(crate) mod tests {
         );
     }
 
+    /// Row groups that hold the same few values, first seen in another order
+    /// in each, get the same dictionary page, its values in the order of
+    /// their bit patterns (a float's -0.0 after the positives, as its sign
+    /// bit sets); a dictionary of more than 256 values keeps the order in
+    /// which values came. Either way the values read back.
+    #[test]
+    fn small_dictionaries_are_written_sorted() {
+        use parquet::column::page::Page;
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+        let dictionary_page = |values: Vec<f32>| -> Vec<u8> {
+            let batch = RecordBatch::try_from_iter([(
+                "f",
+                Arc::new(Float32Array::from(values)) as ArrayRef,
+            )])
+            .unwrap();
+            let (_, ours, kinds) = both(&batch);
+            assert_eq!(kinds, [true]);
+            assert_eq!(read(&ours).0, batch);
+            let reader = SerializedFileReader::new(ours).unwrap();
+            let mut pages = reader
+                .get_row_group(0)
+                .unwrap()
+                .get_column_page_reader(0)
+                .unwrap();
+            match pages.get_next_page().unwrap().unwrap() {
+                Page::DictionaryPage { buf, .. } => buf.to_vec(),
+                other => panic!("a dictionary page first, not {:?}", other.page_type()),
+            }
+        };
+        let floats = |n: usize, seed: usize| -> Vec<f32> {
+            (0..30_000)
+                .map(|i| match (i * 7919 + seed * 104_729) % n {
+                    0 => -0.0,
+                    k => k as f32 * 0.5 - 20.0,
+                })
+                .collect()
+        };
+        let bits = |page: &[u8]| -> Vec<u32> {
+            page.chunks_exact(4)
+                .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+                .collect()
+        };
+        let (a, b) = (
+            dictionary_page(floats(100, 1)),
+            dictionary_page(floats(100, 2)),
+        );
+        assert_eq!(a, b);
+        assert_eq!(a.len(), 400);
+        assert!(bits(&a).is_sorted());
+        let (a, b) = (
+            dictionary_page(floats(300, 1)),
+            dictionary_page(floats(300, 2)),
+        );
+        assert_ne!(a, b);
+        assert!(!bits(&a).is_sorted());
+    }
+
     /// Lists of fixed-width values (token ids): null rows, empty lists, null
     /// items, both offset widths, and lists long enough for several pages by
     /// size: the same values back and parquet's own chunk metadata.
