@@ -1283,6 +1283,7 @@ fn pad_bytes(dtype: DType, value: f64) -> [u8; 8] {
 /// A dictionary's keys.
 #[derive(Clone, Copy)]
 enum KeySlice<'a> {
+    U8(&'a [u8]),
     U16(&'a [u16]),
     I32(&'a [i32]),
 }
@@ -1293,6 +1294,7 @@ impl KeySlice<'_> {
     /// [`lookup`] needs. One vectorised pass.
     fn max_index(&self, range: std::ops::Range<usize>) -> Option<usize> {
         match self {
+            KeySlice::U8(k) => k[range].iter().copied().max().map(usize::from),
             KeySlice::U16(k) => k[range].iter().copied().max().map(usize::from),
             KeySlice::I32(k) => k[range].iter().map(|&k| k as u32).max().map(|m| m as usize),
         }
@@ -1301,6 +1303,7 @@ impl KeySlice<'_> {
     #[inline(always)]
     fn get(&self, row: usize) -> usize {
         match self {
+            KeySlice::U8(k) => k[row] as usize,
             KeySlice::U16(k) => k[row] as usize,
             KeySlice::I32(k) => k[row] as usize,
         }
@@ -1324,9 +1327,11 @@ impl<'a> Fixed<'a> {
         if let DataType::Dictionary(key, _) = data.data_type() {
             let raw = &data.buffers()[0];
             let keys = match key.as_ref() {
+                // A permuted window's merged dictionaries (the shuffle stage's).
+                DataType::UInt8 => KeySlice::U8(&raw.typed_data::<u8>()[data.offset()..]),
                 DataType::UInt16 => KeySlice::U16(&raw.typed_data::<u16>()[data.offset()..]),
                 DataType::Int32 => KeySlice::I32(&raw.typed_data::<i32>()[data.offset()..]),
-                other => unreachable!("the decoder makes u16 or i32 keys, not {other}"),
+                other => unreachable!("the loader makes u8, u16 or i32 keys, not {other}"),
             };
             Fixed::Dictionary {
                 keys,
@@ -1427,6 +1432,9 @@ fn gather_fixed(
                         // SAFETY: `max` is at least the largest of these
                         // keys, as `lookup` needs it.
                         let done = match keys {
+                            KeySlice::U8(k) => unsafe {
+                                lookup_width(w, &k[range.clone()], max, values, out)?
+                            },
                             KeySlice::U16(k) => unsafe {
                                 lookup_width(w, &k[range.clone()], max, values, out)?
                             },
@@ -2164,14 +2172,20 @@ mod tests {
             // SAFETY: `max` comes from `max_index` of the same keys.
             let bytes = unsafe { out.as_mut_slice().align_to_mut::<u8>().1 };
             match keys {
+                KeySlice::U8(k) => unsafe { lookup_width(8, k, max, values, bytes) },
                 KeySlice::U16(k) => unsafe { lookup_width(8, k, max, values, bytes) },
                 KeySlice::I32(k) => unsafe { lookup_width(8, k, max, values, bytes) },
             }
         };
-        for keys in [KeySlice::U16(&[0, 1, 7]), KeySlice::I32(&[0, -1, 2])] {
+        for keys in [
+            KeySlice::U8(&[3, 1, 0]),
+            KeySlice::U16(&[0, 1, 7]),
+            KeySlice::I32(&[0, -1, 2]),
+        ] {
             let err = gather(keys).unwrap_err();
             assert!(err.contains("outside its dictionary"), "{err}");
         }
+        assert_eq!(gather(KeySlice::U8(&[1, 2, 0])), Ok(true));
         assert_eq!(gather(KeySlice::U16(&[2, 1, 0])), Ok(true));
         assert_eq!(out, vec![12, 11, 10]);
         assert_eq!(

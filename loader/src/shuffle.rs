@@ -234,8 +234,9 @@ impl Shuffler {
             // copies that gain nothing and would be copied twice):
             // materialise the window in shuffled order, one column at a time
             // (dictionary columns: their keys, or their values looked up when
-            // the dictionaries are large): each column's random reads
-            // stay within that column's data (cache-resident), where gathering
+            // the dictionaries are large; one-byte keys four columns at a
+            // time): each column's random reads stay within that column's
+            // data (cache-resident), where gathering
             // batch by batch would sweep every column of the whole window for
             // each batch. Batches are then contiguous slices.
             if let Some(early) = early {
@@ -350,52 +351,235 @@ fn extend_keys<T>(
     Ok(())
 }
 
+/// A window's dictionary column with its dictionaries made one: its keys
+/// in row order (not yet in the window's order), the one dictionary, a
+/// bound on the keys (no key, null slots' included, is above it) and each
+/// segment's null slots.
+struct WindowKeys<T> {
+    keys: Vec<T>,
+    values: ArrayRef,
+    bound: KeyBound,
+    nulls: Vec<(Option<arrow_buffer::NullBuffer>, usize)>,
+}
+
 /// The dictionaries `dictionaries` (keys u16 or i32) as one, with keys of
-/// type `K` in `order` (indices into the concatenated rows), and a bound on
-/// those keys: no key (null slots' included) is above it.
-fn permute_keys<K: ArrowDictionaryKeyType>(
+/// type `K`: theirs concatenated, or `merged` (their distinct values, with
+/// each dictionary's keys mapped into them: see [`deduplicated`]).
+fn window_keys<K: ArrowDictionaryKeyType>(
     dictionaries: &[&dyn AnyDictionaryArray],
-    order: &[u32],
-) -> std::result::Result<(ArrayRef, KeyBound), String> {
-    // Keys of every batch, shifted to the concatenated dictionary. Each key
-    // is checked against its own dictionary by `extend_keys` (a null slot's
-    // key past it is set to 0), so the unchecked construction below holds.
+    merged: Option<Merged>,
+) -> std::result::Result<WindowKeys<K::Native>, String> {
+    // Keys of every batch, shifted to the concatenated dictionary or mapped
+    // into the merged one. Each key is checked against its own dictionary by
+    // `extend_keys` (a null slot's key past it is set to 0), so the
+    // unchecked construction in `keyed` holds.
     let rows: usize = dictionaries.iter().map(|d| d.len()).sum();
-    let values_total: usize = dictionaries.iter().map(|d| d.values().len()).sum();
+    let values_total = match &merged {
+        Some(m) => m.values.len(),
+        None => dictionaries.iter().map(|d| d.values().len()).sum(),
+    };
     if K::Native::from_usize(values_total.saturating_sub(1)).is_none() {
         return Err(format!(
             "{values_total} dictionary values do not fit the key type"
         ));
     }
     let mut keys: Vec<K::Native> = Vec::with_capacity(rows);
-    let mut shift = 0usize;
-    // Every key of a dictionary of `len` values is below `len` after the
-    // checks, or 0 (a null slot's): at most `shift + max(len, 1) - 1`.
+    // Every key is at most this.
     let mut bound = 0usize;
-    for d in dictionaries {
-        let len = d.values().len();
-        bound = bound.max(shift + len.max(1) - 1);
-        extend_keys(d.keys(), len, &mut keys, |k| K::Native::usize_as(k + shift))?;
-        shift += len;
-    }
-    let values: Vec<&dyn Array> = dictionaries.iter().map(|d| d.values().as_ref()).collect();
-    let values = arrow_select::concat::concat(&values).map_err(|e| e.to_string())?;
-    // `order` is a permutation of the window's rows (the plan's; `permute`
-    // checked its length), so every index is in range; indexing checks it
-    // anyway.
-    let permuted: Vec<K::Native> = order.iter().map(|&g| keys[g as usize]).collect();
+    let values = match merged {
+        Some(Merged { values, remaps }) => {
+            // A merged key is a key of the one dictionary they all are, or an
+            // entry of its dictionary's map: below `values_total` (or 0 for a
+            // null slot's key past an empty dictionary).
+            bound = values_total.max(1) - 1;
+            for (i, d) in dictionaries.iter().enumerate() {
+                let len = d.values().len();
+                match remaps.as_ref().and_then(|r| r.get(i)) {
+                    None => extend_keys(d.keys(), len, &mut keys, K::Native::usize_as)?,
+                    Some(remap) => extend_keys(d.keys(), len, &mut keys, |k| {
+                        K::Native::usize_as(remap.get(k).copied().unwrap_or(0) as usize)
+                    })?,
+                }
+            }
+            values
+        }
+        None => {
+            let mut shift = 0usize;
+            // Every key of a dictionary of `len` values is below `len` after
+            // the checks, or 0 (a null slot's): at most
+            // `shift + max(len, 1) - 1`.
+            for d in dictionaries {
+                let len = d.values().len();
+                bound = bound.max(shift + len.max(1) - 1);
+                extend_keys(d.keys(), len, &mut keys, |k| K::Native::usize_as(k + shift))?;
+                shift += len;
+            }
+            let values: Vec<&dyn Array> =
+                dictionaries.iter().map(|d| d.values().as_ref()).collect();
+            arrow_select::concat::concat(&values).map_err(|e| e.to_string())?
+        }
+    };
+    Ok(WindowKeys {
+        keys,
+        values,
+        bound: KeyBound(bound),
+        nulls: null_parts(dictionaries),
+    })
+}
+
+/// Each dictionary's null slots (of its keys), and its length.
+fn null_parts(
+    dictionaries: &[&dyn AnyDictionaryArray],
+) -> Vec<(Option<arrow_buffer::NullBuffer>, usize)> {
+    dictionaries
+        .iter()
+        .map(|d| {
+            let nulls = d.keys().logical_nulls().filter(|n| n.null_count() > 0);
+            (nulls, d.len())
+        })
+        .collect()
+}
+
+/// `window`'s column with `permuted` as its keys (its own keys in `order`,
+/// the row at each position).
+fn keyed<K: ArrowDictionaryKeyType>(
+    window: WindowKeys<K::Native>,
+    permuted: Vec<K::Native>,
+    order: &[u32],
+) -> (ArrayRef, KeyBound) {
     // Null rows (their keys index their dictionary too) keep their nulls.
-    let nulls = permuted_nulls(dictionaries, order, rows);
-    // SAFETY: every key was checked by `extend_keys` to lie inside its own dictionary
-    // (null slots set to 0, inside it too) and shifted by the values before
-    // that dictionary in the concatenation `values`, whose length fits `K`.
+    let nulls = permuted_nulls(&window.nulls, order);
+    // SAFETY: the keys, permuted, are those `window_keys` made: each
+    // checked by `extend_keys` to lie inside its own dictionary (null slots
+    // set to 0, inside it too), then shifted by the values before that
+    // dictionary in the concatenation `values`, or kept (every dictionary is
+    // `values`), or mapped to its value's place in the merged `values`;
+    // their length fits `K`.
     let array: ArrayRef = Arc::new(unsafe {
         DictionaryArray::<K>::new_unchecked(
             PrimitiveArray::<K>::new(permuted.into(), nulls),
-            values,
+            window.values,
         )
     });
-    Ok((array, KeyBound(bound)))
+    (array, window.bound)
+}
+
+/// The dictionaries `dictionaries` as one (see [`window_keys`]), with keys
+/// of type `K` in `order` (indices into the concatenated rows), and a bound
+/// on those keys.
+fn permute_keys<K: ArrowDictionaryKeyType>(
+    dictionaries: &[&dyn AnyDictionaryArray],
+    order: &[u32],
+    merged: Option<Merged>,
+) -> std::result::Result<(ArrayRef, KeyBound), String> {
+    let window = window_keys::<K>(dictionaries, merged)?;
+    // `order` is a permutation of the window's rows (the plan's; `permute`
+    // checked its length), so every index is in range; indexing checks it
+    // anyway.
+    let permuted: Vec<K::Native> = order.iter().map(|&g| window.keys[g as usize]).collect();
+    Ok(keyed::<K>(window, permuted, order))
+}
+
+/// A window's dictionaries of one column merged into one of their distinct
+/// values: see [`deduplicated`].
+struct Merged {
+    /// The distinct values, of the dictionaries' value type.
+    values: ArrayRef,
+    /// For each dictionary, its keys' places in `values`; `None` when every
+    /// dictionary is `values` itself.
+    remaps: Option<Vec<Vec<u8>>>,
+}
+
+/// The most distinct values a merged dictionary holds: its keys are one
+/// byte.
+const MERGED_MAX: usize = 1 << 8;
+
+/// `dictionaries` (of one column) merged into one dictionary of their
+/// distinct values, compared bit for bit, when there are at most
+/// [`MERGED_MAX`] of them and the values are 1-, 2-, 4- or 8-byte
+/// primitives, aligned to their width and without nulls; `None` otherwise.
+///
+/// A window's dictionaries of a low-cardinality column hold the same few
+/// values again and again (each row group has its own dictionary: the 40-
+/// column tabular set's floats have 100 values, 800 a window). Merged, the
+/// column's keys are one byte, so four such columns are gathered as one
+/// (see [`permute_bytes`]), and the collator's lookups use a dictionary an
+/// eighth the size. `shard` writes such dictionaries sorted, so a window's
+/// are most often one and the same, and its keys need no map: their values
+/// are only compared (`perf` of 4 epochs of the tabular set: making the
+/// window's keys took 8.7% of the samples with shards whose dictionaries
+/// each list values in the order they came, 4.8% with sorted ones).
+fn deduplicated(dictionaries: &[&dyn AnyDictionaryArray]) -> Option<Merged> {
+    let value_type = dictionaries.first()?.values().data_type();
+    match value_type.primitive_width()? {
+        1 => merge::<u8>(dictionaries, value_type, 1),
+        2 => merge::<u16>(dictionaries, value_type, 2),
+        4 => merge::<u32>(dictionaries, value_type, 4),
+        8 => merge::<u64>(dictionaries, value_type, 8),
+        _ => None,
+    }
+}
+
+/// [`deduplicated`], reading the values as `T` (`width` bytes).
+fn merge<T: ArrowNativeType + std::hash::Hash + Eq>(
+    dictionaries: &[&dyn AnyDictionaryArray],
+    value_type: &DataType,
+    width: usize,
+) -> Option<Merged> {
+    let mut all = Vec::with_capacity(dictionaries.len());
+    for d in dictionaries {
+        let v = d.values();
+        // A dictionary of more values than a merged one holds (or of
+        // another type, or nulls among its values) is not merged.
+        if v.len() > MERGED_MAX
+            || v.data_type() != value_type
+            || v.null_count() > 0
+            || !aligned(v.as_ref(), width)
+        {
+            return None;
+        }
+        let data = v.to_data();
+        let buffer = data.buffers().first()?;
+        all.push(arrow_buffer::ScalarBuffer::<T>::new(
+            buffer.clone(),
+            data.offset(),
+            data.len(),
+        ));
+    }
+    // One and the same dictionary (bit for bit): it is the window's.
+    if all.iter().all(|v| v[..] == all[0][..]) {
+        return Some(Merged {
+            values: dictionaries[0].values().clone(),
+            remaps: None,
+        });
+    }
+    let mut distinct: Vec<T> = Vec::new();
+    let mut seen: std::collections::HashMap<T, u8> = std::collections::HashMap::new();
+    let mut remaps = Vec::with_capacity(dictionaries.len());
+    for values in &all {
+        let mut remap = Vec::with_capacity(values.len());
+        for &x in values.iter() {
+            let key = match seen.entry(x) {
+                std::collections::hash_map::Entry::Occupied(e) => *e.get(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let key = u8::try_from(distinct.len()).ok()?;
+                    distinct.push(x);
+                    *e.insert(key)
+                }
+            };
+            remap.push(key);
+        }
+        remaps.push(remap);
+    }
+    let data = arrow_data::ArrayData::builder(value_type.clone())
+        .len(distinct.len())
+        .add_buffer(arrow_buffer::Buffer::from_vec(distinct))
+        .build()
+        .ok()?;
+    Some(Merged {
+        values: arrow_array::make_array(data),
+        remaps: Some(remaps),
+    })
 }
 
 /// A permuted window's dictionary column whose dictionaries (concatenated)
@@ -449,7 +633,7 @@ fn looked_up(
     let data = arrow_data::ArrayData::builder(value_type.clone())
         .len(rows)
         .add_buffer(buffer)
-        .nulls(permuted_nulls(dictionaries, order, rows))
+        .nulls(permuted_nulls(&null_parts(dictionaries), order))
         .build()
         .map_err(|e| e.to_string())?;
     Ok(Some(arrow_array::make_array(data)))
@@ -498,35 +682,34 @@ fn look_up<T: ArrowNativeType>(
     Ok(arrow_buffer::Buffer::from_vec(permuted))
 }
 
-/// The null slots of `dictionaries` (concatenated, `rows` in all) in
-/// `order`; `None` when none is null.
+/// The null slots of `parts` (each segment's null slots, if any, and its
+/// length; concatenated) in `order`; `None` when none is null.
 fn permuted_nulls(
-    dictionaries: &[&dyn AnyDictionaryArray],
+    parts: &[(Option<arrow_buffer::NullBuffer>, usize)],
     order: &[u32],
-    rows: usize,
 ) -> Option<arrow_buffer::NullBuffer> {
-    dictionaries
-        .iter()
-        .any(|d| d.keys().null_count() > 0)
-        .then(|| {
-            let mut all = arrow_buffer::BooleanBufferBuilder::new(rows);
-            for d in dictionaries {
-                match d.keys().logical_nulls() {
-                    Some(n) => all.append_buffer(n.inner()),
-                    None => all.append_n(d.len(), true),
-                }
+    parts.iter().any(|(n, _)| n.is_some()).then(|| {
+        let rows = parts.iter().map(|(_, len)| len).sum();
+        let mut all = arrow_buffer::BooleanBufferBuilder::new(rows);
+        for (nulls, len) in parts {
+            match nulls {
+                Some(n) => all.append_buffer(n.inner()),
+                None => all.append_n(*len, true),
             }
-            let all = all.finish();
-            arrow_buffer::NullBuffer::new(arrow_buffer::BooleanBuffer::collect_bool(
-                order.len(),
-                |i| all.value(order[i] as usize),
-            ))
-        })
+        }
+        let all = all.finish();
+        arrow_buffer::NullBuffer::new(arrow_buffer::BooleanBuffer::collect_bool(
+            order.len(),
+            |i| all.value(order[i] as usize),
+        ))
+    })
 }
 
 /// Put the rows of `batches` (concatenated) in `order` (indices into the
 /// concatenation), column by column. Dictionary columns keep their
-/// dictionaries (concatenated) and only their keys are permuted, unless
+/// dictionaries (concatenated, or merged into one of at most 256 values
+/// whose one-byte keys are gathered four columns at a time: see
+/// [`one_byte`], [`permute_bytes`]) and only their keys are permuted, unless
 /// their values are 4- or 8-byte primitives that hold at least
 /// `look_up_above` bytes (see [`LOOK_UP_ABOVE`]): those are looked up and
 /// made plain, as is a column whose batches mix dictionary and plain arrays. `window`
@@ -577,16 +760,52 @@ pub(crate) fn permute(
     // per column cost more than some columns' gathers).
     let indices = std::sync::OnceLock::new();
     let indices = || indices.get_or_init(|| UInt32Array::from(order.to_vec()));
-    let column = |arrays: Vec<ArrayRef>| permute_column(arrays, order, &indices, look_up_above);
+    // Dictionary columns whose keys fit one byte are put in order four at a
+    // time (see `permute_bytes`), the others one by one.
+    let mut work = Vec::with_capacity(n);
+    let mut group = Vec::new();
+    for (c, arrays) in columns.into_iter().enumerate() {
+        match one_byte(&arrays, look_up_above) {
+            Some(merged) => {
+                group.push((c, arrays, merged));
+                if group.len() == BYTE_GROUP {
+                    work.push(Work::Bytes(std::mem::take(&mut group)));
+                }
+            }
+            None => work.push(Work::Column(c, arrays)),
+        }
+    }
+    if !group.is_empty() {
+        work.push(Work::Bytes(group));
+    }
+    let run = |item: Work| -> std::result::Result<Vec<_>, String> {
+        match item {
+            Work::Column(c, arrays) => {
+                let (array, bound) = permute_column(arrays, order, &indices, look_up_above)?;
+                Ok(vec![(c, array, bound)])
+            }
+            Work::Bytes(columns) => permute_bytes(columns, order),
+        }
+    };
     // A thread per share of at least `MIN_SHARE` values: fewer would not pay
     // for starting it.
     const MIN_SHARE: usize = 1 << 20;
     let workers = workers.min((order.len() * n / MIN_SHARE).max(1));
-    let results = crate::share::share_out(columns, workers, "shardfeed-shuffle", &column, &|| ());
-    let (columns, bounds): (Vec<ArrayRef>, Vec<Option<KeyBound>>) = results
+    let results = crate::share::share_out(work, workers, "shardfeed-shuffle", &run, &|| ());
+    let mut permuted: Vec<Option<(ArrayRef, Option<KeyBound>)>> = vec![None; n];
+    for (c, array, bound) in results
         .into_iter()
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(err)?
+        .into_iter()
+        .flatten()
+    {
+        permuted[c] = Some((array, bound));
+    }
+    let (columns, bounds): (Vec<ArrayRef>, Vec<Option<KeyBound>>) = permuted
+        .into_iter()
+        .map(|c| c.ok_or_else(|| err("a column was not put in order".into())))
+        .collect::<Result<Vec<_>>>()?
         .into_iter()
         .unzip();
     let fields: Vec<arrow_schema::Field> = schema
@@ -600,6 +819,100 @@ pub(crate) fn permute(
     Ok((batch, bounds))
 }
 
+/// A piece of a window's permutation: one column, or up to
+/// [`BYTE_GROUP`] dictionary columns whose keys fit one byte (their index,
+/// arrays and how their dictionaries become one; see [`one_byte`]).
+enum Work {
+    Column(usize, Vec<ArrayRef>),
+    Bytes(Vec<(usize, Vec<ArrayRef>, Option<Merged>)>),
+}
+
+/// Dictionary columns whose keys are one byte are gathered this many at a
+/// time, each row's keys as one 4-byte value.
+const BYTE_GROUP: usize = 4;
+
+/// How a column's arrays (one per segment) become a dictionary with
+/// one-byte keys: `Some(None)` when their dictionaries concatenated hold at
+/// most [`MERGED_MAX`] values, `Some(merged)` when they merge into one of
+/// that many (see [`deduplicated`]); `None` for plain columns, larger
+/// dictionaries, and any whose values may be looked up instead (see
+/// [`looked_up`]: `permute_column` decides those).
+fn one_byte(arrays: &[ArrayRef], look_up_above: usize) -> Option<Option<Merged>> {
+    let dictionaries: Vec<&dyn AnyDictionaryArray> = arrays
+        .iter()
+        .map(|a| a.as_any_dictionary_opt())
+        .collect::<Option<_>>()?;
+    let values: usize = dictionaries.iter().map(|d| d.values().len()).sum();
+    // A value is at most 8 bytes when it can be looked up.
+    if values.saturating_mul(8) >= look_up_above {
+        return None;
+    }
+    if values <= MERGED_MAX {
+        Some(None)
+    } else {
+        deduplicated(&dictionaries).map(Some)
+    }
+}
+
+/// Dictionary columns (see [`one_byte`]) in `order`, with one-byte keys,
+/// gathered together: each row's keys packed into one value, so that a row
+/// is one random read for up to four columns, not one for each (the
+/// gathers of a window of 256 Ki rows cost about the same per read whatever
+/// its width; scratch benchmark, 24 such columns: 10-11.5 ms a window
+/// against 13-22 ms column by column, BENCHMARKS.md).
+fn permute_bytes(
+    columns: Vec<(usize, Vec<ArrayRef>, Option<Merged>)>,
+    order: &[u32],
+) -> std::result::Result<Vec<(usize, ArrayRef, Option<KeyBound>)>, String> {
+    use arrow_array::types::UInt8Type;
+
+    let mut windows = Vec::with_capacity(columns.len());
+    for (c, arrays, merged) in columns {
+        let dictionaries: Vec<&dyn AnyDictionaryArray> = arrays
+            .iter()
+            .map(|a| a.as_any_dictionary_opt().ok_or("a dictionary column"))
+            .collect::<std::result::Result<_, _>>()?;
+        windows.push((c, window_keys::<UInt8Type>(&dictionaries, merged)?));
+    }
+    let keys: Vec<&[u8]> = windows.iter().map(|(_, w)| &w.keys[..]).collect();
+    let permuted = gather_bytes(&keys, order);
+    Ok(windows
+        .into_iter()
+        .zip(permuted)
+        .map(|((c, window), permuted)| {
+            let (array, bound) = keyed::<UInt8Type>(window, permuted, order);
+            (c, array, Some(bound))
+        })
+        .collect())
+}
+
+/// Each of `columns` (up to 4, as long as `order`) in `order`, gathered
+/// together: packed into 4-byte values, gathered, unpacked.
+fn gather_bytes(columns: &[&[u8]], order: &[u32]) -> Vec<Vec<u8>> {
+    debug_assert!(columns.len() <= 4);
+    if let [one] = columns {
+        return vec![order.iter().map(|&g| one[g as usize]).collect()];
+    }
+    let mut packed = vec![0u32; order.len()];
+    for (j, column) in columns.iter().enumerate() {
+        let shift = 8 * j as u32;
+        for (p, &k) in packed.iter_mut().zip(column.iter()) {
+            *p |= (k as u32) << shift;
+        }
+    }
+    // `order` is a permutation of the window's rows (the plan's; `permute`
+    // checked its length, as long as each column), so every index is in
+    // range; indexing checks it anyway.
+    let gathered: Vec<u32> = order.iter().map(|&g| packed[g as usize]).collect();
+    drop(packed);
+    (0..columns.len())
+        .map(|j| {
+            let shift = 8 * j as u32;
+            gathered.iter().map(|&p| (p >> shift) as u8).collect()
+        })
+        .collect()
+}
+
 /// A column (one array per batch of the window, consumed) in `order`, and
 /// its keys' bound if it stays a dictionary (see [`permute`]); `indices`
 /// gives `order` as an array.
@@ -609,7 +922,7 @@ fn permute_column<'a>(
     indices: &impl Fn() -> &'a arrow_array::UInt32Array,
     look_up_above: usize,
 ) -> std::result::Result<(ArrayRef, Option<KeyBound>), String> {
-    use arrow_array::types::{Int32Type, UInt16Type};
+    use arrow_array::types::{Int32Type, UInt8Type, UInt16Type};
 
     let dictionaries: Option<Vec<&dyn AnyDictionaryArray>> =
         arrays.iter().map(|a| a.as_any_dictionary_opt()).collect();
@@ -618,10 +931,16 @@ fn permute_column<'a>(
         if let Some(array) = looked_up(&dictionaries, order, values, look_up_above)? {
             return Ok((array, None));
         }
-        let (array, bound) = if values <= 1 << 16 {
-            permute_keys::<UInt16Type>(&dictionaries, order)?
+        // The narrowest keys that hold the window's dictionaries,
+        // concatenated or merged.
+        let (array, bound) = if values <= MERGED_MAX {
+            permute_keys::<UInt8Type>(&dictionaries, order, None)?
+        } else if let Some(merged) = deduplicated(&dictionaries) {
+            permute_keys::<UInt8Type>(&dictionaries, order, Some(merged))?
+        } else if values <= 1 << 16 {
+            permute_keys::<UInt16Type>(&dictionaries, order, None)?
         } else {
-            permute_keys::<Int32Type>(&dictionaries, order)?
+            permute_keys::<Int32Type>(&dictionaries, order, None)?
         };
         return Ok((array, Some(bound)));
     }
@@ -703,6 +1022,245 @@ mod tests {
             for (i, &o) in order.iter().enumerate() {
                 assert_eq!(plain.value(i), values[o as usize]);
             }
+        }
+    }
+
+    /// A window's dictionaries that hold few distinct values between them
+    /// become one dictionary of those values with one-byte keys (1-, 4- and
+    /// 8-byte values, a time zone kept): the same dictionary in every
+    /// segment (as `shard` writes them) is kept as it is; others (the same
+    /// values in another order, an empty one whose slots are all null) are
+    /// merged. Once they hold more than 256 distinct values, the keys stay
+    /// two bytes wide. Either way the looked-up values are the window's, in
+    /// order, nulls kept.
+    #[test]
+    fn few_distinct_values_merge_into_one_byte_keys() {
+        use arrow_array::{Float32Array, Int8Array, TimestampMillisecondArray};
+        // Segment `s` of `rows` rows: dictionaries of the values `ids` (as
+        // f32, i8 and UTC timestamps), every 13th row null (its key past
+        // the dictionary on one row: never looked up).
+        let segment = |ids: &[i64], rows: usize, s: usize| -> RecordBatch {
+            let n = ids.len();
+            let keys: Vec<u16> = (0..rows)
+                .map(|i| match n {
+                    0 => 0,
+                    _ if i == 13 => n as u16 + 5,
+                    _ => ((i * 31 + s * 7) % n) as u16,
+                })
+                .collect();
+            let valid: Vec<bool> = (0..rows).map(|i| n > 0 && i % 13 != 0).collect();
+            let keys = arrow_array::UInt16Array::new(keys.into(), Some(valid.into()));
+            let columns: [(&str, ArrayRef); 3] = [
+                (
+                    "f32",
+                    Arc::new(Float32Array::from_iter_values(
+                        ids.iter().map(|&v| v as f32 * 0.25),
+                    )),
+                ),
+                (
+                    "i8",
+                    Arc::new(Int8Array::from_iter_values(ids.iter().map(|&v| v as i8))),
+                ),
+                (
+                    "ts",
+                    Arc::new(
+                        TimestampMillisecondArray::from_iter_values(ids.iter().copied())
+                            .with_timezone("UTC"),
+                    ),
+                ),
+            ];
+            RecordBatch::try_from_iter(columns.map(|(name, values)| {
+                // SAFETY (test): every key past its dictionary is a null slot's.
+                let d =
+                    unsafe { DictionaryArray::<UInt16Type>::new_unchecked(keys.clone(), values) };
+                (name, Arc::new(d) as ArrayRef)
+            }))
+            .unwrap()
+        };
+        let forward: Vec<i64> = (0..100).collect();
+        let backward: Vec<i64> = (0..100).rev().collect();
+        let scattered: Vec<i64> = (0..100).map(|i| i * 37 % 100).collect();
+        let disjoint: Vec<i64> = (100..220).collect();
+        let mut two_byte_keys = 0;
+        for (segments, kept) in [
+            // One dictionary, in every segment: kept.
+            (
+                vec![
+                    segment(&forward, 1000, 0),
+                    segment(&forward, 700, 1),
+                    segment(&forward, 500, 3),
+                ],
+                true,
+            ),
+            (
+                vec![
+                    segment(&forward, 1000, 0),
+                    segment(&backward, 700, 1),
+                    segment(&[], 40, 2),
+                    segment(&scattered, 500, 3),
+                ],
+                false,
+            ),
+            // 220 distinct values.
+            (
+                vec![
+                    segment(&forward, 1000, 0),
+                    segment(&disjoint, 700, 1),
+                    segment(&backward, 500, 2),
+                    segment(&(100..137).collect::<Vec<_>>(), 300, 3),
+                ],
+                false,
+            ),
+            // 257 (f32, timestamps: not merged), 256 (i8: `v as i8` wraps).
+            (
+                vec![
+                    segment(&forward, 1000, 0),
+                    segment(&disjoint, 700, 1),
+                    segment(&(220..257).collect::<Vec<_>>(), 300, 2),
+                ],
+                false,
+            ),
+        ] {
+            let rows: usize = segments.iter().map(|b| b.num_rows()).sum();
+            let order: Vec<u32> = (0..rows as u32)
+                .map(|i| (i as u64 * 7919 % rows as u64) as u32)
+                .collect();
+            let (permuted, bounds) = permute(segments.clone(), &order, 0, 1, usize::MAX).unwrap();
+            let indices = arrow_array::UInt32Array::from(order.clone());
+            for (c, bound) in bounds.iter().enumerate() {
+                // The column's distinct values, bit for bit.
+                let dictionaries: Vec<ArrayRef> = segments
+                    .iter()
+                    .map(|b| b.column(c).as_any_dictionary().values().clone())
+                    .collect();
+                let value_type = dictionaries[0].data_type();
+                let width = value_type.primitive_width().unwrap();
+                let distinct: std::collections::HashSet<Vec<u8>> = dictionaries
+                    .iter()
+                    .flat_map(|v| {
+                        let data = v.to_data();
+                        data.buffers()[0].as_slice()[..data.len() * width]
+                            .chunks(width)
+                            .map(|b| b.to_vec())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                let column = permuted.column(c);
+                let DataType::Dictionary(k, v) = column.data_type() else {
+                    panic!("column {c} is a dictionary");
+                };
+                assert_eq!(v.as_ref(), value_type);
+                let d = column.as_any_dictionary();
+                if distinct.len() <= 256 {
+                    assert_eq!(k.as_ref(), &DataType::UInt8);
+                    assert_eq!(d.values().len(), distinct.len());
+                    assert_eq!(*bound, Some(KeyBound(distinct.len() - 1)));
+                    if kept {
+                        assert_eq!(d.values(), &dictionaries[0]);
+                    }
+                } else {
+                    assert_eq!(k.as_ref(), &DataType::UInt16);
+                    assert_eq!(*bound, Some(KeyBound(d.values().len() - 1)));
+                    two_byte_keys += 1;
+                }
+                let got = arrow_select::take::take(d.values(), d.keys(), None).unwrap();
+                let plain: Vec<ArrayRef> = segments
+                    .iter()
+                    .map(|b| {
+                        let d = b.column(c).as_any_dictionary();
+                        arrow_select::take::take(d.values(), d.keys(), None).unwrap()
+                    })
+                    .collect();
+                let plain: Vec<&dyn Array> = plain.iter().map(|a| a.as_ref()).collect();
+                let all = arrow_select::concat::concat(&plain).unwrap();
+                let expected = arrow_select::take::take(&all, &indices, None).unwrap();
+                assert_eq!(got.as_ref(), expected.as_ref(), "column {c}");
+                assert!(got.null_count() > rows / 13);
+            }
+        }
+        assert_eq!(two_byte_keys, 2);
+    }
+
+    /// One-byte-key columns are gathered four at a time, whatever columns
+    /// come between them (plain ones, larger dictionaries): ten such
+    /// columns (two groups of four, one of two), each with its own values
+    /// and nulls, come out as each column's own values in order, with one
+    /// or several threads.
+    #[test]
+    fn one_byte_key_columns_are_gathered_four_at_a_time() {
+        let segment = |range: std::ops::Range<usize>| -> RecordBatch {
+            let columns: Vec<(String, ArrayRef)> = (0..12usize)
+                .map(|c| {
+                    let values = range.clone().map(move |i| (i * (c + 3) + c) % 90);
+                    let array: ArrayRef = match c {
+                        // Plain, and a dictionary of 5,000 values (two-byte keys).
+                        4 => Arc::new(Int64Array::from_iter_values(values.map(|v| v as i64))),
+                        7 => {
+                            let dict = Arc::new(Int64Array::from_iter_values(0..5000));
+                            let keys: Vec<u16> = range.clone().map(|i| (i % 5000) as u16).collect();
+                            Arc::new(
+                                DictionaryArray::<UInt16Type>::try_new(keys.into(), dict).unwrap(),
+                            )
+                        }
+                        _ => {
+                            // Column c's 90 values; every (c + 5)th row null.
+                            let dict = Arc::new(Int64Array::from_iter_values(
+                                (0..90).map(|v| v * 100 + c as i64),
+                            ));
+                            let keys = arrow_array::UInt16Array::from_iter(
+                                range
+                                    .clone()
+                                    .zip(values)
+                                    .map(|(i, v)| (i % (c + 5) != 0).then_some(v as u16)),
+                            );
+                            Arc::new(DictionaryArray::<UInt16Type>::try_new(keys, dict).unwrap())
+                        }
+                    };
+                    (format!("c{c}"), array)
+                })
+                .collect();
+            RecordBatch::try_from_iter(columns).unwrap()
+        };
+        let rows = 20_000usize;
+        let segments = vec![segment(0..9000), segment(9000..9001), segment(9001..rows)];
+        let order: Vec<u32> = (0..rows as u64)
+            .map(|i| (i * 7919 % rows as u64) as u32)
+            .collect();
+        let (one, bounds) = permute(segments.clone(), &order, 0, 1, LOOK_UP_ABOVE).unwrap();
+        let indices = arrow_array::UInt32Array::from(order.clone());
+        let mut one_byte = 0;
+        for (c, bound) in bounds.iter().enumerate() {
+            let column = one.column(c);
+            let got = match column.as_any_dictionary_opt() {
+                Some(d) => {
+                    if matches!(d.keys().data_type(), DataType::UInt8) {
+                        one_byte += 1;
+                        // Three dictionaries of the same 90 values: merged.
+                        assert_eq!(d.values().len(), 90);
+                        assert_eq!(*bound, Some(KeyBound(89)));
+                    }
+                    arrow_select::take::take(d.values(), d.keys(), None).unwrap()
+                }
+                None => column.clone(),
+            };
+            let plain: Vec<ArrayRef> = segments
+                .iter()
+                .map(|b| match b.column(c).as_any_dictionary_opt() {
+                    Some(d) => arrow_select::take::take(d.values(), d.keys(), None).unwrap(),
+                    None => b.column(c).clone(),
+                })
+                .collect();
+            let plain: Vec<&dyn Array> = plain.iter().map(|a| a.as_ref()).collect();
+            let all = arrow_select::concat::concat(&plain).unwrap();
+            let expected = arrow_select::take::take(&all, &indices, None).unwrap();
+            assert_eq!(got.as_ref(), expected.as_ref(), "column {c}");
+        }
+        assert_eq!(one_byte, 10);
+        for workers in [2, 3] {
+            assert_eq!(
+                permute(segments.clone(), &order, 0, workers, LOOK_UP_ABOVE).unwrap(),
+                (one.clone(), bounds.clone())
+            );
         }
     }
 
