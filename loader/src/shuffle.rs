@@ -538,13 +538,7 @@ fn merge<T: ArrowNativeType + std::hash::Hash + Eq>(
         {
             return None;
         }
-        let data = v.to_data();
-        let buffer = data.buffers().first()?;
-        all.push(arrow_buffer::ScalarBuffer::<T>::new(
-            buffer.clone(),
-            data.offset(),
-            data.len(),
-        ));
+        all.push(scalar_values::<T>(v.as_ref())?);
     }
     // One and the same dictionary (bit for bit): it is the window's.
     if all.iter().all(|v| v[..] == all[0][..]) {
@@ -607,23 +601,10 @@ fn looked_up(
     values: usize,
     above: usize,
 ) -> std::result::Result<Option<ArrayRef>, String> {
-    let Some(first) = dictionaries.first() else {
+    let Some(width) = look_up_width(dictionaries, values, above) else {
         return Ok(None);
     };
-    let value_type = first.values().data_type();
-    let width = value_type.primitive_width();
-    let Some(width @ (4 | 8)) = width else {
-        return Ok(None);
-    };
-    if values.saturating_mul(width) < above
-        || dictionaries.iter().any(|d| {
-            d.values().data_type() != value_type
-                || d.values().null_count() > 0
-                || !aligned(d.values().as_ref(), width)
-        })
-    {
-        return Ok(None);
-    }
+    let value_type = dictionaries[0].values().data_type();
     let rows: usize = dictionaries.iter().map(|d| d.len()).sum();
     let buffer = if width == 8 {
         look_up::<u64>(dictionaries, order, rows)?
@@ -637,6 +618,39 @@ fn looked_up(
         .build()
         .map_err(|e| e.to_string())?;
     Ok(Some(arrow_array::make_array(data)))
+}
+
+/// The width (4 or 8 bytes) of the values of `dictionaries` (of one column,
+/// `values` values in all) when [`looked_up`] looks them up: primitives of
+/// that width, aligned to it and without nulls, that hold at least `above`
+/// bytes; `None` otherwise.
+fn look_up_width(
+    dictionaries: &[&dyn AnyDictionaryArray],
+    values: usize,
+    above: usize,
+) -> Option<usize> {
+    let value_type = dictionaries.first()?.values().data_type();
+    let width @ (4 | 8) = value_type.primitive_width()? else {
+        return None;
+    };
+    let plain = dictionaries.iter().all(|d| {
+        d.values().data_type() == value_type
+            && d.values().null_count() == 0
+            && aligned(d.values().as_ref(), width)
+    });
+    (plain && values.saturating_mul(width) >= above).then_some(width)
+}
+
+/// The values of `array` (a primitive array whose values are `T`-sized
+/// and aligned to it: see [`aligned`]) as `T`s.
+fn scalar_values<T: ArrowNativeType>(array: &dyn Array) -> Option<arrow_buffer::ScalarBuffer<T>> {
+    let data = array.to_data();
+    let buffer = data.buffers().first()?;
+    Some(arrow_buffer::ScalarBuffer::new(
+        buffer.clone(),
+        data.offset(),
+        data.len(),
+    ))
 }
 
 /// Whether the values of `array` (a primitive array of `width`-byte
@@ -663,13 +677,8 @@ fn look_up<T: ArrowNativeType>(
 ) -> std::result::Result<arrow_buffer::Buffer, String> {
     let mut all: Vec<T> = Vec::with_capacity(rows);
     for d in dictionaries {
-        let data = d.values().to_data();
-        let buffer = data
-            .buffers()
-            .first()
-            .ok_or("dictionary values without a buffer")?;
-        let values: arrow_buffer::ScalarBuffer<T> =
-            arrow_buffer::ScalarBuffer::new(buffer.clone(), data.offset(), data.len());
+        let values =
+            scalar_values::<T>(d.values().as_ref()).ok_or("dictionary values without a buffer")?;
         // A null slot's key past the dictionary is given as 0: only an
         // empty dictionary has no value there, and its rows are all null.
         extend_keys(d.keys(), values.len(), &mut all, |k| {
@@ -843,8 +852,7 @@ fn one_byte(arrays: &[ArrayRef], look_up_above: usize) -> Option<Option<Merged>>
         .map(|a| a.as_any_dictionary_opt())
         .collect::<Option<_>>()?;
     let values: usize = dictionaries.iter().map(|d| d.values().len()).sum();
-    // A value is at most 8 bytes when it can be looked up.
-    if values.saturating_mul(8) >= look_up_above {
+    if look_up_width(&dictionaries, values, look_up_above).is_some() {
         return None;
     }
     if values <= MERGED_MAX {
@@ -913,16 +921,16 @@ fn gather_bytes(columns: &[&[u8]], order: &[u32]) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// A column (one array per batch of the window, consumed) in `order`, and
-/// its keys' bound if it stays a dictionary (see [`permute`]); `indices`
-/// gives `order` as an array.
+/// A column (one array per batch of the window, consumed) that
+/// [`one_byte`] leaves, in `order`, and its keys' bound if it stays a
+/// dictionary (see [`permute`]); `indices` gives `order` as an array.
 fn permute_column<'a>(
     arrays: Vec<ArrayRef>,
     order: &[u32],
     indices: &impl Fn() -> &'a arrow_array::UInt32Array,
     look_up_above: usize,
 ) -> std::result::Result<(ArrayRef, Option<KeyBound>), String> {
-    use arrow_array::types::{Int32Type, UInt8Type, UInt16Type};
+    use arrow_array::types::{Int32Type, UInt16Type};
 
     let dictionaries: Option<Vec<&dyn AnyDictionaryArray>> =
         arrays.iter().map(|a| a.as_any_dictionary_opt()).collect();
@@ -931,13 +939,9 @@ fn permute_column<'a>(
         if let Some(array) = looked_up(&dictionaries, order, values, look_up_above)? {
             return Ok((array, None));
         }
-        // The narrowest keys that hold the window's dictionaries,
-        // concatenated or merged.
-        let (array, bound) = if values <= MERGED_MAX {
-            permute_keys::<UInt8Type>(&dictionaries, order, None)?
-        } else if let Some(merged) = deduplicated(&dictionaries) {
-            permute_keys::<UInt8Type>(&dictionaries, order, Some(merged))?
-        } else if values <= 1 << 16 {
+        // The narrowest keys that hold the window's dictionaries
+        // concatenated (those that fit one byte are `permute_bytes`'s).
+        let (array, bound) = if values <= 1 << 16 {
             permute_keys::<UInt16Type>(&dictionaries, order, None)?
         } else {
             permute_keys::<Int32Type>(&dictionaries, order, None)?
