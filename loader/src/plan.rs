@@ -303,10 +303,18 @@ impl Window<'_> {
         };
         let mut rows = Vec::with_capacity(self.rows as usize);
         let mut chunk = [0u64; 1024];
+        // The rounds as tables when the window is long enough to pay for
+        // them (see `Tabulated`).
+        let tabulated = (self.rows >= p.len().isqrt())
+            .then(|| p.tabulated())
+            .flatten();
         let mut at = 0;
         while at < self.rows {
             let n = (self.rows - at).min(chunk.len() as u64) as usize;
-            p.apply_range(self.base + at, &mut chunk[..n]);
+            match &tabulated {
+                Some(t) => t.apply_range(self.base + at, &mut chunk[..n]),
+                None => p.apply_range(self.base + at, &mut chunk[..n]),
+            }
             rows.extend(chunk[..n].iter().map(|&r| r as u32));
             at += n as u64;
         }
