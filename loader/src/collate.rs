@@ -1018,6 +1018,15 @@ impl Collator {
                 }
             }
             let skips = loaded.has_skipped();
+            if loaded.permuted && !skips && !images {
+                // One batch already in the window's order: the rows are the
+                // positions (a search per row here cost 3.6% of the tabular
+                // set's CPU time, 4,096-row batches).
+                let (from, to) = (position - window.start, run_end - window.start);
+                rows.extend((from..to).map(|row| (base as u32, row as u32)));
+                position = run_end;
+                continue;
+            }
             for p in position..run_end {
                 let row = if loaded.permuted {
                     p - window.start
