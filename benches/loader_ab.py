@@ -6,7 +6,8 @@ unless given), run `shardfeed bench` (--epochs 3 unless given, 2 decode threads)
 alternately with build A and build B, --repeat times,
 and report the median steady rate (after epoch 1), the median first epoch (a fresh
 process's, from before the loader is built), the median rate over all epochs including
-start-up, and the ratios B/A, with pyarrow's iter_batches over the same files in the same
+start-up, the median CPU seconds (user + system) of a steady epoch, and the ratios
+B/A, with pyarrow's iter_batches over the same files in the same
 run for scale. `--datasets kind=path,...` runs on shards already made instead.
 
     python3 benches/loader_ab.py --bin-a /tmp/shardfeed-before --bin-b target/release/shardfeed \
@@ -27,6 +28,11 @@ def bench(binary, path, batch, epochs):
                         "--epochs", str(epochs), "--json"], check=True, capture_output=True, text=True)
     out = json.loads(r.stdout)
     out["first_epoch_rows_per_s"] = out["epoch_rows_per_s"][0]
+    # CPU seconds (user + system) of the later epochs, on average: steadier
+    # than a rate on a shared machine, and what a change on a CPU-bound
+    # pipeline saves.
+    cpu = [u + s for u, s in zip(out["epoch_user_s"], out["epoch_system_s"])]
+    out["steady_cpu_s"] = statistics.mean(cpu[1:] or cpu)
     return out
 
 
@@ -89,18 +95,22 @@ def main():
             "a_all_epochs_rows_s": round(med("a", "rows_per_s")),
             "b_all_epochs_rows_s": round(med("b", "rows_per_s")),
             "b_over_a_all_epochs": round(med("b", "rows_per_s") / med("a", "rows_per_s"), 3),
+            "a_steady_epoch_cpu_s": round(med("a", "steady_cpu_s"), 3),
+            "b_steady_epoch_cpu_s": round(med("b", "steady_cpu_s"), 3),
+            "b_over_a_steady_epoch_cpu": round(med("b", "steady_cpu_s") / med("a", "steady_cpu_s"), 3),
             "b_peak_rss_mib": round(med("b", "peak_rss_bytes") / 2**20),
             "a_peak_rss_mib": round(med("a", "peak_rss_bytes") / 2**20),
             "pyarrow_iter_batches_rows_s": round(statistics.median(runs["pyarrow"])),
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print("\n| dataset | A steady rows/s | B steady rows/s | B/A steady | A first epoch | B first epoch | B/A | A all epochs incl. start-up | B all epochs | B/A | peak RSS A / B | pyarrow iter_batches |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| dataset | A steady rows/s | B steady rows/s | B/A steady | A first epoch | B first epoch | B/A | A all epochs incl. start-up | B all epochs | B/A | CPU s a steady epoch A / B | B/A | peak RSS A / B | pyarrow iter_batches |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['dataset']} | {r['a_steady_rows_s']} | {r['b_steady_rows_s']} | {r['b_over_a_steady']} | "
               f"{r['a_first_epoch_rows_s']} | {r['b_first_epoch_rows_s']} | {r['b_over_a_first_epoch']} | "
               f"{r['a_all_epochs_rows_s']} | {r['b_all_epochs_rows_s']} | {r['b_over_a_all_epochs']} | "
+              f"{r['a_steady_epoch_cpu_s']} / {r['b_steady_epoch_cpu_s']} | {r['b_over_a_steady_epoch_cpu']} | "
               f"{r['a_peak_rss_mib']} / {r['b_peak_rss_mib']} MiB | {r['pyarrow_iter_batches_rows_s']} |")
 
 
