@@ -69,7 +69,7 @@ impl SplitMix64 {
 pub struct Permutation {
     len: u64,
     half_bits: u32,
-    keys: [u64; 4],
+    keys: [u64; ROUNDS],
 }
 
 impl Permutation {
@@ -104,13 +104,9 @@ impl Permutation {
     /// The element at position `index` (`index < len`).
     pub fn apply(&self, index: u64) -> u64 {
         debug_assert!(index < self.len);
-        let mut x = index;
-        loop {
-            x = self.feistel(x);
-            if x < self.len {
-                return x;
-            }
-        }
+        let f = self.round();
+        let network = Network::new(self.len, self.half_bits);
+        network.walk(network.feistel(index, &f), &f)
     }
 
     /// [`Permutation::apply`] of every position `first..first + out.len()`
@@ -118,6 +114,74 @@ impl Permutation {
     /// are computed side by side, so they overlap instead of each waiting on
     /// its own chain of multiplications.
     pub fn apply_range(&self, first: u64, out: &mut [u64]) {
+        Network::new(self.len, self.half_bits).apply_range(first, out, &self.round());
+    }
+
+    /// Round `k`'s function of a half `r`: `mix64(r ^ key_k)`, masked to
+    /// `half_bits`.
+    fn round(&self) -> impl Fn(usize, u64) -> u64 + '_ {
+        let mask = (1u64 << self.half_bits) - 1;
+        move |k, r| mix64(r ^ self.keys[k]) & mask
+    }
+
+    /// This permutation with each round's function tabulated over its
+    /// `2^half_bits` inputs, for evaluating many positions (a window's
+    /// order): `None` when the tables would be larger than
+    /// [`TABULATED_MAX_HALF_BITS`] allows. Same results as [`Permutation::apply`].
+    pub fn tabulated(&self) -> Option<Tabulated> {
+        if self.half_bits > TABULATED_MAX_HALF_BITS {
+            return None;
+        }
+        let size = 1usize << self.half_bits;
+        let round = self.round();
+        let mut tables = Vec::with_capacity(size * ROUNDS);
+        for k in 0..ROUNDS {
+            tables.extend((0..size as u64).map(|r| round(k, r) as u32));
+        }
+        Some(Tabulated {
+            len: self.len,
+            half_bits: self.half_bits,
+            tables,
+        })
+    }
+}
+
+/// The shape both [`Permutation`] and [`Tabulated`] evaluate: a balanced
+/// Feistel network of [`ROUNDS`] rounds on `2 * half_bits` bits, cycle-walked
+/// into `0..len`, given each round's function of a half.
+#[derive(Clone, Copy)]
+struct Network {
+    len: u64,
+    half_bits: u32,
+}
+
+/// Rounds of every [`Permutation`] (one key each).
+const ROUNDS: usize = 4;
+
+impl Network {
+    fn new(len: u64, half_bits: u32) -> Self {
+        Network { len, half_bits }
+    }
+
+    /// One pass of the network over `x` (below `2^(2 * half_bits)`), with
+    /// `f(k, half)` round `k`'s function (a value below `2^half_bits`).
+    #[inline(always)]
+    fn feistel(self, x: u64, f: &impl Fn(usize, u64) -> u64) -> u64 {
+        let mask = (1u64 << self.half_bits) - 1;
+        let mut left = x >> self.half_bits;
+        let mut right = x & mask;
+        for k in 0..ROUNDS {
+            (left, right) = (right, left ^ f(k, right));
+        }
+        (left << self.half_bits) | right
+    }
+
+    /// The permuted index of every position `first..first + out.len()` (all
+    /// below `len`), into `out`: the rounds of 8 neighbouring positions are
+    /// computed side by side, so they overlap instead of each waiting on its
+    /// own chain (of multiplications, or of table reads).
+    #[inline(always)]
+    fn apply_range(self, first: u64, out: &mut [u64], f: &impl Fn(usize, u64) -> u64) {
         const LANES: usize = 8;
         debug_assert!(first + out.len() as u64 <= self.len);
         let mask = (1u64 << self.half_bits) - 1;
@@ -131,57 +195,30 @@ impl Permutation {
                 left[i] = x >> self.half_bits;
                 right[i] = x & mask;
             }
-            for key in self.keys {
+            for k in 0..ROUNDS {
                 for i in 0..LANES {
-                    let f = mix64(right[i] ^ key) & mask;
-                    (left[i], right[i]) = (right[i], left[i] ^ f);
+                    (left[i], right[i]) = (right[i], left[i] ^ f(k, right[i]));
                 }
             }
             for (i, o) in chunk.iter_mut().enumerate() {
-                let mut x = (left[i] << self.half_bits) | right[i];
-                // Cycle walking, as in `apply`.
-                while x >= self.len {
-                    x = self.feistel(x);
-                }
-                *o = x;
+                let x = (left[i] << self.half_bits) | right[i];
+                *o = self.walk(x, f);
             }
             at += LANES as u64;
         }
-        for (i, o) in chunks.into_remainder().iter_mut().enumerate() {
-            *o = self.apply(at + i as u64);
+        for (o, at) in chunks.into_remainder().iter_mut().zip(at..) {
+            *o = self.walk(self.feistel(at, f), f);
         }
     }
 
-    /// This permutation with each round's function tabulated over its
-    /// `2^half_bits` inputs, for evaluating many positions (a window's
-    /// order): `None` when the tables would be larger than
-    /// [`TABULATED_MAX_HALF_BITS`] allows. Same results as [`Permutation::apply`].
-    pub fn tabulated(&self) -> Option<Tabulated> {
-        if self.half_bits > TABULATED_MAX_HALF_BITS {
-            return None;
+    /// Cycle walking: `x` (one pass of the network) taken on through it
+    /// until it lands inside `0..len`.
+    #[inline(always)]
+    fn walk(self, mut x: u64, f: &impl Fn(usize, u64) -> u64) -> u64 {
+        while x >= self.len {
+            x = self.feistel(x, f);
         }
-        let size = 1usize << self.half_bits;
-        let mask = (1u64 << self.half_bits) - 1;
-        let mut tables = Vec::with_capacity(size * self.keys.len());
-        for key in self.keys {
-            tables.extend((0..size as u64).map(|r| (mix64(r ^ key) & mask) as u32));
-        }
-        Some(Tabulated {
-            len: self.len,
-            half_bits: self.half_bits,
-            tables,
-        })
-    }
-
-    fn feistel(&self, x: u64) -> u64 {
-        let mask = (1u64 << self.half_bits) - 1;
-        let mut left = x >> self.half_bits;
-        let mut right = x & mask;
-        for key in self.keys {
-            let f = mix64(right ^ key) & mask;
-            (left, right) = (right, left ^ f);
-        }
-        (left << self.half_bits) | right
+        x
     }
 }
 
@@ -205,62 +242,13 @@ pub struct Tabulated {
 
 impl Tabulated {
     /// [`Permutation::apply`] of every position `first..first + out.len()`
-    /// (all below the permutation's length), into `out`.
-    /// Like [`Permutation::apply_range`], 8 positions side by side.
+    /// (all below the permutation's length), into `out`, as
+    /// [`Permutation::apply_range`] does.
     pub fn apply_range(&self, first: u64, out: &mut [u64]) {
-        const LANES: usize = 8;
-        debug_assert!(first + out.len() as u64 <= self.len);
         let bits = self.half_bits;
-        let size = 1usize << bits;
-        let mask = (size - 1) as u32;
-        let mut at = first;
-        let mut chunks = out.chunks_exact_mut(LANES);
-        for chunk in &mut chunks {
-            let mut left = [0u32; LANES];
-            let mut right = [0u32; LANES];
-            for i in 0..LANES {
-                let x = at + i as u64;
-                left[i] = (x >> bits) as u32 & mask;
-                right[i] = x as u32 & mask;
-            }
-            for table in self.tables.chunks_exact(size) {
-                for i in 0..LANES {
-                    let f = table[right[i] as usize];
-                    (left[i], right[i]) = (right[i], left[i] ^ f);
-                }
-            }
-            for (i, o) in chunk.iter_mut().enumerate() {
-                let mut x = ((left[i] as u64) << bits) | right[i] as u64;
-                // Cycle walking, as in `Permutation::apply`.
-                while x >= self.len {
-                    x = self.feistel(x);
-                }
-                *o = x;
-            }
-            at += LANES as u64;
-        }
-        for (o, at) in chunks.into_remainder().iter_mut().zip(at..) {
-            let mut x = self.feistel(at);
-            while x >= self.len {
-                x = self.feistel(x);
-            }
-            *o = x;
-        }
-    }
-
-    #[inline]
-    fn feistel(&self, x: u64) -> u64 {
-        let bits = self.half_bits;
-        let size = 1usize << bits;
-        let mask = (size - 1) as u32;
-        // Both halves are below `2^half_bits`: `x < 2^(2 * half_bits)`.
-        let mut left = (x >> bits) as u32 & mask;
-        let mut right = x as u32 & mask;
-        for table in self.tables.chunks_exact(size) {
-            let f = table[right as usize];
-            (left, right) = (right, left ^ f);
-        }
-        ((left as u64) << bits) | right as u64
+        // `r` is a half: below `2^half_bits`, inside round `k`'s table.
+        let f = |k: usize, r: u64| u64::from(self.tables[(k << bits) | r as usize]);
+        Network::new(self.len, bits).apply_range(first, out, &f);
     }
 }
 
