@@ -76,6 +76,10 @@ pub struct BenchArgs {
     /// Size limit of the cache, e.g. 100GB.
     #[arg(long)]
     pub cache_limit: Option<String>,
+    /// Copy local column chunks out with `pread` instead of reading them
+    /// through a mapping of each shard.
+    #[arg(long)]
+    pub pread: bool,
     /// What to do with a damaged row group: `fail` (default) or `skip` (left
     /// out, named in the report and a warning; see --max-skipped).
     #[arg(long, default_value = "fail")]
@@ -356,6 +360,7 @@ fn loader_builder(args: &BenchArgs, url: &str) -> Result<LoaderBuilder> {
     if let Some(limit) = &args.cache_limit {
         builder = builder.cache_limit(parse_size(limit).context("invalid --cache-limit")?);
     }
+    builder = builder.mapped_reads(!args.pread);
     if let Some(pad) = args.pad_to {
         builder = builder.pad_to(pad, 0.0);
     }
@@ -640,9 +645,10 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
         }
     );
     println!(
-        "read buffers: {} made, {} held",
+        "read buffers: {} made, {} held; {} read through mappings",
         report.stats.read_buffers_made,
-        shardfeed_format::size::format_size(report.stats.read_buffer_bytes)
+        shardfeed_format::size::format_size(report.stats.read_buffer_bytes),
+        shardfeed_format::size::format_size(report.stats.mapped_bytes)
     );
     println!(
         "slabs: {} made of up to {} x {} ({}), peak RSS {}",

@@ -486,6 +486,7 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         storage_options: Vec::new(),
         cache_dir: None,
         cache_limit: None,
+        pread: false,
         on_error: "fail".into(),
         max_skipped: shardfeed_loader::DEFAULT_MAX_SKIPPED,
         trace: None,

@@ -868,6 +868,9 @@ pub(crate) struct Collator {
     /// One per image decoding thread (kept from batch to batch); empty
     /// without image columns.
     pub scratch: Vec<image::Scratch>,
+    /// Checks the mapped shards a batch's bytes came from before it is
+    /// handed on ([`crate::mapfile`]).
+    pub fetch: Arc<crate::fetch::FetchContext>,
 }
 
 impl Collator {
@@ -952,7 +955,9 @@ impl Collator {
             let end = ((index + 1) * batch_size).min(positions);
             self.upgrade();
             let result = match self.config.failpoints.hit("collate", index) {
-                None => self.collate(index, position, end),
+                None => self
+                    .collate(index, position, end)
+                    .and_then(|batch| self.fetch.check_mapped().map(|()| batch)),
                 Some(Action::Stop) => return,
                 Some(action) => Err(injected("collate", action, &self.cancel)),
             };

@@ -139,6 +139,7 @@ pub struct LoaderBuilder {
     retry: RetryPolicy,
     cache_dir: Option<std::path::PathBuf>,
     cache_limit: u64,
+    mapped_reads: bool,
     faults: Option<FaultConfig>,
     on_error: OnError,
     max_skipped: u64,
@@ -218,6 +219,7 @@ impl LoaderBuilder {
             retry: RetryPolicy::default(),
             cache_dir: None,
             cache_limit: DEFAULT_CACHE_LIMIT,
+            mapped_reads: true,
             faults: None,
             on_error: OnError::Fail,
             max_skipped: DEFAULT_MAX_SKIPPED,
@@ -371,6 +373,19 @@ impl LoaderBuilder {
     /// Bytes the cache may hold (default 64 GiB); least recently used shards go first.
     pub fn cache_limit(mut self, bytes: u64) -> Self {
         self.cache_limit = bytes;
+        self
+    }
+    /// Read the byte-array column chunks (images, texts) of a local
+    /// dataset's shards through a read-only mapping of each file (default),
+    /// or copy them out with `pread` (`false`; other columns, remote shards
+    /// and cached copies always are). A mapping saves a copy of every byte;
+    /// a file truncated or rewritten while it is read is an error naming the
+    /// shard either way. Mapped reads install a `SIGBUS` handler
+    /// (once per process, chaining to the one there before) that turns a
+    /// fault in a truncated shard into that error: turn them off where
+    /// another component must own `SIGBUS`.
+    pub fn mapped_reads(mut self, mapped: bool) -> Self {
+        self.mapped_reads = mapped;
         self
     }
     /// How transient storage failures are retried (default: 8 retries within
@@ -660,6 +675,7 @@ impl LoaderBuilder {
                 // keeps them from being faulted in afresh (BENCHMARKS.md).
                 buffer_bytes: usize::try_from(self.byte_budget).unwrap_or(usize::MAX),
                 threads: local_readers(decode_threads),
+                mapped: self.mapped_reads,
             },
         ));
         let sizes = estimate_sizes(&runtime, &fetch, &manifest, &self, &plans)?;

@@ -3,12 +3,11 @@
 //! group. Only I/O happens here; checks and decoding run on the decode
 //! threads.
 //!
-//! Local shards (and cached copies of remote ones) are read with `pread`
-//! into owned buffers on the runtime's blocking pool, not memory-mapped: a
-//! mapped file truncated or rewritten while it is read (`cp`, `rsync
-//! --inplace` over a live dataset) kills the process with SIGBUS, where a
-//! short read is an error naming the shard. The cost is one copy of the
-//! compressed bytes (see BENCHMARKS.md).
+//! Local shards (and cached copies of remote ones) are read on read threads
+//! of their own: with `pread` into pooled buffers, except the byte-array
+//! column chunks of a local dataset (images, texts), read through a mapping
+//! of the shard ([`crate::mapfile`]: one copy fewer, with a shard truncated
+//! or rewritten while it is read still an error naming it, not SIGBUS).
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -24,6 +23,7 @@ use shardfeed_format::{ChunkHash, ChunkSum, Location, Manifest, RetryPolicy};
 
 use crate::cache::ShardCache;
 use crate::decode::{Fetched, FooterInfo};
+use crate::mapfile::{Changed, MapSet, MappedShard};
 use crate::mapped::MAPPED_FROM;
 use crate::parquet::projection;
 use crate::plan::Segment;
@@ -70,6 +70,13 @@ pub(crate) struct FetchContext {
     downloads: Mutex<HashMap<u32, Arc<tokio::sync::OnceCell<Arc<File>>>>>,
     /// Buffers local reads go into.
     buffers: Arc<BufferPool>,
+    /// Local shards mapped for reading column chunks (`None`: read with
+    /// `pread`), kept like open files.
+    maps: Mutex<Cache<Option<Arc<MappedShard>>>>,
+    /// Every mapped shard, checked before a batch is handed on.
+    mapped: Arc<MapSet>,
+    /// Whether column chunks of local files are read through mappings.
+    map_reads: bool,
     /// The threads local reads run on, started at the first one.
     readers: std::sync::OnceLock<Readers>,
     /// How many: [`LocalReads::threads`].
@@ -83,6 +90,9 @@ pub(crate) struct LocalReads {
     pub buffer_bytes: usize,
     /// Threads the reads run on.
     pub threads: usize,
+    /// Column chunks read through a mapping of the file ([`crate::mapfile`])
+    /// rather than copied out with `pread`.
+    pub mapped: bool,
 }
 
 /// A read for a [`Readers`] thread.
@@ -142,6 +152,9 @@ impl FetchContext {
     ) -> Self {
         FetchContext {
             buffers: BufferPool::new(local.buffer_bytes),
+            maps: Mutex::new((HashMap::new(), VecDeque::new())),
+            mapped: Arc::new(MapSet::default()),
+            map_reads: local.mapped,
             readers: std::sync::OnceLock::new(),
             reader_threads: local.threads,
             cache,
@@ -205,6 +218,61 @@ impl FetchContext {
         };
         cache_put(&self.files, shard, file.clone());
         Ok(Some(file))
+    }
+
+    /// `shard`'s mapping, made at its first chunk read; `None` when mapped
+    /// reads are off, for cached copies of remote shards (the cache marks
+    /// a copy used by its modification time, which another process may
+    /// move at any time), or when it cannot be mapped: then `pread`.
+    fn mapping(&self, shard: u32, file: &Arc<File>) -> Option<Arc<MappedShard>> {
+        if !self.map_reads || self.location.local_root().is_none() {
+            return None;
+        }
+        if let Some(mapped) = cache_get(&self.maps, shard) {
+            return mapped;
+        }
+        let mapped = self
+            .mapped
+            .map(shard, file.clone(), self.entry(shard).bytes);
+        cache_put(&self.maps, shard, mapped.clone());
+        mapped
+    }
+
+    /// Whether every mapped shard whose bytes were used since it was last
+    /// checked is still the file that was mapped: called before a batch
+    /// made of those bytes is handed on ([`crate::mapfile`]).
+    pub(crate) fn check_mapped(&self) -> Result<()> {
+        self.mapped
+            .check()
+            .map_err(|(shard, changed)| self.changed_mapped(shard, changed))
+    }
+
+    /// The error for a mapped shard that changed while it was read.
+    fn changed_mapped(&self, shard: u32, changed: Changed) -> LoaderError {
+        let len = match changed {
+            Changed::Rewritten(len) => len,
+            Changed::Failed(_) => 0,
+            Changed::Truncated => self
+                .location
+                .local_root()
+                .and_then(|root| std::fs::metadata(root.join(&self.entry(shard).path)).ok())
+                .map_or(0, |m| m.len()),
+        };
+        if let Changed::Failed(e) = changed {
+            return LoaderError::Io {
+                op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
+                source: std::io::Error::other(e),
+            };
+        }
+        if len != self.entry(shard).bytes {
+            return self.changed(shard, len);
+        }
+        let entry = self.entry(shard);
+        LoaderError::Corrupt {
+            shard: entry.path.clone(),
+            row_group: None,
+            detail: "the file was written while it was read (rewritten in place, truncated or replaced: a dataset must not change while it is read)".into(),
+        }
     }
 
     /// The error for a shard whose file no longer has its manifest size.
@@ -285,14 +353,17 @@ impl FetchContext {
             })
     }
 
-    /// Read `ranges` of `shard`: `pread`s of the local file (with each
-    /// range's checksum by `hash`, when given, computed as it is read), or
-    /// coalesced range requests to the store (checksummed by the decoder).
+    /// Read `ranges` of `shard`: from the local file (with each range's
+    /// checksum by `hash`, when given, computed as it is read), or coalesced
+    /// range requests to the store (checksummed by the decoder). Local
+    /// ranges marked in `mappable` are read through the shard's mapping when
+    /// mapped reads are on, the others with `pread`.
     async fn read_ranges(
         &self,
         shard: u32,
         ranges: Vec<std::ops::Range<u64>>,
         hash: Option<ChunkHash>,
+        mappable: Vec<bool>,
     ) -> Result<Vec<(Bytes, Option<ChunkSum>)>> {
         let started = Instant::now();
         let parts: Vec<(Bytes, Option<ChunkSum>)> = match self.local(shard).await? {
@@ -314,29 +385,68 @@ impl FetchContext {
                         self.readers.get_or_init(|| started)
                     }
                 };
-                let read = readers
-                    .run(move || read_at(&file, &ranges, len, &pool, hash))
-                    .await
-                    .ok_or_else(|| LoaderError::Io {
-                        op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
-                        source: std::io::Error::other("the read thread panicked"),
-                    })?;
-                read.map_err(|e| match e.kind() {
-                    std::io::ErrorKind::UnexpectedEof => {
-                        let now = self
-                            .location
-                            .local_root()
-                            .and_then(|root| {
-                                std::fs::metadata(root.join(&self.entry(shard).path)).ok()
-                            })
-                            .map_or(0, |m| m.len());
-                        self.changed(shard, now)
-                    }
-                    _ => LoaderError::Io {
-                        op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
-                        source: e,
-                    },
-                })?
+                let mapped = match mappable.contains(&true) {
+                    true => self.mapping(shard, &file),
+                    false => None,
+                };
+                if let Some(mapped) = mapped {
+                    let counters = self.counters.clone();
+                    let read = readers
+                        .run(move || {
+                            ranges
+                                .into_iter()
+                                .zip(mappable)
+                                .map(|(r, map)| match map {
+                                    true => {
+                                        let read = mapped.chunk(r, hash);
+                                        if let Ok((bytes, _)) = &read {
+                                            Counters::add(
+                                                &counters.mapped_bytes,
+                                                bytes.len() as u64,
+                                            );
+                                        }
+                                        read
+                                    }
+                                    false => read_at(&file, &[r], len, &pool, hash)
+                                        .map(|mut read| read.remove(0))
+                                        .map_err(|e| match e.kind() {
+                                            std::io::ErrorKind::UnexpectedEof => Changed::Truncated,
+                                            _ => Changed::Failed(e.to_string()),
+                                        }),
+                                })
+                                .collect::<std::result::Result<Vec<_>, Changed>>()
+                        })
+                        .await
+                        .ok_or_else(|| LoaderError::Io {
+                            op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
+                            source: std::io::Error::other("the read thread panicked"),
+                        })?;
+                    read.map_err(|changed| self.changed_mapped(shard, changed))?
+                } else {
+                    let read = readers
+                        .run(move || read_at(&file, &ranges, len, &pool, hash))
+                        .await
+                        .ok_or_else(|| LoaderError::Io {
+                            op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
+                            source: std::io::Error::other("the read thread panicked"),
+                        })?;
+                    read.map_err(|e| match e.kind() {
+                        std::io::ErrorKind::UnexpectedEof => {
+                            let now = self
+                                .location
+                                .local_root()
+                                .and_then(|root| {
+                                    std::fs::metadata(root.join(&self.entry(shard).path)).ok()
+                                })
+                                .map_or(0, |m| m.len());
+                            self.changed(shard, now)
+                        }
+                        _ => LoaderError::Io {
+                            op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
+                            source: e,
+                        },
+                    })?
+                }
             }
             None => {
                 let entry = self.entry(shard);
@@ -388,7 +498,7 @@ impl FetchContext {
         // The manifest checked footer_len + 4 <= bytes.
         let range = entry.bytes - entry.footer_len..entry.bytes;
         let bytes = self
-            .read_ranges(shard, vec![range], None)
+            .read_ranges(shard, vec![range], None, vec![false])
             .await?
             .pop()
             .expect("one range")
@@ -461,6 +571,20 @@ impl FetchContext {
         let rg = footer.footer.metadata.row_group(segment.row_group as usize);
         let entry = self.entry(segment.shard);
         let mut ranges = Vec::with_capacity(leaves.len());
+        // Variable-length values (images, texts) are copied whole into the
+        // slabs, straight from a mapping. Fixed-width values are gathered
+        // at random by the shuffle, which is faster from a read buffer
+        // (its own pages, huge ones where the system allows) than from the
+        // page cache's 4 KiB pages (BENCHMARKS.md); lists are decoded into
+        // buffers of their own either way.
+        let mappable: Vec<bool> = leaves
+            .iter()
+            .map(|&leaf| {
+                let column = rg.column(leaf).column_descr();
+                column.physical_type() == parquet::basic::Type::BYTE_ARRAY
+                    && column.max_rep_level() == 0
+            })
+            .collect();
         for &leaf in &leaves {
             let (start, len) = rg.column(leaf).byte_range();
             // Offsets come from the (checksummed) footer: still checked
@@ -479,7 +603,9 @@ impl FetchContext {
         }
         let starts: Vec<u64> = ranges.iter().map(|r| r.start).collect();
         let hash = footer.footer.checksums.hash;
-        let parts = self.read_ranges(segment.shard, ranges, Some(hash)).await?;
+        let parts = self
+            .read_ranges(segment.shard, ranges, Some(hash), mappable)
+            .await?;
         let chunks = leaves
             .into_iter()
             .zip(starts)

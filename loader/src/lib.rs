@@ -46,6 +46,7 @@ mod error;
 mod fetch;
 mod image;
 mod loader;
+mod mapfile;
 mod mapped;
 pub mod mix;
 pub mod pack;

@@ -465,6 +465,7 @@ impl Pipeline {
                 counters: self.counters.clone(),
                 cancel: cancel.clone(),
                 manifest: self.manifest.clone(),
+                fetch: self.fetch.clone(),
                 scratch: if self.config.images.is_some() {
                     (0..self.config.decode_threads.max(1))
                         .map(|_| Default::default())

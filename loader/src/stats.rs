@@ -16,6 +16,7 @@ pub(crate) struct Counters {
     pub bytes: AtomicU64,
     pub batches: AtomicU64,
     pub fetched_bytes: AtomicU64,
+    pub mapped_bytes: AtomicU64,
     pub requests: AtomicU64,
     pub retries: AtomicU64,
     pub first_batch_ns: AtomicU64,
@@ -321,6 +322,9 @@ pub struct Stats {
     pub batches: u64,
     /// Bytes of footers and column chunks read (from storage, local files or the cache).
     pub fetched_bytes: u64,
+    /// Bytes of column chunks read through a mapping of their local shard
+    /// (part of `fetched_bytes`; see `LoaderBuilder::mapped_reads`).
+    pub mapped_bytes: u64,
     /// Requests made to object storage (local files and cache hits make none).
     pub requests: u64,
     /// Requests retried after a transient failure.
@@ -435,6 +439,7 @@ impl Counters {
             bytes: self.bytes.load(Ordering::Relaxed),
             batches: self.batches.load(Ordering::Relaxed),
             fetched_bytes: self.fetched_bytes.load(Ordering::Relaxed),
+            mapped_bytes: self.mapped_bytes.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             retries: self.retries.load(Ordering::Relaxed),
             time_to_first_batch_ms: ms(&self.first_batch_ns),

@@ -64,6 +64,7 @@ class Loader:
         channels_first: bool = False,
         max_image_pixels: int | None = None,
         decode_niceness: int | None = None,
+        mapped_reads: bool = True,
     ) -> None:
         """Build a loader; ``ValueError`` names a bad option.
 
@@ -109,6 +110,13 @@ class Loader:
         decode threads' scheduling priority is than the thread that starts an
         epoch, so that the one shuffle and one collate thread get short cores
         first; 0 schedules every stage alike.
+
+        ``mapped_reads`` (default ``True``): read the byte-array column chunks
+        (images, texts) of a local dataset's shards through a read-only
+        mapping of each file, one copy fewer than ``pread``; a shard truncated or
+        rewritten while it is read is an error naming it either way. Mapped
+        reads install a ``SIGBUS`` handler once per process (chaining to the
+        one before it): pass ``False`` where another component must own it.
 
         ``inject_latency_ms`` / ``inject_failure_rate`` read the dataset through
         a fault-injecting store (as ``shardfeed bench --inject-*``), for tests

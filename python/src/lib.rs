@@ -348,7 +348,7 @@ impl PyLoader {
         pack_column=None, eos_id=None, pad_id=0, pack_window=None, max_segments=None,
         mix_stop="first_exhausted", read_batch=None, decode_images=None, image_size=None,
         crop="random_resized", scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip=false,
-        channels_first=false, max_image_pixels=None, decode_niceness=None,
+        channels_first=false, max_image_pixels=None, decode_niceness=None, mapped_reads=true,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -397,6 +397,7 @@ impl PyLoader {
         channels_first: bool,
         max_image_pixels: Option<u64>,
         decode_niceness: Option<u8>,
+        mapped_reads: bool,
     ) -> PyResult<Self> {
         // A str is one dataset; a dict maps datasets to weights.
         let sources: Option<Vec<(String, f64)>> = match url.extract::<String>() {
@@ -502,6 +503,7 @@ impl PyLoader {
         if let Some(limit) = cache_limit {
             b = b.cache_limit(limit.bytes("cache_limit")?);
         }
+        b = b.mapped_reads(mapped_reads);
         if let Some(n) = window {
             b = b.window(n);
         }

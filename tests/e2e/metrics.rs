@@ -165,11 +165,20 @@ fn read_buffers_are_reused_across_epochs_at_a_small_budget() {
     let report = bench_on(
         &url,
         "2",
-        &["--epochs", "3", "--byte-budget", "24MiB", "--prefetch", "2"],
+        &[
+            "--epochs",
+            "3",
+            "--byte-budget",
+            "24MiB",
+            "--prefetch",
+            "2",
+            "--pread",
+        ],
         "",
     );
     check_consistent(&report);
     let stats = &report["stats"];
+    assert_eq!(stats["mapped_bytes"].as_u64(), Some(0), "{stats}");
     let made = stats["read_buffers_made"].as_u64().unwrap();
     // 60 reads of image chunks: about as many buffers are made as the
     // pipeline holds at once (12-15 in runs here; 64 with the old limit).

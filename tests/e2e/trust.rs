@@ -287,33 +287,108 @@ fn huge_counts_from_a_forged_dataset_are_checked_before_use() {
 }
 
 /// Fault 4: shards truncated while an epoch is read (as `cp` or `rsync
-/// --inplace` over a live dataset does) give an error naming the shard,
-/// not SIGBUS.
+/// --inplace` over a live dataset) give an error naming the shard, not
+/// SIGBUS, whether chunks are mapped (images) or copied with `pread`.
 #[test]
 fn shards_truncated_while_read_are_an_error_not_a_signal() {
-    let tmp = tempdir();
-    let url = sharded(tmp.path(), Kind::Tokens, 3000, 32, 256 << 10);
-    let mut loader = Loader::builder(&url)
-        .batch_size(16)
-        .window(2)
-        .prefetch(1)
-        .byte_budget(4 << 20)
-        .build()
-        .unwrap();
-    assert!(loader.next().unwrap().is_ok());
+    for (kind, mapped) in READS {
+        let tmp = tempdir();
+        let mut loader = while_read(tmp.path(), kind, mapped);
+        for entry in std::fs::read_dir(tmp.path().join("ds/shards")).unwrap() {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(entry.unwrap().path())
+                .unwrap();
+            file.set_len(4096).unwrap();
+        }
+        let (_, error) = drain(&mut loader, "id");
+        let error = error.expect("an error before the epoch ends").to_string();
+        assert!(
+            error.contains("shards/") && error.contains("truncated or replaced"),
+            "{kind:?}, mapped {mapped}: {error}"
+        );
+    }
+}
+
+/// Datasets and read modes for faults while an epoch is read: images'
+/// byte-array chunks are read through a mapping unless mapped reads are
+/// off; token lists' chunks always with `pread`.
+const READS: [(Kind, bool); 3] = [
+    (Kind::Images, true),
+    (Kind::Images, false),
+    (Kind::Tokens, true),
+];
+
+/// A loader over a new dataset of `kind` that has made its first batch;
+/// for images, it checks that chunks were (or were not) mapped.
+fn while_read(dir: &Path, kind: Kind, mapped: bool) -> Loader {
+    let url = match kind {
+        Kind::Images => sharded(dir, kind, 160, 4, 2 << 20),
+        _ => sharded(dir, kind, 3000, 32, 256 << 10),
+    };
+    // Written long ago, as a dataset being trained on is (a write now
+    // changes the files' times whatever the clock's granularity).
+    let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
     for entry in std::fs::read_dir(Path::new(&url).join("shards")).unwrap() {
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(entry.unwrap().path())
             .unwrap();
-        file.set_len(4096).unwrap();
+        file.set_modified(old).unwrap();
     }
-    let (_, error) = drain(&mut loader, "id");
-    let error = error.expect("an error before the epoch ends").to_string();
-    assert!(
-        error.contains("shards/") && error.contains("truncated or replaced"),
-        "{error}"
+    let mut loader = Loader::builder(&url)
+        .batch_size(8)
+        .window(2)
+        .prefetch(1)
+        .byte_budget(4 << 20)
+        .mapped_reads(mapped)
+        .build()
+        .unwrap();
+    assert!(loader.next().unwrap().is_ok());
+    assert_eq!(
+        loader.stats().mapped_bytes > 0,
+        mapped && kind == Kind::Images,
+        "{kind:?}, mapped {mapped}"
     );
+    loader
+}
+
+/// Fault 4b: shards rewritten in place at the same size while an epoch is
+/// read (their bytes changed after their chunks were checked) give an error
+/// naming the shard: the checksum of a chunk read afterwards, or, for
+/// mapped chunks read before, the check of the file before a batch made
+/// of them is handed on.
+#[test]
+fn shards_rewritten_in_place_while_read_are_an_error() {
+    use std::os::unix::fs::FileExt;
+    for (kind, mapped) in READS {
+        let tmp = tempdir();
+        let mut loader = while_read(tmp.path(), kind, mapped);
+        let shards = std::fs::read_dir(tmp.path().join("ds/shards")).unwrap();
+        for path in shards.map(|e| e.unwrap().path()) {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap();
+            // Every data byte after the magic flipped; the footer kept.
+            let mut bytes = std::fs::read(&path).unwrap();
+            let footer =
+                u32::from_le_bytes(bytes[bytes.len() - 8..bytes.len() - 4].try_into().unwrap());
+            let data_end = bytes.len() - 8 - footer as usize;
+            for b in &mut bytes[4..data_end] {
+                *b ^= 0x5a;
+            }
+            file.write_all_at(&bytes[4..data_end], 4).unwrap();
+        }
+        let (_, error) = drain(&mut loader, "id");
+        let error = error.expect("an error before the epoch ends").to_string();
+        assert!(
+            error.contains("shards/")
+                && (error.contains("checksum") || error.contains("written while it was read")),
+            "{kind:?}, mapped {mapped}: {error}"
+        );
+    }
 }
 
 /// Fault 8: options whose memory would wrap or exceed the budget are
