@@ -955,9 +955,13 @@ impl Collator {
             let end = ((index + 1) * batch_size).min(positions);
             self.upgrade();
             let result = match self.config.failpoints.hit("collate", index) {
-                None => self
-                    .collate(index, position, end)
-                    .and_then(|batch| self.fetch.check_mapped().map(|()| batch)),
+                // A mapped shard that changed under the batch (or under the
+                // stages before: their errors arrive here) is the error,
+                // whatever was made of its bytes.
+                None => {
+                    let result = self.collate(index, position, end);
+                    self.fetch.check_mapped().and(result)
+                }
                 Some(Action::Stop) => return,
                 Some(action) => Err(injected("collate", action, &self.cancel)),
             };

@@ -375,15 +375,15 @@ impl LoaderBuilder {
         self.cache_limit = bytes;
         self
     }
-    /// Read the byte-array column chunks (images, texts) of a local
-    /// dataset's shards through a read-only mapping of each file (default),
-    /// or copy them out with `pread` (`false`; other columns, remote shards
-    /// and cached copies always are). A mapping saves a copy of every byte;
-    /// a file truncated or rewritten while it is read is an error naming the
-    /// shard either way. Mapped reads install a `SIGBUS` handler
-    /// (once per process, chaining to the one there before) that turns a
-    /// fault in a truncated shard into that error: turn them off where
-    /// another component must own `SIGBUS`.
+    /// Read the byte-array and list column chunks (images, texts, token
+    /// ids) of a local dataset's shards through a read-only mapping of each
+    /// file (default), or copy them out with `pread` (`false`; other
+    /// columns, remote shards and cached copies always are). A mapping saves
+    /// a copy of every byte; a file truncated or rewritten while it is read
+    /// is an error naming the shard either way. Mapped reads install a
+    /// `SIGBUS` handler (once per process, chaining to the one there before)
+    /// that turns a fault in a truncated shard into that error: turn them
+    /// off where another component must own `SIGBUS`.
     pub fn mapped_reads(mut self, mapped: bool) -> Self {
         self.mapped_reads = mapped;
         self

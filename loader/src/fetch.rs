@@ -4,10 +4,11 @@
 //! threads.
 //!
 //! Local shards (and cached copies of remote ones) are read on read threads
-//! of their own: with `pread` into pooled buffers, except the byte-array
-//! column chunks of a local dataset (images, texts), read through a mapping
-//! of the shard ([`crate::mapfile`]: one copy fewer, with a shard truncated
-//! or rewritten while it is read still an error naming it, not SIGBUS).
+//! of their own: with `pread` into pooled buffers, except the byte-array and
+//! list column chunks of a local dataset (images, texts, token ids), read
+//! through a mapping of the shard ([`crate::mapfile`]: one copy fewer, with
+//! a shard truncated or rewritten while it is read still an error naming
+//! it, not SIGBUS).
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -244,30 +245,31 @@ impl FetchContext {
     pub(crate) fn check_mapped(&self) -> Result<()> {
         self.mapped
             .check()
-            .map_err(|(shard, changed)| self.changed_mapped(shard, changed))
+            .map_err(|(shard, changed)| self.read_error(shard, changed))
     }
 
-    /// The error for a mapped shard that changed while it was read.
-    fn changed_mapped(&self, shard: u32, changed: Changed) -> LoaderError {
+    /// The error for a local read that failed: a short read or a fault
+    /// past the file's end (its size changed), a mapped file found changed,
+    /// or an I/O error.
+    fn read_error(&self, shard: u32, changed: Changed) -> LoaderError {
+        let entry = self.entry(shard);
         let len = match changed {
             Changed::Rewritten(len) => len,
-            Changed::Failed(_) => 0,
+            Changed::Failed(kind, e) => {
+                return LoaderError::Io {
+                    op: format!("read {}", self.location.url_of(&entry.path)),
+                    source: std::io::Error::new(kind, e),
+                };
+            }
             Changed::Truncated => self
                 .location
                 .local_root()
-                .and_then(|root| std::fs::metadata(root.join(&self.entry(shard).path)).ok())
+                .and_then(|root| std::fs::metadata(root.join(&entry.path)).ok())
                 .map_or(0, |m| m.len()),
         };
-        if let Changed::Failed(e) = changed {
-            return LoaderError::Io {
-                op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
-                source: std::io::Error::other(e),
-            };
-        }
-        if len != self.entry(shard).bytes {
+        if len != entry.bytes {
             return self.changed(shard, len);
         }
-        let entry = self.entry(shard);
         LoaderError::Corrupt {
             shard: entry.path.clone(),
             row_group: None,
@@ -389,64 +391,37 @@ impl FetchContext {
                     true => self.mapping(shard, &file),
                     false => None,
                 };
-                if let Some(mapped) = mapped {
-                    let counters = self.counters.clone();
-                    let read = readers
-                        .run(move || {
-                            ranges
-                                .into_iter()
-                                .zip(mappable)
-                                .map(|(r, map)| match map {
-                                    true => {
-                                        let read = mapped.chunk(r, hash);
-                                        if let Ok((bytes, _)) = &read {
-                                            Counters::add(
-                                                &counters.mapped_bytes,
-                                                bytes.len() as u64,
-                                            );
-                                        }
-                                        read
-                                    }
-                                    false => read_at(&file, &[r], len, &pool, hash)
-                                        .map(|mut read| read.remove(0))
-                                        .map_err(|e| match e.kind() {
-                                            std::io::ErrorKind::UnexpectedEof => Changed::Truncated,
-                                            _ => Changed::Failed(e.to_string()),
-                                        }),
-                                })
-                                .collect::<std::result::Result<Vec<_>, Changed>>()
-                        })
-                        .await
-                        .ok_or_else(|| LoaderError::Io {
-                            op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
-                            source: std::io::Error::other("the read thread panicked"),
-                        })?;
-                    read.map_err(|changed| self.changed_mapped(shard, changed))?
-                } else {
-                    let read = readers
-                        .run(move || read_at(&file, &ranges, len, &pool, hash))
-                        .await
-                        .ok_or_else(|| LoaderError::Io {
-                            op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
-                            source: std::io::Error::other("the read thread panicked"),
-                        })?;
-                    read.map_err(|e| match e.kind() {
-                        std::io::ErrorKind::UnexpectedEof => {
-                            let now = self
-                                .location
-                                .local_root()
-                                .and_then(|root| {
-                                    std::fs::metadata(root.join(&self.entry(shard).path)).ok()
-                                })
-                                .map_or(0, |m| m.len());
-                            self.changed(shard, now)
-                        }
-                        _ => LoaderError::Io {
-                            op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
-                            source: e,
-                        },
-                    })?
-                }
+                // The job holds nothing of the loader's but the file, its
+                // mapping and the buffer pool: a read still running when the
+                // loader goes must not keep its counters (and trace) alive.
+                let read = readers
+                    .run(move || {
+                        let mut mapped_bytes = 0u64;
+                        ranges
+                            .into_iter()
+                            .zip(mappable)
+                            .map(|(r, map)| match (&mapped, map) {
+                                (Some(mapped), true) => {
+                                    let read = mapped.chunk(r, hash)?;
+                                    mapped_bytes += read.0.len() as u64;
+                                    Ok(read)
+                                }
+                                _ => read_at(&file, &[r], len, &pool, hash)
+                                    .map(|mut read| read.remove(0))
+                                    .map_err(Changed::from),
+                            })
+                            .collect::<std::result::Result<Vec<_>, Changed>>()
+                            .map(|parts| (parts, mapped_bytes))
+                    })
+                    .await
+                    .ok_or_else(|| LoaderError::Io {
+                        op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
+                        source: std::io::Error::other("the read thread panicked"),
+                    })?;
+                let (parts, mapped_bytes) =
+                    read.map_err(|changed| self.read_error(shard, changed))?;
+                Counters::add(&self.counters.mapped_bytes, mapped_bytes);
+                parts
             }
             None => {
                 let entry = self.entry(shard);
@@ -571,18 +546,19 @@ impl FetchContext {
         let rg = footer.footer.metadata.row_group(segment.row_group as usize);
         let entry = self.entry(segment.shard);
         let mut ranges = Vec::with_capacity(leaves.len());
-        // Variable-length values (images, texts) are copied whole into the
-        // slabs, straight from a mapping. Fixed-width values are gathered
-        // at random by the shuffle, which is faster from a read buffer
-        // (its own pages, huge ones where the system allows) than from the
-        // page cache's 4 KiB pages (BENCHMARKS.md); lists are decoded into
-        // buffers of their own either way.
+        // Read through the shard's mapping: variable-length values (images,
+        // texts), copied whole into the slabs straight from it, and lists
+        // (token ids), decoded into buffers of their own. Not flat
+        // fixed-width values: the shuffle gathers them at random from their
+        // pages when those are stored uncompressed, which is faster in a
+        // read buffer (its own pages, huge ones where the system allows)
+        // than in the page cache's 4 KiB pages (BENCHMARKS.md).
         let mappable: Vec<bool> = leaves
             .iter()
             .map(|&leaf| {
                 let column = rg.column(leaf).column_descr();
                 column.physical_type() == parquet::basic::Type::BYTE_ARRAY
-                    && column.max_rep_level() == 0
+                    || column.max_rep_level() > 0
             })
             .collect();
         for &leaf in &leaves {

@@ -30,8 +30,8 @@
 //! in the page cache), so a process maps only the chunks the byte budget
 //! lets it hold, not every page of the dataset it has read.
 //!
-//! Mappings are used for the byte-array column chunks of local datasets'
-//! shards; footers, other columns, remote ranges, cached copies, and every read when
+//! Mappings are used for the byte-array and list column chunks of local
+//! datasets' shards; footers, other columns, remote ranges, cached copies, and every read when
 //! [`crate::LoaderBuilder::mapped_reads`] is off or the handler could not be
 //! installed, go through `pread`.
 
@@ -186,7 +186,8 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc
     }
 }
 
-/// How a mapped file changed since it was mapped.
+/// How a local shard failed to read: changed since it was opened (mapped
+/// or not), or an I/O error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Changed {
     /// A page past its end was touched: it was truncated.
@@ -194,8 +195,18 @@ pub(crate) enum Changed {
     /// Its identity, size or times differ (written, truncated, replaced);
     /// its size now.
     Rewritten(u64),
-    /// A `pread` of an unmapped range of it failed.
-    Failed(String),
+    /// A `pread` of it failed otherwise.
+    Failed(std::io::ErrorKind, String),
+}
+
+impl From<std::io::Error> for Changed {
+    /// A short read means the file is shorter than its manifest size.
+    fn from(e: std::io::Error) -> Self {
+        match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Changed::Truncated,
+            kind => Changed::Failed(kind, e.to_string()),
+        }
+    }
 }
 
 /// What `fstat` says about a file: a write, a truncation or a rename over

@@ -403,6 +403,7 @@ impl Pipeline {
                 cancel: cancel.clone(),
                 schema: self.schema.clone(),
                 fetched_all: fetched_all.clone(),
+                fetch: self.fetch.clone(),
             };
             threads.push(
                 std::thread::Builder::new()
@@ -493,12 +494,14 @@ impl Pipeline {
                         if let Err(message) = ran
                             && !cancel.load(Ordering::SeqCst)
                         {
-                            let _ = output_tx.send(Err(LoaderError::Stage {
-                                stage: "collate",
-                                shard: None,
-                                row_group: None,
-                                detail: format!("panic: {message}"),
-                            }));
+                            let _ = output_tx.send(collator.fetch.check_mapped().and(Err(
+                                LoaderError::Stage {
+                                    stage: "collate",
+                                    shard: None,
+                                    row_group: None,
+                                    detail: format!("panic: {message}"),
+                                },
+                            )));
                         }
                         drop(collated_tx);
                     })
@@ -640,6 +643,8 @@ struct Decoder {
     cancel: Arc<AtomicBool>,
     schema: SchemaRef,
     fetched_all: Arc<AtomicBool>,
+    /// Tells a mapped shard that changed under its decoder ([`crate::mapfile`]).
+    fetch: Arc<FetchContext>,
 }
 
 /// Lowers the calling thread's scheduling priority by `niceness` (capped
@@ -783,6 +788,14 @@ impl Decoder {
             row_group: Some(segment.row_group as usize),
             detail,
         };
+        // Damage found in a mapped shard that was truncated or rewritten
+        // after its chunks were checked (decoded zeros past its new end, or
+        // new bytes): that is the error, not the damage.
+        if let Ok(Err(e)) = &decoded
+            && !matches!(e, LoaderError::Closed)
+        {
+            self.fetch.check_mapped()?;
+        }
         match decoded {
             Ok(Ok(batches)) => Ok(DecodedSegment::Rows(batches)),
             Ok(Err(LoaderError::Stage {

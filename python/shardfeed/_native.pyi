@@ -111,8 +111,8 @@ class Loader:
         epoch, so that the one shuffle and one collate thread get short cores
         first; 0 schedules every stage alike.
 
-        ``mapped_reads`` (default ``True``): read the byte-array column chunks
-        (images, texts) of a local dataset's shards through a read-only
+        ``mapped_reads`` (default ``True``): read the byte-array and list
+        column chunks (images, texts, token ids) of a local dataset's shards through a read-only
         mapping of each file, one copy fewer than ``pread``; a shard truncated or
         rewritten while it is read is an error naming it either way. Mapped
         reads install a ``SIGBUS`` handler once per process (chaining to the

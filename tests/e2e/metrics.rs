@@ -31,7 +31,13 @@ fn bench_on(url: &str, threads: &str, extra: &[&str], failpoints: &str) -> serde
 
 /// The events of the trace file at `path`.
 fn trace_events(path: &std::path::Path) -> Vec<serde_json::Value> {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).expect("a JSON array")
+    let bytes = std::fs::read(path).unwrap();
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        panic!(
+            "not a JSON array ({e}): {}",
+            String::from_utf8_lossy(&bytes)
+        )
+    })
 }
 
 /// The spans named `name` among a trace's `events`.

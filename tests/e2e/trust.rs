@@ -311,16 +311,17 @@ fn shards_truncated_while_read_are_an_error_not_a_signal() {
 }
 
 /// Datasets and read modes for faults while an epoch is read: images'
-/// byte-array chunks are read through a mapping unless mapped reads are
-/// off; token lists' chunks always with `pread`.
-const READS: [(Kind, bool); 3] = [
+/// byte-array chunks and token lists are read through a mapping unless
+/// mapped reads are off (their `id` columns always with `pread`).
+const READS: [(Kind, bool); 4] = [
     (Kind::Images, true),
     (Kind::Images, false),
     (Kind::Tokens, true),
+    (Kind::Tokens, false),
 ];
 
 /// A loader over a new dataset of `kind` that has made its first batch;
-/// for images, it checks that chunks were (or were not) mapped.
+/// it checks that chunks were (or were not) mapped.
 fn while_read(dir: &Path, kind: Kind, mapped: bool) -> Loader {
     let url = match kind {
         Kind::Images => sharded(dir, kind, 160, 4, 2 << 20),
@@ -347,7 +348,7 @@ fn while_read(dir: &Path, kind: Kind, mapped: bool) -> Loader {
     assert!(loader.next().unwrap().is_ok());
     assert_eq!(
         loader.stats().mapped_bytes > 0,
-        mapped && kind == Kind::Images,
+        mapped,
         "{kind:?}, mapped {mapped}"
     );
     loader
