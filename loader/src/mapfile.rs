@@ -515,6 +515,24 @@ mod tests {
         (path, Arc::new(file))
     }
 
+    /// Its bytes, path and open file, the set, the mapped shard.
+    type Mapped = (
+        Vec<u8>,
+        std::path::PathBuf,
+        Arc<File>,
+        Arc<MapSet>,
+        Arc<MappedShard>,
+    );
+    /// A file of `len` bytes (named after `name`), mapped as shard `id` of a
+    /// new set.
+    fn mapped(len: usize, name: &str, id: u32) -> Mapped {
+        let bytes = data(len);
+        let (path, file) = file_of(&bytes, name);
+        let set = Arc::new(MapSet::default());
+        let shard = set.map(id, file.clone(), len as u64).expect("mapped");
+        (bytes, path, file, set, shard)
+    }
+
     fn data(len: usize) -> Vec<u8> {
         (0..len as u32)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
@@ -526,10 +544,7 @@ mod tests {
     /// checks clean, and dropping every chunk leaves nothing to check.
     #[test]
     fn chunks_are_the_files_bytes() {
-        let bytes = data(3 << 20);
-        let (path, file) = file_of(&bytes, "bytes");
-        let set = Arc::new(MapSet::default());
-        let shard = set.map(7, file, bytes.len() as u64).expect("mapped");
+        let (bytes, path, _, set, shard) = mapped(3 << 20, "bytes", 7);
         for range in [0..1, 5..70_000, 4096..8192, 1_000_001..3_145_728] {
             let (got, sum) = shard.chunk(range.clone(), Some(ChunkHash::Xxh3)).unwrap();
             let want = &bytes[range.start as usize..range.end as usize];
@@ -551,10 +566,7 @@ mod tests {
     /// say it was truncated; a new chunk of it is refused.
     #[test]
     fn a_truncated_file_is_an_error_not_a_signal() {
-        let bytes = data(1 << 20);
-        let (path, file) = file_of(&bytes, "truncated");
-        let set = Arc::new(MapSet::default());
-        let shard = set.map(3, file.clone(), bytes.len() as u64).unwrap();
+        let (bytes, path, file, set, shard) = mapped(1 << 20, "truncated", 3);
         let (chunk, _) = shard.chunk(0..(1 << 20), None).unwrap();
         file.set_len(4096).unwrap();
         // Past the new end: zeros, where the file had other bytes.
@@ -575,10 +587,7 @@ mod tests {
     /// found by the next check, even once the chunk and the shard are gone.
     #[test]
     fn a_file_rewritten_in_place_is_found() {
-        let bytes = data(1 << 16);
-        let (path, file) = file_of(&bytes, "rewritten");
-        let set = Arc::new(MapSet::default());
-        let shard = set.map(9, file.clone(), bytes.len() as u64).unwrap();
+        let (bytes, path, file, set, shard) = mapped(1 << 16, "rewritten", 9);
         let (chunk, _) = shard.chunk(0..100, None).unwrap();
         assert_eq!(set.check(), Ok(()));
         file.write_at(b"changed", 10).unwrap();
