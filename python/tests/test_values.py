@@ -54,13 +54,18 @@ def check_batch(batch, columns, index, pad_to=None, pad_value=0):
     return rows
 
 
-@pytest.mark.parametrize("pad_to", [None, 16])
-def test_every_column_kind_equals_pyarrow(kinds_dataset, reference, pad_to):
+@pytest.mark.parametrize("pad_to,mapped_reads", [(None, True), (16, True), (None, False)])
+def test_every_column_kind_equals_pyarrow(kinds_dataset, reference, pad_to, mapped_reads):
+    """Whether strings, binary and list chunks are read through a mapping
+    of the shard (the default) or copied out with pread."""
     columns, index = reference
     seen = []
-    with shardfeed.Loader(kinds_dataset, 64, seed=3, drop_last=False, pad_to=pad_to, pad_value=-1) as loader:
+    with shardfeed.Loader(
+        kinds_dataset, 64, seed=3, drop_last=False, pad_to=pad_to, pad_value=-1, mapped_reads=mapped_reads
+    ) as loader:
         for batch in loader:
             seen.extend(check_batch(batch, columns, index, pad_to, -1 if pad_to else 0))
+        assert (loader.stats()["mapped_bytes"] > 0) == mapped_reads
     assert sorted(seen) == list(range(KINDS_ROWS))
 
 
