@@ -599,4 +599,69 @@ mod tests {
         );
         std::fs::remove_file(path).unwrap();
     }
+
+    /// The handler takes only faults in the loader's own mappings: a fault
+    /// in another mapping of a truncated file still ends the process with
+    /// SIGBUS, as it did before the handler (checked in a child process).
+    #[test]
+    fn a_fault_elsewhere_still_ends_the_process() {
+        use std::os::unix::process::ExitStatusExt;
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "mapfile::tests::fault_outside_the_loaders_mappings",
+                "--nocapture",
+            ])
+            .env("SHARDFEED_FAULT_CHILD", "1")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{out:?}");
+        // The child got as far as the fault.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("touching the page"), "{stdout}");
+    }
+
+    /// Run by [`a_fault_elsewhere_still_ends_the_process`] in a child.
+    #[test]
+    #[ignore = "run in a child process by a_fault_elsewhere_still_ends_the_process"]
+    fn fault_outside_the_loaders_mappings() {
+        use std::os::fd::AsRawFd;
+        if std::env::var_os("SHARDFEED_FAULT_CHILD").is_none() {
+            return;
+        }
+        // No core file from the expected death.
+        let none = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a valid rlimit for this process.
+        unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) };
+        // The handler is installed (a loader mapping exists) ...
+        let (_, path, _, _set, _shard) = mapped(1 << 16, "child-loader", 1);
+        // ... and another mapping of a file, not the loader's, truncated.
+        let (other, file) = file_of(&data(1 << 16), "child-other");
+        // SAFETY: a new read-only shared mapping of an open file; checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                1 << 16,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED);
+        file.set_len(0).unwrap();
+        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(other);
+        println!("touching the page");
+        use std::io::Write;
+        std::io::stdout().flush().unwrap();
+        // SAFETY: a page of the live mapping above, past the file's new
+        // end: the read faults, which is the point.
+        let byte = unsafe { std::ptr::read_volatile(ptr.cast::<u8>().add(8192)) };
+        panic!("read {byte} past a truncated file's end without a signal");
+    }
 }
