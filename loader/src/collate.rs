@@ -958,10 +958,10 @@ impl Collator {
                 // A mapped shard that changed under the batch (or under the
                 // stages before: their errors arrive here) is the error,
                 // whatever was made of its bytes.
-                None => {
-                    let result = self.collate(index, position, end);
-                    self.fetch.check_mapped().and(result)
-                }
+                None => match self.collate(index, position, end) {
+                    Err(LoaderError::Closed) => Err(LoaderError::Closed),
+                    result => self.fetch.check_mapped().and(result),
+                },
                 Some(Action::Stop) => return,
                 Some(action) => Err(injected("collate", action, &self.cancel)),
             };

@@ -325,7 +325,8 @@ impl MappedShard {
     ) -> Result<(Bytes, Option<ChunkSum>), Changed> {
         let (start, end) = match (usize::try_from(range.start), usize::try_from(range.end)) {
             (Ok(s), Ok(e)) if s <= e && e <= self.len => (s, e),
-            _ => return Err(Changed::Rewritten(self.len as u64)),
+            // As a `pread` past the end: the file is shorter than the range.
+            _ => return Err(Changed::Truncated),
         };
         self.live.fetch_add(1, Ordering::AcqRel);
         self.made.fetch_add(1, Ordering::AcqRel);
@@ -460,11 +461,11 @@ impl MapSet {
         if let Some(reported) = self.reported.lock().expect("reports").clone() {
             return Err(reported);
         }
-        let shards: Vec<Arc<MappedShard>> = {
-            let shards = self.shards.lock().expect("mapped shards");
-            shards.iter().filter_map(Weak::upgrade).collect()
-        };
-        for s in shards {
+        // Called for every batch: no allocation, the lock held throughout
+        // (only a new mapping, once per shard, waits for it; a shard whose
+        // last reference goes here reports to `reported`, not this lock).
+        let shards = self.shards.lock().expect("mapped shards");
+        for s in shards.iter().filter_map(Weak::upgrade) {
             let made = s.made.load(Ordering::Acquire);
             let live = s.live.load(Ordering::Acquire);
             if live == 0 && made == s.seen.load(Ordering::Acquire) {

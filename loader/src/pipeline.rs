@@ -788,12 +788,12 @@ impl Decoder {
             row_group: Some(segment.row_group as usize),
             detail,
         };
-        // Damage found in a mapped shard that was truncated or rewritten
-        // after its chunks were checked (decoded zeros past its new end, or
-        // new bytes): that is the error, not the damage.
-        if let Ok(Err(e)) = &decoded
-            && !matches!(e, LoaderError::Closed)
-        {
+        // Damage found (or a panic) in a mapped shard that was truncated or
+        // rewritten after its chunks were checked (decoded zeros past its
+        // new end, or new bytes): that is the error, not the damage, which
+        // `on_error="skip"` would skip. (The collator checks again whatever
+        // reaches it.)
+        if !matches!(decoded, Ok(Ok(_)) | Ok(Err(LoaderError::Closed))) {
             self.fetch.check_mapped()?;
         }
         match decoded {
