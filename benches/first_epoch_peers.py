@@ -21,7 +21,7 @@ later pass. Medians over `--repeat` interleaved runs.
 """
 import argparse, json, os, statistics, subprocess, sys, time
 
-from interleave import dataset_files, interleaved, settle_page_cache
+from interleave import dataset_files, interleaved, settle_page_cache, warm_page_cache
 
 BATCH = {"tokens": 64, "tabular": 4096, "images": 32}
 
@@ -158,7 +158,8 @@ def main():
                    help="do not read every tool's files into the page cache afresh first (by "
                         "default none of the tools meets a cold page cache, which the first "
                         "process of a run would pay for, and all meet their files cached alike: "
-                        "interleave.settle_page_cache)")
+                        "interleave.settle_page_cache), nor read each run's files through "
+                        "before it (interleave.warm_page_cache)")
     p.add_argument("--idle", type=float, default=0.0,
                    help="seconds to wait before each process (0: back to back). On a VM whose "
                         "host takes back the guest's free memory after a moment (free page "
@@ -177,6 +178,10 @@ def main():
     for kind, ds, tool in interleaved(args.repeat, args.datasets, tools):
         base = kind.split("-")[0]
         batch = BATCH[base]
+        if not args.no_warm:
+            # Each run meets its files cached, whatever was evicted since.
+            mine = own.get(f"{kind}:{tool}")
+            warm_page_cache(own_files(mine)[0] if mine else shards(ds)[0])
         time.sleep(args.idle)
         r = (run_shardfeed(args.bin, ds, batch, args.epochs) if tool == "shardfeed"
              else run_peer(tool, base, ds, batch, args.epochs, own.get(f"{kind}:{tool}")))

@@ -20,6 +20,17 @@ def dataset_files(path):
         return [os.path.join(path, s["path"]) for s in json.load(f)["shards"]]
 
 
+def warm_page_cache(files):
+    """Read each file through once, without dropping what is cached: pages the system evicted
+    since (this project's machines run DAMON, which pages out file cache left unused for a
+    minute; a round of `first_epoch_peers.py` over three datasets and three tools is longer)
+    come back, and a file already cached costs a memory copy."""
+    for f in files:
+        with open(f, "rb", buffering=0) as fh:
+            while fh.read(16 << 20):
+                pass
+
+
 def settle_page_cache(files):
     """Read each file into the page cache afresh: drop its cached pages, then read it in order.
 

@@ -137,6 +137,15 @@ pub struct BenchArgs {
     /// --threads threads, without cropping, resizing or collating.
     #[arg(long, requires = "decode_images")]
     pub decode_only: bool,
+    /// Build a new loader for every epoch after the first, resumed from the
+    /// last one's state, as a trainer that rebuilds its loader in the same
+    /// process does (an elastic restart, an evaluation loader in between):
+    /// each epoch is then a first pass of a loader, its build included in
+    /// its time, in a process whose memory is no longer fresh. The report's
+    /// rows, bytes, batches and wait fractions count every loader; its
+    /// stats, stages and wait percentiles are the last loader's.
+    #[arg(long, conflicts_with_all = ["mix", "pack_to", "decode_only"])]
+    pub rebuild_each_epoch: bool,
 }
 
 /// What `bench --decode-only` measured.
@@ -395,16 +404,25 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     let mut first_epoch = None;
     let mut epoch_rows_per_s = Vec::new();
     let mut epoch_usage: Vec<Usage> = Vec::new();
+    // What the loaders dropped by --rebuild-each-epoch counted.
+    let mut dropped = Totals::default();
     for epoch in 0..args.epochs {
-        let stats = loader.stats();
-        let (epoch_started, rows_before) = (started.elapsed().as_secs_f64(), stats.rows);
+        let epoch_started = started.elapsed().as_secs_f64();
         let usage_before = if epoch == 0 {
             usage_at_start
         } else {
             Usage::now()
         };
+        if epoch > 0 && args.rebuild_each_epoch {
+            let state = loader.state();
+            dropped = dropped.plus(&loader.stats());
+            drop(loader);
+            loader = loader_builder(args, url)?.build()?;
+            loader.resume(&state)?;
+        }
+        let before = dropped.plus(&loader.stats());
         if epoch == 1 {
-            first_epoch = Some((epoch_started, stats.wait_ms, stats.rows));
+            first_epoch = Some((epoch_started, before.wait_ms, before.rows));
         }
         loader.set_epoch(epoch);
         loop {
@@ -428,14 +446,15 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
             drop(batch);
             if args
                 .max_batches
-                .is_some_and(|n| loader.stats().batches >= n)
+                .is_some_and(|n| dropped.batches + loader.stats().batches >= n)
             {
                 break;
             }
         }
         let elapsed = started.elapsed().as_secs_f64() - epoch_started;
         if elapsed > 0.0 {
-            epoch_rows_per_s.push((loader.stats().rows - rows_before) as f64 / elapsed);
+            let rows = dropped.plus(&loader.stats()).rows - before.rows;
+            epoch_rows_per_s.push(rows as f64 / elapsed);
         }
         if let (Some(before), Some(after)) = (usage_before, Usage::now()) {
             epoch_usage.push(after.since(&before));
@@ -443,26 +462,27 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     }
     let seconds = started.elapsed().as_secs_f64();
     let stats = loader.stats();
+    let all = dropped.plus(&stats);
     let report = BenchReport {
         dataset: shardfeed_format::redact::url(url),
-        rows: stats.rows,
-        bytes: stats.bytes,
-        batches: stats.batches,
+        rows: all.rows,
+        bytes: all.bytes,
+        batches: all.batches,
         epochs: args.epochs,
         seconds,
-        rows_per_s: stats.rows as f64 / seconds,
-        mb_per_s: stats.bytes as f64 / 1e6 / seconds,
+        rows_per_s: all.rows as f64 / seconds,
+        mb_per_s: all.bytes as f64 / 1e6 / seconds,
         time_to_first_batch_ms: stats.time_to_first_batch_ms,
-        wait_fraction: stats.wait_ms / 1000.0 / seconds,
+        wait_fraction: all.wait_ms / 1000.0 / seconds,
         steady_wait_fraction: match first_epoch {
             Some((t, wait_ms, _)) if seconds > t => {
-                (stats.wait_ms - wait_ms) / 1000.0 / (seconds - t)
+                (all.wait_ms - wait_ms) / 1000.0 / (seconds - t)
             }
-            _ => stats.wait_ms / 1000.0 / seconds,
+            _ => all.wait_ms / 1000.0 / seconds,
         },
         steady_rows_per_s: match first_epoch {
-            Some((t, _, rows)) if seconds > t => (stats.rows - rows) as f64 / (seconds - t),
-            _ => stats.rows as f64 / seconds,
+            Some((t, _, rows)) if seconds > t => (all.rows - rows) as f64 / (seconds - t),
+            _ => all.rows as f64 / seconds,
         },
         epoch_rows_per_s,
         epoch_minor_faults: epoch_usage.iter().map(|u| u.minor_faults).collect(),
@@ -521,6 +541,27 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
             .with_context(|| format!("cannot write --report {}", path.display()))?;
     }
     Ok(report)
+}
+
+/// Counts summed over the loaders of a run (`--rebuild-each-epoch`).
+#[derive(Clone, Copy, Default)]
+struct Totals {
+    rows: u64,
+    bytes: u64,
+    batches: u64,
+    wait_ms: f64,
+}
+
+impl Totals {
+    /// These counts and a loader's.
+    fn plus(self, stats: &Stats) -> Totals {
+        Totals {
+            rows: self.rows + stats.rows,
+            bytes: self.bytes + stats.bytes,
+            batches: self.batches + stats.batches,
+            wait_ms: self.wait_ms + stats.wait_ms,
+        }
+    }
 }
 
 /// The process's CPU time and minor page faults (`getrusage`), all threads.

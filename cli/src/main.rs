@@ -503,6 +503,7 @@ fn run_demo(dir: Option<PathBuf>, rows: u64) -> Result<()> {
         crop: "random_resized".into(),
         flip: false,
         decode_only: false,
+        rebuild_each_epoch: false,
     };
     bench::print(&bench::measure(&args)?, false)?;
     println!("dataset: {}", dataset.display());

@@ -965,6 +965,43 @@ fn bench_holds_no_huge_pages_unless_the_system_policy_is_always() {
     }
 }
 
+/// `bench --rebuild-each-epoch` builds a new loader for each epoch,
+/// resumed from the last one's state: every epoch streams every row once,
+/// and the report counts the rows and batches of every loader.
+#[test]
+fn bench_rebuilding_the_loader_each_epoch_counts_every_loader() {
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Tokens, 3000, 500, 256 << 10);
+    let run = |rebuild: bool| {
+        let mut args = vec![
+            "bench",
+            &url,
+            "--batch-size",
+            "100",
+            "--epochs",
+            "3",
+            "--json",
+        ];
+        if rebuild {
+            args.push("--rebuild-each-epoch");
+        }
+        shardfeed(&args).success().json()
+    };
+    let (once, rebuilt) = (run(false), run(true));
+    for out in [&once, &rebuilt] {
+        assert_eq!(out["rows"].as_u64(), Some(9000), "{out}");
+        assert_eq!(out["batches"].as_u64(), Some(90), "{out}");
+        let epochs = out["epoch_rows_per_s"].as_array().unwrap();
+        assert_eq!(epochs.len(), 3);
+        assert!(epochs.iter().all(|r| r.as_f64().unwrap() > 0.0));
+    }
+    assert_eq!(
+        rebuilt["stats"]["rows"].as_u64(),
+        Some(3000),
+        "the stats are the last loader's"
+    );
+}
+
 #[test]
 fn dropping_a_loader_mid_epoch_stops_promptly_and_slabs_are_leased() {
     let tmp = tempdir();
