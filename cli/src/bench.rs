@@ -143,8 +143,9 @@ pub struct BenchArgs {
     /// each epoch is then a first pass of a loader, its build included in
     /// its time, in a process whose memory is no longer fresh. The report's
     /// rows, bytes, batches and wait fractions count every loader; its
-    /// stats, stages and wait percentiles are the last loader's.
-    #[arg(long, conflicts_with_all = ["mix", "pack_to", "decode_only"])]
+    /// stats, stages and wait percentiles are the last loader's (no
+    /// --trace: each loader would write its own).
+    #[arg(long, conflicts_with_all = ["mix", "pack_to", "decode_only", "trace"])]
     pub rebuild_each_epoch: bool,
 }
 
