@@ -966,8 +966,8 @@ fn bench_holds_no_huge_pages_unless_the_system_policy_is_always() {
 }
 
 /// `bench --rebuild-each-epoch` builds a new loader for each epoch,
-/// resumed from the last one's state: every epoch streams every row once,
-/// and the report counts the rows and batches of every loader.
+/// resumed from the last one's state: each epoch yields its 3,000 rows in
+/// 30 batches as one loader's do, and the report counts every loader's.
 #[test]
 fn bench_rebuilding_the_loader_each_epoch_counts_every_loader() {
     let tmp = tempdir();
