@@ -473,6 +473,71 @@ impl<T: Fixed> Dictionary<T> {
 /// (unencoded) while it is this small.
 const SORTED_MAX: usize = 256;
 
+/// A flat integer column's dictionary is checked against its deltas once it
+/// holds this many values ([`Probe`]).
+const PROBE_FROM: usize = 2048;
+
+/// Values interned between checks of a flat integer column's dictionary.
+const PROBE_ROWS: usize = 4096;
+
+/// Whether a flat integer column's dictionary encoding is bound to be larger
+/// than its deltas, checked as its values are interned: a high-cardinality
+/// column gives the dictionary up after a part of its values instead of
+/// interning and encoding them all to lose at the end (on the 40-column
+/// table of BENCHMARKS.md, a quarter of `shard`'s time went to such columns).
+///
+/// What the chunk's dictionary encoding will at least hold, from what is
+/// interned so far: a key for every one of its rows, at the bits the
+/// dictionary's size already needs (its size only grows), stored at the
+/// ratio this column's keys were stored at (bit-packed, then zstd where zstd
+/// saves a tenth; measured once, on the first keys checked); and a dictionary
+/// page of the values seen so far, each counted at the bytes a value takes
+/// among the column's deltas (an estimate of what zstd makes of a value in
+/// PLAIN). When that exceeds the deltas' size, the deltas are written. Each
+/// check costs a few arithmetic operations; the one zstd call compresses at
+/// most [`PROBE_ROWS`] keys.
+#[derive(Default)]
+struct Probe {
+    /// Stored bytes per bit-packed byte of keys, once measured.
+    key_ratio: Option<f64>,
+}
+
+impl Probe {
+    fn loses<T: Fixed>(
+        &mut self,
+        chunk: &Chunk<'_>,
+        values: &[T],
+        keys: &[u32],
+        rows: usize,
+        delta: usize,
+    ) -> Result<bool, ParquetError> {
+        if keys.is_empty() || rows == 0 {
+            return Ok(false);
+        }
+        let bits = bits_for(values.len().saturating_sub(1));
+        let key_ratio = match self.key_ratio {
+            Some(r) => r,
+            None => {
+                let sample = &keys[keys.len().saturating_sub(PROBE_ROWS)..];
+                let mut packed = Vec::with_capacity(1 + sample.len() * 4);
+                packed.push(bits);
+                encode_keys(sample, bits, &mut packed);
+                let zstd = compress(chunk.level, &packed)?.len();
+                let stored = if (zstd as f64) < packed.len() as f64 * chunk.v2_ratio {
+                    zstd
+                } else {
+                    packed.len()
+                };
+                let r = stored as f64 / (sample.len() as f64 * f64::from(bits) / 8.0);
+                *self.key_ratio.insert(r)
+            }
+        };
+        let keys_bytes = rows as f64 * f64::from(bits) / 8.0 * key_ratio;
+        let dictionary_bytes = values.len() as f64 * delta as f64 / rows as f64;
+        Ok(keys_bytes + dictionary_bytes > delta as f64)
+    }
+}
+
 /// Bits needed for values up to `max`.
 fn bits_for(max: usize) -> u8 {
     (usize::BITS - max.leading_zeros()) as u8
@@ -516,7 +581,6 @@ impl Chunk<'_> {
     /// the dictionary outgrows its limit); `None` where parquet's writer
     /// should write it.
     fn encode<T: Fixed>(&self, values: &[T]) -> Result<Option<DictionaryChunk>, ParquetError> {
-        let dictionary = self.dictionary_pages(values)?;
         let flat = matches!(self.shape, Shape::Flat(None)) && T::INTEGER && !values.is_empty();
         let bits = if std::mem::size_of::<T>() == 8 {
             64
@@ -524,8 +588,11 @@ impl Chunk<'_> {
             32
         };
         let get = |v: T| v.integer().unwrap_or_default();
-        let encoded = match dictionary {
-            Some(d) if !flat || d.bytes() <= crate::delta::size(values, get, bits) => d,
+        let delta = flat.then(|| crate::delta::size(values, get, bits));
+        let dictionary = self.dictionary_pages(values, delta)?;
+        let encoded = match (dictionary, delta) {
+            (Some(d), None) => d,
+            (Some(d), Some(delta)) if d.bytes() <= delta => d,
             // Smaller as deltas, or a dictionary past its limit (parquet's
             // writer would fall back to PLAIN).
             _ if flat => self.delta_pages(values, get, bits)?,
@@ -535,7 +602,14 @@ impl Chunk<'_> {
     }
 
     /// `values` as dictionary pages, or `None` (see [`Chunk::encode`]).
-    fn dictionary_pages<T: Fixed>(&self, values: &[T]) -> Result<Option<Encoded>, ParquetError> {
+    /// With `delta`, the bytes of the chunk as deltas (a flat integer
+    /// column): `None` too as soon as the dictionary is bound to be larger
+    /// ([`Probe`]), before every value is interned.
+    fn dictionary_pages<T: Fixed>(
+        &self,
+        values: &[T],
+        delta: Option<usize>,
+    ) -> Result<Option<Encoded>, ParquetError> {
         let (max_def, max_rep) = (self.descr.max_def_level(), self.descr.max_rep_level());
         let rows = match &self.shape {
             Shape::Flat(_) => values.len(),
@@ -578,6 +652,7 @@ impl Chunk<'_> {
             nulls: 0,
         };
         let mut page = new_page(page_rows.min(rows));
+        let mut probe = Probe::default();
         let mut r = 0;
         while r < rows {
             // Rows taken this step: one, or the rest of the page for a flat
@@ -586,7 +661,25 @@ impl Chunk<'_> {
             match &self.shape {
                 Shape::Flat(None) => {
                     step = (page_rows - page.rows).min(rows - r);
-                    dictionary.intern_all(&values[r..r + step], &mut page.keys);
+                    match delta {
+                        Some(delta) => {
+                            for slice in values[r..r + step].chunks(PROBE_ROWS) {
+                                dictionary.intern_all(slice, &mut page.keys);
+                                if dictionary.values.len() >= PROBE_FROM
+                                    && probe.loses(
+                                        self,
+                                        &dictionary.values,
+                                        &page.keys,
+                                        rows,
+                                        delta,
+                                    )?
+                                {
+                                    return Ok(None);
+                                }
+                            }
+                        }
+                        None => dictionary.intern_all(&values[r..r + step], &mut page.keys),
+                    }
                     page.levels += step;
                     if let Some(def) = &mut page.def {
                         def.push(1, step);
