@@ -523,7 +523,7 @@ impl Probe {
                 packed.push(bits);
                 encode_keys(sample, bits, &mut packed);
                 let zstd = compress(chunk.level, &packed)?.len();
-                let stored = if (zstd as f64) < packed.len() as f64 * chunk.v2_ratio {
+                let stored = if chunk.keeps_compressed(zstd, packed.len()) {
                     zstd
                 } else {
                     packed.len()
@@ -992,6 +992,12 @@ impl Chunk<'_> {
         )
     }
 
+    /// Whether a page of `uncompressed` bytes is stored as its `compressed`
+    /// bytes: only where zstd shrinks it below the V2 ratio threshold.
+    fn keeps_compressed(&self, compressed: usize, uncompressed: usize) -> bool {
+        (compressed as f64) < uncompressed as f64 * self.v2_ratio
+    }
+
     /// A V2 data page of `levels` (repetition then definition levels, of
     /// `def_len` and `rep_len` bytes) and the values `data`, stored
     /// compressed only where zstd shrinks the page below the V2 ratio
@@ -1012,8 +1018,7 @@ impl Chunk<'_> {
         } else {
             Vec::new()
         };
-        let is_compressed =
-            try_zstd && (compressed.len() as f64) < uncompressed as f64 * self.v2_ratio;
+        let is_compressed = try_zstd && self.keeps_compressed(compressed.len(), uncompressed);
         let stored = if is_compressed { &compressed[..] } else { data };
         let mut buf = Vec::with_capacity(levels.len() + stored.len());
         buf.extend_from_slice(levels);
