@@ -116,11 +116,16 @@ def run_shardfeed(binary, ds, batch, epochs):
             "first_batch_ms": out["time_to_first_batch_ms"], "peak_rss_mib": out["peak_rss_bytes"] / 2**20}
 
 
+def parquet_files(folder):
+    """The Parquet files under `folder`, in order."""
+    import glob
+    return sorted(glob.glob(os.path.join(folder, "**", "*.parquet"), recursive=True))
+
+
 def own_files(folder):
     """The Parquet files a peer wrote under `folder`, and their rows."""
-    import glob
     import pyarrow.parquet as pq
-    files = sorted(glob.glob(os.path.join(folder, "**", "*.parquet"), recursive=True))
+    files = parquet_files(folder)
     return files, sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
@@ -181,7 +186,7 @@ def main():
         if not args.no_warm:
             # Each run meets its files cached, whatever was evicted since.
             mine = own.get(f"{kind}:{tool}")
-            warm_page_cache(own_files(mine)[0] if mine else shards(ds)[0])
+            warm_page_cache(parquet_files(mine) if mine else dataset_files(ds))
         time.sleep(args.idle)
         r = (run_shardfeed(args.bin, ds, batch, args.epochs) if tool == "shardfeed"
              else run_peer(tool, base, ds, batch, args.epochs, own.get(f"{kind}:{tool}")))

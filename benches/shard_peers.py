@@ -13,6 +13,8 @@ project's 2-core machines); each round's ratios are printed too.
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, time
 
+from interleave import warm_page_cache
+
 
 
 def du(path):
@@ -91,11 +93,11 @@ def main():
         secs = {"shardfeed": [], "pyarrow": [], "polars": []}
         sizes = {}
         for i in range(args.repeat):
-            order = ["shardfeed", "pyarrow", "polars"]
-            order = order if i == 0 else order[i % 3:] + order[:i % 3]
-            for tool in order:
+            # Rotated each round; shardfeed first in the first (see above).
+            tools = ["shardfeed", "pyarrow", "polars"]
+            for tool in tools[i % 3:] + tools[:i % 3]:
                 # Warm the page cache so every tool reads from memory.
-                du(inputs); [open(os.path.join(inputs, f), "rb").read() for f in os.listdir(inputs)]
+                warm_page_cache(os.path.join(inputs, f) for f in sorted(os.listdir(inputs)))
                 if tool == "shardfeed":
                     t, sizes[tool], summary, rows_per_file, rows_per_group = run_shardfeed(
                         args.bin, inputs, out[tool], args.shard_size)
