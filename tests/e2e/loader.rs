@@ -709,6 +709,95 @@ fn check_batch_against(
     }
 }
 
+/// Shards whose dictionaries `shard` wrote in order of use (skewed ids and
+/// token lists, 128 KiB pages of keys) and whose pages name different key
+/// widths (a float column's first page 10 bits, the next 12) read back
+/// through the loader with every row's own values, every row once.
+#[test]
+fn dictionaries_in_order_of_use_and_pages_of_varying_widths_read_back() {
+    use arrow_array::builder::{Int32Builder, ListBuilder};
+    use arrow_array::{ArrayRef, Float64Array, Int64Array};
+    use std::sync::Arc;
+    let rows = 60_000usize;
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut unit = || (next() >> 11) as f64 / (1u64 << 53) as f64;
+    let zipf: Vec<i64> = (0..rows)
+        .map(|_| (3_000f64.powf(unit() * unit()) as i64) * 1_000_003)
+        .collect();
+    // Rows 0-19,999 of the first row group: 1,000 values; then 3,000.
+    let widening: Vec<f64> = (0..rows)
+        .map(|i| ((unit() * if i < 20_000 { 1_000.0 } else { 3_000.0 }) as i64) as f64)
+        .collect();
+    let tokens: Vec<Vec<i32>> = (0..rows)
+        .map(|r| {
+            (0..1 + r % 64)
+                .map(|_| 50_000f64.powf(unit() * unit()) as i32)
+                .collect()
+        })
+        .collect();
+    let mut list = ListBuilder::new(Int32Builder::new());
+    for row in &tokens {
+        list.values().append_slice(row);
+        list.append(true);
+    }
+    let batch = RecordBatch::try_from_iter([
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(0..rows as i64)) as ArrayRef,
+        ),
+        ("zipf", Arc::new(Int64Array::from(zipf.clone()))),
+        ("widening", Arc::new(Float64Array::from(widening.clone()))),
+        ("tokens", Arc::new(list.finish())),
+    ])
+    .unwrap();
+    let tmp = tempdir();
+    let input = tmp.path().join("skewed.parquet");
+    write_parquet(&input, &batch);
+    let url = s(&tmp.path().join("ds"));
+    let options = shardfeed_preprocess::ShardOptions::default()
+        .with_row_group_rows(30_000)
+        .with_shard_size(1 << 30);
+    shardfeed_preprocess::shard(&[s(&input)], &url, &options).unwrap();
+    let mut loader = Loader::builder(&url)
+        .batch_size(1000)
+        .seed(4)
+        .drop_last(false)
+        .build()
+        .unwrap();
+    let mut seen = vec![false; rows];
+    for batch in &mut loader {
+        let batch = batch.unwrap();
+        let ids = batch.values::<i64>("id").unwrap();
+        let (z, w) = (
+            batch.values::<i64>("zipf").unwrap(),
+            batch.values::<f64>("widening").unwrap(),
+        );
+        let (o, t) = (
+            batch.offsets("tokens").unwrap(),
+            batch.values::<i32>("tokens").unwrap(),
+        );
+        for (i, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            assert!(!seen[id], "row {id} twice");
+            seen[id] = true;
+            assert_eq!(z[i], zipf[id], "zipf of row {id}");
+            assert_eq!(w[i], widening[id], "widening of row {id}");
+            assert_eq!(
+                &t[o[i] as usize..o[i + 1] as usize],
+                tokens[id].as_slice(),
+                "tokens of row {id}"
+            );
+        }
+    }
+    assert!(seen.iter().all(|&s| s), "every row once");
+}
+
 #[test]
 fn collated_values_equal_what_pyarrow_reads() {
     let tmp = tempdir();
