@@ -882,6 +882,15 @@ impl Collator {
                 continue;
             }
             let waiting = Instant::now();
+            if self.windows.is_empty() {
+                // The pass's first window: its wait warms the first slab, as
+                // far as a batch is expected to fill it.
+                let (windows_in, cancel) = (&self.windows_in, &self.cancel);
+                let bytes = usize::try_from(self.config.batch_bytes).unwrap_or(usize::MAX);
+                self.pool.warm_first(bytes, || {
+                    windows_in.is_empty() && !cancel.load(Ordering::Relaxed)
+                });
+            }
             let received = self.windows_in.recv();
             Counters::add_time(&self.counters.collate_blocked_in_ns, waiting.elapsed());
             match received {

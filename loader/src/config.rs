@@ -847,6 +847,7 @@ impl LoaderBuilder {
             byte_budget: self.byte_budget,
             in_flight_bytes: in_flight,
             needed_units: needed,
+            batch_bytes: sizes.batch_bytes,
             on_error: self.on_error,
             max_skipped: self.max_skipped,
             failpoints,
@@ -1006,6 +1007,8 @@ pub(crate) struct Config {
     pub in_flight_bytes: u64,
     /// Row groups that must fit the budget at once (two windows and a batch).
     pub needed_units: u64,
+    /// Estimated bytes of one collated batch.
+    pub batch_bytes: u64,
     pub on_error: OnError,
     pub max_skipped: u64,
     /// Warn when the consumer waited more than this fraction of the last so
