@@ -340,6 +340,11 @@ pub(crate) mod tests {
         }
     }
 
+    /// A uniform float in [0, 1) from `next` ([`random`]).
+    fn unit(next: &mut impl FnMut() -> u64) -> f64 {
+        (next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
     /// `batch` written by parquet's writer alone, and through [`Encoder`]
     /// (which encodes flat fixed-width columns here), with the kind of each
     /// chunk the encoder made.
@@ -697,7 +702,7 @@ pub(crate) mod tests {
         let mut next = random();
         let zipf: Vec<i64> = (0..rows)
             .map(|_| {
-                let u = (next() >> 11) as f64 / (1u64 << 53) as f64;
+                let u = unit(&mut next);
                 (3_000f64.powf(u * u) as i64) * 1_000_003
             })
             .collect();
@@ -848,7 +853,7 @@ pub(crate) mod tests {
         let ids: Vec<i64> = (0..rows).map(|_| pool[(next() % 3000) as usize]).collect();
         let zipf: Vec<i64> = (0..rows)
             .map(|_| {
-                let u = (next() >> 11) as f64 / (1u64 << 53) as f64;
+                let u = unit(&mut next);
                 (1_000_000f64.powf(u * u) as i64).wrapping_mul(2_654_435_761)
             })
             .collect();
@@ -931,14 +936,11 @@ pub(crate) mod tests {
         use parquet::file::reader::{FileReader, SerializedFileReader};
         let rows = 60_000usize;
         let mut next = random();
-        // Log-uniform over 10^2..10^4, spread apart (so that its deltas are
+        // Log-uniform over 20..10^4, spread apart (so that its deltas are
         // wide and it stays a dictionary): skewed enough for its dictionary
         // to be ordered by use, not enough for zstd to save a tenth.
         let band: Vec<i64> = (0..rows)
-            .map(|_| {
-                (20.0 * 500f64.powf((next() >> 11) as f64 / (1u64 << 53) as f64)) as i64
-                    * 1_000_000_007
-            })
+            .map(|_| (20.0 * 500f64.powf(unit(&mut next))) as i64 * 1_000_000_007)
             .collect();
         let skewed: Vec<i64> = (0..rows)
             .map(|_| (next() % 40_000).trailing_zeros() as i64)
