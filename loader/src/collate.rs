@@ -883,8 +883,10 @@ impl Collator {
             }
             let waiting = Instant::now();
             if self.windows.is_empty() {
-                // The pass's first window: its wait warms the first slab, as
-                // far as a batch is expected to fill it.
+                // Waiting with no window held, first of all for a pass's
+                // first window: the wait warms the pool's first slab as far
+                // as a batch is expected to fill it (once per pool, so later
+                // waits return at once).
                 let (windows_in, cancel) = (&self.windows_in, &self.cancel);
                 let bytes = usize::try_from(self.config.batch_bytes).unwrap_or(usize::MAX);
                 self.pool.warm_first(bytes, || {
