@@ -229,7 +229,17 @@ impl Shuffler {
             permits.extend(permit);
         }
         let any_skipped = skipped.iter().any(|&s| s);
-        if self.config.shuffle && self.config.fixed_width && window.rows > 0 && !any_skipped {
+        // A window of a plan made from pieces (an elastic resume) may read
+        // only part of its segments' rows: the other rows belong to another
+        // rank. Such a window is gathered batch by batch (below), not
+        // permuted whole.
+        let whole = prefix.last() == Some(&window.rows);
+        if self.config.shuffle
+            && self.config.fixed_width
+            && window.rows > 0
+            && !any_skipped
+            && whole
+        {
             // Fixed-width columns only (variable-length rows are large contiguous
             // copies that gain nothing and would be copied twice):
             // materialise the window in shuffled order, one column at a time

@@ -1170,3 +1170,96 @@ fn consecutive_epochs_started_ahead_equal_fresh_loaders() {
     running.set_epoch(1);
     assert_eq!(id_batches(&mut running), id_batches(&mut build(1)));
 }
+
+/// Elastic resume on many shapes: row-group sizes, batch sizes, old and new
+/// world sizes 1-5 and stop points (equal and uneven across old ranks).
+/// Every new rank streams to its end without error, all new ranks yield as
+/// many batches, and across both runs no row is read twice.
+#[test]
+fn elastic_resume_streams_on_every_shape() {
+    let tmp = tempdir();
+    let shapes = [(960u64, 96u64), (1003, 37), (600, 200)];
+    for (i, &(total, group)) in shapes.iter().enumerate() {
+        let dir = tmp.path().join(i.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = dataset(&dir, Kind::Text, total, group, 8 << 10);
+        let mut g = shardfeed_format::permute::SplitMix64::new(i as u64 + 1);
+        // The reported shape first: 960 rows in row groups of 96, batch 16,
+        // seed 11, two ranks stopped after 4, 5 or 6 batches, three new ranks.
+        let mut cases: Vec<(usize, u64, u64, u64, Vec<usize>)> = Vec::new();
+        if i == 0 {
+            for stop in [4, 5, 6] {
+                cases.push((16, 11, 2, 3, vec![stop, stop]));
+            }
+        }
+        for _ in 0..8 {
+            let batch = [1usize, 7, 16, 33][g.below(4) as usize];
+            let old = 1 + g.below(5);
+            let new = 1 + g.below(5);
+            let seed = g.below(1000);
+            let per_rank = (total / old) as usize / batch;
+            // Ranks of one job stop at the same step; uneven stops are tried
+            // too where the world size changes (the rest is shared out anew).
+            let equal = old == new || g.below(2) == 0;
+            let first = g.below(per_rank as u64 + 1) as usize;
+            let stops = (0..old)
+                .map(|_| {
+                    if equal {
+                        first
+                    } else {
+                        g.below(per_rank as u64 + 1) as usize
+                    }
+                })
+                .collect();
+            cases.push((batch, seed, old, new, stops));
+        }
+        for (batch, seed, old, new, stops) in cases {
+            let build = |rank, world| {
+                Loader::builder(&url)
+                    .columns(["id"])
+                    .batch_size(batch)
+                    .seed(seed)
+                    .rank(rank)
+                    .world_size(world)
+                    .decode_threads(1)
+                    .build()
+                    .unwrap()
+            };
+            let what = format!(
+                "{total} rows in groups of {group}, batch {batch}, seed {seed}, {old} -> {new}, stops {stops:?}"
+            );
+            let mut seen: Vec<i64> = Vec::new();
+            let mut states = Vec::new();
+            for rank in 0..old {
+                let mut l = build(rank, old);
+                for _ in 0..stops[rank as usize] {
+                    match l.next() {
+                        Some(b) => seen.extend(b.unwrap().values::<i64>("id").unwrap()),
+                        None => break,
+                    }
+                }
+                states.push(LoaderState::from_json(&l.state().to_json()).unwrap());
+            }
+            let mut counts = Vec::new();
+            for rank in 0..new {
+                let mut l = build(rank, new);
+                l.resume_elastic(&states).unwrap();
+                let mut n = 0;
+                for b in l.by_ref() {
+                    let b = b.unwrap_or_else(|e| panic!("{what}: new rank {rank}: {e}"));
+                    seen.extend(b.values::<i64>("id").unwrap());
+                    n += 1;
+                }
+                counts.push(n);
+            }
+            assert!(
+                counts.windows(2).all(|w| w[0] == w[1]),
+                "{what}: batches per new rank {counts:?}"
+            );
+            let mut sorted = seen.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(sorted.len(), seen.len(), "{what}: a row was read twice");
+        }
+    }
+}
