@@ -153,6 +153,10 @@ struct ShardArgs {
     /// Replace an existing dataset.
     #[arg(long)]
     overwrite: bool,
+    /// Read files that symbolic links in a folder input lead to outside the
+    /// folder (by default such links are skipped and listed).
+    #[arg(long)]
+    follow_links: bool,
     /// Input format, instead of detecting it: parquet, arrow, jsonl, csv, files.
     #[arg(long)]
     format: Option<String>,
@@ -235,7 +239,8 @@ fn shard_options(args: &ShardArgs) -> Result<ShardOptions> {
         .with_zstd_level(args.zstd_level)
         .with_memory_budget(size_arg("--memory-budget", &args.memory_budget)?)
         .with_threads(args.threads)
-        .with_overwrite(args.overwrite);
+        .with_overwrite(args.overwrite)
+        .with_follow_links(args.follow_links);
     if let Some(size) = &args.row_group_size {
         options = options.with_row_group_bytes(size_arg("--row-group-size", size)?);
     }
@@ -244,7 +249,14 @@ fn shard_options(args: &ShardArgs) -> Result<ShardOptions> {
     }
     if args.no_shuffle {
         options = options.without_shuffle();
-    } else if args.shuffle || args.seed != shardfeed_preprocess::DEFAULT_SHUFFLE_SEED {
+    } else if args.shuffle {
+        options = options.with_shuffle(args.seed);
+    } else if args.seed != shardfeed_preprocess::DEFAULT_SHUFFLE_SEED {
+        if args.num_tasks.is_some() {
+            bail!(
+                "--seed: a split run shuffles across its tasks only with --shuffle (then every task runs at once, or in two rounds with --stage); add --shuffle, or drop --seed"
+            );
+        }
         options = options.with_shuffle(args.seed);
     }
     if let Some(format) = &args.format {

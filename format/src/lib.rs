@@ -44,7 +44,7 @@ pub use error::{FormatError, Result, StoreError};
 pub use location::Location;
 pub use manifest::{
     FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, Manifest, PRETTY_SHARDS, ShardEntry, Summary,
-    TASKS_DIR, TaskRecord, TokenizerRecord, WriteOptions, shard_path, task_record_path,
-    task_shard_path, validate_shard_path,
+    TASKS_DIR, TaskRecord, TokenizerRecord, WriteOptions, duplicate_column, shard_path,
+    task_record_path, task_shard_path, validate_shard_path,
 };
 pub use retry::RetryPolicy;

@@ -202,6 +202,11 @@ impl Manifest {
             url: url.to_string(),
             reason,
         };
+        if let Some(name) = duplicate_column(&self.schema) {
+            return Err(invalid(format!(
+                "the schema names column {name:?} twice: a reader could not tell the two apart"
+            )));
+        }
         let mut seen = std::collections::HashSet::with_capacity(self.shards.len());
         for shard in &self.shards {
             validate_shard_path(&shard.path)?;
@@ -276,6 +281,16 @@ pub const PRETTY_SHARDS: usize = 1000;
 
 /// Folder (under the dataset) of the task records of a split run.
 pub const TASKS_DIR: &str = "_tasks";
+
+/// The first top-level column name that `schema` holds more than once.
+pub fn duplicate_column(schema: &Schema) -> Option<&str> {
+    let mut seen = std::collections::HashSet::with_capacity(schema.fields().len());
+    schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .find(|name| !seen.insert(*name))
+}
 
 /// The relative path of the record of task `index` of `count`.
 pub fn task_record_path(index: usize, count: usize) -> String {

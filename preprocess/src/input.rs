@@ -116,13 +116,19 @@ pub struct SkippedInput {
     pub reason: String,
 }
 
-/// Files under `dir`, recursively (following symbolic links to folders),
-/// as sorted relative paths; and what was left out: hidden files and
-/// folders (`.DS_Store`, `.git/`), and links that lead back to a folder
-/// being walked (followed once, not again).
-fn walk(dir: &Path) -> Result<(Vec<PathBuf>, Vec<SkippedInput>)> {
+/// Files under `dir`, recursively (following symbolic links that stay in
+/// the folder), as sorted relative paths; and what was left out: hidden
+/// files and folders (`.DS_Store`, `.git/`), links that lead back to a
+/// folder being walked (followed once, not again), links that leave the
+/// folder (unless `follow_links`: a link to `/proc/self/environ` would make
+/// the process's environment a row), and special files (FIFOs, sockets,
+/// devices), which are never read.
+fn walk(dir: &Path, follow_links: bool) -> Result<(Vec<PathBuf>, Vec<SkippedInput>)> {
     let mut files = Vec::new();
     let mut skipped = Vec::new();
+    let root = dir
+        .canonicalize()
+        .map_err(|e| PreprocessError::io("resolve", dir, e))?;
     let mut entries = walkdir::WalkDir::new(dir)
         .follow_links(true)
         .sort_by_file_name()
@@ -159,9 +165,34 @@ fn walk(dir: &Path) -> Result<(Vec<PathBuf>, Vec<SkippedInput>)> {
             }
             continue;
         }
-        if entry.file_type().is_file() {
+        if entry.path_is_symlink() && !follow_links {
+            let target = entry.path().canonicalize();
+            if !target.as_ref().is_ok_and(|t| t.starts_with(&root)) {
+                skipped.push(SkippedInput {
+                    path: entry.path().display().to_string(),
+                    reason: match target {
+                        Ok(t) => format!(
+                            "a link to {}, outside the input folder (--follow-links reads it)",
+                            t.display()
+                        ),
+                        Err(e) => format!("a link that cannot be resolved: {e}"),
+                    },
+                });
+                if entry.file_type().is_dir() {
+                    entries.skip_current_dir();
+                }
+                continue;
+            }
+        }
+        let kind = entry.file_type();
+        if kind.is_file() {
             let rel = entry.path().strip_prefix(dir).unwrap_or(entry.path());
             files.push(rel.to_path_buf());
+        } else if !kind.is_dir() {
+            skipped.push(SkippedInput {
+                path: entry.path().display().to_string(),
+                reason: "not a regular file (a FIFO, socket or device): never read".into(),
+            });
         }
     }
     files.sort();
@@ -178,10 +209,11 @@ fn is_side_file(rel: &Path) -> bool {
 fn expand_folder(
     dir: &Path,
     forced: Option<InputFormat>,
+    follow_links: bool,
     sources: &mut Vec<Source>,
     skipped: &mut Vec<SkippedInput>,
 ) -> Result<()> {
-    let (files, left_out) = walk(dir)?;
+    let (files, left_out) = walk(dir, follow_links)?;
     skipped.extend(left_out);
     let tabular = match forced {
         Some(InputFormat::Files) => false,
@@ -312,7 +344,13 @@ pub(crate) fn resolve(given: &[String], options: &ShardOptions) -> Result<Inputs
     for input in given {
         let path = PathBuf::from(input);
         if path.is_dir() {
-            expand_folder(&path, forced, &mut sources, &mut skipped)?;
+            expand_folder(
+                &path,
+                forced,
+                options.follow_links,
+                &mut sources,
+                &mut skipped,
+            )?;
         } else if path.is_file() {
             push_file(path, forced, &mut sources)?;
         } else if is_glob(input) {
@@ -391,21 +429,23 @@ fn text_schema(
             continue;
         }
         let file = open_file(path)?;
-        let schema = match format {
-            InputFormat::JsonLines => {
-                arrow_json::reader::infer_json_schema(BufReader::new(file), None)
-                    .map_err(|e| json_error_location(path, e))?
-                    .0
-            }
-            InputFormat::Csv => {
-                arrow_csv::reader::Format::default()
-                    .with_header(true)
-                    .infer_schema(file, None)
-                    .map_err(|e| PreprocessError::read(path, None, e))?
-                    .0
-            }
-            _ => unreachable!("only text formats are inferred"),
-        };
+        let schema = guarded(path, || {
+            Ok(match format {
+                InputFormat::JsonLines => {
+                    arrow_json::reader::infer_json_schema(BufReader::new(file), None)
+                        .map_err(|e| json_error_location(path, e))?
+                        .0
+                }
+                InputFormat::Csv => {
+                    arrow_csv::reader::Format::default()
+                        .with_header(true)
+                        .infer_schema(file, None)
+                        .map_err(|e| PreprocessError::read(path, None, e))?
+                        .0
+                }
+                _ => unreachable!("only text formats are inferred"),
+            })
+        })?;
         merged = Some(match merged {
             None => (schema, path.clone()),
             Some((acc, first)) => {
@@ -458,37 +498,59 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
     // packing), often half the Arrow size: calibrate on one row group.
     let mut parquet_ratio: Option<f64> = None;
     for source in sources {
-        let (schema, estimate) = match source {
-            Source::File { path, format, .. } => match format {
-                InputFormat::Parquet => {
-                    let builder = parquet_builder(path)?;
-                    let uncompressed: i64 = builder
-                        .metadata()
-                        .row_groups()
+        let (schema, estimate) = guarded(&source.display_path(), || {
+            Ok(match source {
+                Source::File { path, format, .. } => match format {
+                    InputFormat::Parquet => {
+                        let builder = parquet_builder(path)?;
+                        let uncompressed: i64 = builder
+                            .metadata()
+                            .row_groups()
+                            .iter()
+                            .map(|rg| rg.total_byte_size())
+                            .sum();
+                        let schema = builder.schema().clone();
+                        let ratio = match parquet_ratio {
+                            Some(r) => r,
+                            None => *parquet_ratio.insert(arrow_to_parquet_ratio(builder, path)?),
+                        };
+                        (schema, (uncompressed.max(0) as f64 * ratio) as u64)
+                    }
+                    InputFormat::Ipc => (ipc_schema(path)?, file_len(path)),
+                    InputFormat::JsonLines => {
+                        (json.clone().expect("inferred above"), file_len(path))
+                    }
+                    InputFormat::Csv => (csv.clone().expect("inferred above"), file_len(path)),
+                    InputFormat::Files => unreachable!("folders become Source::Files"),
+                },
+                Source::Files { root, files, .. } => (
+                    files_schema(),
+                    files
                         .iter()
-                        .map(|rg| rg.total_byte_size())
-                        .sum();
-                    let schema = builder.schema().clone();
-                    let ratio = match parquet_ratio {
-                        Some(r) => r,
-                        None => *parquet_ratio.insert(arrow_to_parquet_ratio(builder, path)?),
-                    };
-                    (schema, (uncompressed.max(0) as f64 * ratio) as u64)
-                }
-                InputFormat::Ipc => (ipc_schema(path)?, file_len(path)),
-                InputFormat::JsonLines => (json.clone().expect("inferred above"), file_len(path)),
-                InputFormat::Csv => (csv.clone().expect("inferred above"), file_len(path)),
-                InputFormat::Files => unreachable!("folders become Source::Files"),
-            },
-            Source::Files { root, files, .. } => (
-                files_schema(),
-                files
-                    .iter()
-                    .map(|(f, _)| file_len(&root.join(f)) + 64)
-                    .sum(),
-            ),
-        };
+                        .map(|(f, _)| file_len(&root.join(f)) + 64)
+                        .sum(),
+                ),
+            })
+        })?;
         bytes += estimate;
+        if let Some(name) = shardfeed_format::duplicate_column(&schema) {
+            return Err(PreprocessError::read(
+                source.display_path(),
+                None,
+                format!(
+                    "column {name:?} appears twice: a dataset's columns need distinct names (rename one)"
+                ),
+            ));
+        }
+        // A schema Parquet cannot hold (a malformed input's decimal of
+        // precision 0) is this input's error, not the encoder's later.
+        if let Err(e) = parquet::arrow::ArrowSchemaConverter::new().convert(&schema) {
+            return Err(PreprocessError::read(
+                source.display_path(),
+                None,
+                format!("its schema cannot be written as Parquet: {e}"),
+            ));
+        }
         match &first {
             None => first = Some((schema, source.display_path())),
             Some((expected, first_path)) => {
@@ -506,35 +568,55 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
     Ok((schema, bytes))
 }
 
-/// parquet's reader of one file, made safe to drive on malformed bytes: it
-/// ends at its first error (asked again, the reader may repeat the error
-/// forever or panic), and a panic inside it is caught and becomes an error
-/// naming the file.
-struct Guarded {
-    reader: parquet::arrow::arrow_reader::ParquetRecordBatchReader,
+/// A reader of one input file, made safe to drive on malformed bytes: it
+/// ends at its first error (asked again, a reader may repeat the error
+/// forever or panic), and a panic inside it (parquet's, arrow's IPC, CSV or
+/// JSON readers, ours) is caught and becomes an error naming the file.
+struct Guarded<I> {
+    reader: I,
     path: PathBuf,
     done: bool,
 }
 
-impl Iterator for Guarded {
+impl<I> Guarded<I> {
+    fn new(reader: I, path: PathBuf) -> Self {
+        Guarded {
+            reader,
+            path,
+            done: false,
+        }
+    }
+}
+
+impl<I: Iterator<Item = Result<RecordBatch>>> Iterator for Guarded<I> {
     type Item = Result<RecordBatch>;
     fn next(&mut self) -> Option<Result<RecordBatch>> {
         if self.done {
             return None;
         }
         let next = match shardfeed_format::panic::catch(|| self.reader.next()) {
-            Ok(next) => next.map(|r| r.map_err(|e| PreprocessError::read(&self.path, None, e))),
-            Err(panic) => Some(Err(PreprocessError::read(
-                &self.path,
-                None,
-                format!("parquet's reader failed on malformed data: {panic}"),
-            ))),
+            Ok(next) => next,
+            Err(panic) => Some(Err(malformed(&self.path, &panic))),
         };
         if !matches!(next, Some(Ok(_))) {
             self.done = true;
         }
         next
     }
+}
+
+/// The error of a reader that panicked on `path`'s bytes.
+fn malformed(path: &Path, panic: &str) -> PreprocessError {
+    PreprocessError::read(
+        path,
+        None,
+        format!("the reader failed on malformed data: {panic}"),
+    )
+}
+
+/// Run `f`, which reads `path`; a panic in it is an error naming the file.
+fn guarded<T>(path: &Path, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    shardfeed_format::panic::catch(f).unwrap_or_else(|panic| Err(malformed(path, &panic)))
 }
 
 /// A Parquet reader of `path`. A file whose footer says it holds fewer rows
@@ -602,11 +684,8 @@ fn arrow_to_parquet_ratio(
         .build()
         .map_err(|e| PreprocessError::read(path, Some("row group 0".into()), e))?;
     let mut decoded = 0u64;
-    for batch in (Guarded {
-        reader,
-        path: path.to_path_buf(),
-        done: false,
-    }) {
+    let reader = reader.map(|r| r.map_err(|e| PreprocessError::read(path, None, e)));
+    for batch in Guarded::new(reader, path.to_path_buf()) {
         decoded += crate::measure::batch_bytes(&batch?);
     }
     Ok((decoded as f64 / encoded).max(1.0))
@@ -668,8 +747,15 @@ fn ipc_schema(path: &Path) -> Result<SchemaRef> {
 /// A stream of batches from one source.
 pub(crate) type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
 
-/// Open `source` as a stream of batches in `schema`.
+/// Open `source` as a stream of batches in `schema`: a panic of a reader on
+/// malformed bytes, opening or reading, is an error naming the file.
 pub(crate) fn open(source: &Source, schema: &SchemaRef) -> Result<BatchIter> {
+    let path = source.display_path();
+    let batches = guarded(&path, || open_unguarded(source, schema))?;
+    Ok(Box::new(Guarded::new(batches, path)))
+}
+
+fn open_unguarded(source: &Source, schema: &SchemaRef) -> Result<BatchIter> {
     match source {
         Source::File {
             path,
@@ -696,11 +782,9 @@ pub(crate) fn open(source: &Source, schema: &SchemaRef) -> Result<BatchIter> {
                     let reader = builder
                         .build()
                         .map_err(|e| PreprocessError::read(&path, None, e))?;
-                    Ok(Box::new(Guarded {
-                        reader,
-                        path,
-                        done: false,
-                    }))
+                    Ok(Box::new(reader.map(move |r| {
+                        r.map_err(|e| PreprocessError::read(&path, None, e))
+                    })))
                 }
                 InputFormat::Ipc => {
                     let mut file = open_file(&path)?;

@@ -45,8 +45,8 @@ pub use lock::LOCK_FILE;
 pub use measure::{huge_page_bytes, peak_rss_bytes};
 pub use options::{
     DEFAULT_MEMORY_BUDGET, DEFAULT_ROW_GROUP_BYTES, DEFAULT_SHARD_SIZE, DEFAULT_SHUFFLE_SEED,
-    DEFAULT_ZSTD_LEVEL, LARGE_ROW_BYTES, LARGE_ROW_GROUP_BYTES, Progress, READ_BATCH_ROWS,
-    ShardOptions, TaskSplit, TaskStage,
+    DEFAULT_ZSTD_LEVEL, LARGE_ROW_BYTES, LARGE_ROW_GROUP_BYTES, MAX_THREADS, Progress,
+    READ_BATCH_ROWS, ShardOptions, TaskSplit, TaskStage,
 };
 pub use pipeline::ShardSummary;
 pub use run::shard;

@@ -35,6 +35,10 @@ pub const DEFAULT_MEMORY_BUDGET: u64 = 1 << 30;
 /// Rows per batch read from CSV and JSON Lines inputs.
 pub const READ_BATCH_ROWS: usize = 8192;
 
+/// The most threads `shard` starts (`--threads`): each holds buffers of its
+/// own, and thread creation fails far below what a `usize` can ask for.
+pub const MAX_THREADS: usize = 1024;
+
 /// Told about progress while a dataset is written. Called from pipeline threads.
 pub trait Progress: Send + Sync {
     /// Work is starting; `input_bytes` estimates the total input size.
@@ -109,6 +113,9 @@ pub struct ShardOptions {
     /// Whether the shuffle was chosen (`with_shuffle`, `without_shuffle`)
     /// rather than left at its default.
     pub(crate) shuffle_chosen: bool,
+    /// Follow symbolic links of a folder input that lead outside it (by
+    /// default they are skipped and listed in `skipped_inputs`).
+    pub follow_links: bool,
     /// Failure injection for tests (`SHARDFEED_FAILPOINTS`).
     pub(crate) failpoints: shardfeed_format::failpoint::Failpoints,
     /// The split run's identity, resolved (`run_id` or the fingerprint).
@@ -186,6 +193,7 @@ impl Default for ShardOptions {
             recorded_seed: None,
             attempt: String::new(),
             shuffle_chosen: false,
+            follow_links: false,
             failpoints: Default::default(),
             run: String::new(),
             tokenize: None,
@@ -206,6 +214,7 @@ impl std::fmt::Debug for ShardOptions {
             .field("memory_budget", &self.memory_budget)
             .field("threads", &self.threads)
             .field("overwrite", &self.overwrite)
+            .field("follow_links", &self.follow_links)
             .field("format", &self.format)
             .field("task", &self.task)
             .field("tokenize", &self.tokenize)
@@ -298,6 +307,12 @@ impl ShardOptions {
         self.task = Some(TaskSplit { index, count });
         self
     }
+    /// Read files that a folder input's symbolic links lead to outside the
+    /// folder (by default they are skipped and listed).
+    pub fn with_follow_links(mut self, follow: bool) -> Self {
+        self.follow_links = follow;
+        self
+    }
     /// Run only `stage` of a shuffled task.
     pub fn with_stage(mut self, stage: TaskStage) -> Self {
         self.stage = stage;
@@ -349,7 +364,8 @@ impl ShardOptions {
             if t.count == 0 {
                 return bad("--num-tasks", "must be greater than 0");
             }
-            if self.shuffle_seed.is_some() && t.count > 4096 {
+            // A split run shuffles across its tasks only when asked.
+            if self.shuffle_seed.is_some() && self.shuffle_chosen && t.count > 4096 {
                 return bad("--num-tasks", "at most 4096 tasks with --shuffle");
             }
             if t.index >= t.count {
@@ -361,6 +377,15 @@ impl ShardOptions {
         }
         if self.memory_budget < 16 << 20 {
             return bad("--memory-budget", "must be at least 16MiB");
+        }
+        if self.threads > MAX_THREADS {
+            return Err(PreprocessError::BadOption {
+                option: "--threads",
+                reason: format!(
+                    "{} is more than {MAX_THREADS} threads (0: one per core)",
+                    self.threads
+                ),
+            });
         }
         Ok(())
     }

@@ -398,7 +398,8 @@ struct TextCheck<'a> {
 }
 
 /// Reader thread: take the next unread source, send its batches in order
-/// (texts checked when tokenizing).
+/// (texts checked when tokenizing). A panic while reading a source is that
+/// source's error: its consumer is never left waiting for a thread that died.
 fn read_sources(
     sources: &[Source],
     schema: &SchemaRef,
@@ -416,54 +417,67 @@ fn read_sources(
             return;
         };
         let tx = &senders[i];
-        let batches = match input::open(source, schema) {
-            Ok(b) => b,
-            Err(e) => {
-                let _ = tx.send(ReadMsg::Failed(e));
-                continue;
-            }
-        };
-        let mut failed = false;
-        let mut row = 0u64;
-        for batch in batches {
-            let batch = match (batch, texts) {
-                (Ok(b), Some(t)) => {
-                    let first = row;
-                    row += b.num_rows() as u64;
-                    check_texts(
-                        b,
-                        t.column,
-                        t.strict,
-                        t.max_bytes,
-                        &source.display_path(),
-                        first,
-                    )
-                    .map(|(b, skipped)| {
-                        t.skipped.fetch_add(skipped, Ordering::Relaxed);
-                        b
-                    })
-                }
-                (batch, _) => batch,
-            };
-            let msg = match batch {
-                Ok(b) if b.num_rows() == 0 => continue,
-                Ok(b) => ReadMsg::Batch(b),
-                Err(e) => {
-                    failed = true;
-                    ReadMsg::Failed(e)
-                }
-            };
-            if tx.send(msg).is_err() {
-                return;
-            }
-            if failed {
-                break;
-            }
-        }
-        if !failed && tx.send(ReadMsg::End).is_err() {
+        let go_on = shardfeed_format::panic::catch(|| read_source(source, schema, tx, texts))
+            .unwrap_or_else(|panic| {
+                let _ = tx.send(ReadMsg::Failed(PreprocessError::read(
+                    source.display_path(),
+                    None,
+                    format!("reading it failed: {panic}"),
+                )));
+                true
+            });
+        if !go_on {
             return;
         }
     }
+}
+
+/// Send `source`'s batches to `tx`, then its end (or its first error).
+/// False when the consumer is gone.
+fn read_source(
+    source: &Source,
+    schema: &SchemaRef,
+    tx: &Sender<ReadMsg>,
+    texts: Option<&TextCheck>,
+) -> bool {
+    let batches = match input::open(source, schema) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = tx.send(ReadMsg::Failed(e));
+            return true;
+        }
+    };
+    let mut row = 0u64;
+    for batch in batches {
+        let batch = match (batch, texts) {
+            (Ok(b), Some(t)) => {
+                let first = row;
+                row += b.num_rows() as u64;
+                check_texts(
+                    b,
+                    t.column,
+                    t.strict,
+                    t.max_bytes,
+                    &source.display_path(),
+                    first,
+                )
+                .map(|(b, skipped)| {
+                    t.skipped.fetch_add(skipped, Ordering::Relaxed);
+                    b
+                })
+            }
+            (batch, _) => batch,
+        };
+        let msg = match batch {
+            Ok(b) if b.num_rows() == 0 => continue,
+            Ok(b) => ReadMsg::Batch(b),
+            Err(e) => return tx.send(ReadMsg::Failed(e)).is_ok(),
+        };
+        if tx.send(msg).is_err() {
+            return false;
+        }
+    }
+    tx.send(ReadMsg::End).is_ok()
 }
 
 /// The batches of every source, in input order, in the dataset's schema.

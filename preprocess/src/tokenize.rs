@@ -32,8 +32,9 @@ const EOS_NAMES: &[&str] = &[
     "[EOS]",
 ];
 
-/// Tokenizer files larger than this are refused (real ones are a few MB).
-const MAX_TOKENIZER_FILE: u64 = 1 << 30;
+/// Tokenizer files larger than this are refused (real ones are a few MB,
+/// the largest published ones tens of MB).
+pub(crate) const MAX_TOKENIZER_FILE: u64 = 256 << 20;
 
 /// What `shard --tokenizer` does. Build with [`TokenizeOptions::new`] and the
 /// `with_*` setters.
@@ -172,17 +173,38 @@ impl TextTokenizer {
                 ),
             });
         }
-        let len = std::fs::metadata(path)
-            .map_err(|e| tokenizer_error(path, format!("cannot read it: {e}")))?
-            .len();
+        let meta = std::fs::metadata(path)
+            .map_err(|e| tokenizer_error(path, format!("cannot read it: {e}")))?;
+        if !meta.is_file() {
+            return Err(tokenizer_error(
+                path,
+                "not a regular file (a tokenizer is a tokenizer.json file)",
+            ));
+        }
+        let len = meta.len();
         if len > MAX_TOKENIZER_FILE {
             return Err(tokenizer_error(
                 path,
                 format!("{len} bytes is too large for a tokenizer file"),
             ));
         }
-        let bytes = std::fs::read(path)
+        // The size seen above may not be the size read (a device, a file
+        // that grows): read at most one byte past the limit.
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|f| {
+                use std::io::Read;
+                f.take(MAX_TOKENIZER_FILE + 1).read_to_end(&mut bytes)
+            })
             .map_err(|e| tokenizer_error(path, format!("cannot read it: {e}")))?;
+        if bytes.len() as u64 > MAX_TOKENIZER_FILE {
+            return Err(tokenizer_error(
+                path,
+                format!(
+                    "it holds more than {MAX_TOKENIZER_FILE} bytes: too large for a tokenizer file"
+                ),
+            ));
+        }
         let tokenizer = Tokenizer::from_bytes(&bytes)
             .map_err(|e| tokenizer_error(path, format!("not a valid tokenizer file: {e}")))?;
         let vocab_size = tokenizer.get_vocab_size(true) as u64;
@@ -204,8 +226,17 @@ impl TextTokenizer {
                 ),
             ));
         }
-        // The largest id is below the vocabulary size, added tokens included.
-        let item_type = if vocab_size > i32::MAX as u64 + 1 {
+        // The ids' type follows the largest id the tokenizer can produce
+        // (its vocabulary's and added tokens' ids, which need not be below
+        // the vocabulary's size), not the size.
+        let max_id = tokenizer
+            .get_vocab(true)
+            .values()
+            .copied()
+            .chain(eos)
+            .max()
+            .unwrap_or(0);
+        let item_type = if max_id > i32::MAX as u32 {
             DataType::UInt32
         } else {
             DataType::Int32
@@ -224,6 +255,14 @@ impl TextTokenizer {
             ],
         );
         let schema = Arc::new(Schema::new_with_metadata(fields, input.metadata().clone()));
+        if let Some(name) = shardfeed_format::duplicate_column(&schema) {
+            return Err(PreprocessError::BadOption {
+                option: "--tokens-column",
+                reason: format!(
+                    "the shards would have two columns named {name:?}; choose another name"
+                ),
+            });
+        }
         let file = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -293,6 +332,16 @@ impl TextTokenizer {
             let n = ids.len() - start;
             counts.push(i32::try_from(n).map_err(|_| too_many())?);
             offsets.push(i32::try_from(ids.len()).map_err(|_| too_many())?);
+        }
+        if self.item.data_type() == &DataType::Int32
+            && let Some(id) = ids.iter().copied().find(|&id| id > i32::MAX as u32)
+        {
+            return Err(PreprocessError::Tokenize {
+                row_group: seq,
+                reason: format!(
+                    "the tokenizer produced id {id}, past the largest id of its vocabulary: it would not fit the shards' int32 ids"
+                ),
+            });
         }
         let tokens = ids.len() as u64;
         let ids = Buffer::from_vec(ids);

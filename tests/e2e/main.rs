@@ -1,6 +1,7 @@
 //! End-to-end tests of the `shardfeed` binary and libraries.
 
 mod forge;
+mod fuzz;
 mod support;
 
 mod cloud;

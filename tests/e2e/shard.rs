@@ -1503,8 +1503,41 @@ fn folder_inputs_skip_hidden_files_follow_links_and_say_what_they_left_out() {
     std::fs::write(first_class.join(".DS_Store"), b"finder").unwrap();
     std::fs::create_dir_all(root.join(".cache")).unwrap();
     std::fs::write(root.join(".cache/thumb.bin"), b"x").unwrap();
+    // A link to a file outside the tree (the process environment, with its
+    // credentials) and a FIFO (a read would block for ever).
+    std::os::unix::fs::symlink("/proc/self/environ", first_class.join("environ.jpg")).unwrap();
+    let fifo = first_class.join("pipe.jpg");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // By default links that leave the folder are skipped and listed; special
+    // files are never read.
+    let inside = tmp.path().join("inside");
+    let run = shard_small(&[s(&root)], &inside, &[]).success();
+    let summary = run.json();
+    assert_eq!(summary["rows"], files.len() as u64, "{summary}");
+    let listed = summary["skipped_inputs"].to_string();
+    for (name, reason) in [
+        ("linked", "outside the input folder"),
+        ("environ.jpg", "outside the input folder"),
+        ("pipe.jpg", "not a regular file"),
+    ] {
+        assert!(
+            summary["skipped_inputs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["path"].as_str().unwrap().ends_with(name)
+                    && s["reason"].as_str().unwrap().contains(reason)),
+            "{name}: {listed}"
+        );
+    }
+    std::fs::remove_file(first_class.join("environ.jpg")).unwrap();
+    // --follow-links reads what they lead to.
     let out = tmp.path().join("ds");
-    let run = shard_small(&[s(&root)], &out, &[]).success();
+    let run = shard_small(&[s(&root)], &out, &["--follow-links"]).success();
     let summary = run.json();
     assert_eq!(summary["rows"], (files.len() + 6) as u64, "{summary}");
     let skipped: Vec<(String, String)> = summary["skipped_inputs"]
@@ -1611,4 +1644,58 @@ fn large_rows_get_smaller_row_groups_unless_a_size_is_set() {
         small[..small.len() - 1].iter().all(|&r| r == 8290),
         "{small:?}"
     );
+}
+
+/// Column names and options are checked before anything is written: a
+/// duplicate column (a CSV header `a,a`) is refused naming the file and the
+/// column, and so is a manifest that names a column twice (`verify`);
+/// `--threads` past its bound is an error, not an abort; a split run's
+/// `--seed` without `--shuffle` is refused at once (it would start the
+/// cross-task shuffle and wait for the other tasks), and a large split
+/// without `--shuffle` is not refused for a `--shuffle` limit.
+#[test]
+fn column_names_and_options_are_checked_before_anything_is_written() {
+    let tmp = tempdir();
+    let csv = tmp.path().join("dup.csv");
+    std::fs::write(&csv, "a,b,a\n1,2,3\n4,5,6\n").unwrap();
+    let out = tmp.path().join("ds");
+    let e = shardfeed(&shard_args(&[s(&csv)], &out, &[]))
+        .failure()
+        .stderr;
+    assert!(
+        e.contains("dup.csv") && e.contains("\"a\" appears twice"),
+        "{e}"
+    );
+    assert!(!out.exists() || !out.join("manifest.json").exists());
+
+    let good = tmp.path().join("good.csv");
+    std::fs::write(&good, "a,b\n1,2\n3,4\n").unwrap();
+    shardfeed(&shard_args(&[s(&good)], &out, &[])).success();
+    // A manifest edited to name a column twice is refused by its readers.
+    let path = out.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let fields = manifest["schema"]["fields"].as_array_mut().unwrap();
+    let first = fields[0].clone();
+    fields[1] = first;
+    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let e = shardfeed(&["verify", &s(&out)]).failure().stderr;
+    assert!(e.contains("names column \"a\" twice"), "{e}");
+
+    let other = tmp.path().join("other");
+    let e = shardfeed(&shard_args(&[s(&good)], &other, &["--threads", "100000"]))
+        .failure()
+        .stderr;
+    assert!(e.contains("--threads") && e.contains("100000"), "{e}");
+    assert!(!other.join(shardfeed_preprocess::LOCK_FILE).exists());
+
+    let split = |extra: &[&str]| {
+        let mut args = shard_args(&[s(&good)], &other, &["--task-index", "0"]);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        shardfeed(&args)
+    };
+    let e = split(&["--num-tasks", "2", "--seed", "7"]).failure().stderr;
+    assert!(e.contains("--seed") && e.contains("--shuffle"), "{e}");
+    let run = split(&["--num-tasks", "5000"]);
+    assert!(!run.stderr.contains("--shuffle"), "{}", run.stderr);
 }

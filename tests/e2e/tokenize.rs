@@ -369,3 +369,77 @@ fn bad_texts_and_tokenizers_are_refused_naming_the_file_row_or_option() {
     ))
     .success();
 }
+
+/// Side files and id ranges: a tokenizer path that is not a regular file is
+/// refused before it is read (`/dev/zero` would grow without end); ids of
+/// 2^31 and more get an unsigned column, never negative int32 values; an
+/// ids column that would clash with `num_tokens` is refused, naming it.
+#[test]
+fn tokenizer_files_id_ranges_and_column_names_are_checked() {
+    let tmp = tempdir();
+    let (inputs, texts) = write_documents(&tmp.path().join("in"), 60, 1, false);
+    let out = tmp.path().join("ds");
+    let e = refused(shard_args(&inputs, &out, Path::new("/dev/zero"), &[]), &out);
+    assert!(
+        e.contains("/dev/zero") && e.contains("not a regular file"),
+        "{e}"
+    );
+    let tokenizer = tmp.path().join("tokenizer.json");
+    write_tokenizer(&tokenizer, true);
+    let e = refused(
+        shard_args(
+            &inputs,
+            &out,
+            &tokenizer,
+            &["--tokens-column", "num_tokens"],
+        ),
+        &out,
+    );
+    assert!(
+        e.contains("--tokens-column") && e.contains("num_tokens"),
+        "{e}"
+    );
+    // "zeta" at id 2^31 + 5 in a vocabulary of 8 entries.
+    let large = tmp.path().join("large-ids.json");
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&tokenizer).unwrap()).unwrap();
+    let big = (1u64 << 31) + 5;
+    spec["model"]["vocab"]["zeta"] = big.into();
+    std::fs::write(&large, serde_json::to_vec(&spec).unwrap()).unwrap();
+    shardfeed(&shard_args(&inputs, &out, &large, &[])).success();
+    let all = read_all(&out);
+    let lists = all.column_by_name("input_ids").unwrap().as_list::<i32>();
+    assert_eq!(
+        lists.values().data_type(),
+        &DataType::UInt32,
+        "ids past i32::MAX need an unsigned column"
+    );
+    let ids = all
+        .column_by_name("id")
+        .unwrap()
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap();
+    let mut zetas = 0;
+    for r in 0..all.num_rows() {
+        let got: Vec<u64> = lists
+            .value(r)
+            .as_primitive::<arrow_array::types::UInt32Type>()
+            .values()
+            .iter()
+            .map(|&v| u64::from(v))
+            .collect();
+        let want: Vec<u64> = texts[&ids.value(r)]
+            .as_deref()
+            .unwrap_or("")
+            .split_whitespace()
+            .map(|w| match w {
+                "zeta" => big,
+                w => expected_ids(w)[0] as u64,
+            })
+            .collect();
+        zetas += want.iter().filter(|&&v| v == big).count();
+        assert_eq!(got, want, "row {}", ids.value(r));
+    }
+    assert!(zetas > 0, "the documents use the large id");
+}
