@@ -183,6 +183,16 @@ impl Loader {
     /// The pieces come from a state file: each must be a range of an old
     /// rank's sequence, and there may be no more of them than a resume makes.
     pub(crate) fn set_pending(&mut self, pending: &[(u64, Vec<Piece>)]) -> Result<()> {
+        let overrides = self.plans_of_pieces(pending)?;
+        self.stop();
+        self.pipeline.overrides = overrides;
+        Ok(())
+    }
+
+    /// The plans of epochs made from pieces, each piece checked first: a
+    /// range of an old rank's sequence, no two overlapping (every row would
+    /// be read twice), each epoch once, and no more than a resume makes.
+    fn plans_of_pieces(&self, pending: &[(u64, Vec<Piece>)]) -> Result<Vec<(u64, Arc<EpochPlan>)>> {
         let refuse = |reason: String| Err(LoaderError::BadState { reason });
         if pending.len() > MAX_PENDING_EPOCHS {
             return refuse(format!(
@@ -196,7 +206,12 @@ impl Loader {
                 "the state holds {pieces} pieces; a resume makes at most {MAX_PIECES}"
             ));
         }
-        for (epoch, pieces) in pending {
+        for (i, (epoch, pieces)) in pending.iter().enumerate() {
+            if pending[..i].iter().any(|(e, _)| e == epoch) {
+                return refuse(format!(
+                    "the state plans epoch {epoch} from pieces twice (field pending)"
+                ));
+            }
             for p in pieces {
                 let valid = p.world >= 1
                     && p.rank < p.world
@@ -209,9 +224,18 @@ impl Loader {
                     ));
                 }
             }
+            let mut sorted: Vec<&Piece> = pieces.iter().filter(|p| p.rows() > 0).collect();
+            sorted.sort_by_key(|p| (p.world, p.rank, p.start));
+            if let Some(pair) = sorted.windows(2).find(|w| {
+                (w[0].world, w[0].rank) == (w[1].world, w[1].rank) && w[0].end > w[1].start
+            }) {
+                return refuse(format!(
+                    "pieces {:?} and {:?} of epoch {epoch} overlap: their rows would be read twice",
+                    pair[0], pair[1]
+                ));
+            }
         }
-        self.stop();
-        let overrides = pending
+        Ok(pending
             .iter()
             .map(|(epoch, pieces)| {
                 let options = self.pipeline.plan_options(*epoch, 0, 1);
@@ -220,8 +244,23 @@ impl Loader {
                 });
                 (*epoch, Arc::new(plan))
             })
-            .collect();
-        self.pipeline.overrides = overrides;
+            .collect())
+    }
+
+    /// Refuse a state's `epoch` and `position` that no loader reaches: the
+    /// last epoch a loader can count past, or a position past the end of
+    /// the epoch's sequence (`positions` positions).
+    fn check_stop(epoch: u64, position: u64, positions: u64) -> std::result::Result<(), String> {
+        if epoch == u64::MAX {
+            return Err(format!(
+                "epoch {epoch} is past the last epoch a loader counts (2^64 - 2)"
+            ));
+        }
+        if position > positions {
+            return Err(format!(
+                "position {position} is past the end of epoch {epoch}, which holds {positions} positions for this rank"
+            ));
+        }
         Ok(())
     }
 
@@ -294,7 +333,19 @@ impl Loader {
     /// that change the order is refused, naming what differs.
     pub fn resume(&mut self, state: &LoaderState) -> Result<()> {
         state.check_compatible(&self.state())?;
-        self.set_pending(&state.pending)?;
+        let overrides = self.plans_of_pieces(&state.pending)?;
+        let positions = match overrides.iter().find(|(e, _)| *e == state.epoch) {
+            Some((_, plan)) => plan.positions(),
+            None => self.rows_of_rank(
+                state.epoch,
+                self.pipeline.config.rank,
+                self.pipeline.config.world_size,
+            ),
+        };
+        Self::check_stop(state.epoch, state.position, positions)
+            .map_err(|reason| LoaderError::BadState { reason })?;
+        self.stop();
+        self.pipeline.overrides = overrides;
         self.epoch = state.epoch;
         self.position = state.position;
         Ok(())
@@ -321,8 +372,10 @@ impl Loader {
         }
         let mut ranks: Vec<u64> = states.iter().map(|s| s.rank).collect();
         ranks.sort_unstable();
-        if states.iter().any(|s| s.world_size != old_world)
-            || ranks != (0..old_world).collect::<Vec<_>>()
+        // The count first: a forged world size must not size anything.
+        if states.len() as u64 != old_world
+            || states.iter().any(|s| s.world_size != old_world)
+            || ranks.iter().enumerate().any(|(i, &r)| r != i as u64)
         {
             return refuse(format!(
                 "an elastic resume needs the states of all ranks of the saved job, once each, of one world size; got ranks {ranks:?}"
@@ -341,6 +394,18 @@ impl Loader {
         }
         let mut states: Vec<&LoaderState> = states.iter().collect();
         states.sort_by_key(|s| s.rank);
+        for st in &states {
+            let overrides = self.plans_of_pieces(&st.pending)?;
+            let positions = match overrides.iter().find(|(e, _)| *e == st.epoch) {
+                Some((_, plan)) => plan.positions(),
+                None => self.rows_of_rank(st.epoch, st.rank, old_world),
+            };
+            Self::check_stop(st.epoch, st.position, positions).map_err(|reason| {
+                LoaderError::BadState {
+                    reason: format!("the state of rank {}: {reason}", st.rank),
+                }
+            })?;
+        }
         let stops: Vec<crate::plan::Stop> = states
             .iter()
             .map(|st| crate::plan::Stop {

@@ -1263,3 +1263,81 @@ fn elastic_resume_streams_on_every_shape() {
         }
     }
 }
+
+/// Every field of a state is checked against the dataset and the plan
+/// before it is used: a forged world size sizes nothing (2^28, 2^40,
+/// 2^64 - 1), a position past the epoch's end is refused rather than an
+/// empty epoch, pieces that overlap are refused rather than read twice,
+/// the last epoch is refused rather than wrapped to 0. Each error names
+/// the field.
+#[test]
+fn forged_state_fields_are_refused_naming_the_field() {
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Text, 400, 40, 8 << 10);
+    let build = |rank, world| {
+        Loader::builder(&url)
+            .batch_size(10)
+            .seed(2)
+            .rank(rank)
+            .world_size(world)
+            .build()
+            .unwrap()
+    };
+    let mut l = build(0, 2);
+    for _ in 0..3 {
+        l.next().unwrap().unwrap();
+    }
+    let good = l.state();
+    let refused = |states: &[LoaderState], elastic: bool| -> String {
+        let mut l = build(0, 2);
+        let err = if elastic {
+            l.resume_elastic(states)
+        } else {
+            l.resume(&states[0])
+        };
+        let err = err.unwrap_err();
+        assert!(matches!(err, LoaderError::BadState { .. }), "{err}");
+        err.to_string()
+    };
+    for world in [1u64 << 28, 1 << 40, u64::MAX] {
+        let mut forged = good.clone();
+        forged.world_size = world;
+        let e = refused(&[forged], true);
+        assert!(e.contains("ranks") || e.contains("world_size"), "{e}");
+    }
+    let mut forged = good.clone();
+    forged.position = 10_000;
+    let e = refused(std::slice::from_ref(&forged), false);
+    assert!(e.contains("position 10000") && e.contains("past the end"), "{e}");
+    let mut forged = good.clone();
+    forged.epoch = u64::MAX;
+    forged.position = 0;
+    let e = refused(std::slice::from_ref(&forged), false);
+    assert!(e.contains("epoch"), "{e}");
+    let piece = |start, end| shardfeed_loader::plan::Piece {
+        rank: 1,
+        world: 2,
+        start,
+        end,
+    };
+    let mut forged = good.clone();
+    forged.position = 0;
+    forged.pending = vec![(0, vec![piece(0, 100), piece(50, 150)])];
+    let e = refused(std::slice::from_ref(&forged), false);
+    assert!(e.contains("overlap"), "{e}");
+    forged.pending = vec![(0, vec![piece(0, 10)]), (0, vec![piece(20, 30)])];
+    let e = refused(std::slice::from_ref(&forged), false);
+    assert!(e.contains("epoch 0") && e.contains("twice"), "{e}");
+    // An elastic resume checks each old rank's position too.
+    let mut other = build(1, 2);
+    other.next().unwrap().unwrap();
+    let mut second = other.state();
+    second.position = 9_999;
+    let e = build(0, 3)
+        .resume_elastic(&[good.clone(), second])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rank 1") && e.contains("position 9999"), "{e}");
+    // The good state still resumes.
+    build(0, 2).resume(&good).unwrap();
+}
