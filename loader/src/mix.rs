@@ -599,6 +599,32 @@ impl Blend {
             .collect())
     }
 
+    /// Whether `counts` of `drawn` rows are what blending by `shares`
+    /// leaves: they add up to `drawn`, a source of no share has none, and
+    /// every other stays within `n + 1` rows of its share of `drawn` (the
+    /// largest-deficit rule keeps each within a row or two). Counts forged
+    /// past that would starve a source for as long as they are off.
+    fn check_counts(shares: &[u64], drawn: u64, counts: &[u64]) -> std::result::Result<(), String> {
+        let sum = counts
+            .iter()
+            .try_fold(0u64, |acc, &c| acc.checked_add(c))
+            .ok_or("they overflow")?;
+        if sum != drawn {
+            return Err(format!("they add up to {sum}, not the {drawn} rows drawn"));
+        }
+        let total: i128 = shares.iter().map(|&s| i128::from(s)).sum();
+        let slack = (shares.len() as i128 + 1) * total;
+        for (i, (&share, &count)) in shares.iter().zip(counts).enumerate() {
+            let off = i128::from(count) * total - i128::from(share) * i128::from(drawn);
+            if (share == 0 && count > 0) || off.abs() > slack {
+                return Err(format!(
+                    "source {i} has {count} of {drawn} rows drawn, far from its share"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn tie_order(seed: u64, n: usize) -> Vec<u64> {
         (0..n as u64)
             .map(|i| hash_words(&[seed, i, 0x7469_6573]))
@@ -1335,6 +1361,13 @@ impl Core {
             if let Err(e) = Blend::shares(weights) {
                 return refuse(format!("the state's weights {weights:?} are refused: {e}"));
             }
+        }
+        if let Err(reason) = Blend::check_counts(
+            &Blend::shares(&state.draw.weights)?,
+            state.draw.drawn,
+            &state.draw.counts,
+        ) {
+            return refuse(format!("the state's draw counts are refused: {reason}"));
         }
         if let (Some(fit), Some(pack)) = (&state.window, &state.pack) {
             // A window draws at most `window` documents and defers some of them.

@@ -1308,7 +1308,10 @@ fn forged_state_fields_are_refused_naming_the_field() {
     let mut forged = good.clone();
     forged.position = 10_000;
     let e = refused(std::slice::from_ref(&forged), false);
-    assert!(e.contains("position 10000") && e.contains("past the end"), "{e}");
+    assert!(
+        e.contains("position 10000") && e.contains("past the end"),
+        "{e}"
+    );
     let mut forged = good.clone();
     forged.epoch = u64::MAX;
     forged.position = 0;

@@ -753,3 +753,40 @@ fn fit_resume_keeps_the_documents_a_finished_window_deferred() {
     parts.extend(run(&mut second, stop, total, reweigh_at));
     assert_eq!(parts, whole);
 }
+
+/// A state's blending counts are checked against its weights: counts that
+/// do not add up to the rows drawn, or that sit far from a source's share
+/// (which would starve the other sources until they caught up), are
+/// refused; the counts a real run saves, at every step, resume.
+#[test]
+fn forged_blending_counts_are_refused() {
+    let tmp = tempdir();
+    let a = token_source(tmp.path(), "a", 0, 300, 8);
+    let b = token_source(tmp.path(), "b", 1, 300, 8);
+    let build = || {
+        mixture(&[(a.clone(), 3.0), (b.clone(), 1.0)])
+            .batch_size(8)
+            .build()
+            .unwrap()
+    };
+    let mut m = build();
+    let mut states = Vec::new();
+    for _ in 0..30 {
+        m.next().unwrap().unwrap();
+        states.push(m.state());
+    }
+    for state in &states {
+        build().resume(state).unwrap();
+    }
+    let good = states.last().unwrap().clone();
+    let drawn = good.draw.drawn;
+    for counts in [vec![drawn, 0], vec![0, drawn], vec![drawn, 1], vec![u64::MAX, 2]] {
+        let mut forged = good.clone();
+        forged.draw.counts = counts.clone();
+        let err = build().resume(&forged).unwrap_err();
+        assert!(
+            matches!(err, LoaderError::BadState { .. }) && err.to_string().contains("counts"),
+            "{counts:?}: {err}"
+        );
+    }
+}
