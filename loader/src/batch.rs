@@ -171,6 +171,21 @@ impl Column {
     }
 }
 
+/// The role names of a column's buffers other than its values: the
+/// Python binding keys them `<column>.<role>` beside the values' `<column>`.
+pub const BUFFER_ROLES: [&str; 3] = ["offsets", "lengths", "validity"];
+
+/// The first column of `names` whose name is the key of another's buffer
+/// (`x.offsets` beside `x`): with both, one's array would replace the
+/// other's in a batch dict. Returns (that name, the other column).
+pub(crate) fn buffer_key_clash(names: &[String]) -> Option<(&str, &str)> {
+    names.iter().find_map(|name| {
+        let (column, role) = name.rsplit_once('.')?;
+        (BUFFER_ROLES.contains(&role) && names.iter().any(|n| n == column))
+            .then_some((name.as_str(), column))
+    })
+}
+
 /// A batch of rows, collated into one slab of the pool. Dropping the batch
 /// (and every clone of its slab handle) returns the slab.
 pub struct Batch {

@@ -614,6 +614,14 @@ impl LoaderBuilder {
         if sorted_roots.len() != roots.len() {
             return bad("columns", "a column is named twice".into());
         }
+        if let Some((name, other)) = crate::batch::buffer_key_clash(&names) {
+            return bad(
+                "columns",
+                format!(
+                    "column `{name}` has the name of a buffer of column `{other}` (a batch's buffers are keyed `<column>.offsets`, `.lengths` and `.validity`): leave one of them out of `columns`"
+                ),
+            );
+        }
         // Decoded batches hold the projected columns in schema order.
         let projected = schema
             .project(&sorted_roots)

@@ -6,6 +6,9 @@ pooled slab, page-locked when a CUDA driver is present. Keys are column names
 for values, and ``"<column>.offsets"`` (ragged lists, strings, binary),
 ``"<column>.lengths"`` (lists padded with ``pad_to``) and
 ``"<column>.validity"`` (nullable columns, 1 where the row has a value).
+A projection holding both ``x`` and a column named ``x.offsets``,
+``x.lengths`` or ``x.validity`` is refused with a ``ValueError`` (one key
+would hide the other): leave one of them out of ``columns``.
 
     import shardfeed, torch
     loader = shardfeed.Loader("s3://bucket/tokens", batch_size=256,

@@ -890,6 +890,14 @@ fn batch_dict(py: Python<'_>, batch: Batch) -> PyResult<Bound<'_, PyDict>> {
                 Some(array) => array,
                 None => asarray.call1((view,))?,
             };
+            // Two columns' keys cannot meet here (a projection with `x` and
+            // `x.offsets` is refused when the loader is built): a key met
+            // twice is an error, never one array silently replacing another.
+            if dict.contains(&key)? {
+                return Err(ShardfeedError::new_err(format!(
+                    "two buffers of the batch have the key `{key}`"
+                )));
+            }
             dict.set_item(key, array)?;
         }
     }

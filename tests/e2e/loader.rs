@@ -1344,3 +1344,84 @@ fn forged_state_fields_are_refused_naming_the_field() {
     // The good state still resumes.
     build(0, 2).resume(&good).unwrap();
 }
+
+/// A projection whose column names would meet a buffer's key in a batch
+/// dict (`s.offsets` beside the string column `s`, `n.validity` beside the
+/// nullable `n`) is refused naming both; either one alone loads.
+#[test]
+fn columns_named_like_another_columns_buffers_are_refused() {
+    use arrow_array::{ArrayRef, Int64Array, StringArray};
+    let tmp = tempdir();
+    let rows = 50i64;
+    let batch = RecordBatch::try_from_iter([
+        (
+            "id",
+            std::sync::Arc::new(Int64Array::from_iter_values(0..rows)) as ArrayRef,
+        ),
+        (
+            "s",
+            std::sync::Arc::new(StringArray::from_iter_values(
+                (0..rows).map(|i| format!("row {i}")),
+            )) as ArrayRef,
+        ),
+        (
+            "s.offsets",
+            std::sync::Arc::new(Int64Array::from_iter_values((0..rows).map(|i| i * 7))) as ArrayRef,
+        ),
+        (
+            "n",
+            std::sync::Arc::new(Int64Array::from_iter(
+                (0..rows).map(|i| (i % 3 != 0).then_some(i)),
+            )) as ArrayRef,
+        ),
+        (
+            "n.validity",
+            std::sync::Arc::new(Int64Array::from_iter_values(0..rows)) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    let input = tmp.path().join("in.parquet");
+    write_parquet(&input, &batch);
+    let out = tmp.path().join("ds");
+    shardfeed_preprocess::shard(
+        &[s(&input)],
+        &s(&out),
+        &shardfeed_preprocess::ShardOptions::default(),
+    )
+    .unwrap();
+    let url = s(&out);
+    let build = |columns: Option<&[&str]>| {
+        let mut b = Loader::builder(&url).batch_size(10);
+        if let Some(c) = columns {
+            b = b.columns(c.iter().copied());
+        }
+        b.build()
+    };
+    for columns in [
+        None,
+        Some(&["s", "s.offsets"][..]),
+        Some(&["id", "n.validity", "n"][..]),
+    ] {
+        let err = build(columns).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LoaderError::BadOption {
+                    option: "columns",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(".offsets`") || text.contains(".validity`"),
+            "{text}"
+        );
+    }
+    for columns in [&["s", "n"][..], &["s.offsets", "n.validity", "id"][..]] {
+        let mut l = build(Some(columns)).unwrap();
+        let b = l.next().unwrap().unwrap();
+        assert_eq!(b.rows(), 10);
+    }
+}

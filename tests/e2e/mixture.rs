@@ -780,7 +780,12 @@ fn forged_blending_counts_are_refused() {
     }
     let good = states.last().unwrap().clone();
     let drawn = good.draw.drawn;
-    for counts in [vec![drawn, 0], vec![0, drawn], vec![drawn, 1], vec![u64::MAX, 2]] {
+    for counts in [
+        vec![drawn, 0],
+        vec![0, drawn],
+        vec![drawn, 1],
+        vec![u64::MAX, 2],
+    ] {
         let mut forged = good.clone();
         forged.draw.counts = counts.clone();
         let err = build().resume(&forged).unwrap_err();
