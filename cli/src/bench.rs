@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crate::report::Timeline;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde::Serialize;
 use shardfeed_format::fault::FaultConfig;
@@ -407,7 +407,13 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     let mut epoch_usage: Vec<Usage> = Vec::new();
     // What the loaders dropped by --rebuild-each-epoch counted.
     let mut dropped = Totals::default();
+    // --max-batches limits the whole run, every epoch together.
+    let mut streamed = 0u64;
+    let limit_reached = |streamed: u64| args.max_batches.is_some_and(|n| streamed >= n);
     for epoch in 0..args.epochs {
+        if limit_reached(streamed) {
+            break;
+        }
         let epoch_started = started.elapsed().as_secs_f64();
         let usage_before = if epoch == 0 {
             usage_at_start
@@ -427,6 +433,9 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         }
         loader.set_epoch(epoch);
         loop {
+            if limit_reached(streamed) {
+                break;
+            }
             let asked = Instant::now();
             let Some(batch) = loader.next() else {
                 break;
@@ -445,12 +454,7 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
                 std::thread::sleep(step);
             }
             drop(batch);
-            if args
-                .max_batches
-                .is_some_and(|n| dropped.batches + loader.stats().batches >= n)
-            {
-                break;
-            }
+            streamed += 1;
         }
         let elapsed = started.elapsed().as_secs_f64() - epoch_started;
         if elapsed > 0.0 {
@@ -503,6 +507,13 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         bottleneck: stats.bottleneck.clone(),
         stats,
     };
+    // The trace file is finished when its loader is dropped: a write error
+    // (a full disk) fails the run.
+    let trace = loader.trace_outcome();
+    drop(loader);
+    if let Some(error) = trace.as_ref().and_then(|t| t.error()) {
+        bail!("--trace: {error}");
+    }
     if let (Some(path), Some(timeline)) = (&args.report, &timeline) {
         let settings = [
             ("dataset", report.dataset.clone()),
@@ -603,13 +614,34 @@ impl Usage {
     }
 }
 
+/// `writeln!` into a `String` (formatting into a `String` cannot fail).
+macro_rules! say {
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+/// Write `text` to standard output; an error (a closed pipe, a full disk
+/// behind a redirect) is returned, not a panic and not lost.
+pub fn emit(text: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .context("cannot write the report to standard output")
+}
+
 /// Print a report.
 pub fn print(report: &BenchReport, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(report)?);
-        return Ok(());
+        return emit(&format!("{}\n", serde_json::to_string_pretty(report)?));
     }
-    println!(
+    // Lines go to `out`, written at the end (a write error is the run's).
+    let mut out = String::new();
+    say!(
+        out,
         "{} rows, {} batches in {:.2} s: {:.0} rows/s, {:.1} MB/s; first batch after {:.1} ms",
         report.rows,
         report.batches,
@@ -619,13 +651,17 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
         report.time_to_first_batch_ms
     );
     for skip in &report.skipped {
-        println!(
+        say!(
+            out,
             "skipped shard {} row group {}: {}",
-            skip.shard, skip.row_group, skip.error
+            skip.shard,
+            skip.row_group,
+            skip.error
         );
     }
     if report.epochs > 1 {
-        println!(
+        say!(
+            out,
             "after the first epoch: {:.0} rows/s",
             report.steady_rows_per_s
         );
@@ -644,18 +680,21 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
                 report.epoch_system_s.iter().skip(1).sum::<f64>() / later as f64,
             )
         };
-        println!(
+        say!(
+            out,
             "first epoch: {faults} page faults (fresh memory), {first:.2} s in the kernel{after}"
         );
     }
     if let Some(step) = report.step_ms {
-        println!(
+        say!(
+            out,
             "with a {step} ms step the trainer waited {:.2}% of wall time ({:.2}% after the first epoch)",
             100.0 * report.wait_fraction,
             100.0 * report.steady_wait_fraction
         );
     }
-    println!(
+    say!(
+        out,
         "waits in next(): p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({:.1}% of the time)",
         report.wait_p50_ms,
         report.wait_p95_ms,
@@ -664,7 +703,8 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
         100.0 * report.stats.wait_fraction
     );
     let busy = |name: &str| report.stages.get(name).map_or(0.0, |s| s.busy_fraction);
-    println!(
+    say!(
+        out,
         "bottleneck: {} (busy: fetch {:.0}%, decode {:.0}% per thread, shuffle {:.0}%, collate {:.0}%)",
         match report.bottleneck.as_str() {
             "trainer" => "none, the loader keeps ahead of the consumer".to_string(),
@@ -675,7 +715,8 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
         100.0 * busy("shuffle"),
         100.0 * busy("collate"),
     );
-    println!(
+    say!(
+        out,
         "mixing: {:.1} row groups per batch, windows of {} row groups (~{:.0} rows){}",
         report.mixing.row_groups_per_batch,
         report.mixing.window_row_groups,
@@ -686,13 +727,15 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
             "; the dataset is in input order"
         }
     );
-    println!(
+    say!(
+        out,
         "read buffers: {} made, {} held; {} read through mappings",
         report.stats.read_buffers_made,
         shardfeed_format::size::format_size(report.stats.read_buffer_bytes),
         shardfeed_format::size::format_size(report.stats.mapped_bytes)
     );
-    println!(
+    say!(
+        out,
         "slabs: {} made of up to {} x {} ({}), peak RSS {}",
         report.stats.slabs_made,
         report.stats.slabs,
@@ -703,7 +746,7 @@ pub fn print(report: &BenchReport, json: bool) -> Result<()> {
             .map(shardfeed_format::size::format_size)
             .unwrap_or_else(|| "unknown".into())
     );
-    Ok(())
+    emit(&out)
 }
 
 /// What `bench --mix` / `--pack-to` measured.
@@ -815,10 +858,12 @@ pub fn measure_mix(args: &BenchArgs) -> Result<MixReport> {
 /// Print a mixture report.
 pub fn print_mix(report: &MixReport, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(report)?);
-        return Ok(());
+        return emit(&format!("{}\n", serde_json::to_string_pretty(report)?));
     }
-    println!(
+    // Lines go to `out`, written at the end (a write error is the run's).
+    let mut out = String::new();
+    say!(
+        out,
         "{} rows, {} batches in {:.2} s: {:.0} rows/s, {:.0} tokens/s; first batch after {:.1} ms",
         report.rows,
         report.batches,
@@ -828,19 +873,22 @@ pub fn print_mix(report: &MixReport, json: bool) -> Result<()> {
         report.time_to_first_batch_ms
     );
     for ((url, weight), share) in report.sources.iter().zip(&report.shares) {
-        println!(
+        say!(
+            out,
             "  {url}: weight {weight}, {:.2}% of documents",
             100.0 * share
         );
     }
     if report.stats.tokens > 0 {
-        println!(
+        say!(
+            out,
             "packed {} tokens, {:.2}% padding",
             report.stats.tokens,
             100.0 * report.padding_fraction
         );
     }
-    println!(
+    say!(
+        out,
         "consumer waited {:.2} s; peak RSS {}",
         report.stats.wait_s,
         report
@@ -848,5 +896,5 @@ pub fn print_mix(report: &MixReport, json: bool) -> Result<()> {
             .map(shardfeed_format::size::format_size)
             .unwrap_or_else(|| "unknown".into())
     );
-    Ok(())
+    emit(&out)
 }

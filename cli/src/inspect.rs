@@ -32,7 +32,7 @@ pub fn run(
         if let (Some(cols), Some(map)) = (&image_columns, value.as_object_mut()) {
             map.insert("images".into(), serde_json::to_value(cols)?);
         }
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        crate::bench::emit(&format!("{}\n", serde_json::to_string_pretty(&value)?))?;
         return Ok(());
     }
     println!("dataset      {}", summary.dataset);

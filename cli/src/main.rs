@@ -343,7 +343,7 @@ fn run_shard(args: &ShardArgs) -> Result<()> {
     }
     let summary = summary?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        bench::emit(&format!("{}\n", serde_json::to_string_pretty(&summary)?))?;
     } else {
         println!(
             "wrote {} rows in {} shards ({} row groups) to {}\n  input {} -> output {} (ratio {:.2}) in {:.2} s: {:.1} MB/s with {} threads",
@@ -391,7 +391,7 @@ fn run_shard(args: &ShardArgs) -> Result<()> {
 fn run_commit(dataset: &str, json: bool, storage_options: &[(String, String)]) -> Result<()> {
     let summary = shardfeed_preprocess::commit(dataset, storage_options)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        bench::emit(&format!("{}\n", serde_json::to_string_pretty(&summary)?))?;
     } else {
         println!(
             "{} {}: {} rows in {} shards from {} tasks",
@@ -418,7 +418,7 @@ fn run_verify(
     let location = Location::parse_with_options(dataset, storage_options.iter().cloned())?;
     let report = shardfeed_loader::verify_dataset(&location, threads)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        bench::emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else if report.ok() {
         println!(
             "ok: {} shards, {} rows, {} verified",
@@ -583,7 +583,7 @@ fn main() -> ExitCode {
         Command::Bench(args) if args.decode_only => bench::decode_only(&args)
             .and_then(|r| {
                 if args.json {
-                    println!("{}", serde_json::to_string_pretty(&r)?);
+                    bench::emit(&format!("{}\n", serde_json::to_string_pretty(&r)?))?;
                 } else {
                     println!(
                         "decode only: {} images on {} threads in {:.2} s: {:.0} images/s, {:.1} MB/s",

@@ -60,6 +60,7 @@ mod shuffle;
 mod state;
 mod stats;
 mod trace;
+pub use trace::TraceOutcome;
 mod verify;
 
 pub use batch::{Batch, Buffer, Column, ColumnLayout, DType, Element};

@@ -264,6 +264,12 @@ impl Loader {
         Ok(())
     }
 
+    /// With a trace file: how its writing goes. Read it after the loader
+    /// is dropped, when the file is finished: a write error is there.
+    pub fn trace_outcome(&self) -> Option<crate::trace::TraceOutcome> {
+        self.pipeline.counters.trace.as_ref().map(|t| t.outcome())
+    }
+
     /// The dataset's manifest.
     pub fn manifest(&self) -> &Manifest {
         &self.pipeline.manifest

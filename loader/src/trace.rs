@@ -73,6 +73,28 @@ pub(crate) struct Tracer {
     tx: Option<Sender<Event>>,
     dropped: std::sync::Arc<AtomicU64>,
     writer: Option<JoinHandle<()>>,
+    /// The first write error of the trace file, once there is one.
+    failed: TraceOutcome,
+}
+
+/// How the writing of a loader's trace file went: read it once the loader
+/// is dropped (the file is finished then); a full disk or a failing device
+/// is an error here, not a trace silently cut short.
+#[derive(Clone, Debug, Default)]
+pub struct TraceOutcome(std::sync::Arc<std::sync::OnceLock<String>>);
+
+impl TraceOutcome {
+    /// The first error met while writing the trace, if any.
+    pub fn error(&self) -> Option<&str> {
+        self.0.get().map(String::as_str)
+    }
+
+    fn fail(&self, path: &Path, error: std::io::Error) {
+        let _ = self.0.set(format!(
+            "cannot write trace file {}: {error}",
+            path.display()
+        ));
+    }
 }
 
 impl std::fmt::Debug for Tracer {
@@ -91,22 +113,35 @@ impl Tracer {
         let (tx, rx) = bounded::<Event>(QUEUE);
         let dropped = std::sync::Arc::new(AtomicU64::new(0));
         let lost = dropped.clone();
+        let failed = TraceOutcome::default();
+        let outcome = failed.clone();
+        let path = path.to_path_buf();
         let writer = std::thread::Builder::new()
             .name("shardfeed-trace".into())
             .spawn(move || {
                 let mut out = BufWriter::new(file);
-                let _ = out.write_all(b"[\n");
                 let mut first = true;
+                let mut written = out.write_all(b"[\n");
                 for event in rx {
-                    let _ = write_event(&mut out, &event, &mut first);
+                    // After an error the events are drained, not written.
+                    if written.is_ok() {
+                        written = write_event(&mut out, &event, &mut first);
+                    }
                 }
-                let _ = write!(
-                    out,
-                    "{}{{\"name\":\"shardfeed_trace_dropped_events\",\"ph\":\"C\",\"ts\":0,\"pid\":1,\"args\":{{\"dropped\":{}}}}}\n]\n",
-                    if first { "" } else { ",\n" },
-                    lost.load(Ordering::Relaxed)
-                );
-                let _ = out.flush();
+                let written = written
+                    .and_then(|()| {
+                        write!(
+                            out,
+                            "{}{{\"name\":\"shardfeed_trace_dropped_events\",\"ph\":\"C\",\"ts\":0,\"pid\":1,\"args\":{{\"dropped\":{}}}}}\n]\n",
+                            if first { "" } else { ",\n" },
+                            lost.load(Ordering::Relaxed)
+                        )
+                    })
+                    .and_then(|()| out.flush())
+                    .and_then(|()| out.get_ref().sync_data());
+                if let Err(e) = written {
+                    outcome.fail(&path, e);
+                }
             })
             .map_err(|source| LoaderError::Io {
                 op: "start the trace writer".into(),
@@ -119,7 +154,13 @@ impl Tracer {
             tx: Some(tx),
             dropped,
             writer: Some(writer),
+            failed,
         })
+    }
+
+    /// How the writing goes (final once the tracer is dropped).
+    pub(crate) fn outcome(&self) -> TraceOutcome {
+        self.failed.clone()
     }
 
     fn send(&self, event: Event) {

@@ -349,3 +349,41 @@ fn the_html_report_is_self_contained_and_renders_in_a_headless_browser() {
     // A blank page of that size compresses to a few KB; plots and text do not.
     assert!(png.len() > 40_000, "{} bytes", png.len());
 }
+
+/// `bench --max-batches N` limits the whole run (every epoch together; 0
+/// streams nothing), and the files `bench` writes (the trace, the JSON
+/// report on stdout) fail the run when they cannot be written (a full
+/// disk: `/dev/full`), rather than exit 0 with the output lost.
+#[test]
+fn bench_limits_the_whole_run_and_fails_when_its_outputs_cannot_be_written() {
+    let tmp = tempdir();
+    let url = sharded(tmp.path(), Kind::Text, 1000, 50, 8 << 10);
+    for (limit, epochs, want) in [("5", "20", 5u64), ("0", "3", 0), ("7", "1", 7)] {
+        let report = bench(&url, &["--epochs", epochs, "--max-batches", limit], "");
+        assert_eq!(report["batches"], want, "--epochs {epochs} --max-batches {limit}");
+    }
+    let full = std::path::Path::new("/dev/full");
+    assert!(full.exists(), "the test needs /dev/full");
+    let run = shardfeed(&[
+        "bench",
+        &url,
+        "--batch-size",
+        "50",
+        "--trace",
+        "/dev/full",
+    ])
+    .failure();
+    assert!(
+        run.stderr.contains("--trace") && run.stderr.contains("/dev/full"),
+        "{}",
+        run.stderr
+    );
+    let out = std::fs::OpenOptions::new().write(true).open(full).unwrap();
+    let run = Run::from_command(
+        bin()
+            .args(["bench", &url, "--batch-size", "50", "--json"])
+            .stdout(out),
+    )
+    .failure();
+    assert!(run.stderr.contains("standard output"), "{}", run.stderr);
+}
