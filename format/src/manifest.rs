@@ -153,8 +153,10 @@ impl Manifest {
             format_version: FORMAT_VERSION,
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
             schema,
-            total_rows: shards.iter().map(|s| s.rows).sum(),
-            total_bytes: shards.iter().map(|s| s.bytes).sum(),
+            // Saturating: entries may come from files (task records);
+            // `validate` refuses counts that overflow.
+            total_rows: shards.iter().map(|s| s.rows).fold(0, u64::saturating_add),
+            total_bytes: shards.iter().map(|s| s.bytes).fold(0, u64::saturating_add),
             input_bytes,
             options,
             shards,

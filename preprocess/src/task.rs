@@ -553,9 +553,44 @@ async fn commit_at(
             )
         })
         .collect();
+    // The manifest the records describe, checked as its readers will check
+    // it before anything is read or written: a shard listed twice, paths
+    // outside `shards/`, row counts or sizes that overflow are refused.
     let mut shards = Vec::new();
-    let mut input_bytes = 0;
+    let mut input_bytes = 0u64;
     let mut tokens: Option<u64> = None;
+    let overflow = |what: &str| incomplete(format!("the task records' {what} overflow"));
+    for record in records.values() {
+        shards.extend(record.shards.iter().cloned());
+        input_bytes = input_bytes
+            .checked_add(record.input_bytes)
+            .ok_or_else(|| overflow("input_bytes"))?;
+        if let Some(t) = record.tokens {
+            tokens = Some(
+                tokens
+                    .unwrap_or(0)
+                    .checked_add(t)
+                    .ok_or_else(|| overflow("token counts"))?,
+            );
+        }
+    }
+    let mut manifest = Manifest::new(
+        first.schema.clone(),
+        first.options.clone(),
+        shards,
+        input_bytes,
+    );
+    manifest.total_tokens = tokens;
+    manifest.validate(location.url()).map_err(|e| {
+        incomplete(format!(
+            "the task records describe a dataset its readers would refuse ({e}); re-run the tasks"
+        ))
+    })?;
+    if manifest.total_rows == 0 {
+        return Err(PreprocessError::NoRows {
+            inputs: format!("all {count} tasks of {}", location.url()),
+        });
+    }
     for record in records.values() {
         for shard in &record.shards {
             match present.get(&shard.path) {
@@ -595,23 +630,6 @@ async fn commit_at(
                 )));
             }
         }
-        shards.extend(record.shards.iter().cloned());
-        input_bytes += record.input_bytes;
-        if let Some(t) = record.tokens {
-            tokens = Some(tokens.unwrap_or(0) + t);
-        }
-    }
-    let mut manifest = Manifest::new(
-        first.schema.clone(),
-        first.options.clone(),
-        shards,
-        input_bytes,
-    );
-    manifest.total_tokens = tokens;
-    if manifest.total_rows == 0 {
-        return Err(PreprocessError::NoRows {
-            inputs: format!("all {count} tasks of {}", location.url()),
-        });
     }
     let mut already_committed = false;
     if location.has_manifest().await? {

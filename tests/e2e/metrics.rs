@@ -360,19 +360,14 @@ fn bench_limits_the_whole_run_and_fails_when_its_outputs_cannot_be_written() {
     let url = sharded(tmp.path(), Kind::Text, 1000, 50, 8 << 10);
     for (limit, epochs, want) in [("5", "20", 5u64), ("0", "3", 0), ("7", "1", 7)] {
         let report = bench(&url, &["--epochs", epochs, "--max-batches", limit], "");
-        assert_eq!(report["batches"], want, "--epochs {epochs} --max-batches {limit}");
+        assert_eq!(
+            report["batches"], want,
+            "--epochs {epochs} --max-batches {limit}"
+        );
     }
     let full = std::path::Path::new("/dev/full");
     assert!(full.exists(), "the test needs /dev/full");
-    let run = shardfeed(&[
-        "bench",
-        &url,
-        "--batch-size",
-        "50",
-        "--trace",
-        "/dev/full",
-    ])
-    .failure();
+    let run = shardfeed(&["bench", &url, "--batch-size", "50", "--trace", "/dev/full"]).failure();
     assert!(
         run.stderr.contains("--trace") && run.stderr.contains("/dev/full"),
         "{}",

@@ -1699,3 +1699,63 @@ fn column_names_and_options_are_checked_before_anything_is_written() {
     let run = split(&["--num-tasks", "5000"]);
     assert!(!run.stderr.contains("--shuffle"), "{}", run.stderr);
 }
+
+/// `commit` checks the manifest the task records describe as its readers
+/// would, before it reads a shard or writes anything: a record that lists
+/// another task's shard (a shard listed twice) or row counts that overflow
+/// is refused, no manifest is written, no shard is deleted, and the run
+/// commits once the records are right again.
+#[test]
+fn commit_refuses_forged_task_records_and_deletes_nothing() {
+    let tmp = tempdir();
+    let inputs = generated(
+        &tmp.path().join("in"),
+        Kind::Text,
+        800,
+        4,
+        FileFormat::Parquet(parquet::basic::Compression::SNAPPY),
+    );
+    let out = tmp.path().join("ds");
+    for task in 0..4 {
+        shardfeed(&task_args(&inputs, &out, &["--shard-size", "16KiB"], task)).success();
+    }
+    let record = |i: usize| out.join(shardfeed_format::task_record_path(i, 4));
+    let original = std::fs::read(record(1)).unwrap();
+    let shards_before = std::fs::read_dir(out.join("shards")).unwrap().count();
+    let forge = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut value: serde_json::Value = serde_json::from_slice(&original).unwrap();
+        edit(&mut value);
+        std::fs::write(record(1), serde_json::to_vec(&value).unwrap()).unwrap();
+    };
+    let task0: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(record(0)).unwrap()).unwrap();
+    let stolen = task0["shards"][0].clone();
+    let cases: [(&str, Box<dyn Fn(&mut serde_json::Value)>); 2] = [
+        (
+            "listed twice",
+            Box::new(move |v| v["shards"].as_array_mut().unwrap().push(stolen.clone())),
+        ),
+        (
+            "overflow",
+            Box::new(|v| {
+                let shard = &mut v["shards"][0];
+                shard["rows"] = u64::MAX.into();
+                shard["row_groups"] = serde_json::json!([u64::MAX]);
+            }),
+        ),
+    ];
+    for (want, edit) in &cases {
+        forge(edit.as_ref());
+        let e = shardfeed(&["commit", &s(&out)]).failure().stderr;
+        assert!(e.contains(want), "{want}: {e}");
+        assert!(!out.join("manifest.json").exists(), "{want}: a manifest was written");
+        assert_eq!(
+            std::fs::read_dir(out.join("shards")).unwrap().count(),
+            shards_before,
+            "{want}: a shard was deleted"
+        );
+    }
+    std::fs::write(record(1), &original).unwrap();
+    shardfeed(&["commit", &s(&out)]).success();
+    assert_eq!(read_all(&out).num_rows(), 800);
+}
