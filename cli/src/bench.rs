@@ -337,7 +337,7 @@ fn loader_builder(args: &BenchArgs, url: &str) -> Result<LoaderBuilder> {
     if args.inject_latency_ms.is_some() || args.inject_failure_rate.is_some() {
         builder = builder.inject_faults(FaultConfig {
             transient_rate: args.inject_failure_rate.unwrap_or(0.0),
-            latency: Duration::from_secs_f64(args.inject_latency_ms.unwrap_or(0.0) / 1000.0),
+            latency: millis("--inject-latency-ms", args.inject_latency_ms.unwrap_or(0.0))?,
             ..FaultConfig::default()
         });
     }
@@ -399,7 +399,7 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
     // and what ran before in the same process (`demo`'s shard) is not.
     let usage_at_start = Usage::now();
     let mut loader = loader_builder(args, url)?.build()?;
-    let step = args.step_ms.map(|ms| Duration::from_secs_f64(ms / 1000.0));
+    let step = args.step_ms.map(|ms| millis("--step-ms", ms)).transpose()?;
     let mut timeline = args.report.as_ref().map(|_| Timeline::default());
     let started = Instant::now();
     let mut first_epoch = None;
@@ -612,6 +612,13 @@ impl Usage {
             minor_faults: self.minor_faults.saturating_sub(before.minor_faults),
         }
     }
+}
+
+/// `ms` milliseconds, the value of `option`: finite and not negative.
+fn millis(option: &str, ms: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(ms / 1000.0).map_err(|_| {
+        anyhow::anyhow!("{option} {ms}: must be a finite number of milliseconds, not negative")
+    })
 }
 
 /// `writeln!` into a `String` (formatting into a `String` cannot fail).

@@ -153,6 +153,10 @@ struct ShardArgs {
     /// Replace an existing dataset.
     #[arg(long)]
     overwrite: bool,
+    /// The most columns a dataset may have (default: what the memory budget
+    /// holds at about 64 KiB a column while shards are written).
+    #[arg(long)]
+    max_columns: Option<u64>,
     /// Read files that symbolic links in a folder input lead to outside the
     /// folder (by default such links are skipped and listed).
     #[arg(long)]
@@ -243,6 +247,9 @@ fn shard_options(args: &ShardArgs) -> Result<ShardOptions> {
         .with_follow_links(args.follow_links);
     if let Some(size) = &args.row_group_size {
         options = options.with_row_group_bytes(size_arg("--row-group-size", size)?);
+    }
+    if let Some(columns) = args.max_columns {
+        options = options.with_max_columns(columns);
     }
     if let Some(rows) = args.row_group_rows {
         options = options.with_row_group_rows(rows);

@@ -211,9 +211,10 @@ pub fn probe(bytes: &[u8]) -> Result<ImageHeader, String> {
             (info.width as u32, info.height as u32)
         }
         Format::Png => {
-            let reader = png::Decoder::new(Cursor::new(bytes))
-                .read_info()
-                .map_err(|e| format!("PNG: {e}"))?;
+            let mut decoder = png::Decoder::new(Cursor::new(bytes));
+            decoder.set_ignore_iccp_chunk(true);
+            decoder.set_ignore_text_chunk(true);
+            let reader = decoder.read_info().map_err(|e| format!("PNG: {e}"))?;
             (reader.info().width, reader.info().height)
         }
         Format::WebP => image_webp::WebPDecoder::new(Cursor::new(bytes))
@@ -393,7 +394,17 @@ pub(crate) struct Decoded {
     pub height: u32,
 }
 
+/// The longest side an image may have, whatever `max_image_pixels` allows
+/// (JPEG's own limit): a 40,000,000 x 1 image has few pixels but sizes the
+/// decoder's and resizer's row buffers by its width.
+pub const MAX_IMAGE_SIDE: u64 = 65_535;
+
 fn too_large(width: u64, height: u64, max_pixels: u64) -> Result<(), String> {
+    if width > MAX_IMAGE_SIDE || height > MAX_IMAGE_SIDE {
+        return Err(format!(
+            "{width}x{height} image has a side longer than {MAX_IMAGE_SIDE} pixels"
+        ));
+    }
     match width.checked_mul(height) {
         Some(p) if p <= max_pixels && width > 0 && height > 0 => Ok(()),
         Some(0) => Err(format!("{width}x{height} image has no pixels")),
@@ -598,6 +609,11 @@ fn decode_png(
         },
     );
     decoder.set_transformations(Transformations::EXPAND | Transformations::STRIP_16);
+    // Ancillary chunks the loader does not use are skipped, not inflated: a
+    // compressed colour profile (iCCP) or text chunk can inflate to hundreds
+    // of MB inside the byte limit above.
+    decoder.set_ignore_iccp_chunk(true);
+    decoder.set_ignore_text_chunk(true);
     let mut reader = decoder.read_info().map_err(|e| format!("PNG: {e}"))?;
     let (width, height, orientation) = {
         let info = reader.info();
@@ -1414,5 +1430,24 @@ mod tests {
         let e = decode(&png, DEFAULT_MAX_IMAGE_PIXELS, &mut s).unwrap_err();
         assert!(e.contains("max_image_pixels") || e.contains("PNG"), "{e}");
         assert!(s.rgb.capacity() < 1 << 20);
+    }
+
+    /// Both sides are bounded, not only their product: 40,000,000 x 1 has
+    /// no more pixels than the default allows, but is refused before any
+    /// buffer is sized by its width.
+    #[test]
+    fn a_side_past_the_longest_allowed_is_refused() {
+        for (w, h) in [(40_000_000u32, 1u32), (1, 40_000_000), (65_536, 2)] {
+            let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+            png.extend_from_slice(&w.to_be_bytes());
+            png.extend_from_slice(&h.to_be_bytes());
+            png.extend_from_slice(&[8, 2, 0, 0, 0]);
+            let crc = crc32fast::hash(&png[12..]);
+            png.extend_from_slice(&crc.to_be_bytes());
+            let mut s = Scratch::default();
+            let e = decode(&png, DEFAULT_MAX_IMAGE_PIXELS, &mut s).unwrap_err();
+            assert!(e.contains("side longer than 65535"), "{w}x{h}: {e}");
+            assert_eq!(s.rgb.capacity() + s.raw.capacity(), 0);
+        }
     }
 }

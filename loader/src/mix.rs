@@ -472,6 +472,25 @@ impl MixtureBuilder {
                 )
             }
         };
+        // The mixture's pool answers to the byte budget as a loader's does.
+        if (slab_bytes as u64).saturating_mul(pool_slabs as u64)
+            > self.template.byte_budget.saturating_mul(4)
+        {
+            return bad(
+                if self.pack.is_some() {
+                    "pack_to"
+                } else {
+                    "batch_size"
+                },
+                format!(
+                    "{pool_slabs} slabs of {slab_bytes} bytes (batch_size {batch_size}{}) are more than 4x the byte budget ({} bytes); lower them, or raise byte_budget",
+                    self.pack
+                        .as_ref()
+                        .map_or(String::new(), |p| format!(" x pack_to {}", p.length)),
+                    self.template.byte_budget
+                ),
+            );
+        }
         let pool = Arc::new(Pool::new(pool_slabs, slab_bytes, self.template.pinning)?);
         let rank = sources[0].loader.rank();
         let world_size = sources[0].loader.world_size();

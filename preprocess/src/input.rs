@@ -446,6 +446,7 @@ fn text_schema(
                 _ => unreachable!("only text formats are inferred"),
             })
         })?;
+        check_columns(path, &schema, options)?;
         merged = Some(match merged {
             None => (schema, path.clone()),
             Some((acc, first)) => {
@@ -461,6 +462,32 @@ fn text_schema(
         });
     }
     Ok(merged.map(|(s, _)| Arc::new(s)))
+}
+
+/// Refuse `path`'s `schema` when its columns (Parquet leaves) cost more
+/// than the memory budget allows, naming the budget that would hold them.
+fn check_columns(path: &Path, schema: &Schema, options: &ShardOptions) -> Result<()> {
+    let max = options.effective_max_columns();
+    let columns = match parquet::arrow::ArrowSchemaConverter::new().convert(schema) {
+        Ok(descriptor) => descriptor.num_columns() as u64,
+        Err(_) => schema.fields().len() as u64,
+    };
+    if columns <= max {
+        return Ok(());
+    }
+    let needed = columns
+        .saturating_mul(crate::options::COLUMN_BYTES)
+        .saturating_mul(2);
+    Err(PreprocessError::read(
+        path,
+        None,
+        format!(
+            "it has {columns} columns; --memory-budget {} allows {max} (about {} each while shards are written): raise --memory-budget to at least {}, or set --max-columns (memory then grows past the budget by that much a column)",
+            shardfeed_format::size::format_size(options.memory_budget),
+            shardfeed_format::size::format_size(crate::options::COLUMN_BYTES),
+            shardfeed_format::size::format_size(needed),
+        ),
+    ))
 }
 
 /// On an inference error, find the first line that is not valid JSON.
@@ -533,6 +560,7 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
             })
         })?;
         bytes += estimate;
+        check_columns(&source.display_path(), &schema, options)?;
         if let Some(name) = shardfeed_format::duplicate_column(&schema) {
             return Err(PreprocessError::read(
                 source.display_path(),
@@ -744,18 +772,105 @@ fn ipc_schema(path: &Path) -> Result<SchemaRef> {
     schema.map_err(|e| PreprocessError::read(path, None, e))
 }
 
+/// Rows per batch of a text reader of `columns` columns: CSV's reader
+/// sizes its field offsets as rows x columns up front (8,192 rows of 10,000
+/// columns were 650 MB before a byte was read), JSON's tape grows the same
+/// way; the batch is cut so that they stay near [`READ_BATCH_BYTES`].
+fn text_batch_rows(columns: usize) -> usize {
+    let per_row = (columns as u64).saturating_mul(16).max(1);
+    (READ_BATCH_BYTES / per_row).clamp(1, READ_BATCH_ROWS as u64) as usize
+}
+
+/// The error of a line longer than `max` bytes.
+fn too_long(path: &Path, line: u64, max: u64) -> PreprocessError {
+    PreprocessError::read(
+        path,
+        Some(format!("line {line}")),
+        format!(
+            "the line is longer than {max} bytes, the most one value may hold (an eighth of --memory-budget): raise --memory-budget to at least {} to read it",
+            shardfeed_format::size::format_size(max.saturating_add(1).saturating_mul(8))
+        ),
+    )
+}
+
+/// A reader of a text file that fails on a line longer than `max` bytes
+/// (CSV's reader holds a whole record): the error names where the line
+/// starts, and the bytes past the bound are never handed on.
+struct LineBound<R> {
+    inner: R,
+    max: u64,
+    /// Bytes read so far, and where the current line started.
+    read: u64,
+    line_start: u64,
+}
+
+impl LineBound<File> {
+    fn new(inner: File, max: u64) -> Self {
+        LineBound {
+            inner,
+            max,
+            read: 0,
+            line_start: 0,
+        }
+    }
+}
+
+impl<R: Read> Read for LineBound<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let got = &buf[..n];
+        let too_long = |start: u64| {
+            std::io::Error::other(format!(
+                "the line at byte {start} is longer than {} bytes, the most one value may hold (an eighth of --memory-budget): raise --memory-budget to at least {} to read it",
+                self.max,
+                shardfeed_format::size::format_size(self.max.saturating_add(1).saturating_mul(8))
+            ))
+        };
+        // Only the runs at the ends can be long unless the read is longer
+        // than the bound itself: then every line is looked at.
+        if n as u64 > self.max {
+            let mut start = self.line_start;
+            for (i, &b) in got.iter().enumerate() {
+                let at = self.read + i as u64;
+                if b == b'\n' {
+                    start = at + 1;
+                } else if at - start >= self.max {
+                    return Err(too_long(start));
+                }
+            }
+            self.line_start = start;
+        } else {
+            let first = got.iter().position(|&b| b == b'\n').unwrap_or(n);
+            if self.read + first as u64 - self.line_start > self.max {
+                return Err(too_long(self.line_start));
+            }
+            if let Some(last) = got.iter().rposition(|&b| b == b'\n') {
+                self.line_start = self.read + last as u64 + 1;
+            }
+        }
+        self.read += n as u64;
+        if self.read - self.line_start > self.max {
+            return Err(too_long(self.line_start));
+        }
+        Ok(n)
+    }
+}
+
 /// A stream of batches from one source.
 pub(crate) type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
 
 /// Open `source` as a stream of batches in `schema`: a panic of a reader on
 /// malformed bytes, opening or reading, is an error naming the file.
-pub(crate) fn open(source: &Source, schema: &SchemaRef) -> Result<BatchIter> {
+///
+/// A line of a text input longer than `max_value` bytes is refused naming
+/// the file and the line, before it is held: one value must fit the budget.
+pub(crate) fn open(source: &Source, schema: &SchemaRef, max_value: u64) -> Result<BatchIter> {
     let path = source.display_path();
-    let batches = guarded(&path, || open_unguarded(source, schema))?;
+    let batches = guarded(&path, || open_unguarded(source, schema, max_value))?;
     Ok(Box::new(Guarded::new(batches, path)))
 }
 
-fn open_unguarded(source: &Source, schema: &SchemaRef) -> Result<BatchIter> {
+fn open_unguarded(source: &Source, schema: &SchemaRef, max_value: u64) -> Result<BatchIter> {
     match source {
         Source::File {
             path,
@@ -807,17 +922,19 @@ fn open_unguarded(source: &Source, schema: &SchemaRef) -> Result<BatchIter> {
                     }
                 }
                 InputFormat::Csv => {
-                    let file = open_file(&path)?;
+                    let file = LineBound::new(open_file(&path)?, max_value);
                     let reader = arrow_csv::ReaderBuilder::new(schema.clone())
                         .with_header(true)
-                        .with_batch_size(READ_BATCH_ROWS)
+                        .with_batch_size(text_batch_rows(schema.fields().len()))
                         .build(file)
                         .map_err(|e| PreprocessError::read(&path, None, e))?;
                     Ok(Box::new(reader.map(move |r| {
                         r.map_err(|e| PreprocessError::read(&path, None, e))
                     })))
                 }
-                InputFormat::JsonLines => Ok(Box::new(JsonLines::open(path, schema.clone())?)),
+                InputFormat::JsonLines => {
+                    Ok(Box::new(JsonLines::open(path, schema.clone(), max_value)?))
+                }
                 InputFormat::Files => unreachable!("folders become Source::Files"),
             }
         }
@@ -826,6 +943,7 @@ fn open_unguarded(source: &Source, schema: &SchemaRef) -> Result<BatchIter> {
             files,
             labels,
         } => Ok(Box::new(FilesReader {
+            max_value,
             root: root.clone(),
             files: files.clone().into_iter(),
             labels: labels.clone(),
@@ -845,12 +963,18 @@ struct JsonLines {
     decoder: arrow_json::reader::Decoder,
     line_number: u64,
     line: Vec<u8>,
+    /// Lines per chunk (fewer for many columns: see [`text_batch_rows`]).
+    batch_rows: usize,
+    /// The longest line read.
+    max_line: u64,
 }
 
 impl JsonLines {
-    fn open(path: PathBuf, schema: SchemaRef) -> Result<Self> {
+    fn open(path: PathBuf, schema: SchemaRef, max_line: u64) -> Result<Self> {
         let reader = BufReader::with_capacity(1 << 20, open_file(&path)?);
-        let decoder = Self::decoder(&schema).map_err(|e| PreprocessError::read(&path, None, e))?;
+        let batch_rows = text_batch_rows(schema.fields().len());
+        let decoder = Self::decoder(&schema, batch_rows)
+            .map_err(|e| PreprocessError::read(&path, None, e))?;
         Ok(JsonLines {
             path,
             reader,
@@ -858,33 +982,40 @@ impl JsonLines {
             decoder,
             line_number: 0,
             line: Vec::new(),
+            batch_rows,
+            max_line,
         })
     }
 
     fn decoder(
         schema: &SchemaRef,
+        batch_rows: usize,
     ) -> std::result::Result<arrow_json::reader::Decoder, arrow_schema::ArrowError> {
         // Strict: a field missing from the schema is an error, never silently dropped.
         arrow_json::ReaderBuilder::new(schema.clone())
-            .with_batch_size(READ_BATCH_ROWS + 1)
+            .with_batch_size(batch_rows + 1)
             .with_strict_mode(true)
             .build_decoder()
     }
 
-    /// Read up to a batch of non-blank lines: the bytes and each line's number.
+    /// Read up to a batch of non-blank lines (and about [`READ_BATCH_BYTES`]):
+    /// the bytes and each line's number.
     fn read_chunk(&mut self) -> Result<(Vec<u8>, Vec<LineSpan>)> {
         let mut chunk = Vec::new();
         let mut lines = Vec::new();
-        while lines.len() < READ_BATCH_ROWS {
+        while lines.len() < self.batch_rows && (chunk.len() as u64) < READ_BATCH_BYTES {
             self.line.clear();
-            let n = self
-                .reader
+            let n = (&mut self.reader)
+                .take(self.max_line.saturating_add(2))
                 .read_until(b'\n', &mut self.line)
                 .map_err(|e| PreprocessError::io("read", &self.path, e))?;
             if n == 0 {
                 break;
             }
             self.line_number += 1;
+            if trim_line(&self.line).len() as u64 > self.max_line {
+                return Err(too_long(&self.path, self.line_number, self.max_line));
+            }
             let text = trim_line(&self.line);
             if text.is_empty() {
                 continue;
@@ -909,7 +1040,7 @@ impl JsonLines {
             if let Err(e) = serde_json::from_slice::<serde_json::Value>(text) {
                 return PreprocessError::read(&self.path, Some(format!("line {number}")), e);
             }
-            let decoded = Self::decoder(&self.schema).and_then(|mut d| {
+            let decoded = Self::decoder(&self.schema, 1).and_then(|mut d| {
                 d.decode(text)?;
                 d.flush()
             });
@@ -955,6 +1086,8 @@ struct FilesReader {
     files: std::vec::IntoIter<(String, i32)>,
     labels: Arc<Vec<String>>,
     schema: SchemaRef,
+    /// The largest file read (see [`ShardOptions::max_value_bytes`]).
+    max_value: u64,
 }
 
 impl Iterator for FilesReader {
@@ -963,31 +1096,61 @@ impl Iterator for FilesReader {
         let mut paths = Vec::new();
         let mut labels = Vec::new();
         let mut indices = Vec::new();
-        let mut contents = Vec::new();
-        let mut bytes = 0u64;
+        // The files' bytes are read straight into the column's buffer: one
+        // copy of each, never more than `max_value` of one file.
+        let mut values: Vec<u8> = Vec::new();
+        let mut offsets: Vec<i32> = vec![0];
         for (rel, label) in self.files.by_ref() {
             let full = self.root.join(&rel);
-            let data = match std::fs::read(&full) {
-                Ok(d) => d,
+            let read = File::open(&full).and_then(|f| {
+                f.take(self.max_value.saturating_add(1))
+                    .read_to_end(&mut values)
+            });
+            let n = match read {
+                Ok(n) => n as u64,
                 Err(e) => return Some(Err(PreprocessError::io("read", full, e))),
             };
-            bytes += data.len() as u64;
+            if n > self.max_value {
+                return Some(Err(PreprocessError::read(
+                    full,
+                    None,
+                    format!(
+                        "the file is larger than {} bytes, the most one value may hold (an eighth of --memory-budget): raise --memory-budget to at least {} to read it",
+                        self.max_value,
+                        shardfeed_format::size::format_size(
+                            self.max_value.saturating_add(1).saturating_mul(8)
+                        )
+                    ),
+                )));
+            }
+            let Ok(end) = i32::try_from(values.len()) else {
+                return Some(Err(PreprocessError::read(
+                    full,
+                    None,
+                    "a batch of files would hold more than 2 GiB",
+                )));
+            };
+            offsets.push(end);
             paths.push(rel);
             labels.push(self.labels[label as usize].clone());
             indices.push(label);
-            contents.push(data);
-            if bytes >= READ_BATCH_BYTES || paths.len() >= 1024 {
+            if values.len() as u64 >= READ_BATCH_BYTES || paths.len() >= 1024 {
                 break;
             }
         }
         if paths.is_empty() {
             return None;
         }
+        let contents = BinaryArray::new(
+            arrow_buffer::OffsetBuffer::new(offsets.into()),
+            arrow_buffer::Buffer::from_vec(values),
+            None,
+        );
         let columns: Vec<ArrayRef> = vec![
             Arc::new(StringArray::from(paths)),
             Arc::new(StringArray::from(labels)),
             Arc::new(Int32Array::from(indices)),
-            Arc::new(BinaryArray::from_iter_values(contents.iter())),
+            Arc::new(contents),
         ];
         Some(
             RecordBatch::try_new(self.schema.clone(), columns)

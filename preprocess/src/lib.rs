@@ -44,9 +44,9 @@ pub use input_format::InputFormat;
 pub use lock::LOCK_FILE;
 pub use measure::{huge_page_bytes, peak_rss_bytes};
 pub use options::{
-    DEFAULT_MEMORY_BUDGET, DEFAULT_ROW_GROUP_BYTES, DEFAULT_SHARD_SIZE, DEFAULT_SHUFFLE_SEED,
-    DEFAULT_ZSTD_LEVEL, LARGE_ROW_BYTES, LARGE_ROW_GROUP_BYTES, MAX_THREADS, Progress,
-    READ_BATCH_ROWS, ShardOptions, TaskSplit, TaskStage,
+    COLUMN_BYTES, DEFAULT_MEMORY_BUDGET, DEFAULT_ROW_GROUP_BYTES, DEFAULT_SHARD_SIZE,
+    DEFAULT_SHUFFLE_SEED, DEFAULT_ZSTD_LEVEL, LARGE_ROW_BYTES, LARGE_ROW_GROUP_BYTES, MAX_THREADS,
+    Progress, READ_BATCH_ROWS, ShardOptions, TaskSplit, TaskStage,
 };
 pub use pipeline::ShardSummary;
 pub use run::shard;

@@ -196,10 +196,10 @@ struct Written {
 /// names). That batch (~2 MiB) is read here once more than the pipeline
 /// reads it, and only when the schema has a binary or string column. An
 /// input that fails to open or read is left to the pipeline, which names it.
-fn binary_columns_of(inputs: &Inputs, schema: &SchemaRef) -> BinaryColumns {
+fn binary_columns_of(inputs: &Inputs, schema: &SchemaRef, max_value: u64) -> BinaryColumns {
     match inputs.sources.first() {
         Some(source @ Source::File { .. }) if has_binary_leaf(schema) => {
-            match input::open(source, schema).map(|mut batches| batches.next()) {
+            match input::open(source, schema, max_value).map(|mut batches| batches.next()) {
                 Ok(Some(Ok(batch))) => BinaryColumns::of(&batch),
                 _ => BinaryColumns::default(),
             }
@@ -239,7 +239,7 @@ fn run(
             no_dictionary: Vec::new(),
         }
     } else {
-        binary_columns_of(inputs, &schema)
+        binary_columns_of(inputs, &schema, options.max_value_bytes())
     };
     let props = writer_properties(options.zstd_level, &binary.stored, &binary.no_dictionary)
         .map_err(|source| PreprocessError::Encode {
@@ -292,6 +292,7 @@ fn run(
                 read_sources(
                     &inputs.sources,
                     &schema,
+                    options.max_value_bytes(),
                     &read_tx,
                     &next_source,
                     &cancelled,
@@ -403,6 +404,7 @@ struct TextCheck<'a> {
 fn read_sources(
     sources: &[Source],
     schema: &SchemaRef,
+    max_value: u64,
     senders: &[Sender<ReadMsg>],
     next: &AtomicUsize,
     cancelled: &AtomicBool,
@@ -417,15 +419,16 @@ fn read_sources(
             return;
         };
         let tx = &senders[i];
-        let go_on = shardfeed_format::panic::catch(|| read_source(source, schema, tx, texts))
-            .unwrap_or_else(|panic| {
-                let _ = tx.send(ReadMsg::Failed(PreprocessError::read(
-                    source.display_path(),
-                    None,
-                    format!("reading it failed: {panic}"),
-                )));
-                true
-            });
+        let go_on =
+            shardfeed_format::panic::catch(|| read_source(source, schema, max_value, tx, texts))
+                .unwrap_or_else(|panic| {
+                    let _ = tx.send(ReadMsg::Failed(PreprocessError::read(
+                        source.display_path(),
+                        None,
+                        format!("reading it failed: {panic}"),
+                    )));
+                    true
+                });
         if !go_on {
             return;
         }
@@ -437,10 +440,11 @@ fn read_sources(
 fn read_source(
     source: &Source,
     schema: &SchemaRef,
+    max_value: u64,
     tx: &Sender<ReadMsg>,
     texts: Option<&TextCheck>,
 ) -> bool {
-    let batches = match input::open(source, schema) {
+    let batches = match input::open(source, schema, max_value) {
         Ok(b) => b,
         Err(e) => {
             let _ = tx.send(ReadMsg::Failed(e));

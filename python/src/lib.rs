@@ -11,6 +11,8 @@
 //! while `shard` and `verify` run. A loader used in a forked child rebuilds
 //! its threads there, at the position the parent had reached.
 
+mod args;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -134,14 +136,15 @@ fn bad_option(option: &str, reason: impl std::fmt::Display) -> PyErr {
 /// A size given as bytes (int) or as text such as `"128MiB"`.
 #[derive(FromPyObject)]
 enum Size {
-    Bytes(u64),
+    Bytes(i128),
     Text(String),
 }
 
 impl Size {
     fn bytes(&self, option: &str) -> PyResult<u64> {
         match self {
-            Size::Bytes(b) => Ok(*b),
+            Size::Bytes(b) => u64::try_from(*b)
+                .map_err(|_| bad_option(option, format!("{b} bytes is out of range"))),
             Size::Text(t) => parse_size(t).map_err(|e| bad_option(option, e)),
         }
     }
@@ -354,40 +357,40 @@ impl PyLoader {
     fn new(
         py: Python<'_>,
         url: &Bound<'_, PyAny>,
-        batch_size: usize,
+        #[pyo3(from_py_with = args::batch_size)] batch_size: usize,
         columns: Option<Vec<String>>,
         shuffle: bool,
-        seed: u64,
-        epoch: u64,
-        rank: Option<u64>,
-        world_size: Option<u64>,
+        #[pyo3(from_py_with = args::seed)] seed: u64,
+        #[pyo3(from_py_with = args::epoch)] epoch: u64,
+        #[pyo3(from_py_with = args::opt_rank)] rank: Option<u64>,
+        #[pyo3(from_py_with = args::opt_world_size)] world_size: Option<u64>,
         drop_last: bool,
-        pad_to: Option<usize>,
+        #[pyo3(from_py_with = args::opt_pad_to)] pad_to: Option<usize>,
         pad_value: f64,
-        prefetch: Option<usize>,
-        threads: Option<usize>,
+        #[pyo3(from_py_with = args::opt_prefetch)] prefetch: Option<usize>,
+        #[pyo3(from_py_with = args::opt_threads)] threads: Option<usize>,
         storage_options: Option<StorageOptions>,
         cache_dir: Option<PathBuf>,
         cache_limit: Option<Size>,
-        window: Option<usize>,
+        #[pyo3(from_py_with = args::opt_window)] window: Option<usize>,
         byte_budget: Option<Size>,
         pinning: &str,
-        io_concurrency: Option<usize>,
+        #[pyo3(from_py_with = args::opt_io_concurrency)] io_concurrency: Option<usize>,
         inject_latency_ms: Option<f64>,
         inject_failure_rate: Option<f64>,
         on_error: &str,
-        max_skipped: Option<u64>,
+        #[pyo3(from_py_with = args::opt_max_skipped)] max_skipped: Option<u64>,
         trace: Option<PathBuf>,
         slow_warning: Option<(f64, u64)>,
-        pack_to: Option<usize>,
+        #[pyo3(from_py_with = args::opt_pack_to)] pack_to: Option<usize>,
         pack_mode: &str,
         pack_column: Option<String>,
-        eos_id: Option<i32>,
-        pad_id: i32,
-        pack_window: Option<usize>,
-        max_segments: Option<usize>,
+        #[pyo3(from_py_with = args::opt_eos_id)] eos_id: Option<i32>,
+        #[pyo3(from_py_with = args::pad_id)] pad_id: i32,
+        #[pyo3(from_py_with = args::opt_pack_window)] pack_window: Option<usize>,
+        #[pyo3(from_py_with = args::opt_max_segments)] max_segments: Option<usize>,
         mix_stop: &str,
-        read_batch: Option<usize>,
+        #[pyo3(from_py_with = args::opt_read_batch)] read_batch: Option<usize>,
         decode_images: Option<&Bound<'_, PyAny>>,
         image_size: Option<&Bound<'_, PyAny>>,
         crop: &str,
@@ -395,8 +398,8 @@ impl PyLoader {
         ratio: (f64, f64),
         flip: bool,
         channels_first: bool,
-        max_image_pixels: Option<u64>,
-        decode_niceness: Option<u8>,
+        #[pyo3(from_py_with = args::opt_max_image_pixels)] max_image_pixels: Option<u64>,
+        #[pyo3(from_py_with = args::opt_decode_niceness)] decode_niceness: Option<u8>,
         mapped_reads: bool,
     ) -> PyResult<Self> {
         // A str is one dataset; a dict maps datasets to weights.
@@ -519,9 +522,10 @@ impl PyLoader {
         if inject_latency_ms.is_some() || inject_failure_rate.is_some() {
             b = b.inject_faults(FaultConfig {
                 transient_rate: inject_failure_rate.unwrap_or(0.0),
-                latency: std::time::Duration::from_secs_f64(
-                    inject_latency_ms.unwrap_or(0.0).max(0.0) / 1000.0,
-                ),
+                latency: args::seconds(
+                    inject_latency_ms.unwrap_or(0.0) / 1000.0,
+                    "inject_latency_ms",
+                )?,
                 ..FaultConfig::default()
             });
         }
@@ -625,7 +629,11 @@ impl PyLoader {
     /// Move to `epoch`, from its start (stops a pass in progress). A mixture
     /// accepts only its current epoch (a no-op): its epochs follow from its
     /// sources.
-    fn set_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<()> {
+    fn set_epoch(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = args::epoch)] epoch: u64,
+    ) -> PyResult<()> {
         py.detach(|| {
             self.with_any(|l| match l {
                 AnyLoader::Plain(l) => {
@@ -970,19 +978,19 @@ fn shard<'py>(
     inputs: Inputs,
     output: String,
     shard_size: Option<Size>,
-    row_group_rows: Option<u64>,
+    #[pyo3(from_py_with = args::opt_row_group_rows)] row_group_rows: Option<u64>,
     row_group_size: Option<Size>,
-    zstd_level: Option<i32>,
+    #[pyo3(from_py_with = args::opt_zstd_level)] zstd_level: Option<i32>,
     shuffle: Option<bool>,
-    seed: u64,
+    #[pyo3(from_py_with = args::seed)] seed: u64,
     memory_budget: Option<Size>,
-    threads: usize,
+    #[pyo3(from_py_with = args::threads)] threads: usize,
     overwrite: bool,
     format: Option<String>,
     storage_options: Option<StorageOptions>,
     temp_dir: Option<PathBuf>,
-    task_index: Option<usize>,
-    num_tasks: Option<usize>,
+    #[pyo3(from_py_with = args::opt_task_index)] task_index: Option<usize>,
+    #[pyo3(from_py_with = args::opt_num_tasks)] num_tasks: Option<usize>,
     stage: &str,
     wait_timeout: f64,
     tokenizer: Option<PathBuf>,
@@ -1051,7 +1059,7 @@ fn shard<'py>(
             options = options
                 .with_task(index, count)
                 .with_stage(stage.parse().map_err(preprocess_error)?)
-                .with_wait_timeout(std::time::Duration::from_secs_f64(wait_timeout.max(0.0)));
+                .with_wait_timeout(args::seconds(wait_timeout, "wait_timeout")?);
         }
         (None, None) => {}
         _ => {
@@ -1097,7 +1105,7 @@ fn inspect<'py>(
     url: &str,
     storage_options: Option<StorageOptions>,
     images: bool,
-    sample: u64,
+    #[pyo3(from_py_with = args::sample)] sample: u64,
 ) -> PyResult<Bound<'py, PyAny>> {
     let pairs = storage_pairs(storage_options);
     let location =
@@ -1132,7 +1140,7 @@ fn inspect<'py>(
 fn verify<'py>(
     py: Python<'py>,
     url: &str,
-    threads: usize,
+    #[pyo3(from_py_with = args::threads)] threads: usize,
     storage_options: Option<StorageOptions>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let location = location(url, storage_options)?;

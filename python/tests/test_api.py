@@ -338,3 +338,56 @@ def test_a_slow_stage_is_named_in_a_logging_warning(tokens_dataset, monkeypatch,
     for _ in quiet:
         pass
     assert not [r for r in caplog.records if "bottleneck" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("seed", -1),
+        ("batch_size", 2**70),
+        ("epoch", -3),
+        ("world_size", -2),
+        ("threads", -1),
+        ("prefetch", 2**64),
+        ("decode_niceness", 300),
+        ("byte_budget", -5),
+        ("pad_id", 2**40),
+    ],
+)
+def test_integer_options_out_of_range_raise_value_error_naming_them(kinds_dataset, option, value):
+    options = {"batch_size": 8, option: value}
+    with pytest.raises(ValueError, match=f"invalid option {option}"):
+        shardfeed.Loader(kinds_dataset, **options)
+
+
+def test_shard_options_out_of_range_raise_value_error_naming_them(tmp_path):
+    pq.write_table(kinds_table(50, seed=2), tmp_path / "in.parquet")
+    for option, value in [("seed", -1), ("threads", -2), ("row_group_rows", 2**65)]:
+        with pytest.raises(ValueError, match=f"invalid option {option}"):
+            shardfeed.shard(str(tmp_path / "in.parquet"), str(tmp_path / "ds"), **{option: value})
+    with pytest.raises(ValueError, match="invalid option wait_timeout"):
+        shardfeed.shard(
+            str(tmp_path / "in.parquet"),
+            str(tmp_path / "ds"),
+            task_index=0,
+            num_tasks=2,
+            shuffle=True,
+            wait_timeout=float("nan"),
+        )
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_a_column_named_like_another_columns_buffer_is_refused(tmp_path):
+    table = pa.table(
+        {
+            "id": pa.array(range(40), pa.int64()),
+            "s": pa.array([f"row {i}" for i in range(40)]),
+            "s.offsets": pa.array(range(40), pa.int64()),
+        }
+    )
+    pq.write_table(table, tmp_path / "in.parquet")
+    shardfeed.shard(str(tmp_path / "in.parquet"), str(tmp_path / "ds"))
+    with pytest.raises(ValueError, match=r"s\.offsets"):
+        shardfeed.Loader(str(tmp_path / "ds"), 8)
+    batch = next(iter(shardfeed.Loader(str(tmp_path / "ds"), 8, columns=["id", "s.offsets"])))
+    assert batch["s.offsets"].tolist() == batch["id"].tolist()

@@ -222,3 +222,132 @@ fn null_images_collate_to_zeros() {
     }
     assert_eq!(nulls, 9);
 }
+
+/// A zlib stream of `n` zero bytes, written by hand (fixed Huffman codes: a
+/// literal 0, then matches of 258 bytes at distance 1) so that a test can
+/// make a chunk that inflates to hundreds of MB without compressing them.
+fn zlib_zeros(n: usize) -> Vec<u8> {
+    struct Bits {
+        out: Vec<u8>,
+        acc: u64,
+        len: u32,
+    }
+    impl Bits {
+        /// `count` bits of `value`, least significant first.
+        fn put(&mut self, value: u64, count: u32) {
+            self.acc |= value << self.len;
+            self.len += count;
+            while self.len >= 8 {
+                self.out.push(self.acc as u8);
+                self.acc >>= 8;
+                self.len -= 8;
+            }
+        }
+        /// A Huffman code: most significant bit first.
+        fn code(&mut self, code: u64, count: u32) {
+            let reversed = (0..count).fold(0, |r, i| (r << 1) | ((code >> i) & 1));
+            self.put(reversed, count);
+        }
+    }
+    let mut b = Bits {
+        out: vec![0x78, 0x01],
+        acc: 0,
+        len: 0,
+    };
+    b.put(1, 1); // the last block
+    b.put(1, 2); // fixed Huffman codes
+    b.code(0b0011_0000, 8); // literal 0
+    let mut left = n - 1;
+    while left > 0 {
+        let run = left.min(258);
+        if run == 258 {
+            b.code(0b1100_0101, 8); // length 258
+        } else if run >= 3 {
+            // Lengths 3-10: codes 257-264 (7 bits), no extra bits; longer
+            // remainders are sent as literals to keep this short.
+            let mut r = run;
+            while r >= 3 {
+                let l = r.min(10);
+                b.code(l as u64 - 3 + 1, 7); // 257 + (l - 3) is 0b000_0001.. in 7 bits
+                b.code(0, 5); // distance 1
+                r -= l;
+            }
+            for _ in 0..r {
+                b.code(0b0011_0000, 8);
+            }
+            left -= run;
+            continue;
+        } else {
+            for _ in 0..run {
+                b.code(0b0011_0000, 8);
+            }
+            left -= run;
+            continue;
+        }
+        b.code(0, 5); // distance 1
+        left -= run;
+    }
+    b.code(0, 7); // end of block (256)
+    if b.len > 0 {
+        b.put(0, 8 - b.len);
+    }
+    let adler = (((n % 65521) as u32) << 16) | 1;
+    b.out.extend_from_slice(&adler.to_be_bytes());
+    b.out
+}
+
+/// `bytes` (a PNG) with an iCCP chunk inserted after its header.
+fn with_iccp(bytes: &[u8], compressed: &[u8]) -> Vec<u8> {
+    let mut data = b"evil\0\0".to_vec();
+    data.extend_from_slice(compressed);
+    let mut chunk = (data.len() as u32).to_be_bytes().to_vec();
+    chunk.extend_from_slice(b"iCCP");
+    chunk.extend_from_slice(&data);
+    chunk.extend_from_slice(&shardfeed_format::Crc32::of(&chunk[4..]).0.to_be_bytes());
+    let header_end = 8 + 8 + 13 + 4; // signature, IHDR length + type, IHDR, CRC
+    [&bytes[..header_end], &chunk, &bytes[header_end..]].concat()
+}
+
+/// A PNG whose colour profile inflates to 192 MB decodes without inflating
+/// it: the peak RSS of `bench --decode-images` (a child process) on such
+/// images stays within 64 MB of the same images without the profile.
+#[test]
+fn png_colour_profiles_are_not_inflated() {
+    let tmp = tempdir();
+    let profile = zlib_zeros(192 << 20);
+    let mut peaks = Vec::new();
+    for evil in [false, true] {
+        let root = tmp.path().join(format!("images-{evil}"));
+        std::fs::create_dir_all(root.join("a")).unwrap();
+        for k in 0..4u32 {
+            let (mut bytes, _) = png(32, 24, k);
+            if evil {
+                bytes = with_iccp(&bytes, &profile);
+            }
+            std::fs::write(root.join("a").join(format!("{k}.png")), bytes).unwrap();
+        }
+        let ds = tmp.path().join(format!("ds-{evil}"));
+        shardfeed(&["shard".into(), s(&root), "-o".into(), s(&ds)]).success();
+        let report = shardfeed(&[
+            "bench",
+            &s(&ds),
+            "--batch-size",
+            "2",
+            "--threads",
+            "1",
+            "--decode-images",
+            "bytes",
+            "--json",
+        ])
+        .success()
+        .json();
+        assert_eq!(report["rows"], 4, "{report}");
+        peaks.push(report["peak_rss_bytes"].as_u64().unwrap());
+    }
+    assert!(
+        peaks[1] < peaks[0] + (64 << 20),
+        "peak RSS {} MB with the profiles, {} MB without",
+        peaks[1] >> 20,
+        peaks[0] >> 20
+    );
+}

@@ -1730,7 +1730,8 @@ fn commit_refuses_forged_task_records_and_deletes_nothing() {
     let task0: serde_json::Value =
         serde_json::from_slice(&std::fs::read(record(0)).unwrap()).unwrap();
     let stolen = task0["shards"][0].clone();
-    let cases: [(&str, Box<dyn Fn(&mut serde_json::Value)>); 2] = [
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: [(&str, Edit); 2] = [
         (
             "listed twice",
             Box::new(move |v| v["shards"].as_array_mut().unwrap().push(stolen.clone())),
@@ -1748,7 +1749,10 @@ fn commit_refuses_forged_task_records_and_deletes_nothing() {
         forge(edit.as_ref());
         let e = shardfeed(&["commit", &s(&out)]).failure().stderr;
         assert!(e.contains(want), "{want}: {e}");
-        assert!(!out.join("manifest.json").exists(), "{want}: a manifest was written");
+        assert!(
+            !out.join("manifest.json").exists(),
+            "{want}: a manifest was written"
+        );
         assert_eq!(
             std::fs::read_dir(out.join("shards")).unwrap().count(),
             shards_before,
@@ -1758,4 +1762,102 @@ fn commit_refuses_forged_task_records_and_deletes_nothing() {
     std::fs::write(record(1), &original).unwrap();
     shardfeed(&["commit", &s(&out)]).success();
     assert_eq!(read_all(&out).num_rows(), 800);
+}
+
+/// `shard`'s memory follows `--memory-budget` whatever the input's shape:
+/// many columns are refused (naming the budget they need) unless
+/// `--max-columns` allows them, and then cost their documented share, not
+/// a reader's rows x columns; a value (a JSON line, a CSV field, a file of
+/// a folder) larger than an eighth of the budget is refused naming where it
+/// is, before it is held. Peak RSS is the child process's.
+#[test]
+fn inputs_of_any_shape_are_held_within_the_memory_budget() {
+    let tmp = tempdir();
+    let budget = 64u64 << 20;
+    let wide = |path: &Path, columns: usize, rows: usize| {
+        let mut text = (0..columns)
+            .map(|c| format!("c{c}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        text.push('\n');
+        for r in 0..rows {
+            let row: Vec<String> = (0..columns).map(|c| (r * c).to_string()).collect();
+            text.push_str(&row.join(","));
+            text.push('\n');
+        }
+        std::fs::write(path, text).unwrap();
+    };
+    let csv = tmp.path().join("wide.csv");
+    wide(&csv, 2000, 3);
+    let out = tmp.path().join("wide");
+    let e = shardfeed(&shard_args(&[s(&csv)], &out, &["--memory-budget", "64MiB"]))
+        .failure()
+        .stderr;
+    assert!(
+        e.contains("wide.csv") && e.contains("2000 columns") && e.contains("--max-columns"),
+        "{e}"
+    );
+    let run = shardfeed(&shard_args(
+        &[s(&csv)],
+        &out,
+        &[
+            "--memory-budget",
+            "64MiB",
+            "--max-columns",
+            "2000",
+            "--json",
+        ],
+    ))
+    .success();
+    let peak = run.json()["peak_rss_bytes"].as_u64().unwrap();
+    // The budget, the columns' documented cost, and the process itself.
+    let bound = budget + 2000 * shardfeed_preprocess::COLUMN_BYTES + (96 << 20);
+    assert!(
+        peak < bound,
+        "peak RSS {} MB, bound {} MB",
+        peak >> 20,
+        bound >> 20
+    );
+    // Many distinct JSON keys are as many columns: refused at once.
+    let keys = tmp.path().join("keys.jsonl");
+    let lines: String = (0..5000).map(|i| format!("{{\"k{i}\": {i}}}\n")).collect();
+    std::fs::write(&keys, lines).unwrap();
+    let e = shardfeed(&shard_args(
+        &[s(&keys)],
+        &tmp.path().join("keys"),
+        &["--memory-budget", "64MiB"],
+    ))
+    .failure()
+    .stderr;
+    assert!(
+        e.contains("keys.jsonl") && e.contains("5000 columns"),
+        "{e}"
+    );
+    // One value past an eighth of the budget (8 MiB): a JSON line, a CSV
+    // field, a file of a folder.
+    let big = "x".repeat(9 << 20);
+    let json = tmp.path().join("big.jsonl");
+    std::fs::write(&json, format!("{{\"a\": \"b\"}}\n{{\"a\": \"{big}\"}}\n")).unwrap();
+    let csv = tmp.path().join("big.csv");
+    std::fs::write(&csv, format!("a\nb\n{big}\n")).unwrap();
+    let folder = tmp.path().join("files");
+    std::fs::create_dir_all(folder.join("x")).unwrap();
+    std::fs::write(folder.join("x/small.bin"), b"small").unwrap();
+    std::fs::write(folder.join("x/big.bin"), big.as_bytes()).unwrap();
+    for (input, place) in [(&json, "line 2"), (&csv, "at byte 4"), (&folder, "big.bin")] {
+        let out = tmp.path().join("big-out");
+        let run = shardfeed(&shard_args(
+            &[s(input)],
+            &out,
+            &["--memory-budget", "64MiB"],
+        ))
+        .failure();
+        assert!(
+            run.stderr.contains(place) && run.stderr.contains("--memory-budget"),
+            "{}: {}",
+            input.display(),
+            run.stderr
+        );
+        assert!(!out.join("manifest.json").exists());
+    }
 }
