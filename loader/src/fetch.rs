@@ -38,6 +38,10 @@ const FOOTER_CACHE: usize = 256;
 /// Values by shard, and their insertion order for eviction.
 type Cache<T> = (HashMap<u32, T>, VecDeque<u32>);
 
+/// The largest piece of a shard a download into the cache asks for (and
+/// holds) at once.
+const CACHE_PIECE_BYTES: u64 = 8 << 20;
+
 fn cache_get<T: Clone>(cache: &Mutex<Cache<T>>, shard: u32) -> Option<T> {
     cache.lock().expect("cache lock").0.get(&shard).cloned()
 }
@@ -326,33 +330,53 @@ impl FetchContext {
         self.download(shard, cache).await.map(Arc::new)
     }
 
-    /// Put `shard` in the cache: one whole-object GET. Returns the open file.
+    /// Put `shard` in the cache: ranged GETs of at most
+    /// [`CACHE_PIECE_BYTES`] within the manifest's size, each written to
+    /// disk before the next is asked for (the memory a download holds is one
+    /// piece, whatever the object's size). Returns the open file.
     async fn download(&self, shard: u32, cache: &ShardCache) -> Result<File> {
         let entry = self.entry(shard).clone();
         let path = self.location.child(&entry.path);
-        let started = Instant::now();
         let store = self.location.store();
-        let bytes = self
-            .retry
-            .run(
-                || async { store.get(&path).await?.bytes().await },
-                || Counters::add(&self.counters.retries, 1),
-            )
+        let cache_error = |reason: String| LoaderError::Io {
+            op: reason,
+            source: std::io::Error::other("cache"),
+        };
+        let joined = |e: tokio::task::JoinError| LoaderError::Io {
+            op: "write the cache".into(),
+            source: std::io::Error::other(e.to_string()),
+        };
+        let mut pending = cache.begin(&entry).map_err(cache_error)?;
+        let mut at = 0u64;
+        while at < entry.bytes {
+            let range = at..entry.bytes.min(at.saturating_add(CACHE_PIECE_BYTES));
+            let started = Instant::now();
+            let bytes = self
+                .retry
+                .run(
+                    || store.get_range(&path, range.clone()),
+                    || Counters::add(&self.counters.retries, 1),
+                )
+                .await
+                .map_err(|e| self.store_error(shard, e))?;
+            Counters::add_time(&self.counters.fetch_busy_ns, started.elapsed());
+            Counters::add(&self.counters.requests, 1);
+            if bytes.len() as u64 != range.end - range.start {
+                return Err(cache_error(format!(
+                    "downloaded shard {} is shorter than the manifest's {} bytes",
+                    entry.path, entry.bytes
+                )));
+            }
+            at = range.end;
+            pending = tokio::task::spawn_blocking(move || pending.write(&bytes).map(|()| pending))
+                .await
+                .map_err(joined)?
+                .map_err(cache_error)?;
+        }
+        tokio::task::spawn_blocking(move || pending.finish())
             .await
-            .map_err(|e| self.store_error(shard, e))?;
-        Counters::add_time(&self.counters.fetch_busy_ns, started.elapsed());
-        Counters::add(&self.counters.requests, 1);
-        let cache = cache.clone();
-        tokio::task::spawn_blocking(move || cache.insert(&entry, &bytes))
-            .await
-            .map_err(|e| LoaderError::Io {
-                op: "write the cache".into(),
-                source: std::io::Error::other(e.to_string()),
-            })?
-            .map_err(|reason| LoaderError::Io {
-                op: reason,
-                source: std::io::Error::other("cache"),
-            })
+            .map_err(joined)?
+            .map_err(cache_error)
     }
 
     /// Read `ranges` of `shard`: from the local file (with each range's

@@ -443,6 +443,28 @@ fn two_processes_share_a_cache_of_s3_shards() {
     // A third run reads only the manifest from S3.
     let report = shardfeed(&bench_args()).success().json();
     assert_eq!(report["stats"]["requests"], 0, "{report}");
+    // A shard object 256 MiB longer than its manifest entry: a fresh cache
+    // downloads the entry's bytes in bounded pieces (checked), never the
+    // whole object into memory.
+    let shard = &manifest(&local).shards[0].path;
+    run_python(&format!(
+        "import boto3; s3 = boto3.client('s3', endpoint_url='{}', aws_access_key_id='testing', \
+         aws_secret_access_key='testing', region_name='us-east-1'); \
+         key = 'datasets/cached/{shard}'; \
+         body = s3.get_object(Bucket='test-bucket', Key=key)['Body'].read(); \
+         s3.put_object(Bucket='test-bucket', Key=key, Body=body + bytes(256 << 20))",
+        options[0].1
+    ));
+    let fresh = tmp.path().join("fresh");
+    let mut args = bench_args();
+    let at = args.iter().position(|a| *a == s(&cache)).unwrap();
+    args[at] = s(&fresh);
+    let report = shardfeed(&args).success().json();
+    assert_eq!(report["rows"], 2500 / 256 * 256);
+    let peak = report["peak_rss_bytes"].as_u64().unwrap();
+    assert!(peak < 192 << 20, "peak RSS {} MB", peak >> 20);
+    let cached: u64 = snapshot(&fresh).iter().map(|(_, b)| b.len() as u64).sum();
+    assert_eq!(cached, manifest(&local).total_bytes);
 }
 
 #[test]

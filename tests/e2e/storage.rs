@@ -30,6 +30,16 @@ fn dataset_in_memory(
     (local, location, faulty)
 }
 
+/// The local dataset `local` copied into a new in-memory store as `name`.
+fn remote_named(local: &str, name: &str) -> Location {
+    let memory = in_memory(Path::new(local), name);
+    Location::from_store(
+        memory as Arc<dyn ObjectStore>,
+        object_store::path::Path::from(name),
+        &format!("memory://{name}"),
+    )
+}
+
 fn epoch_ids(mut loader: Loader) -> (Vec<i64>, shardfeed_loader::Stats) {
     let ids = (&mut loader)
         .flat_map(|b| b.unwrap().values::<i64>("id").unwrap().to_vec())
@@ -174,6 +184,26 @@ fn the_cache_serves_later_epochs_without_data_reads_and_stays_under_its_limit() 
     assert!(
         dir_bytes(&small) <= limit,
         "cache holds {} > {limit}",
+        dir_bytes(&small)
+    );
+    // The limit is the folder's: a second dataset in the same folder (the
+    // same shards under another name and manifest) shares it, and the
+    // older dataset's copies are evicted for it.
+    let second = build(
+        Loader::builder("memory://another")
+            .location(remote_named(&local, "another"))
+            .cache_dir(&small)
+            .cache_limit(limit),
+    )
+    .build()
+    .unwrap();
+    let (ids, _) = epoch_ids(second);
+    assert_eq!(ids.len(), local_ids.len());
+    let folders = std::fs::read_dir(&small).unwrap().count();
+    assert_eq!(folders, 2, "one folder per dataset");
+    assert!(
+        dir_bytes(&small) <= limit,
+        "two datasets' copies hold {} > {limit}",
         dir_bytes(&small)
     );
 }
