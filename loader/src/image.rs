@@ -1450,4 +1450,93 @@ mod tests {
             assert_eq!(s.rgb.capacity() + s.raw.capacity(), 0);
         }
     }
+
+    /// A bounded mutation test of the decoders (and the header probe):
+    /// JPEGs (baseline, progressive, with restarts), PNGs and WebPs with
+    /// bytes flipped, words patched to extremes, cut short or overwritten:
+    /// every decode ends in pixels or an error, never a panic.
+    /// `SHARDFEED_FUZZ_CASES` sets the mutations per image (default 300).
+    #[test]
+    fn mutated_images_decode_or_fail_without_a_panic() {
+        let cases: u64 = std::env::var("SHARDFEED_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300);
+        let (w, h) = (48u32, 32u32);
+        let rgb = photo(w, h, 5);
+        let mut webp = Vec::new();
+        image_webp::WebPEncoder::new(&mut webp)
+            .encode(&rgb, w, h, image_webp::ColorType::Rgb8)
+            .unwrap();
+        let images = [
+            jpeg(
+                &rgb,
+                w,
+                h,
+                Some(jpeg_encoder::SamplingFactor::R_4_2_0),
+                None,
+                false,
+            ),
+            jpeg(
+                &rgb,
+                w,
+                h,
+                Some(jpeg_encoder::SamplingFactor::R_4_4_4),
+                Some(2),
+                false,
+            ),
+            jpeg(&rgb, w, h, None, None, true),
+            png(w, h, &rgb),
+            webp,
+        ];
+        let options = ImageOptions {
+            height: 16,
+            width: 16,
+            ..ImageOptions::default()
+        };
+        let mut out = vec![0u8; 16 * 16 * 3];
+        let mut scratch = Scratch::default();
+        let mut g = SplitMix64::new(0xfa11);
+        let mut outcomes = [0u64; 2];
+        for image in &images {
+            for case in 0..cases {
+                let mut bytes = image.clone();
+                let len = bytes.len() as u64;
+                let at = g.below(len) as usize;
+                match g.below(4) {
+                    0 => bytes[at] ^= 1 << g.below(8),
+                    1 => {
+                        let at = at.min(bytes.len() - 4);
+                        let v = [u32::MAX, 0x7fff_ffff, 0x0001_0000, 0][g.below(4) as usize];
+                        bytes[at..at + 4].copy_from_slice(&v.to_be_bytes());
+                    }
+                    2 => bytes.truncate(at),
+                    _ => {
+                        let end = (at + 1 + g.below(32) as usize).min(bytes.len());
+                        for b in &mut bytes[at..end] {
+                            *b = g.below(256) as u8;
+                        }
+                    }
+                }
+                let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let _ = probe(&bytes);
+                    decode_into(
+                        &options,
+                        key(1, 0, case as u32),
+                        &bytes,
+                        &mut scratch,
+                        &mut out,
+                    )
+                }));
+                match decoded {
+                    Ok(r) => outcomes[usize::from(r.is_err())] += 1,
+                    Err(_) => panic!(
+                        "a decoder panicked on case {case} of a {}-byte image",
+                        image.len()
+                    ),
+                }
+            }
+        }
+        assert!(outcomes[1] > 0, "no mutation was refused: {outcomes:?}");
+    }
 }
