@@ -202,6 +202,8 @@ def shard(
     eos_token: str | None = None,
     keep_text: bool = False,
     strict: bool = False,
+    max_columns: int | None = None,
+    follow_links: bool = False,
 ) -> dict[str, Any]:
     """Shard inputs into a dataset; returns the summary ``shardfeed shard --json`` prints.
 
@@ -212,7 +214,10 @@ def shard(
     encoded (the same ids as the ``tokenizers`` package's ``encode_batch``)
     into ``tokens_column`` (``list<int32>``) plus ``num_tokens``; ``add_eos``
     appends the end-of-text id; null texts are skipped and counted unless
-    ``strict=True``.
+    ``strict=True``. ``max_columns`` admits more columns than the memory
+    budget holds (about 64 KiB each while writing); ``follow_links`` reads what
+    a folder's symbolic links lead to outside it (skipped and listed by
+    default). Bounds: docs/LIMITS.md.
     """
 
 def commit(output: str, *, storage_options: dict[str, str] | None = None) -> dict[str, Any]:

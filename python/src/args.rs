@@ -96,4 +96,5 @@ options! {
     task_index / opt_task_index: usize,
     num_tasks / opt_num_tasks: usize,
     sample: u64,
+    max_columns / opt_max_columns: u64,
 }

@@ -971,6 +971,7 @@ fn slab_array<'py>(
     format=None, storage_options=None, temp_dir=None, task_index=None, num_tasks=None,
     stage="both", wait_timeout=3600.0, tokenizer=None, text_column="text",
     tokens_column="input_ids", add_eos=false, eos_token=None, keep_text=false, strict=false,
+    max_columns=None, follow_links=false,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn shard<'py>(
@@ -1000,6 +1001,8 @@ fn shard<'py>(
     eos_token: Option<String>,
     keep_text: bool,
     strict: bool,
+    #[pyo3(from_py_with = args::opt_max_columns)] max_columns: Option<u64>,
+    follow_links: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let inputs = match inputs {
         Inputs::One(s) => vec![s],
@@ -1026,10 +1029,20 @@ fn shard<'py>(
         Some(false) => options = options.without_shuffle(),
         None => {
             if seed != shardfeed_preprocess::DEFAULT_SHUFFLE_SEED {
+                if num_tasks.is_some() {
+                    return Err(bad_option(
+                        "seed",
+                        "a split run shuffles across its tasks only with shuffle=True (then every task runs at once, or in two rounds with stage=); add shuffle=True, or drop seed",
+                    ));
+                }
                 options = options.with_shuffle(seed);
             }
         }
     }
+    if let Some(columns) = max_columns {
+        options = options.with_max_columns(columns);
+    }
+    options = options.with_follow_links(follow_links);
     if let Some(s) = memory_budget {
         options = options.with_memory_budget(s.bytes("memory_budget")?);
     }

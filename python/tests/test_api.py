@@ -374,6 +374,12 @@ def test_shard_options_out_of_range_raise_value_error_naming_them(tmp_path):
             shuffle=True,
             wait_timeout=float("nan"),
         )
+    # A split run's seed without shuffle=True would start the cross-task
+    # shuffle and wait for the other tasks: refused at once.
+    with pytest.raises(ValueError, match="invalid option seed"):
+        shardfeed.shard(
+            str(tmp_path / "in.parquet"), str(tmp_path / "ds"), task_index=0, num_tasks=2, seed=7
+        )
     assert not (tmp_path / "ds" / "manifest.json").exists()
 
 
