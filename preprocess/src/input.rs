@@ -787,8 +787,7 @@ fn too_long(path: &Path, line: u64, max: u64) -> PreprocessError {
         path,
         Some(format!("line {line}")),
         format!(
-            "the line is longer than {max} bytes, the most one value may hold (an eighth of --memory-budget): raise --memory-budget to at least {} to read it",
-            shardfeed_format::size::format_size(max.saturating_add(1).saturating_mul(8))
+            "the line is longer than {max} bytes, the most one value may hold (an eighth of --memory-budget): raise --memory-budget to at least 8 times the line's length to read it"
         ),
     )
 }
@@ -821,9 +820,8 @@ impl<R: Read> Read for LineBound<R> {
         let got = &buf[..n];
         let too_long = |start: u64| {
             std::io::Error::other(format!(
-                "the line at byte {start} is longer than {} bytes, the most one value may hold (an eighth of --memory-budget): raise --memory-budget to at least {} to read it",
+                "the line at byte {start} is longer than {} bytes, the most one value may hold (an eighth of --memory-budget): raise --memory-budget to at least 8 times the line's length to read it",
                 self.max,
-                shardfeed_format::size::format_size(self.max.saturating_add(1).saturating_mul(8))
             ))
         };
         // Only the runs at the ends can be long unless the read is longer
@@ -1111,15 +1109,14 @@ impl Iterator for FilesReader {
                 Err(e) => return Some(Err(PreprocessError::io("read", full, e))),
             };
             if n > self.max_value {
+                let size = std::fs::metadata(&full).map_or(n, |m| m.len().max(n));
                 return Some(Err(PreprocessError::read(
                     full,
                     None,
                     format!(
                         "the file is larger than {} bytes, the most one value may hold (an eighth of --memory-budget): raise --memory-budget to at least {} to read it",
                         self.max_value,
-                        shardfeed_format::size::format_size(
-                            self.max_value.saturating_add(1).saturating_mul(8)
-                        )
+                        shardfeed_format::size::format_size(size.saturating_mul(8))
                     ),
                 )));
             }

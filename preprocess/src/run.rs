@@ -49,7 +49,10 @@ pub fn shard(inputs: &[String], output: &str, options: &ShardOptions) -> Result<
     options.text_tokenizer = options
         .tokenize
         .as_ref()
-        .map(|t| TextTokenizer::new(t, &inputs.schema).map(std::sync::Arc::new))
+        .map(|t| {
+            TextTokenizer::new(t, &inputs.schema, options.memory_budget / 2)
+                .map(std::sync::Arc::new)
+        })
         .transpose()?;
     let location = Location::parse_with_options(output, options.storage_options.iter().cloned())?;
     let handle = runtime.handle();

@@ -121,6 +121,51 @@ pub(crate) struct TextTokenizer {
     item: FieldRef,
     schema: SchemaRef,
     record: TokenizerRecord,
+    /// The memory that texts being tokenized at once may take.
+    room: std::sync::Arc<Room>,
+}
+
+/// What tokenizing a text costs in memory, per byte of the text: the
+/// tokenizer's encoding holds each token's string, offsets, word index and
+/// masks (measured: 66 bytes a byte for a 16 MB document with a byte-level
+/// BPE tokenizer; charged with room to spare).
+pub(crate) const TOKENIZE_BYTES_PER_BYTE: u64 = 128;
+
+/// Texts shorter than this are tokenized without taking room: what they
+/// cost (at most 8 MiB each) is part of an encoder thread's own share.
+const SMALL_TEXT: u64 = 64 << 10;
+
+/// Memory shared by the encoder threads for long texts being tokenized:
+/// each takes its cost before it is encoded and gives it back after, so
+/// that texts tokenized at once stay within it whatever their count.
+struct Room {
+    limit: u64,
+    used: std::sync::Mutex<u64>,
+    freed: std::sync::Condvar,
+}
+
+impl Room {
+    fn new(limit: u64) -> Self {
+        Room {
+            limit,
+            used: std::sync::Mutex::new(0),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    /// Wait until `cost` fits beside what others hold, then hold it.
+    fn take(&self, cost: u64) {
+        let mut used = self.used.lock().expect("room lock");
+        while *used + cost > self.limit && *used > 0 {
+            used = self.freed.wait(used).expect("room lock");
+        }
+        *used += cost;
+    }
+
+    fn give(&self, cost: u64) {
+        *self.used.lock().expect("room lock") -= cost;
+        self.freed.notify_all();
+    }
 }
 
 fn tokenizer_error(path: &Path, reason: impl Into<String>) -> PreprocessError {
@@ -131,8 +176,9 @@ fn tokenizer_error(path: &Path, reason: impl Into<String>) -> PreprocessError {
 }
 
 impl TextTokenizer {
-    /// Load `options.tokenizer` and check it against the input schema.
-    pub(crate) fn new(options: &TokenizeOptions, input: &Schema) -> Result<Self> {
+    /// Load `options.tokenizer` and check it against the input schema; long
+    /// texts tokenized at once share `room` bytes.
+    pub(crate) fn new(options: &TokenizeOptions, input: &Schema, room: u64) -> Result<Self> {
         let path = options.tokenizer.as_path();
         let (text, field) = input
             .column_with_name(&options.text_column)
@@ -284,6 +330,7 @@ impl TextTokenizer {
             item,
             schema,
             record,
+            room: std::sync::Arc::new(Room::new(room)),
         })
     }
 
@@ -317,13 +364,31 @@ impl TextTokenizer {
                 row_group: seq,
                 reason: format!("row {row} of a row group has a null text"),
             })?;
-            let encoding =
-                self.tokenizer
-                    .encode_fast(text, true)
-                    .map_err(|e| PreprocessError::Tokenize {
+            let long = text.len() as u64 >= SMALL_TEXT;
+            let cost = (text.len() as u64).saturating_mul(TOKENIZE_BYTES_PER_BYTE);
+            if long {
+                if cost > self.room.limit {
+                    return Err(PreprocessError::Tokenize {
                         row_group: seq,
-                        reason: format!("cannot encode a text: {e}"),
-                    })?;
+                        reason: format!(
+                            "row {row} of a row group has a text of {} bytes: tokenizing it takes about {} ({TOKENIZE_BYTES_PER_BYTE} bytes a byte), more than the half of --memory-budget that texts being tokenized share ({}); raise --memory-budget to at least {}",
+                            text.len(),
+                            shardfeed_format::size::format_size(cost),
+                            shardfeed_format::size::format_size(self.room.limit),
+                            shardfeed_format::size::format_size(cost.saturating_mul(2)),
+                        ),
+                    });
+                }
+                self.room.take(cost);
+            }
+            let encoding = self.tokenizer.encode_fast(text, true);
+            if long {
+                self.room.give(cost);
+            }
+            let encoding = encoding.map_err(|e| PreprocessError::Tokenize {
+                row_group: seq,
+                reason: format!("cannot encode a text: {e}"),
+            })?;
             let start = ids.len();
             ids.extend_from_slice(encoding.get_ids());
             if let Some(eos) = self.eos {

@@ -447,3 +447,51 @@ fn tokenizer_files_id_ranges_and_column_names_are_checked() {
     }
     assert!(zetas > 0, "the documents use the large id");
 }
+
+/// Tokenizing a text costs many times its size (the encoding's strings,
+/// offsets and masks): long texts take their cost from half the memory
+/// budget while they are tokenized, so that texts tokenized at once fit it.
+/// A text whose cost alone is past that half is refused naming the budget
+/// it needs; below it, the peak RSS of the run (a child process) stays
+/// within the budget.
+#[test]
+fn long_texts_are_tokenized_within_the_memory_budget() {
+    let tmp = tempdir();
+    let tokenizer = tmp.path().join("tokenizer.json");
+    write_tokenizer(&tokenizer, true);
+    let docs = tmp.path().join("long.jsonl");
+    let mut lines = String::new();
+    for id in 0..6 {
+        let words: Vec<&str> = (0..120_000).map(|k| WORDS[(k * 7 + id) % 6]).collect();
+        lines.push_str(&serde_json::json!({"id": id, "text": words.join(" ")}).to_string());
+        lines.push('\n');
+    }
+    std::fs::write(&docs, lines).unwrap();
+    let out = tmp.path().join("ds");
+    // ~760 KB texts cost ~95 MB each: past half of a 64 MiB budget.
+    let e = refused(
+        shard_args(&[s(&docs)], &out, &tokenizer, &["--memory-budget", "64MiB"]),
+        &out,
+    );
+    assert!(
+        e.contains("tokenizing it takes") && e.contains("raise --memory-budget"),
+        "{e}"
+    );
+    let budget = 384u64 << 20;
+    let run = shardfeed(&shard_args(
+        &[s(&docs)],
+        &out,
+        &tokenizer,
+        &["--memory-budget", "384MiB", "--threads", "2"],
+    ))
+    .success();
+    let summary = run.json();
+    assert_eq!(summary["rows"], 6);
+    let peak = summary["peak_rss_bytes"].as_u64().unwrap();
+    assert!(
+        peak < budget,
+        "peak RSS {} MB under a {} MB budget",
+        peak >> 20,
+        budget >> 20
+    );
+}
