@@ -6,6 +6,7 @@
 //! offsets. Nullable columns get a `u8` validity mask (null rows hold zeros,
 //! or empty lists and strings).
 
+use crate::error::Stage;
 use std::sync::Arc;
 
 use arrow_array::{Array, RecordBatch};
@@ -899,15 +900,15 @@ impl Collator {
                 Ok(window) => self.hold(window?),
                 Err(_) if self.cancel.load(Ordering::SeqCst) => return Err(LoaderError::Closed),
                 Err(_) => {
-                    return Err(LoaderError::Stage {
-                        stage: "shuffle",
-                        shard: None,
-                        row_group: None,
-                        detail: format!(
+                    return Err(LoaderError::stage(
+                        Stage::Shuffle,
+                        None,
+                        None,
+                        format!(
                             "stopped before delivering window {index} of {}",
                             self.plan.window_count()
                         ),
-                    });
+                    ));
                 }
             }
         }
@@ -974,7 +975,7 @@ impl Collator {
                     result => self.fetch.check_mapped().and(result),
                 },
                 Some(Action::Stop) => return,
-                Some(action) => Err(injected("collate", action, &self.cancel)),
+                Some(action) => Err(injected(Stage::Collate, action, &self.cancel)),
             };
             if let Err(LoaderError::Closed) = result {
                 return;
@@ -1140,11 +1141,13 @@ impl Collator {
         }
         let truncated = collation
             .write(&rows, &columns, lease.slab_mut().as_mut_slice())
-            .map_err(|detail| LoaderError::Stage {
-                stage: "collate",
-                shard: None,
-                row_group: None,
-                detail: format!("batch {index}: {detail}"),
+            .map_err(|detail| {
+                LoaderError::stage(
+                    Stage::Collate,
+                    None,
+                    None,
+                    format!("batch {index}: {detail}"),
+                )
             })?;
         Counters::add(&self.counters.truncated_rows, truncated);
         Counters::add_time(

@@ -51,8 +51,8 @@ pub enum LoaderError {
         shard.as_ref().map(|s| format!(" on shard {s}")).unwrap_or_default(),
         row_group.map(|r| format!(" row group {r}")).unwrap_or_default())]
     Stage {
-        /// `fetch`, `decode`, `shuffle` or `collate`.
-        stage: &'static str,
+        /// The stage.
+        stage: Stage,
         /// The shard's relative path, when known.
         shard: Option<String>,
         /// The row group, when known.
@@ -133,4 +133,67 @@ pub enum LoaderError {
     /// The loader was shut down while a call waited.
     #[error("the loader was closed")]
     Closed,
+}
+
+/// A stage of the pipeline (or of a mixture), as errors name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// Range reads of shards.
+    Fetch,
+    /// Local reads (a failpoint's name for the fetch stage's file reads).
+    Read,
+    /// Parquet decoding.
+    Decode,
+    /// The window permutation.
+    Shuffle,
+    /// Collation into slabs.
+    Collate,
+    /// A mixture's blending.
+    Mix,
+    /// Sequence packing.
+    Pack,
+}
+
+impl Stage {
+    /// The stage's name in messages, metrics and failpoints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Fetch => "fetch",
+            Stage::Read => "read",
+            Stage::Decode => "decode",
+            Stage::Shuffle => "shuffle",
+            Stage::Collate => "collate",
+            Stage::Mix => "mix",
+            Stage::Pack => "pack",
+        }
+    }
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl PartialEq<&str> for Stage {
+    fn eq(&self, name: &&str) -> bool {
+        self.name() == *name
+    }
+}
+
+impl LoaderError {
+    /// A failure of `stage`, on `shard`'s `row_group` where known.
+    pub(crate) fn stage(
+        stage: Stage,
+        shard: Option<String>,
+        row_group: Option<usize>,
+        detail: impl Into<String>,
+    ) -> Self {
+        LoaderError::Stage {
+            stage,
+            shard,
+            row_group,
+            detail: detail.into(),
+        }
+    }
 }

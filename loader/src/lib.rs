@@ -71,7 +71,7 @@ pub use config::{
     DEFAULT_SLOW_WARNING, DEFAULT_WINDOW, FIRST_SLICES, LoaderBuilder, MAX_AUTO_WINDOW,
     MIN_FITTED_WINDOW, MIXED_ROW_GROUPS, OnError,
 };
-pub use error::{LoaderError, Result};
+pub use error::{LoaderError, Result, Stage};
 pub use image::{
     Crop, DEFAULT_MAX_IMAGE_PIXELS, ImageColumnSummary, ImageDecoder, ImageHeader, ImageOptions,
     image_summary, probe as probe_image,

@@ -1,6 +1,7 @@
 //! The loader: iteration over epochs, the consumer's side of the pipeline,
 //! state and resume.
 
+use crate::error::Stage;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -520,15 +521,15 @@ impl Loader {
             match pass.output.recv_timeout(Duration::from_millis(20)) {
                 Ok(item) => break Some(item),
                 Err(RecvTimeoutError::Disconnected) => {
-                    break Some(Err(LoaderError::Stage {
-                        stage: "collate",
-                        shard: None,
-                        row_group: None,
-                        detail: format!(
+                    break Some(Err(LoaderError::stage(
+                        Stage::Collate,
+                        None,
+                        None,
+                        format!(
                             "stopped before delivering batch {} of the {} of epoch {}",
                             pass.next_index, pass.batches, pass.epoch
                         ),
-                    }));
+                    )));
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     if interrupted() {

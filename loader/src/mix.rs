@@ -25,6 +25,7 @@
 //! few batches ahead of the consumer, while the sources' pipelines fetch and
 //! decode on theirs; each batch comes with the state after it.
 
+use crate::error::Stage;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -856,11 +857,13 @@ impl Source {
         let offsets = batch.typed::<i64>(offsets).expect("offsets are i64");
         let (a, z) = (offsets[self.row], offsets[self.row + 1]);
         let range = usize::try_from(a).unwrap_or(usize::MAX)..usize::try_from(z).unwrap_or(0);
-        let bad = || LoaderError::Stage {
-            stage: "pack",
-            shard: None,
-            row_group: None,
-            detail: format!("row {} has list offsets {a}..{z}", self.row),
+        let bad = || {
+            LoaderError::stage(
+                Stage::Pack,
+                None,
+                None,
+                format!("row {} has list offsets {a}..{z}", self.row),
+            )
         };
         if range.start > range.end || range.end > values.len() {
             return Err(bad());
@@ -1002,17 +1005,17 @@ impl Docs for Streams {
         source_error(
             source,
             &s.url,
-            LoaderError::Stage {
-                stage: "pack",
-                shard: None,
-                row_group: None,
-                detail: format!(
+            LoaderError::stage(
+                Stage::Pack,
+                None,
+                None,
+                format!(
                     "token id {value} in column `{}` (epoch {}, row {} of the rank's order) does not fit int32",
                     self.pack_column.as_deref().unwrap_or("?"),
                     s.epoch,
                     s.position.saturating_sub(1)
                 ),
-            },
+            ),
         )
     }
 }
@@ -2001,14 +2004,16 @@ impl Staged {
 
     /// Append row `row` of `column` (of `batch`); `before` rows came first.
     fn push(&mut self, batch: &Batch, column: &Column, row: usize, before: usize) -> Result<()> {
-        let mismatch = || LoaderError::Stage {
-            stage: "mix",
-            shard: None,
-            row_group: None,
-            detail: format!(
-                "column `{}` is collated differently by two sources",
-                self.name
-            ),
+        let mismatch = || {
+            LoaderError::stage(
+                Stage::Mix,
+                None,
+                None,
+                format!(
+                    "column `{}` is collated differently by two sources",
+                    self.name
+                ),
+            )
         };
         match (&self.kind, &column.layout) {
             (StagedKind::Dense { dtype, inner }, ColumnLayout::Dense { values })

@@ -15,6 +15,7 @@
 //!   a process-wide panic hook, chained to the previous one, stays quiet
 //!   only on threads that are inside a stage.
 
+use crate::error::Stage;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -73,7 +74,7 @@ impl<F: Future + Unpin> Future for Quiet<F> {
 
 /// The error of failpoint `action` at `stage` ([`Action::Stop`] and
 /// [`Action::Exit`] are handled by the caller and by the failpoint).
-pub(crate) fn injected(stage: &'static str, action: Action, cancel: &AtomicBool) -> LoaderError {
+pub(crate) fn injected(stage: Stage, action: Action, cancel: &AtomicBool) -> LoaderError {
     match action {
         Action::Panic => panic!("injected panic in the {stage} stage (failpoint)"),
         Action::Block => {
@@ -82,12 +83,7 @@ pub(crate) fn injected(stage: &'static str, action: Action, cancel: &AtomicBool)
             }
             LoaderError::Closed
         }
-        _ => LoaderError::Stage {
-            stage,
-            shard: None,
-            row_group: None,
-            detail: "injected failure (failpoint)".into(),
-        },
+        _ => LoaderError::stage(stage, None, None, "injected failure (failpoint)"),
     }
 }
 
@@ -269,7 +265,9 @@ impl Pipeline {
                                     panic!("injected panic in the fetch stage (failpoint)")
                                 }
                                 Some(Action::Stop) => return Err(LoaderError::Closed),
-                                Some(action) => return Err(injected("fetch", action, &cancel)),
+                                Some(action) => {
+                                    return Err(injected(Stage::Fetch, action, &cancel));
+                                }
                             }
                             let footer = fetch.footer(segment.shard).await?;
                             let cost = fetch.segment_cost(&footer, segment, max_unit);
@@ -311,7 +309,7 @@ impl Pipeline {
                                         // was handed): `error`, or `slow`
                                         // (finishing after later reads).
                                         Some(Action::Error) => {
-                                            Err(injected("read", Action::Error, &cancel))
+                                            Err(injected(Stage::Read, Action::Error, &cancel))
                                         }
                                         Some(Action::Slow(ms)) => {
                                             tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -378,12 +376,12 @@ impl Pipeline {
                     panicked.store(true, Ordering::SeqCst);
                     let _ = decoded_tx.send((
                         u64::MAX,
-                        Err(LoaderError::Stage {
-                            stage: "fetch",
-                            shard: None,
-                            row_group: None,
-                            detail: format!("panic: {}", panic_message(payload.as_ref())),
-                        }),
+                        Err(LoaderError::stage(
+                            Stage::Fetch,
+                            None,
+                            None,
+                            format!("panic: {}", panic_message(payload.as_ref())),
+                        )),
                         None,
                     ));
                 }
@@ -442,12 +440,12 @@ impl Pipeline {
                         if let Err(message) = ran
                             && !cancel.load(Ordering::SeqCst)
                         {
-                            let _ = windows_tx.send(Err(LoaderError::Stage {
-                                stage: "shuffle",
-                                shard: None,
-                                row_group: None,
-                                detail: format!("panic: {message}"),
-                            }));
+                            let _ = windows_tx.send(Err(LoaderError::stage(
+                                Stage::Shuffle,
+                                None,
+                                None,
+                                format!("panic: {message}"),
+                            )));
                         }
                     })
                     .expect("spawn the shuffle thread"),
@@ -495,12 +493,12 @@ impl Pipeline {
                             && !cancel.load(Ordering::SeqCst)
                         {
                             let _ = output_tx.send(collator.fetch.check_mapped().and(Err(
-                                LoaderError::Stage {
-                                    stage: "collate",
-                                    shard: None,
-                                    row_group: None,
-                                    detail: format!("panic: {message}"),
-                                },
+                                LoaderError::stage(
+                                    Stage::Collate,
+                                    None,
+                                    None,
+                                    format!("panic: {message}"),
+                                ),
                             )));
                         }
                         drop(collated_tx);
@@ -681,12 +679,7 @@ impl Decoder {
         {
             let _ = self.tx.send((
                 u64::MAX,
-                Err(LoaderError::Stage {
-                    stage: detail.0,
-                    shard: None,
-                    row_group: None,
-                    detail: detail.1.into(),
-                }),
+                Err(LoaderError::stage(detail.0, None, None, detail.1)),
                 None,
             ));
         }
@@ -694,7 +687,7 @@ impl Decoder {
 
     /// The decode loop; `Err((stage, what))` when it ends before the pass
     /// does without having sent an error.
-    fn work(&self) -> std::result::Result<(), (&'static str, &'static str)> {
+    fn work(&self) -> std::result::Result<(), (Stage, &'static str)> {
         loop {
             let waiting = Instant::now();
             let next = self.rx.lock().expect("fetch receiver").blocking_recv();
@@ -704,7 +697,7 @@ impl Decoder {
                     return Ok(());
                 }
                 return Err((
-                    "fetch",
+                    Stage::Fetch,
                     "stopped before every segment of the pass was fetched",
                 ));
             };
@@ -738,7 +731,7 @@ impl Decoder {
                 }
                 Err(LoaderError::Closed) => {
                     return Err((
-                        "decode",
+                        Stage::Decode,
                         "a decode thread stopped before the end of the pass",
                     ));
                 }
@@ -780,13 +773,15 @@ impl Decoder {
                 Ok(decoded.rows)
             }
             Some(Action::Stop) => Err(LoaderError::Closed),
-            Some(action) => Err(injected("decode", action, &self.cancel)),
+            Some(action) => Err(injected(Stage::Decode, action, &self.cancel)),
         });
-        let named = |detail: String| LoaderError::Stage {
-            stage: "decode",
-            shard: Some(entry.path.clone()),
-            row_group: Some(segment.row_group as usize),
-            detail,
+        let named = |detail: String| {
+            LoaderError::stage(
+                Stage::Decode,
+                Some(entry.path.clone()),
+                Some(segment.row_group as usize),
+                detail,
+            )
         };
         // Damage found (or a panic) in a mapped shard that was truncated or
         // rewritten after its chunks were checked (decoded zeros past its
@@ -799,7 +794,7 @@ impl Decoder {
         match decoded {
             Ok(Ok(batches)) => Ok(DecodedSegment::Rows(batches)),
             Ok(Err(LoaderError::Stage {
-                stage: "decode",
+                stage: Stage::Decode,
                 detail,
                 ..
             })) => Err(named(detail)),

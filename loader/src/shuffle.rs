@@ -7,6 +7,7 @@
 //! every rank and after a resume) but holds no rows; the collator leaves
 //! its rows out.
 
+use crate::error::Stage;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -114,7 +115,7 @@ impl Shuffler {
             let result = match self.config.failpoints.hit("shuffle", index as u64) {
                 None => self.load(index, early),
                 Some(Action::Stop) => return,
-                Some(action) => Err(injected("shuffle", action, &self.cancel)),
+                Some(action) => Err(injected(Stage::Shuffle, action, &self.cancel)),
             };
             if index + 1 == count && result.is_ok() {
                 assembled_all.store(true, Ordering::SeqCst);
@@ -133,11 +134,13 @@ impl Shuffler {
     /// window's started on a thread of its own.
     fn order(&mut self, index: usize) -> Result<Vec<u32>> {
         let order = match self.next_order.take() {
-            Some((i, handle)) if i == index => handle.join().map_err(|_| LoaderError::Stage {
-                stage: "shuffle",
-                shard: None,
-                row_group: None,
-                detail: format!("window {index}: the thread computing its order panicked"),
+            Some((i, handle)) if i == index => handle.join().map_err(|_| {
+                LoaderError::stage(
+                    Stage::Shuffle,
+                    None,
+                    None,
+                    format!("window {index}: the thread computing its order panicked"),
+                )
             })?,
             _ => self.plan.window(index).rows(),
         };
@@ -186,15 +189,15 @@ impl Shuffler {
                         self.waiting.insert(s, (decoded, permit));
                     }
                     Err(_) => {
-                        return Err(LoaderError::Stage {
-                            stage: "decode",
-                            shard: None,
-                            row_group: Some(segment.row_group as usize),
-                            detail: format!(
+                        return Err(LoaderError::stage(
+                            Stage::Decode,
+                            None,
+                            Some(segment.row_group as usize),
+                            format!(
                                 "stopped before delivering segment {seq} (shard index {}) of the epoch",
                                 segment.shard
                             ),
-                        });
+                        ));
                     }
                 }
             };
@@ -209,15 +212,12 @@ impl Shuffler {
                         skipped.push(false);
                     }
                     if rows != segment.rows() {
-                        return Err(LoaderError::Stage {
-                            stage: "decode",
-                            shard: None,
-                            row_group: Some(segment.row_group as usize),
-                            detail: format!(
-                                "delivered {rows} rows for a segment of {}",
-                                segment.rows()
-                            ),
-                        });
+                        return Err(LoaderError::stage(
+                            Stage::Decode,
+                            None,
+                            Some(segment.row_group as usize),
+                            format!("delivered {rows} rows for a segment of {}", segment.rows()),
+                        ));
                     }
                 }
                 DecodedSegment::Skipped { schema } => {
@@ -746,11 +746,13 @@ pub(crate) fn permute(
 ) -> Result<(RecordBatch, Vec<Option<KeyBound>>)> {
     use arrow_array::UInt32Array;
 
-    let err = |detail: String| LoaderError::Stage {
-        stage: "shuffle",
-        shard: None,
-        row_group: None,
-        detail: format!("window {window}: {detail}"),
+    let err = |detail: String| {
+        LoaderError::stage(
+            Stage::Shuffle,
+            None,
+            None,
+            format!("window {window}: {detail}"),
+        )
     };
     let schema = batches
         .first()

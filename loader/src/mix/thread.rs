@@ -8,6 +8,7 @@
 //! core back, and rewinds it to the consumer's state before it goes on:
 //! batches made ahead are discarded, never skipped.
 
+use crate::error::Stage;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
@@ -135,11 +136,13 @@ impl Mixture {
         self.halt();
         let stale = std::mem::replace(&mut self.stale, false);
         let state = self.state.clone();
-        let core = self.core.as_mut().ok_or_else(|| LoaderError::Stage {
-            stage: "mix",
-            shard: None,
-            row_group: None,
-            detail: "the mixture's thread panicked outside a batch; build the loader again".into(),
+        let core = self.core.as_mut().ok_or_else(|| {
+            LoaderError::stage(
+                Stage::Mix,
+                None,
+                None,
+                "the mixture's thread panicked outside a batch; build the loader again",
+            )
         })?;
         if stale && let Err(e) = core.resume(&state) {
             self.stale = true;
@@ -179,12 +182,12 @@ impl Mixture {
                             return core;
                         }
                         Ok(Some(Err(e))) => Item::Failed(e),
-                        Err(message) => Item::Failed(LoaderError::Stage {
-                            stage: "mix",
-                            shard: None,
-                            row_group: None,
-                            detail: format!("panic: {message}"),
-                        }),
+                        Err(message) => Item::Failed(LoaderError::stage(
+                            Stage::Mix,
+                            None,
+                            None,
+                            format!("panic: {message}"),
+                        )),
                     };
                     let failed = matches!(item, Item::Failed(_));
                     loop {
@@ -493,12 +496,12 @@ impl Mixture {
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     self.halt();
-                    break Some(Err(LoaderError::Stage {
-                        stage: "mix",
-                        shard: None,
-                        row_group: None,
-                        detail: "the mixture's thread stopped before the epoch's end".into(),
-                    }));
+                    break Some(Err(LoaderError::stage(
+                        Stage::Mix,
+                        None,
+                        None,
+                        "the mixture's thread stopped before the epoch's end",
+                    )));
                 }
             }
         };
