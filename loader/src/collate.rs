@@ -13,7 +13,7 @@ use arrow_array::{Array, RecordBatch};
 use arrow_buffer::ArrowNativeType;
 use arrow_buffer::NullBuffer;
 use arrow_data::ArrayData;
-use arrow_schema::{DataType, Schema};
+use arrow_schema::DataType;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -22,187 +22,16 @@ use crossbeam_channel::{Receiver, Sender};
 use shardfeed_format::failpoint::Action;
 
 use crate::batch::{Batch, Buffer, Column, ColumnLayout, DType};
+use crate::columns::{ALIGN, ColumnPlan, Kind, ListMode};
 use crate::config::Config;
 use crate::image::{self, ImageOptions, RowId};
 use crate::pinned::Pool;
-use crate::pipeline::injected;
 use crate::plan::EpochPlan;
 use crate::shuffle::{KeyBound, LoadedWindow};
+use crate::stage::injected;
 use crate::stats::Counters;
 use crate::{LoaderError, Result};
 use shardfeed_format::Manifest;
-
-/// Alignment of each buffer inside a slab.
-const ALIGN: usize = 64;
-
-/// How variable-length list columns are collated.
-#[derive(Clone, Copy, Debug, PartialEq, Default)]
-pub enum ListMode {
-    /// Values + offsets.
-    #[default]
-    Ragged,
-    /// Padded or truncated to `to` elements per row, filled with `value`, with lengths.
-    Padded {
-        /// Elements per row.
-        to: usize,
-        /// Fill value (converted to the element type).
-        value: f64,
-    },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
-    Primitive(DType),
-    Bool,
-    FixedList(DType, usize),
-    List {
-        dtype: DType,
-        large: bool,
-    },
-    Bytes {
-        large: bool,
-        utf8: bool,
-    },
-    /// Encoded images, decoded into `uint8` pixels (see [`crate::image`]).
-    Image {
-        large: bool,
-    },
-}
-
-/// How one projected column is collated.
-#[derive(Clone, Debug)]
-pub(crate) struct ColumnPlan {
-    name: String,
-    /// Index of the column in decoded batches.
-    source: usize,
-    kind: Kind,
-    nullable: bool,
-}
-
-impl ColumnPlan {
-    /// Whether the column collates to a fixed number of bytes per row.
-    pub(crate) fn is_fixed_width(&self) -> bool {
-        matches!(
-            self.kind,
-            Kind::Primitive(_) | Kind::Bool | Kind::FixedList(..)
-        )
-    }
-
-    /// Bytes of values a batch of `rows` takes in this column when that is
-    /// fixed (fixed-width columns), else 0.
-    pub(crate) fn fixed_bytes(&self, rows: usize) -> usize {
-        match self.kind {
-            Kind::Primitive(d) => d.size().saturating_mul(rows),
-            Kind::Bool => rows,
-            Kind::FixedList(d, k) => d.size().saturating_mul(k).saturating_mul(rows),
-            _ => 0,
-        }
-    }
-
-    /// Whether the column holds images to decode.
-    pub(crate) fn is_image(&self) -> bool {
-        matches!(self.kind, Kind::Image { .. })
-    }
-
-    /// Bytes a batch of `rows` needs for this column beyond its values:
-    /// offsets or lengths, a validity mask and buffer alignment.
-    pub(crate) fn overhead_bytes(&self, rows: usize) -> usize {
-        let validity = if self.nullable { rows + ALIGN } else { 0 };
-        let offsets = if self.is_fixed_width() || self.is_image() {
-            0
-        } else {
-            (rows + 1) * 8 + ALIGN
-        };
-        ALIGN + validity + offsets
-    }
-}
-
-fn primitive(dt: &DataType) -> Option<DType> {
-    Some(match dt {
-        DataType::Int8 => DType::I8,
-        DataType::Int16 => DType::I16,
-        DataType::Int32 | DataType::Date32 | DataType::Time32(_) => DType::I32,
-        DataType::Int64
-        | DataType::Date64
-        | DataType::Time64(_)
-        | DataType::Timestamp(_, _)
-        | DataType::Duration(_) => DType::I64,
-        DataType::UInt8 => DType::U8,
-        DataType::UInt16 => DType::U16,
-        DataType::UInt32 => DType::U32,
-        DataType::UInt64 => DType::U64,
-        DataType::Float16 => DType::F16,
-        DataType::Float32 => DType::F32,
-        DataType::Float64 => DType::F64,
-        _ => return None,
-    })
-}
-
-/// Plan the columns `names` (in that order) of decoded batches with `schema`,
-/// or name the first one that cannot be collated.
-pub(crate) fn plan_columns(
-    schema: &Schema,
-    names: &[String],
-    images: Option<&ImageOptions>,
-) -> Result<Vec<ColumnPlan>> {
-    names
-        .iter()
-        .map(|name| {
-            let (source, field) = schema.column_with_name(name).ok_or_else(|| LoaderError::BadOption {
-                option: "columns",
-                reason: format!("no column named `{name}`"),
-            })?;
-            let element = |dt: &DataType| primitive(dt);
-            if images.is_some_and(|i| i.columns.contains(name)) {
-                let large = match field.data_type() {
-                    DataType::Binary | DataType::BinaryView => false,
-                    DataType::LargeBinary => true,
-                    other => {
-                        return Err(LoaderError::BadOption {
-                            option: "decode_images",
-                            reason: format!(
-                                "column `{name}` has type {other}; images are decoded from binary columns"
-                            ),
-                        });
-                    }
-                };
-                return Ok(ColumnPlan {
-                    name: field.name().clone(),
-                    source,
-                    kind: Kind::Image { large },
-                    nullable: field.is_nullable(),
-                });
-            }
-            let kind = match field.data_type() {
-                DataType::Boolean => Some(Kind::Bool),
-                DataType::FixedSizeList(child, n) => element(child.data_type()).map(|d| Kind::FixedList(d, *n as usize)),
-                DataType::List(child) => element(child.data_type()).map(|dtype| Kind::List { dtype, large: false }),
-                DataType::LargeList(child) => element(child.data_type()).map(|dtype| Kind::List { dtype, large: true }),
-                DataType::Binary => Some(Kind::Bytes { large: false, utf8: false }),
-                DataType::Utf8 => Some(Kind::Bytes { large: false, utf8: true }),
-                DataType::LargeBinary => Some(Kind::Bytes { large: true, utf8: false }),
-                DataType::LargeUtf8 => Some(Kind::Bytes { large: true, utf8: true }),
-                dt => element(dt).map(Kind::Primitive),
-            };
-            let kind = kind.ok_or_else(|| LoaderError::BadOption {
-                option: "columns",
-                reason: format!(
-                    "column `{}` has type {} which the collator does not support \
-                     (fixed-width values, fixed-size lists and lists of them, binary and strings are); \
-                     leave it out of `columns`",
-                    field.name(),
-                    field.data_type()
-                ),
-            })?;
-            Ok(ColumnPlan {
-                name: field.name().clone(),
-                source,
-                kind,
-                nullable: field.is_nullable(),
-            })
-        })
-        .collect()
-}
 
 /// Where the rows of a batch come from: `(source batch, row)` per output row.
 pub(crate) type RowRefs = [(u32, u32)];
@@ -849,12 +678,37 @@ fn fixed_regions<'s>(
 /// One batch in this many is measured for `Stats::mixing`.
 const MIXING_SAMPLE: u64 = 8;
 
+/// A window the collator holds: the shuffle stage's window, and each of
+/// its batches' projected columns as the collator reads them (made once per
+/// window, not per collated batch).
+pub(crate) struct HeldWindow {
+    window: LoadedWindow,
+    sources: Vec<Vec<SourceColumn>>,
+}
+
+impl HeldWindow {
+    fn new(window: LoadedWindow) -> Self {
+        HeldWindow {
+            window,
+            sources: Vec::new(),
+        }
+    }
+}
+
+impl std::ops::Deref for HeldWindow {
+    type Target = LoadedWindow;
+    fn deref(&self) -> &LoadedWindow {
+        &self.window
+    }
+}
+
 /// The collate stage of one pass: gathers each batch's rows into a slab.
 pub(crate) struct Collator {
     pub config: Arc<Config>,
     pub plan: Arc<EpochPlan>,
     pub windows_in: Receiver<Result<LoadedWindow>>,
-    pub windows: Vec<LoadedWindow>,
+    /// The windows being collated, with their columns as the collator reads them.
+    pub windows: Vec<HeldWindow>,
     /// Windows (or a failure) received ahead while looking for the permuted
     /// version of a provisional window; `load` takes them first.
     pub ahead: std::collections::VecDeque<Result<LoadedWindow>>,
@@ -922,7 +776,7 @@ impl Collator {
         if self.windows.iter().any(|w| w.index == window.index) {
             self.upgrades.push(window);
         } else {
-            self.windows.push(window);
+            self.windows.push(HeldWindow::new(window));
         }
     }
 
@@ -931,7 +785,7 @@ impl Collator {
     fn upgrade(&mut self) {
         for window in std::mem::take(&mut self.upgrades) {
             if let Some(held) = self.windows.iter_mut().find(|w| w.index == window.index) {
-                *held = window;
+                *held = HeldWindow::new(window);
             }
         }
         while self.windows.iter().any(|w| w.provisional) {
@@ -945,7 +799,7 @@ impl Collator {
                         .iter_mut()
                         .find(|w| w.index == window.index)
                         .expect("found above");
-                    *held = window;
+                    *held = HeldWindow::new(window);
                 }
                 other => {
                     // A later window (or a failure): for `load`, in order.
@@ -1083,11 +937,12 @@ impl Collator {
             Counters::add(&self.counters.mixing_sources, sources.len() as u64);
         }
         let started = Instant::now();
-        for w in &mut self.windows {
+        for held in &mut self.windows {
             // Once per window (a permuted version replaces its provisional
             // window with its sources still to make).
-            if w.sources.len() != w.batches.len() {
-                w.sources = w
+            let w = &held.window;
+            if held.sources.len() != w.batches.len() {
+                held.sources = w
                     .batches
                     .iter()
                     .map(|b| {
@@ -1470,6 +1325,7 @@ fn gather_fixed(
                             KeySlice::U16(k) => unsafe {
                                 lookup_width(w, &k[range.clone()], max, values, out)?
                             },
+                            // SAFETY: as for the two above.
                             KeySlice::I32(k) => unsafe {
                                 lookup_width(w, &k[range.clone()], max, values, out)?
                             },
@@ -1655,11 +1511,13 @@ unsafe fn stream_lookup_u32<K: ArrowNativeType>(keys: &[K], values: &[u32], out:
             get(i + 1),
             get(i),
         );
-        // `p + i` is 32-byte aligned: `head` aligned it, and steps are 32 bytes.
+        // SAFETY: `i + 8 <= n`; `p + i` is 32-byte aligned: `head` aligned
+        // it, and steps are 32 bytes.
         unsafe { _mm256_stream_si256(p.add(i) as *mut __m256i, v) };
         i += 8;
     }
     for i in i..n {
+        // SAFETY: `i < n <= out.len()`.
         unsafe { _mm_stream_si32(p.add(i) as *mut i32, get(i)) };
     }
 }
@@ -1684,10 +1542,12 @@ unsafe fn stream_lookup_u64<K: ArrowNativeType>(keys: &[K], values: &[u64], out:
     let mut i = head;
     while i + 4 <= n {
         let v = _mm256_set_epi64x(get(i + 3), get(i + 2), get(i + 1), get(i));
+        // SAFETY: `i + 4 <= n`; `p + i` is 32-byte aligned as above.
         unsafe { _mm256_stream_si256(p.add(i) as *mut __m256i, v) };
         i += 4;
     }
     for i in i..n {
+        // SAFETY: `i < n <= out.len()`.
         unsafe { _mm_stream_si64(p.add(i) as *mut i64, get(i)) };
     }
 }
@@ -1698,6 +1558,9 @@ mod tests {
 
     use arrow_array::{ArrayRef, DictionaryArray};
 
+    use arrow_schema::Schema;
+
+    use crate::columns::plan_columns;
     use crate::shuffle::permute;
 
     use arrow_array::types::{Int32Type, UInt16Type};

@@ -1,21 +1,17 @@
 //! The builder: every option, its default, and the checks that refuse a
 //! configuration before anything runs (naming the option).
 
-use std::sync::Arc;
-
 use shardfeed_format::failpoint::Failpoints;
 use shardfeed_format::fault::FaultConfig;
-use shardfeed_format::{Location, Manifest, RetryPolicy};
+use shardfeed_format::{Location, RetryPolicy};
 
-use crate::cache::ShardCache;
-use crate::collate::{ColumnPlan, ListMode, plan_columns};
-use crate::fetch::{FetchContext, LocalReads};
+use crate::columns::{ColumnPlan, ListMode};
 use crate::image::{Crop, ImageOptions};
-use crate::loader::Loader;
-use crate::parquet::projection;
-use crate::pinned::{PinningMode, Pool};
-use crate::stats::Counters;
+use crate::pinned::PinningMode;
 use crate::{LoaderError, Result};
+
+/// The most decode threads a loader starts (`threads`).
+pub const MAX_THREADS: usize = 1024;
 
 /// Default rows per batch.
 pub const DEFAULT_BATCH_SIZE: usize = 256;
@@ -116,34 +112,34 @@ impl std::str::FromStr for OnError {
 #[derive(Clone)]
 pub struct LoaderBuilder {
     pub(crate) url: String,
-    location: Option<Location>,
-    storage_options: Vec<(String, String)>,
+    pub(crate) location: Option<Location>,
+    pub(crate) storage_options: Vec<(String, String)>,
     pub(crate) batch_size: usize,
     pub(crate) columns: Option<Vec<String>>,
     pub(crate) shuffle: bool,
     pub(crate) seed: u64,
-    window: Option<usize>,
+    pub(crate) window: Option<usize>,
     pub(crate) epoch: u64,
     pub(crate) rank: Option<u64>,
     pub(crate) world_size: Option<u64>,
     pub(crate) drop_last: bool,
     pub(crate) decode_threads: usize,
-    decode_niceness: u8,
-    io_concurrency: Option<usize>,
-    io_threads: usize,
+    pub(crate) decode_niceness: u8,
+    pub(crate) io_concurrency: Option<usize>,
+    pub(crate) io_threads: usize,
     pub(crate) prefetch_batches: Option<usize>,
     pub(crate) byte_budget: u64,
     pub(crate) pinning: PinningMode,
     pub(crate) list_mode: ListMode,
-    slab_bytes: Option<usize>,
-    retry: RetryPolicy,
-    cache_dir: Option<std::path::PathBuf>,
-    cache_limit: u64,
-    mapped_reads: bool,
-    faults: Option<FaultConfig>,
-    on_error: OnError,
-    max_skipped: u64,
-    failpoints: Option<String>,
+    pub(crate) slab_bytes: Option<usize>,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) cache_dir: Option<std::path::PathBuf>,
+    pub(crate) cache_limit: u64,
+    pub(crate) mapped_reads: bool,
+    pub(crate) faults: Option<FaultConfig>,
+    pub(crate) on_error: OnError,
+    pub(crate) max_skipped: u64,
+    pub(crate) failpoints: Option<String>,
     pub(crate) trace: Option<std::path::PathBuf>,
     pub(crate) slow_warning: Option<(f64, u64)>,
     /// A mixture's source: keep the final partial batch (see
@@ -178,7 +174,7 @@ impl std::fmt::Debug for LoaderBuilder {
     }
 }
 
-fn env_u64(name: &str) -> Result<Option<u64>> {
+pub(crate) fn env_u64(name: &str) -> Result<Option<u64>> {
     match std::env::var(name) {
         Ok(v) => v
             .trim()
@@ -509,9 +505,9 @@ impl LoaderBuilder {
         self
     }
 
-    /// Check every option, read the manifest and the first footer, allocate
-    /// the pool. Errors name the bad option.
-    pub fn build(self) -> Result<Loader> {
+    /// Check the options that need no dataset, naming the first bad one
+    /// (`build` checks the rest against the manifest).
+    pub(crate) fn check(&self) -> Result<()> {
         let bad =
             |option: &'static str, reason: String| Err(LoaderError::BadOption { option, reason });
         if self.batch_size == 0 {
@@ -539,438 +535,17 @@ impl LoaderBuilder {
         if self.byte_budget < 1 << 20 {
             return bad("byte_budget", "must be at least 1 MiB".into());
         }
-        let failpoints = match &self.failpoints {
-            Some(spec) => Failpoints::parse(spec),
-            None => Failpoints::from_env(),
-        }
-        .map_err(|reason| LoaderError::BadOption {
-            option: "failpoints",
-            reason,
-        })?;
-        let world_size = match self.world_size {
-            Some(w) => w,
-            None => env_u64("WORLD_SIZE")?.unwrap_or(1),
-        };
-        let rank = match self.rank {
-            Some(r) => r,
-            None => env_u64("RANK")?.unwrap_or(0),
-        };
-        if world_size == 0 {
-            return bad("world_size", "must be greater than 0".into());
-        }
-        if rank >= world_size {
+        if self.decode_threads > MAX_THREADS {
             return bad(
-                "rank",
-                format!("rank {rank} is not below world_size {world_size}"),
-            );
-        }
-        let decode_threads = if self.decode_threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            self.decode_threads
-        };
-        let mut location = match &self.location {
-            Some(l) => l.clone(),
-            None => Location::parse_with_options(&self.url, self.storage_options.iter().cloned())?,
-        };
-        if let Some(faults) = &self.faults {
-            location = location.with_faults(faults.clone());
-        }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(self.io_threads)
-            .thread_name("shardfeed-io")
-            .enable_all()
-            .build()
-            .map_err(|source| LoaderError::Io {
-                op: "start the I/O runtime".into(),
-                source,
-            })?;
-        let manifest = Arc::new(runtime.block_on(location.read_manifest_with(&self.retry))?);
-        let schema = &manifest.schema;
-        let names: Vec<String> = match &self.columns {
-            Some(c) if c.is_empty() => {
-                return bad("columns", "must name at least one column".into());
-            }
-            Some(c) => c.clone(),
-            None => schema.fields().iter().map(|f| f.name().clone()).collect(),
-        };
-        let mut roots = Vec::with_capacity(names.len());
-        for name in &names {
-            match schema.index_of(name) {
-                Ok(i) => roots.push(i),
-                Err(_) => {
-                    let known: Vec<&str> =
-                        schema.fields().iter().map(|f| f.name().as_str()).collect();
-                    return bad(
-                        "columns",
-                        format!("no column named `{name}`; the dataset has {known:?}"),
-                    );
-                }
-            }
-        }
-        let mut sorted_roots = roots.clone();
-        sorted_roots.sort();
-        sorted_roots.dedup();
-        if sorted_roots.len() != roots.len() {
-            return bad("columns", "a column is named twice".into());
-        }
-        if let Some((name, other)) = crate::batch::buffer_key_clash(&names) {
-            return bad(
-                "columns",
+                "threads",
                 format!(
-                    "column `{name}` has the name of a buffer of column `{other}` (a batch's buffers are keyed `<column>.offsets`, `.lengths` and `.validity`): leave one of them out of `columns`"
+                    "{} decode threads is more than {MAX_THREADS} (0: one per core)",
+                    self.decode_threads
                 ),
             );
         }
-        // Decoded batches hold the projected columns in schema order.
-        let projected = schema
-            .project(&sorted_roots)
-            .map_err(|e| LoaderError::BadOption {
-                option: "columns",
-                reason: e.to_string(),
-            })?;
-        if let Some(images) = images
-            && let Some(missing) = images.columns.iter().find(|c| !names.contains(c))
-        {
-            return bad(
-                "decode_images",
-                format!("`{missing}` is not among the loaded columns {names:?}"),
-            );
-        }
-        let plans = plan_columns(&projected, &names, images)?;
-
-        let counters = Arc::new(Counters {
-            trace: self
-                .trace
-                .as_deref()
-                .map(crate::trace::Tracer::create)
-                .transpose()?,
-            ..Counters::default()
-        });
-        // Shards read from local files (not through an object store).
-        let local = location.local_root().is_some();
-        let cache = match (&self.cache_dir, location.local_root()) {
-            (Some(dir), None) => Some(
-                ShardCache::new(
-                    dir,
-                    &format!(
-                        "{}|{}",
-                        location.url(),
-                        crate::state::dataset_fingerprint(&manifest)
-                    ),
-                    self.cache_limit,
-                )
-                .map_err(|source| LoaderError::Io {
-                    op: format!("create the cache folder {}", dir.display()),
-                    source,
-                })?,
-            ),
-            _ => None,
-        };
-        let fetch = Arc::new(FetchContext::new(
-            location.clone(),
-            manifest.clone(),
-            sorted_roots,
-            counters.clone(),
-            self.retry.clone(),
-            cache,
-            LocalReads {
-                // Read buffers (in use and idle) kept for reuse up to the
-                // budget, which already bounds the reads in flight: every
-                // buffer the pipeline goes on needing is kept. Reads of 2 MiB
-                // and more are mapped for themselves, not taken from the
-                // allocator (whose heap they fragmented), so this pool is what
-                // keeps them from being faulted in afresh (BENCHMARKS.md).
-                buffer_bytes: usize::try_from(self.byte_budget).unwrap_or(usize::MAX),
-                threads: local_readers(decode_threads),
-                mapped: self.mapped_reads,
-            },
-        ));
-        let sizes = estimate_sizes(&runtime, &fetch, &manifest, &self, &plans)?;
-
-        let shuffled_at_shard_time = manifest.options.shuffle_seed.is_some();
-        let units = manifest.row_group_count().max(1) as u64;
-        // Memory: the budget bounds the projected bytes of row groups fetched
-        // or decoded but not yet collated. The collator holds the windows a
-        // batch touches: every row group of the batch's rows plus the rest of
-        // its first and last windows; the budget must hold that many.
-        let min_group_rows = manifest
-            .shards
-            .iter()
-            .flat_map(|s| s.row_groups.iter().copied())
-            .filter(|&r| r > 0)
-            .min()
-            .unwrap_or(1);
-        let batch_groups = (self.batch_size as u64).div_ceil(min_group_rows) + 1;
-        let needed_for = |window: usize| {
-            let two = (window as u64).saturating_mul(2);
-            two.saturating_add(batch_groups.saturating_sub(1))
-                .min(units.max(two))
-        };
-        let fits =
-            |window: usize| sizes.unit_bytes.saturating_mul(needed_for(window)) <= self.byte_budget;
-        let window = match self.window {
-            Some(w) => w,
-            // A dataset shuffled at shard time: windows of the default size,
-            // or as large as the budget holds two of (a mixture's sources
-            // share one budget: eight sources of 8 MB row groups get 128 MiB
-            // each, which holds two windows of 7), down to 2; below that the
-            // budget is refused by name.
-            None if shuffled_at_shard_time || !self.shuffle => (MIN_FITTED_WINDOW..=DEFAULT_WINDOW)
-                .rev()
-                .find(|&w| fits(w))
-                .unwrap_or(DEFAULT_WINDOW),
-            None => usize::try_from(self.byte_budget / 4 / sizes.unit_bytes.max(1))
-                .unwrap_or(MAX_AUTO_WINDOW)
-                .clamp(DEFAULT_WINDOW, MAX_AUTO_WINDOW),
-        };
-        if self.window.is_none() && window < DEFAULT_WINDOW {
-            tracing::info!(
-                "{}: shuffle windows of {window} row groups (not {DEFAULT_WINDOW}): byte_budget ({} bytes) holds two of that many",
-                location.url(),
-                self.byte_budget
-            );
-        }
-        if self.shuffle && !shuffled_at_shard_time && (window as u64) < units.min(MIXED_ROW_GROUPS)
-        {
-            tracing::warn!(
-                "{} was written in input order (shard --no-shuffle) and each shuffle window mixes only {window} of its {units} row groups: batches may hold few classes or domains; raise byte_budget or window, or shard it again with the default shuffle",
-                location.url()
-            );
-        }
-
-        let needed = needed_for(window);
-        if !fits(window) {
-            return bad(
-                "byte_budget",
-                format!(
-                    "{} bytes cannot hold the {needed} row groups (~{} bytes of the projected columns each) that two shuffle windows of {} row groups and a batch of {} rows touch; raise it, or lower window or batch_size",
-                    self.byte_budget, sizes.unit_bytes, window, self.batch_size
-                ),
-            );
-        }
-        if sizes.batch_bytes > self.byte_budget {
-            let option = if matches!(self.list_mode, ListMode::Padded { .. }) {
-                "pad_to"
-            } else {
-                "batch_size"
-            };
-            return bad(
-                option,
-                format!(
-                    "one batch of {} rows needs about {} bytes, more than the byte budget ({} bytes); lower it or raise byte_budget",
-                    self.batch_size, sizes.batch_bytes, self.byte_budget
-                ),
-            );
-        }
-        let plan_rows = manifest.total_rows / world_size;
-        if self.drop_last
-            && !self.keep_partial
-            && plan_rows > 0
-            && (self.batch_size as u64) > plan_rows
-        {
-            return bad(
-                "batch_size",
-                format!(
-                    "{} is more than the {plan_rows} rows each of the {world_size} ranks gets per epoch: with drop_last every batch would be dropped",
-                    self.batch_size
-                ),
-            );
-        }
-        let slab_bytes = match self.slab_bytes {
-            Some(b) => b,
-            None => sizes.slab_bytes,
-        };
-        let prefetch = self.prefetch_batches.unwrap_or_else(|| {
-            usize::try_from(DEFAULT_PREFETCH_BYTES / sizes.batch_bytes.max(1))
-                .unwrap_or(usize::MAX)
-                .clamp(2, DEFAULT_PREFETCH_BATCHES)
-        });
-        let slabs = prefetch + 3;
-        if (slab_bytes as u64).saturating_mul(slabs as u64) > self.byte_budget.saturating_mul(4) {
-            return bad(
-                if self.slab_bytes.is_some() {
-                    "slab_bytes"
-                } else {
-                    "prefetch"
-                },
-                format!(
-                    "{slabs} slabs of {slab_bytes} bytes are more than 4x the byte budget ({} bytes); lower prefetch or slab_bytes, or raise byte_budget",
-                    self.byte_budget
-                ),
-            );
-        }
-        // Read ahead no further than is useful: the row groups that must be
-        // held (the window being collated and the next one, fetched and
-        // decoded meanwhile) and two per decode thread; from object storage
-        // one window more, to keep requests in flight through the latency
-        // (with 50 ms per request it was 25% of throughput). Local datasets
-        // of fixed-width columns get that window too: the shuffle stage
-        // permutes each of their windows whole, a barrier, and without work
-        // a window ahead the decode threads idled through it (tabular: 1.6
-        // of 2 cores busy, 1.85 with it, +10-15% rows/s for ~40-90 MiB).
-        // Elsewhere it would only be fresh memory the first epoch pays for
-        // (10-90 MiB more peak RSS for the same throughput on tokens and
-        // images).
-        let fixed_width = plans.iter().all(ColumnPlan::is_fixed_width);
-        let extra_window = if local && !(fixed_width && self.shuffle) {
-            0
-        } else {
-            window as u64
-        };
-        let useful = sizes.unit_bytes.saturating_mul(
-            needed
-                .saturating_add(extra_window)
-                .saturating_add(2 * decode_threads as u64),
-        );
-        let in_flight = self.byte_budget.min(useful.max(1 << 20));
-        let pool = Arc::new(Pool::new(slabs, slab_bytes, self.pinning)?);
-        let config = Config {
-            batch_size: self.batch_size,
-            shuffle: self.shuffle,
-            seed: self.seed,
-            window,
-            rank,
-            world_size,
-            drop_last: self.drop_last,
-            keep_partial: self.keep_partial,
-            decode_threads,
-            decode_niceness: self.decode_niceness,
-            // Local reads are copies from the page cache (or a disk read
-            // ahead by the kernel) on the read threads: twice as many in
-            // flight as threads, so that a thread that finishes one finds the
-            // next queued. More threads than decode threads took cores from
-            // decoding (one more: images +5-9% rows/s, tokens -7-10%, their
-            // CPU time +8%); a queued read holds no buffer, only its share of
-            // the byte budget.
-            io_concurrency: self.io_concurrency.unwrap_or(if local {
-                2 * local_readers(decode_threads)
-            } else {
-                DEFAULT_IO_CONCURRENCY
-            }),
-            prefetch_batches: prefetch,
-            list_mode: self.list_mode,
-            fixed_width,
-            plans,
-            byte_budget: self.byte_budget,
-            in_flight_bytes: in_flight,
-            needed_units: needed,
-            batch_bytes: sizes.batch_bytes,
-            on_error: self.on_error,
-            max_skipped: self.max_skipped,
-            failpoints,
-            slow_warning: self.slow_warning.filter(|&(f, n)| f > 0.0 && n > 0),
-            images: images.cloned(),
-        };
-        Ok(Loader::from_parts(
-            config, manifest, fetch, runtime, pool, counters, self.epoch,
-        ))
+        Ok(())
     }
-}
-
-/// Sizes estimated from the manifest and the first footer.
-struct Sizes {
-    /// Projected bytes (fetched + decoded) of an average row group.
-    unit_bytes: u64,
-    /// Bytes of one collated batch.
-    batch_bytes: u64,
-    /// Bytes per slab: twice a batch's (decoded images: once).
-    slab_bytes: usize,
-}
-
-fn estimate_sizes(
-    runtime: &tokio::runtime::Runtime,
-    fetch: &Arc<FetchContext>,
-    manifest: &Manifest,
-    builder: &LoaderBuilder,
-    plans: &[ColumnPlan],
-) -> Result<Sizes> {
-    let rows = builder.batch_size;
-    let overhead: usize = plans.iter().map(|p| p.overhead_bytes(rows)).sum();
-    let Some(first) = manifest.shards.iter().position(|s| s.rows > 0) else {
-        return Ok(Sizes {
-            unit_bytes: 1,
-            batch_bytes: 0,
-            slab_bytes: 64 << 10,
-        });
-    };
-    let footer = runtime.block_on(fetch.footer(first as u32))?;
-    let (leaves, _) = projection(&footer.arrow, &fetch.roots);
-    // Image columns collate to their decoded size, not their stored one.
-    let image_roots: Vec<usize> = builder
-        .images
-        .columns
-        .iter()
-        .filter_map(|name| manifest.schema.index_of(name).ok())
-        .collect();
-    let (image_leaves, _) = projection(&footer.arrow, &image_roots);
-    let decoded_per_row = if image_roots.is_empty() {
-        0
-    } else {
-        (builder.images.image_bytes() * image_roots.len()) as u64
-    };
-    let meta = &footer.footer.metadata;
-    let (mut projected, mut all, mut cost) = (0u64, 0u64, 0u64);
-    for g in meta.row_groups() {
-        cost = cost.saturating_add(fetch.row_group_cost(&footer.arrow, g));
-        for (i, c) in g.columns().iter().enumerate() {
-            let size = crate::fetch::decoded_bytes(c);
-            all = all.saturating_add(size);
-            if leaves.contains(&i) && !image_leaves.contains(&i) {
-                projected = projected.saturating_add(size);
-            }
-        }
-    }
-    let unit_bytes = cost / meta.num_row_groups().max(1) as u64;
-    // Parquet's uncompressed sizes are of encoded pages (dictionaries, bit
-    // packing); scale the dataset's Arrow bytes per row by the projected share.
-    let arrow_per_row = manifest.input_bytes as f64 / manifest.total_rows.max(1) as f64;
-    let per_row = (arrow_per_row * projected as f64 / all.max(1) as f64).ceil() as u64;
-    let padded = match builder.list_mode {
-        ListMode::Padded { to, .. } => (to as u64)
-            .saturating_mul(8)
-            .saturating_mul(plans.len() as u64),
-        ListMode::Ragged => 0,
-    };
-    let batch_bytes = (rows as u64)
-        .saturating_mul(
-            per_row
-                .saturating_add(padded)
-                .saturating_add(decoded_per_row),
-        )
-        .saturating_add(overhead as u64);
-    // Twice the estimate for what varies from batch to batch (lists,
-    // strings, encoded bytes); decoded images have exactly their size, and
-    // so does a batch of fixed-width columns only (when some columns vary,
-    // their share of the estimate is itself an estimate: the whole batch
-    // keeps the margin).
-    let images = (rows as u64).saturating_mul(decoded_per_row);
-    let all_fixed = plans.iter().all(|p| p.is_fixed_width() || p.is_image());
-    let slab_bytes = usize::try_from(if all_fixed {
-        plans
-            .iter()
-            .map(|p| p.fixed_bytes(rows) as u64)
-            .fold(images, u64::saturating_add)
-            .saturating_add(overhead as u64)
-    } else {
-        batch_bytes
-            .saturating_sub(images)
-            .saturating_mul(2)
-            .saturating_add(images)
-    })
-    .unwrap_or(usize::MAX)
-    .max(64 << 10);
-    Ok(Sizes {
-        unit_bytes,
-        batch_bytes,
-        slab_bytes,
-    })
-}
-
-/// Threads that read local files (a local dataset's shards, or a remote
-/// one's cached copies), for `decode_threads` decode threads.
-fn local_readers(decode_threads: usize) -> usize {
-    decode_threads.max(2)
 }
 
 impl Config {

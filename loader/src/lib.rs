@@ -38,13 +38,16 @@
 //! ```
 
 mod batch;
+mod build;
 mod cache;
 mod collate;
+mod columns;
 mod config;
 mod decode;
 mod error;
 mod fetch;
 mod image;
+mod inspect;
 mod loader;
 mod mapfile;
 mod mapped;
@@ -57,6 +60,7 @@ pub mod plan;
 pub mod shard;
 mod share;
 mod shuffle;
+mod stage;
 mod state;
 mod stats;
 mod trace;
@@ -64,7 +68,7 @@ pub use trace::TraceOutcome;
 mod verify;
 
 pub use batch::{Batch, Buffer, Column, ColumnLayout, DType, Element};
-pub use collate::ListMode;
+pub use columns::ListMode;
 pub use config::{
     DEFAULT_BATCH_SIZE, DEFAULT_BYTE_BUDGET, DEFAULT_CACHE_LIMIT, DEFAULT_DECODE_NICENESS,
     DEFAULT_IO_CONCURRENCY, DEFAULT_MAX_SKIPPED, DEFAULT_PREFETCH_BATCHES, DEFAULT_PREFETCH_BYTES,
@@ -73,9 +77,9 @@ pub use config::{
 };
 pub use error::{LoaderError, Result, Stage};
 pub use image::{
-    Crop, DEFAULT_MAX_IMAGE_PIXELS, ImageColumnSummary, ImageDecoder, ImageHeader, ImageOptions,
-    image_summary, probe as probe_image,
+    Crop, DEFAULT_MAX_IMAGE_PIXELS, ImageDecoder, ImageHeader, ImageOptions, probe as probe_image,
 };
+pub use inspect::{ImageColumnSummary, image_summary};
 pub use loader::Loader;
 pub use mix::{MixStop, Mixture, MixtureBuilder, MixtureState, MixtureStats};
 pub use pack::{PackMode, PackOptions};

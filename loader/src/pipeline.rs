@@ -42,21 +42,9 @@ use crate::fetch::FetchContext;
 use crate::pinned::Pool;
 use crate::plan::{EpochPlan, PlanOptions, Segment};
 use crate::shuffle::{LoadedWindow, Shuffler};
+use crate::stage::{Decoded, DecodedSegment, injected};
 use crate::stats::Counters;
 use crate::{LoaderError, Result};
-
-/// A decoded segment's rows, or the mark of a skipped one.
-pub(crate) enum DecodedSegment {
-    /// The segment's rows, in order.
-    Rows(Vec<RecordBatch>),
-    /// A damaged row group left out under [`OnError::Skip`]: its rows hold
-    /// no data (`schema`: the projected columns, for an empty placeholder).
-    Skipped { schema: SchemaRef },
-}
-
-/// A decoded segment by sequence number, or the error that stopped the
-/// pipeline, with the budget its row group holds.
-pub(crate) type Decoded = (u64, Result<DecodedSegment>, Option<OwnedSemaphorePermit>);
 
 type FetchedRx = Arc<Mutex<tokio::sync::mpsc::Receiver<Result<(Fetched, OwnedSemaphorePermit)>>>>;
 
@@ -69,21 +57,6 @@ impl<F: Future + Unpin> Future for Quiet<F> {
     type Output = F::Output;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         quietly(|| Pin::new(&mut self.0).poll(cx))
-    }
-}
-
-/// The error of failpoint `action` at `stage` ([`Action::Stop`] and
-/// [`Action::Exit`] are handled by the caller and by the failpoint).
-pub(crate) fn injected(stage: Stage, action: Action, cancel: &AtomicBool) -> LoaderError {
-    match action {
-        Action::Panic => panic!("injected panic in the {stage} stage (failpoint)"),
-        Action::Block => {
-            while !cancel.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            LoaderError::Closed
-        }
-        _ => LoaderError::stage(stage, None, None, "injected failure (failpoint)"),
     }
 }
 

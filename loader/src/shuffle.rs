@@ -25,8 +25,8 @@ use shardfeed_format::failpoint::Action;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::config::Config;
-use crate::pipeline::{Decoded, DecodedSegment, injected};
 use crate::plan::EpochPlan;
+use crate::stage::{Decoded, DecodedSegment, injected};
 use crate::stats::Counters;
 use crate::{LoaderError, Result};
 
@@ -45,9 +45,6 @@ pub(crate) struct LoadedWindow {
     /// replaces it (and holds the budget).
     pub provisional: bool,
     pub _permits: Vec<OwnedSemaphorePermit>,
-    /// Each batch's projected columns as the collator reads them, made by
-    /// the collator once per window (not per collated batch).
-    pub sources: Vec<Vec<crate::collate::SourceColumn>>,
     /// A permuted window's bounds on its dictionary columns' keys (indexed
     /// by column; `None` for plain columns), from [`permute`]; empty for
     /// other windows.
@@ -260,7 +257,6 @@ impl Shuffler {
                     permuted: false,
                     provisional: true,
                     _permits: Vec::new(),
-                    sources: Vec::new(),
                     key_bounds: Vec::new(),
                 };
                 if early.send(Ok(provisional)).is_err() {
@@ -293,7 +289,6 @@ impl Shuffler {
                 permuted: true,
                 provisional: false,
                 _permits: permits,
-                sources: Vec::new(),
                 key_bounds,
             });
         }
@@ -305,7 +300,6 @@ impl Shuffler {
             permuted: false,
             provisional: false,
             _permits: permits,
-            sources: Vec::new(),
             key_bounds: Vec::new(),
         })
     }

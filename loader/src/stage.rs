@@ -1,0 +1,42 @@
+//! What the pipeline's stages hand each other: decoded segments (decode ->
+//! shuffle; the windows shuffle hands collate are
+//! [`crate::shuffle::LoadedWindow`]), and the errors of failpoints any
+//! stage may hit.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use shardfeed_format::failpoint::Action;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::error::{LoaderError, Result, Stage};
+
+/// A decoded segment's rows, or the mark of a skipped one.
+pub(crate) enum DecodedSegment {
+    /// The segment's rows, in order.
+    Rows(Vec<RecordBatch>),
+    /// A damaged row group left out under [`OnError::Skip`]: its rows hold
+    /// no data (`schema`: the projected columns, for an empty placeholder).
+    Skipped { schema: SchemaRef },
+}
+
+/// A decoded segment by sequence number, or the error that stopped the
+/// pipeline, with the budget its row group holds.
+pub(crate) type Decoded = (u64, Result<DecodedSegment>, Option<OwnedSemaphorePermit>);
+
+/// The error of failpoint `action` at `stage` ([`Action::Stop`] and
+/// [`Action::Exit`] are handled by the caller and by the failpoint).
+pub(crate) fn injected(stage: Stage, action: Action, cancel: &AtomicBool) -> LoaderError {
+    match action {
+        Action::Panic => panic!("injected panic in the {stage} stage (failpoint)"),
+        Action::Block => {
+            while !cancel.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            LoaderError::Closed
+        }
+        _ => LoaderError::stage(stage, None, None, "injected failure (failpoint)"),
+    }
+}
