@@ -4,6 +4,11 @@
 #    the loader: no `crate::` path outside `crate::parquet`.
 # 2. No two modules of preprocess/ import each other (root re-exports count
 #    as their defining module).
+# 3. No circle of imports among the modules of loader/src/ (a module and its
+#    folder count as one; root re-exports count as their defining module;
+#    tests are left out).
+# 4. Every `unsafe` block or impl has a `// SAFETY:` comment on it or within
+#    the six lines above it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
@@ -39,5 +44,81 @@ for a in "${!uses[@]}"; do
     fi
   done
 done
+# 3. Circles among loader/src/ modules.
+if ! python3 - <<'PY'
+import glob, os, re, sys
+root = "loader/src"
+mods = {}
+for path in glob.glob(root + "/*.rs"):
+    name = os.path.basename(path)[:-3]
+    if name != "lib":
+        mods[name] = [path] + glob.glob(f"{root}/{name}/**/*.rs", recursive=True)
+lib = open(root + "/lib.rs").read()
+reexport = {}
+for m in re.finditer(r"pub use (\w+)::\{([^}]*)\}", lib):
+    for item in m.group(2).replace("\n", " ").split(","):
+        item = item.strip().split(" as ")[0].strip()
+        if item:
+            reexport[item] = m.group(1)
+for m in re.finditer(r"pub use (\w+)::(\w+);", lib):
+    reexport[m.group(2)] = m.group(1)
+graph = {}
+for name, files in mods.items():
+    deps = set()
+    for f in files:
+        text = "\n".join(l for l in open(f).read().split("\n") if not l.strip().startswith("//"))
+        cut = text.find("#[cfg(test)]\nmod tests")
+        if cut >= 0:
+            text = text[:cut]
+        for m in re.finditer(r"crate::(\{[^}]*\}|[A-Za-z_]+)", text):
+            for item in re.sub(r"[{}]", " ", m.group(1)).replace(",", " ").split():
+                target = reexport.get(item.split("::")[0], item.split("::")[0])
+                if target in mods and target != name:
+                    deps.add(target)
+    graph[name] = deps
+# Tarjan's strongly connected components: any of more than one module is a circle.
+index, low, stack, on, found = {}, {}, [], set(), []
+sys.setrecursionlimit(10000)
+def visit(v, counter=[0]):
+    index[v] = low[v] = counter[0]; counter[0] += 1
+    stack.append(v); on.add(v)
+    for w in graph[v]:
+        if w not in index:
+            visit(w); low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+        comp = []
+        while True:
+            w = stack.pop(); on.discard(w); comp.append(w)
+            if w == v:
+                break
+        if len(comp) > 1:
+            found.append(sorted(comp))
+for v in sorted(graph):
+    if v not in index:
+        visit(v)
+for comp in found:
+    print("loader/src: modules import each other in a circle:", " ".join(comp))
+sys.exit(1 if found else 0)
+PY
+then
+  status=1
+fi
+
+# 4. `unsafe` without a SAFETY comment.
+unsafe_sites=$(find loader/src preprocess/src format/src cli/src python/src fixtures/src -name '*.rs' -print0 \
+  | xargs -0 awk '
+      FNR == 1 { delete seen }
+      { seen[FNR] = $0 }
+      /unsafe[ ]*\{|unsafe impl/ && $0 !~ /^[ \t]*\/\// {
+        ok = 0
+        for (i = FNR; i > FNR - 7 && i > 0; i--) if (seen[i] ~ /SAFETY/) ok = 1
+        if (!ok) print FILENAME ":" FNR ": " $0
+      }')
+if [ -n "$unsafe_sites" ]; then
+  echo "unsafe without a // SAFETY: comment on it or in the six lines above:"; echo "$unsafe_sites"
+  status=1
+fi
 [ $status -eq 0 ] && echo "structure: ok"
 exit $status
