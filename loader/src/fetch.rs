@@ -10,6 +10,8 @@
 //! a shard truncated or rewritten while it is read still an error naming
 //! it, not SIGBUS).
 
+pub(crate) mod stage;
+
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -23,12 +25,12 @@ use parquet::file::metadata::RowGroupMetaData;
 use shardfeed_format::{ChunkHash, ChunkSum, Location, Manifest, RetryPolicy};
 
 use crate::cache::ShardCache;
-use crate::decode::{Fetched, FooterInfo};
 use crate::mapfile::{Changed, MapSet, MappedShard};
 use crate::mapped::MAPPED_FROM;
 use crate::parquet::projection;
 use crate::plan::Segment;
 use crate::shard::{check_schema, decode_footer};
+use crate::stage::{Fetched, FooterInfo};
 use crate::stats::Counters;
 use crate::{LoaderError, Result};
 

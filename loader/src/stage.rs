@@ -1,4 +1,5 @@
-//! What the pipeline's stages hand each other: decoded segments (decode ->
+//! What the pipeline's stages hand each other: fetched column chunks
+//! (fetch -> decode), decoded segments (decode ->
 //! shuffle; the windows shuffle hands collate are
 //! [`crate::shuffle::LoadedWindow`]), and the errors of failpoints any
 //! stage may hit.
@@ -11,7 +12,32 @@ use arrow_schema::SchemaRef;
 use shardfeed_format::failpoint::Action;
 use tokio::sync::OwnedSemaphorePermit;
 
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+use shardfeed_format::ChunkSum;
+
 use crate::error::{LoaderError, Result, Stage};
+use crate::plan::Segment;
+use crate::shard::ShardFooter;
+
+/// A shard's checked footer, ready for decoding.
+pub(crate) struct FooterInfo {
+    pub footer: ShardFooter,
+    pub arrow: ArrowReaderMetadata,
+}
+
+/// The fetched column chunks of one segment's row group.
+pub(crate) struct Fetched {
+    pub seq: u64,
+    pub segment: Segment,
+    pub footer: Arc<FooterInfo>,
+    /// `(leaf column, file offset, bytes, checksum)`, one per projected
+    /// column chunk: owned bytes, read from the store or a local file; the
+    /// checksum when it was computed as the bytes were read.
+    pub chunks: Vec<(usize, u64, Bytes, Option<ChunkSum>)>,
+}
 
 /// A decoded segment's rows, or the mark of a skipped one.
 pub(crate) enum DecodedSegment {
