@@ -91,7 +91,7 @@ impl std::str::FromStr for OnError {
     }
 }
 
-/// Configures and builds a [`Loader`]. Every setter is optional.
+/// Configures and builds a [`Loader`](crate::Loader). Every setter is optional.
 ///
 /// ```no_run
 /// use shardfeed_loader::Loader;

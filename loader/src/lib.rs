@@ -5,13 +5,25 @@
 //! plan (pure) -> fetch (tokio + object_store) -> decode (threads) -> shuffle (thread) -> collate (thread) -> slab pool -> consumer
 //! ```
 //!
-//! Modules follow the pipeline: [`config`](LoaderBuilder) (options and
-//! checks), [`plan`] (the pure order), `pipeline` (threads, channels,
-//! cancellation, failures), `fetch`, `decode` (checksums, then `parquet`: the
-//! own Parquet reader, which depends on nothing else of the loader),
-//! `shuffle`, `collate` (with `image`: images decoded, cropped and resized
-//! into the slab), `pinned` (the slab pool), `state` (resume) and
-//! `stats`.
+//! Where each part lives (`scripts/check-structure.sh` keeps these modules
+//! free of import circles):
+//!
+//! | stage or part | file |
+//! |---|---|
+//! | options and their checks | `config.rs` ([`LoaderBuilder`]) |
+//! | assembly: manifest, first footer, memory policy, pool | `build.rs` |
+//! | the column contract (types taken, batch layout) | `columns.rs` |
+//! | the order (pure) | [`plan`] |
+//! | wiring a pass: channels, threads, cancellation | `pipeline.rs` |
+//! | what stages hand each other | `stage.rs` (and `shuffle::LoadedWindow`) |
+//! | fetch stage: admission, range reads, shared reads | `fetch/stage.rs`, with `fetch.rs` (footers, local and mapped reads, the shard cache `cache.rs`) |
+//! | decode threads: checksums, then the own Parquet reader | `decode.rs`, `parquet/` (depends on nothing else of the loader) |
+//! | shuffle stage: window permutation | `shuffle.rs` |
+//! | collate stage: gathers into slabs, images | `collate.rs`, `image.rs` |
+//! | the slab pool (pinned when CUDA is there) | `pinned.rs`, `mapped.rs` |
+//! | the consumer: batches, epochs, resume | `loader.rs`, `state.rs` |
+//! | mixtures and packing | `mix.rs` (`mix/thread.rs`), `pack.rs` |
+//! | counters, trace, reports | `stats.rs`, `trace.rs`, `inspect.rs`, `verify.rs` |
 //!
 //! * The order a rank sees is a pure function of (manifest, seed, epoch,
 //!   rank, world size): see [`plan`].
