@@ -145,6 +145,13 @@ fn mutated_inputs_of_every_format_end_in_success_or_an_error() {
                         message.contains(&s(&input)) || message.contains("ds"),
                         "{name} case {case}: the error names neither the input nor the dataset: {message}"
                     );
+                    // Nothing published, no lock left behind.
+                    let out = dir.join("ds");
+                    assert!(!out.join("manifest.json").exists(), "{name} case {case}");
+                    assert!(
+                        !out.join(shardfeed_preprocess::LOCK_FILE).exists(),
+                        "{name} case {case}: the lock was left"
+                    );
                     failed += 1;
                 }
             }
