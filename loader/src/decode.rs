@@ -430,7 +430,7 @@ mod tests {
     use arrow_array::{Array, Int64Array, RecordBatch};
 
     use super::Stash;
-    use crate::plan::Segment;
+    use crate::plan::test_segment as seg;
 
     fn ids(from: i64, to: i64) -> RecordBatch {
         RecordBatch::try_from_iter([(
@@ -438,15 +438,6 @@ mod tests {
             Arc::new(Int64Array::from_iter_values(from..to)) as Arc<dyn Array>,
         )])
         .unwrap()
-    }
-
-    fn seg(shard: u32, row_group: u32, start: u32, end: u32) -> Segment {
-        Segment {
-            shard,
-            row_group,
-            start,
-            end,
-        }
     }
 
     #[test]

@@ -633,6 +633,17 @@ impl EpochPlan {
     }
 }
 
+/// A segment, for tests.
+#[cfg(test)]
+pub(crate) fn test_segment(shard: u32, row_group: u32, start: u32, end: u32) -> Segment {
+    Segment {
+        shard,
+        row_group,
+        start,
+        end,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -96,14 +96,18 @@ fn write_documents(
 }
 
 /// Rows of the dataset at `dir` by id: (ids, num_tokens).
-fn tokenized_rows(dir: &Path, column: &str) -> HashMap<i64, (Vec<i32>, i32)> {
-    let all = read_all(dir);
-    let ids = all
-        .column_by_name("id")
+/// The `id` column of `all`.
+fn id_column(all: &arrow_array::RecordBatch) -> &Int64Array {
+    all.column_by_name("id")
         .unwrap()
         .as_any()
         .downcast_ref::<Int64Array>()
-        .unwrap();
+        .unwrap()
+}
+
+fn tokenized_rows(dir: &Path, column: &str) -> HashMap<i64, (Vec<i32>, i32)> {
+    let all = read_all(dir);
+    let ids = id_column(&all);
     let lists = all.column_by_name(column).unwrap().as_list::<i32>();
     let counts = all
         .column_by_name("num_tokens")
@@ -418,12 +422,7 @@ fn tokenizer_files_id_ranges_and_column_names_are_checked() {
         &DataType::UInt32,
         "ids past i32::MAX need an unsigned column"
     );
-    let ids = all
-        .column_by_name("id")
-        .unwrap()
-        .as_any()
-        .downcast_ref::<Int64Array>()
-        .unwrap();
+    let ids = id_column(&all);
     let mut zetas = 0;
     for r in 0..all.num_rows() {
         let got: Vec<u64> = lists

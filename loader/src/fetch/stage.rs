@@ -277,15 +277,7 @@ pub(crate) fn continuations(segments: &[(u64, Segment)]) -> Vec<(usize, usize)> 
 #[cfg(test)]
 mod tests {
     use crate::plan::Segment;
-
-    fn seg(shard: u32, row_group: u32, start: u32, end: u32) -> Segment {
-        Segment {
-            shard,
-            row_group,
-            start,
-            end,
-        }
-    }
+    use crate::plan::test_segment as seg;
 
     #[test]
     fn the_rest_of_a_row_group_reuses_its_slices_fetch_within_reach() {
