@@ -795,3 +795,25 @@ fn forged_blending_counts_are_refused() {
         );
     }
 }
+
+/// A packed batch's slabs answer to the byte budget: `batch_size` x
+/// `pack_to` whose eight slabs are past four times the budget is refused
+/// naming `pack_to`, before any slab is allocated.
+#[test]
+fn pack_to_past_the_byte_budget_is_refused() {
+    let tmp = tempdir();
+    let a = token_source(tmp.path(), "a", 0, 50, 8);
+    let err = mixture(&[(a.clone(), 1.0)])
+        .batch_size(8)
+        .pack_to(1 << 26)
+        .build()
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(err, LoaderError::BadOption { option: "pack_to", .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("byte budget"), "{err}");
+    // Within the budget it builds.
+    mixture(&[(a, 1.0)]).batch_size(8).pack_to(4096).build().unwrap();
+}
