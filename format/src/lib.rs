@@ -38,6 +38,7 @@ pub mod permute;
 pub mod redact;
 pub mod retry;
 pub mod size;
+pub mod thrift;
 
 pub use checksum::{ChunkChecksums, ChunkHash, ChunkSum, Crc32};
 pub use error::{FormatError, Result, StoreError};

@@ -530,6 +530,10 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
                 Source::File { path, format, .. } => match format {
                     InputFormat::Parquet => {
                         let builder = parquet_builder(path)?;
+                        // Every Parquet input is probed here before any of
+                        // its pages is read (the ratio below reads one row
+                        // group).
+                        check_pages(path, builder.metadata(), options.max_value_bytes())?;
                         let uncompressed: i64 = builder
                             .metadata()
                             .row_groups()
@@ -851,6 +855,82 @@ impl<R: Read> Read for LineBound<R> {
             return Err(too_long(self.line_start));
         }
         Ok(n)
+    }
+}
+
+/// Check the page headers of `path`'s column chunks before parquet's reader sizes its buffers by them: each page must
+/// lie inside its chunk and decompress to at most `max_page` bytes (one
+/// value's bound). parquet's reader zero-fills a buffer of the size a page
+/// header claims, so a forged header (up to 2 GiB) would cost that much
+/// memory before the read failed. One small positioned read a page.
+fn check_pages(
+    path: &Path,
+    metadata: &parquet::file::metadata::ParquetMetaData,
+    max_page: u64,
+) -> Result<()> {
+    let file = File::open(path).map_err(|e| PreprocessError::io("open", path, e))?;
+    let mut buf = Vec::new();
+    for (g, group) in metadata.row_groups().iter().enumerate() {
+        for chunk in group.columns() {
+            let bad = |reason: String| {
+                PreprocessError::read(
+                    path,
+                    Some(format!(
+                        "row group {g} column {}",
+                        chunk.column_path().string()
+                    )),
+                    reason,
+                )
+            };
+            let (start, len) = chunk.byte_range();
+            let end = start
+                .checked_add(len)
+                .ok_or_else(|| bad("its byte range overflows".into()))?;
+            let mut at = start;
+            while at < end {
+                let header = page_header_at(&file, at, end, &mut buf)
+                    .map_err(|e| bad(format!("page at byte {at}: {e}")))?;
+                let (uncompressed, compressed) = (header.0, header.1);
+                if uncompressed < 0 || compressed < 0 {
+                    return Err(bad(format!("page at byte {at} has a negative size")));
+                }
+                if uncompressed as u64 > max_page {
+                    return Err(bad(format!(
+                        "page at byte {at} decompresses to {uncompressed} bytes, more than one value may hold ({max_page} bytes, an eighth of --memory-budget)"
+                    )));
+                }
+                at = at
+                    .checked_add(header.2)
+                    .and_then(|a| a.checked_add(compressed as u64))
+                    .filter(|&a| a <= end)
+                    .ok_or_else(|| bad(format!("page at byte {at} runs past its column chunk")))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The page header at byte `at` of `file` (ending before `end`): its
+/// uncompressed and compressed sizes and its own length. Headers are read
+/// in growing pieces (most take a few dozen bytes).
+fn page_header_at(
+    file: &File,
+    at: u64,
+    end: u64,
+    buf: &mut Vec<u8>,
+) -> std::result::Result<(i32, i32, u64), String> {
+    use std::os::unix::fs::FileExt;
+    let mut want = 4096u64;
+    loop {
+        let n = want.min(end - at) as usize;
+        buf.resize(n, 0);
+        file.read_exact_at(buf, at).map_err(|e| e.to_string())?;
+        let mut thrift = shardfeed_format::thrift::Thrift::new(buf);
+        match thrift.page_header() {
+            Ok(h) => return Ok((h.uncompressed, h.compressed, thrift.at as u64)),
+            Err(e) if n as u64 == end - at || want >= 16 << 20 => return Err(e),
+            Err(_) => want *= 16,
+        }
     }
 }
 

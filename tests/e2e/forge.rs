@@ -30,6 +30,13 @@ pub struct Thrift {
 }
 
 impl Thrift {
+    /// A writer inside a struct (a page header's top level).
+    pub fn in_struct() -> Self {
+        let mut t = Thrift::default();
+        t.last.push(0);
+        t
+    }
+
     fn varint(&mut self, mut v: u64) {
         loop {
             let byte = (v & 0x7f) as u8;

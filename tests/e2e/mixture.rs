@@ -810,10 +810,20 @@ fn pack_to_past_the_byte_budget_is_refused() {
         .err()
         .expect("refused");
     assert!(
-        matches!(err, LoaderError::BadOption { option: "pack_to", .. }),
+        matches!(
+            err,
+            LoaderError::BadOption {
+                option: "pack_to",
+                ..
+            }
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("byte budget"), "{err}");
     // Within the budget it builds.
-    mixture(&[(a, 1.0)]).batch_size(8).pack_to(4096).build().unwrap();
+    mixture(&[(a, 1.0)])
+        .batch_size(8)
+        .pack_to(4096)
+        .build()
+        .unwrap();
 }

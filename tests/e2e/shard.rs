@@ -1861,3 +1861,56 @@ fn inputs_of_any_shape_are_held_within_the_memory_budget() {
         assert!(!out.join("manifest.json").exists());
     }
 }
+
+/// A Parquet input whose page header claims more bytes than one value may
+/// hold (here 1 GiB for a page of 8 bytes) is refused naming the file, the
+/// row group, the column and the page, before parquet's reader sizes a
+/// buffer by the claim; a page that runs past its column chunk too.
+#[test]
+fn parquet_pages_claiming_more_than_a_value_may_hold_are_refused() {
+    use crate::forge::{Thrift, parquet_file, plain_chunk};
+    let tmp = tempdir();
+    let body = 7i64.to_le_bytes();
+    for (claimed, compressed, want) in [
+        (
+            1i32 << 30,
+            body.len() as i32,
+            "decompresses to 1073741824 bytes",
+        ),
+        (body.len() as i32, 1 << 20, "runs past its column chunk"),
+    ] {
+        let mut t = Thrift::in_struct();
+        t.i32(1, 0)
+            .i32(2, claimed)
+            .i32(3, compressed)
+            .begin(5)
+            .i32(1, 1)
+            .i32(2, 0)
+            .i32(3, 3)
+            .i32(4, 3)
+            .end()
+            .end();
+        let mut page = t.out;
+        page.extend_from_slice(&body);
+        let file = parquet_file(
+            "message m { required int64 v; }",
+            1,
+            vec![plain_chunk(page, 1)],
+        );
+        let input = tmp.path().join(format!("forged-{claimed}.parquet"));
+        std::fs::write(&input, file).unwrap();
+        let out = tmp.path().join("out");
+        let e = shardfeed(&shard_args(
+            &[s(&input)],
+            &out,
+            &["--memory-budget", "64MiB"],
+        ))
+        .failure()
+        .stderr;
+        assert!(
+            e.contains("forged-") && e.contains("row group 0 column v") && e.contains(want),
+            "{e}"
+        );
+        assert!(!out.join("manifest.json").exists());
+    }
+}

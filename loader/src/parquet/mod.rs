@@ -6,7 +6,7 @@
 //!
 //! | module | layer |
 //! |---|---|
-//! | [`thrift`] | page headers (Thrift compact protocol) |
+//! | `shardfeed_format::thrift` | page headers (Thrift compact protocol) |
 //! | [`page`] | a chunk's pages: headers, bodies, zstd, level/value split |
 //! | [`rle`], [`bitpack`] | RLE / bit-packed hybrid keys and levels; bit unpacking |
 //! | [`delta`] | `DELTA_BINARY_PACKED` integers |
@@ -44,7 +44,6 @@ mod rle;
 mod sparse;
 #[cfg(test)]
 mod tests;
-mod thrift;
 
 use std::sync::Arc;
 

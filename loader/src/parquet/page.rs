@@ -1,5 +1,5 @@
 //! A column chunk's pages, read straight from its fetched bytes: page
-//! headers parsed here ([`super::thrift`]), zstd pages decompressed with the
+//! headers parsed here (`shardfeed_format::thrift`), zstd pages decompressed with the
 //! decode thread's own reusable context. Chunks of other codecs go through
 //! parquet's `SerializedPageReader`.
 //!
@@ -22,8 +22,8 @@ use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::reader::ChunkReader;
 use parquet::file::serialized_reader::SerializedPageReader;
 
-use super::thrift::{DATA_PAGE, DATA_PAGE_V2, DICTIONARY_PAGE, Thrift};
 use super::{Limits, general};
+use shardfeed_format::thrift::{DATA_PAGE, DATA_PAGE_V2, DICTIONARY_PAGE, Thrift};
 
 thread_local! {
     static ZSTD: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };

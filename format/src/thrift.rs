@@ -1,5 +1,7 @@
-//! Page headers: parquet.thrift's `PageHeader`, read with the Thrift compact
-//! protocol straight from a column chunk's bytes.
+//! Parquet page headers: parquet.thrift's `PageHeader`, read with the Thrift
+//! compact protocol straight from a column chunk's bytes (the loader's own
+//! reader decodes pages with it; `shard` checks its inputs' pages with it
+//! before parquet's reader sizes buffers by them).
 //!
 //! Every length and count in a header is untrusted: cursor moves are checked
 //! against the bytes present (a length near 2^64 cannot wrap the cursor),
@@ -7,26 +9,41 @@
 //! one byte, so a forged header ends in an error after at most as many steps
 //! as it has bytes.
 
-/// Page types (parquet.thrift `PageType`).
-pub(super) const DATA_PAGE: i32 = 0;
-pub(super) const DICTIONARY_PAGE: i32 = 2;
-pub(super) const DATA_PAGE_V2: i32 = 3;
+/// parquet.thrift `PageType` of a data page (V1).
+pub const DATA_PAGE: i32 = 0;
+/// `PageType` of a dictionary page.
+pub const DICTIONARY_PAGE: i32 = 2;
+/// `PageType` of a V2 data page.
+pub const DATA_PAGE_V2: i32 = 3;
 
 /// The fields of a page header this reader uses.
 #[derive(Debug, Default)]
-pub(super) struct Header {
+pub struct Header {
+    /// `type` (a `PageType`).
     pub page_type: i32,
+    /// `uncompressed_page_size`.
     pub uncompressed: i32,
+    /// `compressed_page_size`.
     pub compressed: i32,
+    /// Values in the page (data pages, V1 and V2; dictionary pages).
     pub num_values: i32,
+    /// The values' encoding.
     pub encoding: i32,
+    /// V1: the definition levels' encoding.
     pub def_encoding: i32,
+    /// V1: the repetition levels' encoding.
     pub rep_encoding: i32,
+    /// V2: nulls in the page.
     pub num_nulls: i32,
+    /// V2: rows in the page.
     pub num_rows: i32,
+    /// V2: bytes of definition levels.
     pub def_bytes: i32,
+    /// V2: bytes of repetition levels.
     pub rep_bytes: i32,
+    /// V2: whether the values are compressed.
     pub is_compressed: bool,
+    /// Whether a data or dictionary page header was found.
     pub has_body: bool,
 }
 
@@ -48,17 +65,18 @@ const T_STRUCT: u8 = 12;
 const MAX_DEPTH: usize = 32;
 
 /// A reader of the Thrift compact protocol.
-pub(super) struct Thrift<'a> {
+pub struct Thrift<'a> {
     data: &'a [u8],
     /// The cursor; always at most `data.len()`.
     pub at: usize,
 }
 
-pub(super) type ThriftResult<T> = std::result::Result<T, String>;
+/// A parse's result: an error says what in the header was wrong.
+pub type ThriftResult<T> = std::result::Result<T, String>;
 
 impl<'a> Thrift<'a> {
     /// A reader at the start of `data`.
-    pub(super) fn new(data: &'a [u8]) -> Self {
+    pub fn new(data: &'a [u8]) -> Self {
         Thrift { data, at: 0 }
     }
 
@@ -191,7 +209,7 @@ impl<'a> Thrift<'a> {
     }
 
     /// parquet.thrift `PageHeader`, with its data, dictionary or V2 header.
-    pub(super) fn page_header(&mut self) -> ThriftResult<Header> {
+    pub fn page_header(&mut self) -> ThriftResult<Header> {
         let mut h = Header {
             is_compressed: true,
             ..Header::default()
