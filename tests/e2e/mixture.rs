@@ -803,12 +803,13 @@ fn forged_blending_counts_are_refused() {
 fn pack_to_past_the_byte_budget_is_refused() {
     let tmp = tempdir();
     let a = token_source(tmp.path(), "a", 0, 50, 8);
-    let err = mixture(&[(a.clone(), 1.0)])
+    let Err(err) = mixture(&[(a.clone(), 1.0)])
         .batch_size(8)
         .pack_to(1 << 26)
         .build()
-        .err()
-        .expect("refused");
+    else {
+        panic!("pack_to past the byte budget was accepted");
+    };
     assert!(
         matches!(
             err,
