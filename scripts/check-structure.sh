@@ -9,6 +9,8 @@
 #    tests are left out).
 # 4. Every `unsafe` block or impl has a `// SAFETY:` comment on it or within
 #    the six lines above it.
+# 5. No file of loader/src/ is over 1,200 lines, and loader/src/pipeline.rs
+#    (which only wires the stages) is under 500.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
@@ -118,6 +120,16 @@ unsafe_sites=$(find loader/src preprocess/src format/src cli/src python/src fixt
       }')
 if [ -n "$unsafe_sites" ]; then
   echo "unsafe without a // SAFETY: comment on it or in the six lines above:"; echo "$unsafe_sites"
+  status=1
+fi
+# 5. File sizes.
+long=$(find loader/src -name '*.rs' -print0 | xargs -0 wc -l | awk '$2 != "total" && $1 > 1200 { print $2 ": " $1 " lines" }')
+if [ -n "$long" ]; then
+  echo "loader/src files over 1,200 lines (split them by what they own):"; echo "$long"
+  status=1
+fi
+if [ "$(wc -l < loader/src/pipeline.rs)" -ge 500 ]; then
+  echo "loader/src/pipeline.rs is 500 lines or more: stage loops belong in their stage's file"
   status=1
 fi
 [ $status -eq 0 ] && echo "structure: ok"
