@@ -5,8 +5,10 @@
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use shardfeed_format::size::parse_size;
 
-use crate::bad_option;
+use crate::errors::*;
 
 /// An integer type an option converts to, with its range for messages.
 pub(crate) trait Int: TryFrom<i128> + Copy {
@@ -97,4 +99,60 @@ options! {
     num_tasks / opt_num_tasks: usize,
     sample: u64,
     max_columns / opt_max_columns: u64,
+}
+
+/// A size given as bytes (int) or as text such as `"128MiB"`.
+#[derive(FromPyObject)]
+pub(crate) enum Size {
+    Bytes(i128),
+    Text(String),
+}
+
+impl Size {
+    pub(crate) fn bytes(&self, option: &str) -> PyResult<u64> {
+        match self {
+            Size::Bytes(b) => u64::try_from(*b)
+                .map_err(|_| bad_option(option, format!("{b} bytes is out of range"))),
+            Size::Text(t) => parse_size(t).map_err(|e| bad_option(option, e)),
+        }
+    }
+}
+
+/// One or several input paths.
+#[derive(FromPyObject)]
+pub(crate) enum Inputs {
+    One(String),
+    Many(Vec<String>),
+}
+
+pub(crate) fn json_module(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    static JSON: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    JSON.get_or_try_init(py, || {
+        Ok::<_, PyErr>(py.import("json")?.into_any().unbind())
+    })
+    .map(|m| m.bind(py))
+}
+
+/// A serde value as Python objects (through `json`).
+pub(crate) fn to_python<'py>(
+    py: Python<'py>,
+    value: &impl serde::Serialize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let text = serde_json::to_string(value).map_err(|e| ShardfeedError::new_err(e.to_string()))?;
+    json_module(py)?.call_method1("loads", (text,))
+}
+
+/// Object store options as a dict or as (key, value) pairs.
+#[derive(FromPyObject)]
+pub(crate) enum StorageOptions {
+    Map(std::collections::BTreeMap<String, String>),
+    Pairs(Vec<(String, String)>),
+}
+
+pub(crate) fn storage_pairs(options: Option<StorageOptions>) -> Vec<(String, String)> {
+    match options {
+        None => Vec::new(),
+        Some(StorageOptions::Map(m)) => m.into_iter().collect(),
+        Some(StorageOptions::Pairs(p)) => p,
+    }
 }

@@ -1,0 +1,635 @@
+//! `shardfeed.Loader`: a plain loader or a mixture behind one Python class.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+use shardfeed_format::fault::FaultConfig;
+use shardfeed_loader::{
+    Batch, Loader, LoaderBuilder, LoaderError, LoaderState, Mixture, MixtureBuilder, MixtureState,
+    PackMode,
+};
+
+use crate::args::*;
+use crate::arrays::*;
+use crate::errors::*;
+
+/// A plain loader, or a mixture (several datasets, or packing).
+pub(crate) enum AnyLoader {
+    Plain(Box<Loader>),
+    Mix(Box<Mixture>),
+}
+
+/// What builds an [`AnyLoader`] (again, in a forked child).
+#[derive(Clone)]
+pub(crate) enum AnyBuilder {
+    Plain(LoaderBuilder),
+    Mix(MixtureBuilder),
+}
+
+/// Either kind of state.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+pub(crate) enum AnyState {
+    Plain(LoaderState),
+    Mix(Box<MixtureState>),
+}
+
+impl AnyBuilder {
+    fn build(&self) -> Result<AnyLoader, LoaderError> {
+        Ok(match self {
+            AnyBuilder::Plain(b) => AnyLoader::Plain(Box::new(b.clone().build()?)),
+            AnyBuilder::Mix(b) => AnyLoader::Mix(Box::new(b.clone().build()?)),
+        })
+    }
+}
+
+impl AnyLoader {
+    fn state(&self) -> AnyState {
+        match self {
+            AnyLoader::Plain(l) => AnyState::Plain(l.state()),
+            AnyLoader::Mix(m) => AnyState::Mix(Box::new(m.state())),
+        }
+    }
+
+    /// Resume from one state (JSON text) or, for a mixture, every rank's.
+    fn resume(&mut self, states: &[String], allow_changed: bool) -> Result<(), LoaderError> {
+        match self {
+            AnyLoader::Plain(l) => match states {
+                [one] => l.resume(&LoaderState::from_json(one)?),
+                many => {
+                    let parsed = many
+                        .iter()
+                        .map(|t| LoaderState::from_json(t))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    l.resume_elastic(&parsed)
+                }
+            },
+            AnyLoader::Mix(m) => {
+                let parsed = states
+                    .iter()
+                    .map(|t| MixtureState::from_json(t))
+                    .collect::<Result<Vec<_>, _>>()?;
+                match parsed.as_slice() {
+                    [one] if allow_changed => m.resume_changed(one),
+                    many => m.resume_elastic(many),
+                }
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        match self {
+            AnyLoader::Plain(l) => l.stop(),
+            AnyLoader::Mix(m) => m.stop(),
+        }
+    }
+
+    fn next_interruptible(
+        &mut self,
+        interrupted: impl FnMut() -> bool,
+    ) -> Option<Result<Batch, LoaderError>> {
+        match self {
+            AnyLoader::Plain(l) => l.next_interruptible(interrupted),
+            AnyLoader::Mix(m) => m.next_interruptible(interrupted),
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    loader: Option<AnyLoader>,
+    closed: bool,
+}
+
+/// Streams a shardfeed dataset (or a weighted mixture of several) as
+/// batches: `dict[str, numpy.ndarray]` whose arrays are zero-copy views of
+/// one pooled (pinned when CUDA is present) slab. Iterating yields the
+/// current epoch's batches for this rank; the next iteration continues with
+/// the following epoch unless `set_epoch` is called.
+#[pyclass(name = "Loader", module = "shardfeed._native", frozen)]
+pub(crate) struct PyLoader {
+    /// Everything `Loader(...)` was given, kept to rebuild the loader in a
+    /// forked child.
+    builder: AnyBuilder,
+    /// The process that built `inner`'s threads; another pid means we are a
+    /// forked child whose copy of the loader has no threads.
+    pid: AtomicU32,
+    inner: Mutex<Inner>,
+}
+
+impl PyLoader {
+    /// Lock the loader, rebuilding it first in a forked child. Call without
+    /// the GIL (building reads the manifest; locking may wait for `next`).
+    fn lock(&self) -> PyResult<MutexGuard<'_, Inner>> {
+        let me = std::process::id();
+        if self.pid.load(Ordering::SeqCst) != me {
+            let mut inner = self.inner.try_lock().map_err(|_| {
+                ShardfeedError::new_err(
+                    "this loader was in use by another thread when the process forked; create a new Loader in the child",
+                )
+            })?;
+            if let Some(old) = inner.loader.take() {
+                // Its threads and runtime exist only in the parent: never
+                // join or drop them here. Continue where the parent was.
+                let state = serde_json::to_string(&old.state()).expect("states serialize");
+                std::mem::forget(old);
+                let mut fresh = self.builder.build().map_err(loader_error)?;
+                fresh.resume(&[state], false).map_err(loader_error)?;
+                inner.loader = Some(fresh);
+            }
+            self.pid.store(me, Ordering::SeqCst);
+            return Ok(inner);
+        }
+        self.inner
+            .lock()
+            .map_err(|_| ShardfeedError::new_err("the loader is unusable after a panic"))
+    }
+
+    fn with_any<T>(&self, f: impl FnOnce(&mut AnyLoader) -> PyResult<T>) -> PyResult<T> {
+        let mut inner = self.lock()?;
+        if inner.closed {
+            return Err(ShardfeedError::new_err("the loader is closed"));
+        }
+        let loader = inner.loader.as_mut().expect("open loaders hold one");
+        f(loader)
+    }
+}
+
+impl Drop for PyLoader {
+    fn drop(&mut self) {
+        if self.pid.load(Ordering::SeqCst) != std::process::id() {
+            // A forked child's copy: the threads to join live in the parent.
+            if let Ok(inner) = self.inner.get_mut() {
+                std::mem::forget(inner.loader.take());
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl PyLoader {
+    #[new]
+    #[pyo3(signature = (
+        url, batch_size, columns=None, shuffle=true, seed=0, epoch=0, rank=None, world_size=None,
+        drop_last=true, pad_to=None, pad_value=0.0, prefetch=None, threads=None,
+        storage_options=None, cache_dir=None, *, cache_limit=None, window=None, byte_budget=None,
+        pinning="auto", io_concurrency=None, inject_latency_ms=None, inject_failure_rate=None,
+        on_error="fail", max_skipped=None, trace=None,
+        slow_warning=Some(shardfeed_loader::DEFAULT_SLOW_WARNING), pack_to=None, pack_mode="split",
+        pack_column=None, eos_id=None, pad_id=0, pack_window=None, max_segments=None,
+        mix_stop="first_exhausted", read_batch=None, decode_images=None, image_size=None,
+        crop="random_resized", scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip=false,
+        channels_first=false, max_image_pixels=None, decode_niceness=None, mapped_reads=true,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        url: &Bound<'_, PyAny>,
+        #[pyo3(from_py_with = crate::args::batch_size)] batch_size: usize,
+        columns: Option<Vec<String>>,
+        shuffle: bool,
+        #[pyo3(from_py_with = crate::args::seed)] seed: u64,
+        #[pyo3(from_py_with = crate::args::epoch)] epoch: u64,
+        #[pyo3(from_py_with = crate::args::opt_rank)] rank: Option<u64>,
+        #[pyo3(from_py_with = crate::args::opt_world_size)] world_size: Option<u64>,
+        drop_last: bool,
+        #[pyo3(from_py_with = crate::args::opt_pad_to)] pad_to: Option<usize>,
+        pad_value: f64,
+        #[pyo3(from_py_with = crate::args::opt_prefetch)] prefetch: Option<usize>,
+        #[pyo3(from_py_with = crate::args::opt_threads)] threads: Option<usize>,
+        storage_options: Option<StorageOptions>,
+        cache_dir: Option<PathBuf>,
+        cache_limit: Option<Size>,
+        #[pyo3(from_py_with = crate::args::opt_window)] window: Option<usize>,
+        byte_budget: Option<Size>,
+        pinning: &str,
+        #[pyo3(from_py_with = crate::args::opt_io_concurrency)] io_concurrency: Option<usize>,
+        inject_latency_ms: Option<f64>,
+        inject_failure_rate: Option<f64>,
+        on_error: &str,
+        #[pyo3(from_py_with = crate::args::opt_max_skipped)] max_skipped: Option<u64>,
+        trace: Option<PathBuf>,
+        slow_warning: Option<(f64, u64)>,
+        #[pyo3(from_py_with = crate::args::opt_pack_to)] pack_to: Option<usize>,
+        pack_mode: &str,
+        pack_column: Option<String>,
+        #[pyo3(from_py_with = crate::args::opt_eos_id)] eos_id: Option<i32>,
+        #[pyo3(from_py_with = crate::args::pad_id)] pad_id: i32,
+        #[pyo3(from_py_with = crate::args::opt_pack_window)] pack_window: Option<usize>,
+        #[pyo3(from_py_with = crate::args::opt_max_segments)] max_segments: Option<usize>,
+        mix_stop: &str,
+        #[pyo3(from_py_with = crate::args::opt_read_batch)] read_batch: Option<usize>,
+        decode_images: Option<&Bound<'_, PyAny>>,
+        image_size: Option<&Bound<'_, PyAny>>,
+        crop: &str,
+        scale: (f64, f64),
+        ratio: (f64, f64),
+        flip: bool,
+        channels_first: bool,
+        #[pyo3(from_py_with = crate::args::opt_max_image_pixels)] max_image_pixels: Option<u64>,
+        #[pyo3(from_py_with = crate::args::opt_decode_niceness)] decode_niceness: Option<u8>,
+        mapped_reads: bool,
+    ) -> PyResult<Self> {
+        // A str is one dataset; a dict maps datasets to weights.
+        let sources: Option<Vec<(String, f64)>> = match url.extract::<String>() {
+            Ok(_) => None,
+            Err(_) => Some(
+                url.extract::<std::collections::BTreeMap<String, f64>>()
+                    .map_err(|_| bad_option("url", "must be a str, or a dict of str to weight"))?
+                    .into_iter()
+                    .collect(),
+            ),
+        };
+        // Keep the dict's order (BTreeMap sorts): read it again as pairs.
+        let sources = match sources {
+            None => None,
+            Some(_) => Some(
+                url.call_method0("items")?
+                    .try_iter()?
+                    .map(|item| item?.extract::<(String, f64)>())
+                    .collect::<PyResult<Vec<_>>>()?,
+            ),
+        };
+        let first = match &sources {
+            Some(list) => list.first().map(|s| s.0.clone()).unwrap_or_default(),
+            None => url.extract::<String>()?,
+        };
+        let mut b = Loader::builder(&first)
+            .batch_size(batch_size)
+            .shuffle(shuffle)
+            .seed(seed)
+            .epoch(epoch)
+            .drop_last(drop_last)
+            .pinning(pinning.parse().map_err(loader_error)?)
+            .on_error(on_error.parse().map_err(loader_error)?);
+        if let Some(n) = max_skipped {
+            b = b.max_skipped(n);
+        }
+        match decode_images {
+            Some(columns) => {
+                let columns: Vec<String> = match columns.extract::<String>() {
+                    Ok(one) => vec![one],
+                    Err(_) => columns.extract().map_err(|_| {
+                        bad_option("decode_images", "must be a column name or a list of them")
+                    })?,
+                };
+                let (height, width) = match image_size {
+                    None => (224, 224),
+                    Some(size) => match size.extract::<u32>() {
+                        Ok(side) => (side, side),
+                        Err(_) => size.extract::<(u32, u32)>().map_err(|_| {
+                            bad_option("image_size", "must be an int or a (height, width) pair")
+                        })?,
+                    },
+                };
+                b = b.images(shardfeed_loader::ImageOptions {
+                    columns,
+                    height,
+                    width,
+                    crop: crop.parse().map_err(loader_error)?,
+                    scale,
+                    ratio,
+                    flip,
+                    channels_first,
+                    max_pixels: max_image_pixels
+                        .unwrap_or(shardfeed_loader::DEFAULT_MAX_IMAGE_PIXELS),
+                });
+            }
+            None if image_size.is_some() || flip || channels_first || crop != "random_resized" => {
+                return Err(bad_option(
+                    "decode_images",
+                    "image_size, crop, flip and channels_first apply to the columns named in decode_images",
+                ));
+            }
+            None => {}
+        }
+        if let Some(path) = trace {
+            b = b.trace(path);
+        }
+        b = b.slow_warning(slow_warning);
+        if let Some(columns) = columns {
+            b = b.columns(columns);
+        }
+        if let Some(rank) = rank {
+            b = b.rank(rank);
+        }
+        if let Some(world_size) = world_size {
+            b = b.world_size(world_size);
+        }
+        if let Some(n) = pad_to {
+            b = b.pad_to(n, pad_value);
+        }
+        if let Some(n) = prefetch {
+            b = b.prefetch(n);
+        }
+        if let Some(n) = threads {
+            b = b.decode_threads(n);
+        }
+        for (k, v) in storage_pairs(storage_options) {
+            b = b.storage_option(k, v);
+        }
+        if let Some(dir) = cache_dir {
+            b = b.cache_dir(dir);
+        }
+        if let Some(limit) = cache_limit {
+            b = b.cache_limit(limit.bytes("cache_limit")?);
+        }
+        b = b.mapped_reads(mapped_reads);
+        if let Some(n) = window {
+            b = b.window(n);
+        }
+        if let Some(budget) = byte_budget {
+            b = b.byte_budget(budget.bytes("byte_budget")?);
+        }
+        if let Some(n) = io_concurrency {
+            b = b.io_concurrency(n);
+        }
+        if let Some(n) = decode_niceness {
+            b = b.decode_niceness(n);
+        }
+        if inject_latency_ms.is_some() || inject_failure_rate.is_some() {
+            b = b.inject_faults(FaultConfig {
+                transient_rate: inject_failure_rate.unwrap_or(0.0),
+                latency: crate::args::seconds(
+                    inject_latency_ms.unwrap_or(0.0) / 1000.0,
+                    "inject_latency_ms",
+                )?,
+                ..FaultConfig::default()
+            });
+        }
+        let mixing = sources.is_some() || pack_to.is_some();
+        let builder = if mixing {
+            let list = sources.unwrap_or_else(|| vec![(first.clone(), 1.0)]);
+            let mut m = Loader::builder_mixture(list)
+                .configure(|_| b)
+                .mix_stop(mix_stop.parse().map_err(loader_error)?);
+            if let Some(n) = read_batch {
+                m = m.read_batch(n);
+            }
+            if let Some(length) = pack_to {
+                let mut options = shardfeed_loader::PackOptions::new(length);
+                options.mode = pack_mode.parse::<PackMode>().map_err(loader_error)?;
+                options.eos_id = eos_id;
+                options.pad_id = pad_id;
+                if let Some(w) = pack_window {
+                    options.window = w;
+                }
+                options.max_segments = max_segments;
+                m = m.pack(options);
+                if let Some(c) = pack_column {
+                    m = m.pack_column(c);
+                }
+            } else if pack_column.is_some() || eos_id.is_some() || pack_window.is_some() {
+                return Err(bad_option(
+                    "pack_to",
+                    "pack_column, eos_id and pack_window need pack_to",
+                ));
+            }
+            AnyBuilder::Mix(m)
+        } else {
+            if mix_stop != "first_exhausted" || read_batch.is_some() {
+                return Err(bad_option(
+                    "mix_stop",
+                    "mix_stop and read_batch apply to mixtures (a dict of datasets) and packing",
+                ));
+            }
+            AnyBuilder::Plain(b)
+        };
+        let loader = py.detach(|| builder.build()).map_err(loader_error)?;
+        Ok(PyLoader {
+            builder,
+            pid: AtomicU32::new(std::process::id()),
+            inner: Mutex::new(Inner {
+                loader: Some(loader),
+                closed: false,
+            }),
+        })
+    }
+
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let mut signal: Option<PyErr> = None;
+        let next = py.detach(|| {
+            self.with_any(|loader| {
+                Ok(loader.next_interruptible(|| {
+                    Python::attach(|py| match py.check_signals() {
+                        Ok(()) => false,
+                        Err(e) => {
+                            signal = Some(e);
+                            true
+                        }
+                    })
+                }))
+            })
+        })?;
+        match next {
+            None => Ok(None),
+            Some(Ok(batch)) => batch_dict(py, batch).map(Some),
+            Some(Err(LoaderError::Interrupted)) => {
+                Err(signal.unwrap_or_else(|| ShardfeedError::new_err("interrupted while waiting")))
+            }
+            Some(Err(e)) => Err(loader_error(e)),
+        }
+    }
+
+    /// Batches per epoch for this rank (the same on every rank). A packed
+    /// loader, or a mixture with `mix_stop="never"`, has no length
+    /// (`TypeError`): its epochs end with its documents' tokens.
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        let len = py.detach(|| {
+            self.with_any(|l| {
+                Ok(match l {
+                    AnyLoader::Plain(l) => Some(l.len()),
+                    AnyLoader::Mix(m) => m.len(),
+                })
+            })
+        })?;
+        len.map(|n| n as usize).ok_or_else(|| {
+            pyo3::exceptions::PyTypeError::new_err(
+                "this loader's epochs have no length known ahead (packing, or mix_stop=\"never\")",
+            )
+        })
+    }
+
+    /// Move to `epoch`, from its start (stops a pass in progress). A mixture
+    /// accepts only its current epoch (a no-op): its epochs follow from its
+    /// sources.
+    fn set_epoch(
+        &self,
+        py: Python<'_>,
+        #[pyo3(from_py_with = crate::args::epoch)] epoch: u64,
+    ) -> PyResult<()> {
+        py.detach(|| {
+            self.with_any(|l| match l {
+                AnyLoader::Plain(l) => {
+                    l.set_epoch(epoch);
+                    Ok(())
+                }
+                AnyLoader::Mix(m) => m.set_epoch(epoch).map_err(loader_error),
+            })
+        })
+    }
+
+    /// The current epoch.
+    #[getter]
+    fn epoch(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| {
+            self.with_any(|l| {
+                Ok(match l {
+                    AnyLoader::Plain(l) => l.epoch(),
+                    AnyLoader::Mix(m) => m.epoch(),
+                })
+            })
+        })
+    }
+
+    /// How the slabs were allocated: `"cuda"` (page-locked) or `"page-aligned"`.
+    #[getter]
+    fn pinning(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| {
+            self.with_any(|l| {
+                Ok(match l {
+                    AnyLoader::Plain(l) => l.pinning(),
+                    AnyLoader::Mix(m) => m.pinning(),
+                }
+                .name()
+                .to_string())
+            })
+        })
+    }
+
+    /// Where the loader is: a small dict for `load_state_dict` (under 1 KB as
+    /// JSON; a mixture's under 4 KB for 8 sources).
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let state = py.detach(|| self.with_any(|l| Ok(l.state())))?;
+        to_python(py, &state)
+    }
+
+    /// Continue exactly where `state_dict()` was taken. `state` may also be
+    /// the list of every rank's `state_dict()` of a job with another world
+    /// size (an elastic resume): the rest of the epoch is split over the new
+    /// ranks. `allow_changed=True` (mixtures) starts sources whose dataset or
+    /// weight changed afresh instead of refusing the state.
+    #[pyo3(signature = (state, allow_changed=false))]
+    fn load_state_dict(
+        &self,
+        py: Python<'_>,
+        state: &Bound<'_, PyAny>,
+        allow_changed: bool,
+    ) -> PyResult<()> {
+        let json = json_module(py)?;
+        let texts: Vec<String> = if state.is_instance_of::<pyo3::types::PyList>()
+            || state.is_instance_of::<pyo3::types::PyTuple>()
+        {
+            state
+                .try_iter()?
+                .map(|s| json.call_method1("dumps", (s?,))?.extract())
+                .collect::<PyResult<_>>()?
+        } else {
+            vec![json.call_method1("dumps", (state,))?.extract()?]
+        };
+        if texts.is_empty() {
+            return Err(bad_option("state", "an empty list of states"));
+        }
+        py.detach(|| self.with_any(|l| l.resume(&texts, allow_changed).map_err(loader_error)))
+    }
+
+    /// Change a mixture's weights (a dict of dataset to weight, or a list in
+    /// the sources' order) from the next batch on; recorded in the state.
+    fn set_weights(&self, py: Python<'_>, weights: &Bound<'_, PyAny>) -> PyResult<()> {
+        let given: Vec<f64> = match weights.extract::<Vec<f64>>() {
+            Ok(list) => list,
+            Err(_) => {
+                let map: std::collections::HashMap<String, f64> = weights
+                    .extract()
+                    .map_err(|_| bad_option("weights", "a dict of dataset to weight, or a list"))?;
+                let AnyBuilder::Mix(_) = &self.builder else {
+                    return Err(bad_option("weights", "only a mixture has weights"));
+                };
+                let urls = py.detach(|| {
+                    self.with_any(|l| match l {
+                        AnyLoader::Mix(m) => Ok(m.source_urls()),
+                        AnyLoader::Plain(_) => Ok(Vec::new()),
+                    })
+                })?;
+                if map.len() != urls.len() || urls.iter().any(|u| !map.contains_key(u)) {
+                    return Err(bad_option(
+                        "weights",
+                        format!(
+                            "name every source once: {:?}",
+                            urls.iter()
+                                .map(|u| shardfeed_format::redact::url(u))
+                                .collect::<Vec<_>>()
+                        ),
+                    ));
+                }
+                urls.iter().map(|u| map[u]).collect()
+            }
+        };
+        py.detach(|| {
+            self.with_any(|l| match l {
+                AnyLoader::Mix(m) => m.set_weights(&given).map_err(loader_error),
+                AnyLoader::Plain(_) => Err(bad_option("weights", "only a mixture has weights")),
+            })
+        })
+    }
+
+    /// The counters in Prometheus's text exposition format (`shardfeed_*`,
+    /// labelled with this loader's rank), to serve from a trainer's metrics
+    /// endpoint; `shardfeed.metrics.LoaderCollector` registers it with
+    /// `prometheus_client`.
+    fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
+        py.detach(|| {
+            self.with_any(|l| {
+                Ok(match l {
+                    AnyLoader::Plain(l) => l.metrics_text(),
+                    AnyLoader::Mix(m) => m.metrics_text(),
+                })
+            })
+        })
+    }
+
+    /// Counters: rows, bytes, batches, time to first batch, wait and busy
+    /// times (seconds), queue depths, retries, pinning and pool size. A
+    /// mixture's: batches, rows, documents per source, packed and padding
+    /// tokens, and each source's loader counters under `sources`.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let value = py.detach(|| {
+            self.with_any(|l| {
+                Ok(match l {
+                    AnyLoader::Plain(l) => serde_json::to_value(l.stats()),
+                    AnyLoader::Mix(m) => serde_json::to_value(m.stats()),
+                }
+                .expect("stats serialize"))
+            })
+        })?;
+        to_python(py, &value)
+    }
+
+    /// Stop every thread and release the pool. Batches still held stay valid.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let mut inner = self.lock()?;
+            inner.closed = true;
+            if let Some(mut l) = inner.loader.take() {
+                l.stop();
+            }
+            Ok(())
+        })
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+}
