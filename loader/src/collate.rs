@@ -727,7 +727,7 @@ pub(crate) struct Collator {
     pub scratch: Vec<image::Scratch>,
     /// Checks the mapped shards a batch's bytes came from before it is
     /// handed on ([`crate::mapfile`]).
-    pub fetch: Arc<crate::fetch::FetchContext>,
+    pub mapped: crate::fetch::MappedCheck,
 }
 
 impl Collator {
@@ -828,7 +828,7 @@ impl Collator {
                 // whatever was made of its bytes.
                 None => match self.collate(index, position, end) {
                     Err(LoaderError::Closed) => Err(LoaderError::Closed),
-                    result => self.fetch.check_mapped().and(result),
+                    result => self.mapped.check().and(result),
                 },
                 Some(Action::Stop) => return,
                 Some(action) => Err(injected(Stage::Collate, action, &self.cancel)),

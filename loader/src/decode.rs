@@ -17,7 +17,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::config::{Config, OnError};
 use crate::error::Stage;
-use crate::fetch::FetchContext;
+use crate::fetch::MappedCheck;
 use crate::fetch::stage::continuations;
 use crate::parquet::{Limits, SparseFile, decode_row_group_at_least};
 use crate::plan::Segment;
@@ -207,7 +207,7 @@ pub(crate) struct Decoder {
     pub schema: SchemaRef,
     pub fetched_all: Arc<AtomicBool>,
     /// Tells a mapped shard that changed under its decoder ([`crate::mapfile`]).
-    pub fetch: Arc<FetchContext>,
+    pub mapped: MappedCheck,
 }
 
 /// Lowers the calling thread's scheduling priority by `niceness` (capped
@@ -354,7 +354,7 @@ impl Decoder {
         // `on_error="skip"` would skip. (The collator checks again whatever
         // reaches it.)
         if !matches!(decoded, Ok(Ok(_)) | Ok(Err(LoaderError::Closed))) {
-            self.fetch.check_mapped()?;
+            self.mapped.check()?;
         }
         match decoded {
             Ok(Ok(batches)) => Ok(DecodedSegment::Rows(batches)),

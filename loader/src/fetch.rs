@@ -12,6 +12,19 @@
 
 pub(crate) mod stage;
 
+/// What the decode and collate stages need of the fetch context: whether
+/// the mapped shards whose bytes they used are still the files that were
+/// mapped (a file rewritten under its mapping is an error naming it).
+#[derive(Clone)]
+pub(crate) struct MappedCheck(Arc<FetchContext>);
+
+impl MappedCheck {
+    /// See [`FetchContext::check_mapped`].
+    pub(crate) fn check(&self) -> Result<()> {
+        self.0.check_mapped()
+    }
+}
+
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -243,6 +256,11 @@ impl FetchContext {
             .map(shard, file.clone(), self.entry(shard).bytes);
         cache_put(&self.maps, shard, mapped.clone());
         mapped
+    }
+
+    /// The handle the decode and collate stages check mapped shards with.
+    pub(crate) fn mapped_check(self: &Arc<Self>) -> MappedCheck {
+        MappedCheck(self.clone())
     }
 
     /// Whether every mapped shard whose bytes were used since it was last

@@ -201,7 +201,7 @@ impl Pipeline {
                 cancel: cancel.clone(),
                 schema: self.schema.clone(),
                 fetched_all: fetched_all.clone(),
-                fetch: self.fetch.clone(),
+                mapped: self.fetch.mapped_check(),
             };
             threads.push(
                 std::thread::Builder::new()
@@ -264,7 +264,7 @@ impl Pipeline {
                 counters: self.counters.clone(),
                 cancel: cancel.clone(),
                 manifest: self.manifest.clone(),
-                fetch: self.fetch.clone(),
+                mapped: self.fetch.mapped_check(),
                 scratch: if self.config.images.is_some() {
                     (0..self.config.decode_threads.max(1))
                         .map(|_| Default::default())
@@ -292,7 +292,7 @@ impl Pipeline {
                         if let Err(message) = ran
                             && !cancel.load(Ordering::SeqCst)
                         {
-                            let _ = output_tx.send(collator.fetch.check_mapped().and(Err(
+                            let _ = output_tx.send(collator.mapped.check().and(Err(
                                 LoaderError::stage(
                                     Stage::Collate,
                                     None,
