@@ -464,14 +464,22 @@ fn text_schema(
     Ok(merged.map(|(s, _)| Arc::new(s)))
 }
 
-/// Refuse `path`'s `schema` when its columns (Parquet leaves) cost more
-/// than the memory budget allows, naming the budget that would hold them.
+/// Refuse `path`'s `schema` when Parquet cannot hold it (a malformed
+/// input's decimal of precision 0: this input's error, not the encoder's
+/// later) or when its columns (Parquet leaves) cost more than the memory
+/// budget allows, naming the budget that would hold them.
 fn check_columns(path: &Path, schema: &Schema, options: &ShardOptions) -> Result<()> {
     let max = options.effective_max_columns();
-    let columns = match parquet::arrow::ArrowSchemaConverter::new().convert(schema) {
-        Ok(descriptor) => descriptor.num_columns() as u64,
-        Err(_) => schema.fields().len() as u64,
-    };
+    let columns = parquet::arrow::ArrowSchemaConverter::new()
+        .convert(schema)
+        .map_err(|e| {
+            PreprocessError::read(
+                path,
+                None,
+                format!("its schema cannot be written as Parquet: {e}"),
+            )
+        })?
+        .num_columns() as u64;
     if columns <= max {
         return Ok(());
     }
@@ -572,15 +580,6 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
                 format!(
                     "column {name:?} appears twice: a dataset's columns need distinct names (rename one)"
                 ),
-            ));
-        }
-        // A schema Parquet cannot hold (a malformed input's decimal of
-        // precision 0) is this input's error, not the encoder's later.
-        if let Err(e) = parquet::arrow::ArrowSchemaConverter::new().convert(&schema) {
-            return Err(PreprocessError::read(
-                source.display_path(),
-                None,
-                format!("its schema cannot be written as Parquet: {e}"),
             ));
         }
         match &first {

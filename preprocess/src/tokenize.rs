@@ -153,18 +153,29 @@ impl Room {
         }
     }
 
-    /// Wait until `cost` fits beside what others hold, then hold it.
-    fn take(&self, cost: u64) {
-        let mut used = self.used.lock().expect("room lock");
+    /// Wait until `cost` fits beside what others hold, then hold it until
+    /// the returned guard is dropped (also when the tokenizer panics: the
+    /// room is never lost to a failed text).
+    fn take(&self, cost: u64) -> Taken<'_> {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
         while *used + cost > self.limit && *used > 0 {
-            used = self.freed.wait(used).expect("room lock");
+            used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
         }
         *used += cost;
+        Taken { room: self, cost }
     }
+}
 
-    fn give(&self, cost: u64) {
-        *self.used.lock().expect("room lock") -= cost;
-        self.freed.notify_all();
+/// Room held for one text being tokenized.
+struct Taken<'a> {
+    room: &'a Room,
+    cost: u64,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        *self.room.used.lock().unwrap_or_else(|e| e.into_inner()) -= self.cost;
+        self.room.freed.notify_all();
     }
 }
 
@@ -366,25 +377,21 @@ impl TextTokenizer {
             })?;
             let long = text.len() as u64 >= SMALL_TEXT;
             let cost = (text.len() as u64).saturating_mul(TOKENIZE_BYTES_PER_BYTE);
-            if long {
-                if cost > self.room.limit {
-                    return Err(PreprocessError::Tokenize {
-                        row_group: seq,
-                        reason: format!(
-                            "row {row} of a row group has a text of {} bytes: tokenizing it takes about {} ({TOKENIZE_BYTES_PER_BYTE} bytes a byte), more than the half of --memory-budget that texts being tokenized share ({}); raise --memory-budget to at least {}",
-                            text.len(),
-                            shardfeed_format::size::format_size(cost),
-                            shardfeed_format::size::format_size(self.room.limit),
-                            shardfeed_format::size::format_size(cost.saturating_mul(2)),
-                        ),
-                    });
-                }
-                self.room.take(cost);
+            if long && cost > self.room.limit {
+                return Err(PreprocessError::Tokenize {
+                    row_group: seq,
+                    reason: format!(
+                        "row {row} of a row group has a text of {} bytes: tokenizing it takes about {} ({TOKENIZE_BYTES_PER_BYTE} bytes a byte), more than the half of --memory-budget that texts being tokenized share ({}); raise --memory-budget to at least {}",
+                        text.len(),
+                        shardfeed_format::size::format_size(cost),
+                        shardfeed_format::size::format_size(self.room.limit),
+                        shardfeed_format::size::format_size(cost.saturating_mul(2)),
+                    ),
+                });
             }
+            let taken = long.then(|| self.room.take(cost));
             let encoding = self.tokenizer.encode_fast(text, true);
-            if long {
-                self.room.give(cost);
-            }
+            drop(taken);
             let encoding = encoding.map_err(|e| PreprocessError::Tokenize {
                 row_group: seq,
                 reason: format!("cannot encode a text: {e}"),
