@@ -9,8 +9,8 @@ use serde::Serialize;
 use shardfeed_format::fault::FaultConfig;
 use shardfeed_format::size::parse_size;
 use shardfeed_loader::{
-    DecodePaths, Loader, LoaderBuilder, MixStop, Mixing, MixtureStats, OnError, PackMode,
-    PackOptions, PinningMode, SkippedRowGroup, StageStats, Stats,
+    Batch, DecodePaths, Feed, FeedBuilder, FeedStats, Loader, LoaderBuilder, MixStop, Mixing,
+    MixtureStats, OnError, PackMode, PackOptions, PinningMode, SkippedRowGroup, StageStats, Stats,
 };
 
 /// Arguments of `bench`.
@@ -388,32 +388,57 @@ fn loader_builder(args: &BenchArgs, url: &str) -> Result<LoaderBuilder> {
     Ok(builder)
 }
 
-/// Stream the dataset and measure.
-pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
-    let url = args
-        .dataset
-        .as_deref()
-        .context("name a dataset, or sources with --mix")?;
+/// What streaming a feed measured, before a report is made of it.
+struct Run {
+    /// The feed, after its last batch.
+    feed: Box<dyn Feed>,
+    /// Wall time.
+    seconds: f64,
+    /// Epochs begun.
+    epochs: u64,
+    /// When the second epoch began, the wait and rows before it.
+    first_epoch: Option<(f64, f64, u64)>,
+    epoch_rows_per_s: Vec<f64>,
+    epoch_usage: Vec<Usage>,
+    /// What the feeds dropped by --rebuild-each-epoch counted.
+    dropped: Totals,
+}
+
+impl Run {
+    /// Counts over the run, every feed together.
+    fn totals(&self) -> Totals {
+        self.dropped.plus(&self.feed.feed_stats())
+    }
+}
+
+/// Stream `args.epochs` epochs of the feed `builder` makes (the whole run at
+/// most `--max-batches` batches), handing each batch to `on_batch` with the
+/// seconds since the start, the milliseconds `next()` took, and the feed.
+/// The one loop of `bench`, for plain loaders and mixtures alike.
+fn run(
+    builder: &FeedBuilder,
+    args: &BenchArgs,
+    mut on_batch: impl FnMut(&Batch, f64, f64, &dyn Feed),
+) -> Result<Run> {
     // The first epoch's faults and CPU time count from here: building the
     // loader (the manifest, a footer) is part of what a fresh process pays,
     // and what ran before in the same process (`demo`'s shard) is not.
     let usage_at_start = Usage::now();
-    let mut loader = loader_builder(args, url)?.build()?;
+    let mut feed = builder.build()?;
     let step = args.step_ms.map(|ms| millis("--step-ms", ms)).transpose()?;
-    let mut timeline = args.report.as_ref().map(|_| Timeline::default());
     let started = Instant::now();
     let mut first_epoch = None;
     let mut epoch_rows_per_s = Vec::new();
     let mut epoch_usage: Vec<Usage> = Vec::new();
-    // What the loaders dropped by --rebuild-each-epoch counted.
     let mut dropped = Totals::default();
-    // --max-batches limits the whole run, every epoch together.
     let mut streamed = 0u64;
     let limit_reached = |streamed: u64| args.max_batches.is_some_and(|n| streamed >= n);
+    let mut epochs = 0;
     for epoch in 0..args.epochs {
         if limit_reached(streamed) {
             break;
         }
+        epochs += 1;
         let epoch_started = started.elapsed().as_secs_f64();
         let usage_before = if epoch == 0 {
             usage_at_start
@@ -421,34 +446,30 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
             Usage::now()
         };
         if epoch > 0 && args.rebuild_each_epoch {
-            let state = loader.state();
-            dropped = dropped.plus(&loader.stats());
-            drop(loader);
-            loader = loader_builder(args, url)?.build()?;
-            loader.resume(&state)?;
+            let state = feed.save();
+            dropped = dropped.plus(&feed.feed_stats());
+            drop(feed);
+            feed = builder.build()?;
+            feed.restore(&[state], false)?;
         }
-        let before = dropped.plus(&loader.stats());
+        let before = dropped.plus(&feed.feed_stats());
         if epoch == 1 {
             first_epoch = Some((epoch_started, before.wait_ms, before.rows));
         }
-        loader.set_epoch(epoch);
-        loop {
-            if limit_reached(streamed) {
-                break;
-            }
+        feed.go_to_epoch(epoch)?;
+        while !limit_reached(streamed) {
             let asked = Instant::now();
-            let Some(batch) = loader.next() else {
+            let Some(batch) = feed.next_batch(&mut || false) else {
                 break;
             };
             let batch = batch?;
-            if let Some(timeline) = timeline.as_mut() {
-                let t = started.elapsed().as_secs_f64();
-                timeline.batch(t, asked.elapsed().as_secs_f64() * 1e3, batch.rows() as u64);
-                if timeline.batches.len() % 10 == 1 {
-                    let s = loader.stats();
-                    timeline.queues(t, s.decode_queue, s.output_queue);
-                }
-            }
+            let t = started.elapsed().as_secs_f64();
+            on_batch(
+                &batch,
+                t,
+                asked.elapsed().as_secs_f64() * 1e3,
+                feed.as_ref(),
+            );
             if let Some(step) = step {
                 // The GPU works on this batch; the loader keeps prefetching.
                 std::thread::sleep(step);
@@ -458,16 +479,50 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         }
         let elapsed = started.elapsed().as_secs_f64() - epoch_started;
         if elapsed > 0.0 {
-            let rows = dropped.plus(&loader.stats()).rows - before.rows;
+            let rows = dropped.plus(&feed.feed_stats()).rows - before.rows;
             epoch_rows_per_s.push(rows as f64 / elapsed);
         }
         if let (Some(before), Some(after)) = (usage_before, Usage::now()) {
             epoch_usage.push(after.since(&before));
         }
     }
-    let seconds = started.elapsed().as_secs_f64();
-    let stats = loader.stats();
-    let all = dropped.plus(&stats);
+    Ok(Run {
+        feed,
+        seconds: started.elapsed().as_secs_f64(),
+        epochs,
+        first_epoch,
+        epoch_rows_per_s,
+        epoch_usage,
+        dropped,
+    })
+}
+
+/// Stream the dataset and measure.
+pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
+    let url = args
+        .dataset
+        .as_deref()
+        .context("name a dataset, or sources with --mix")?;
+    let builder = FeedBuilder::from(loader_builder(args, url)?);
+    let mut timeline = args.report.as_ref().map(|_| Timeline::default());
+    let run = run(&builder, args, |batch, t, asked_ms, feed| {
+        if let Some(timeline) = timeline.as_mut() {
+            timeline.batch(t, asked_ms, batch.rows() as u64);
+            if timeline.batches.len() % 10 == 1
+                && let FeedStats::Loader(s) = feed.feed_stats()
+            {
+                timeline.queues(t, s.decode_queue, s.output_queue);
+            }
+        }
+    })?;
+    let FeedStats::Loader(stats) = run.feed.feed_stats() else {
+        bail!("a plain loader was built");
+    };
+    let stats = *stats;
+    let all = run.totals();
+    let (seconds, first_epoch) = (run.seconds, run.first_epoch);
+    let (epoch_rows_per_s, epoch_usage) = (run.epoch_rows_per_s, run.epoch_usage);
+    let loader = run.feed;
     let report = BenchReport {
         dataset: shardfeed_format::redact::url(url),
         rows: all.rows,
@@ -565,13 +620,13 @@ struct Totals {
 }
 
 impl Totals {
-    /// These counts and a loader's.
-    fn plus(self, stats: &Stats) -> Totals {
+    /// These counts and a feed's.
+    fn plus(self, stats: &FeedStats) -> Totals {
         Totals {
-            rows: self.rows + stats.rows,
-            bytes: self.bytes + stats.bytes,
-            batches: self.batches + stats.batches,
-            wait_ms: self.wait_ms + stats.wait_ms,
+            rows: self.rows + stats.rows(),
+            bytes: self.bytes + stats.bytes(),
+            batches: self.batches + stats.batches(),
+            wait_ms: self.wait_ms + stats.wait_ms(),
         }
     }
 }
@@ -805,37 +860,27 @@ pub fn measure_mix(args: &BenchArgs) -> Result<MixReport> {
         }
         builder = builder.pack(options);
     }
-    let mut mixture = builder.build()?;
-    let never = args.mix_stop == "never";
-    if never && args.max_batches.is_none() {
+    if args.mix_stop == "never" && args.max_batches.is_none() {
         anyhow::bail!("--mix-stop never needs --max-batches");
     }
-    let started = Instant::now();
+    let packing = args.pack_to.is_some();
     let mut tokens = 0u64;
-    let mut epochs = 0;
-    let mut batches = 0u64;
-    'epochs: while epochs < args.epochs || never {
-        for batch in mixture.by_ref() {
-            let batch = batch?;
-            if args.pack_to.is_none() {
-                // Unpacked: count the tokens of the list columns read.
-                for column in batch.columns() {
-                    if let shardfeed_loader::ColumnLayout::Ragged { values, .. } = &column.layout {
-                        tokens += values.len() as u64;
-                    }
+    let run = run(&FeedBuilder::from(builder), args, |batch, _, _, _| {
+        if !packing {
+            // Unpacked: count the tokens of the list columns read.
+            for column in batch.columns() {
+                if let shardfeed_loader::ColumnLayout::Ragged { values, .. } = &column.layout {
+                    tokens += values.len() as u64;
                 }
             }
-            drop(batch);
-            batches += 1;
-            if args.max_batches.is_some_and(|n| batches >= n) {
-                break 'epochs;
-            }
         }
-        epochs += 1;
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    let stats = mixture.stats();
-    if args.pack_to.is_some() {
+    })?;
+    let (seconds, epochs) = (run.seconds, run.epochs);
+    let FeedStats::Mixture(stats) = run.feed.feed_stats() else {
+        bail!("a mixture was built");
+    };
+    let stats = *stats;
+    if packing {
         tokens = stats.tokens - stats.padding_tokens;
     }
     let documents: u64 = stats.documents.iter().sum();

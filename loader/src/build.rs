@@ -7,6 +7,7 @@ use std::sync::Arc;
 use shardfeed_format::failpoint::Failpoints;
 use shardfeed_format::{Location, Manifest};
 
+use crate::budget;
 use crate::cache::ShardCache;
 use crate::columns::{ColumnPlan, ListMode, plan_columns};
 use crate::fetch::{FetchContext, LocalReads};
@@ -63,15 +64,10 @@ impl LoaderBuilder {
         if let Some(faults) = &self.faults {
             location = location.with_faults(faults.clone());
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(self.io_threads)
-            .thread_name("shardfeed-io")
-            .enable_all()
-            .build()
-            .map_err(|source| LoaderError::Io {
-                op: "start the I/O runtime".into(),
-                source,
-            })?;
+        let runtime = match &self.runtime {
+            Some(shared) => shared.clone(),
+            None => Arc::new(io_runtime(self.io_threads)?),
+        };
         let manifest = Arc::new(runtime.block_on(location.read_manifest_with(&self.retry))?);
         let schema = &manifest.schema;
         let names: Vec<String> = match &self.columns {
@@ -188,14 +184,12 @@ impl LoaderBuilder {
             .filter(|&r| r > 0)
             .min()
             .unwrap_or(1);
-        let batch_groups = (self.batch_size as u64).div_ceil(min_group_rows) + 1;
-        let needed_for = |window: usize| {
-            let two = (window as u64).saturating_mul(2);
-            two.saturating_add(batch_groups.saturating_sub(1))
-                .min(units.max(two))
+        let shape = budget::Shape {
+            byte_budget: self.byte_budget,
+            unit_bytes: sizes.unit_bytes,
+            units,
+            batch_groups: budget::batch_groups(self.batch_size, min_group_rows),
         };
-        let fits =
-            |window: usize| sizes.unit_bytes.saturating_mul(needed_for(window)) <= self.byte_budget;
         let window = match self.window {
             Some(w) => w,
             // A dataset shuffled at shard time: windows of the default size,
@@ -203,13 +197,7 @@ impl LoaderBuilder {
             // share one budget: eight sources of 8 MB row groups get 128 MiB
             // each, which holds two windows of 7), down to 2; below that the
             // budget is refused by name.
-            None if shuffled_at_shard_time || !self.shuffle => (MIN_FITTED_WINDOW..=DEFAULT_WINDOW)
-                .rev()
-                .find(|&w| fits(w))
-                .unwrap_or(DEFAULT_WINDOW),
-            None => usize::try_from(self.byte_budget / 4 / sizes.unit_bytes.max(1))
-                .unwrap_or(MAX_AUTO_WINDOW)
-                .clamp(DEFAULT_WINDOW, MAX_AUTO_WINDOW),
+            None => shape.auto_window(shuffled_at_shard_time || !self.shuffle),
         };
         if self.window.is_none() && window < DEFAULT_WINDOW {
             tracing::info!(
@@ -226,8 +214,8 @@ impl LoaderBuilder {
             );
         }
 
-        let needed = needed_for(window);
-        if !fits(window) {
+        let needed = shape.needed(window);
+        if !shape.fits(window) {
             return bad(
                 "byte_budget",
                 format!(
@@ -268,13 +256,11 @@ impl LoaderBuilder {
             Some(b) => b,
             None => sizes.slab_bytes,
         };
-        let prefetch = self.prefetch_batches.unwrap_or_else(|| {
-            usize::try_from(DEFAULT_PREFETCH_BYTES / sizes.batch_bytes.max(1))
-                .unwrap_or(usize::MAX)
-                .clamp(2, DEFAULT_PREFETCH_BATCHES)
-        });
-        let slabs = prefetch + 3;
-        if (slab_bytes as u64).saturating_mul(slabs as u64) > self.byte_budget.saturating_mul(4) {
+        let prefetch = self
+            .prefetch_batches
+            .unwrap_or_else(|| budget::default_prefetch(sizes.batch_bytes));
+        let slabs = budget::slabs(prefetch);
+        if !budget::pool_fits(slab_bytes, slabs, self.byte_budget) {
             return bad(
                 if self.slab_bytes.is_some() {
                     "slab_bytes"
@@ -305,12 +291,7 @@ impl LoaderBuilder {
         } else {
             window as u64
         };
-        let useful = sizes.unit_bytes.saturating_mul(
-            needed
-                .saturating_add(extra_window)
-                .saturating_add(2 * decode_threads as u64),
-        );
-        let in_flight = self.byte_budget.min(useful.max(1 << 20));
+        let in_flight = shape.in_flight(needed, extra_window, decode_threads);
         let pool = Arc::new(Pool::new(slabs, slab_bytes, self.pinning)?);
         let config = Config {
             batch_size: self.batch_size,
@@ -433,25 +414,32 @@ fn estimate_sizes(
     // keeps the margin).
     let images = (rows as u64).saturating_mul(decoded_per_row);
     let all_fixed = plans.iter().all(|p| p.is_fixed_width() || p.is_image());
-    let slab_bytes = usize::try_from(if all_fixed {
+    let fixed_bytes = all_fixed.then(|| {
         plans
             .iter()
             .map(|p| p.fixed_bytes(rows) as u64)
             .fold(images, u64::saturating_add)
             .saturating_add(overhead as u64)
-    } else {
-        batch_bytes
-            .saturating_sub(images)
-            .saturating_mul(2)
-            .saturating_add(images)
-    })
-    .unwrap_or(usize::MAX)
-    .max(64 << 10);
+    });
+    let slab_bytes = budget::slab_bytes(batch_bytes, images, fixed_bytes);
     Ok(Sizes {
         unit_bytes,
         batch_bytes,
         slab_bytes,
     })
+}
+
+/// A loader's I/O runtime, with `threads` workers.
+pub(crate) fn io_runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("shardfeed-io")
+        .enable_all()
+        .build()
+        .map_err(|source| LoaderError::Io {
+            op: "start the I/O runtime".into(),
+            source,
+        })
 }
 
 /// Threads that read local files (a local dataset's shards, or a remote

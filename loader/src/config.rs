@@ -127,6 +127,9 @@ pub struct LoaderBuilder {
     pub(crate) decode_niceness: u8,
     pub(crate) io_concurrency: Option<usize>,
     pub(crate) io_threads: usize,
+    /// An I/O runtime shared with other loaders (a mixture's sources); else
+    /// the loader starts its own with `io_threads` workers.
+    pub(crate) runtime: Option<std::sync::Arc<tokio::runtime::Runtime>>,
     pub(crate) prefetch_batches: Option<usize>,
     pub(crate) byte_budget: u64,
     pub(crate) pinning: PinningMode,
@@ -207,6 +210,7 @@ impl LoaderBuilder {
             decode_niceness: DEFAULT_DECODE_NICENESS,
             io_concurrency: None,
             io_threads: 2,
+            runtime: None,
             prefetch_batches: None,
             byte_budget: DEFAULT_BYTE_BUDGET,
             pinning: PinningMode::Auto,

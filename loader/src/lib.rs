@@ -50,6 +50,7 @@
 //! ```
 
 mod batch;
+mod budget;
 mod build;
 mod cache;
 mod collate;
@@ -57,19 +58,21 @@ mod columns;
 mod config;
 mod decode;
 mod error;
+mod feed;
 mod fetch;
 mod image;
 mod inspect;
 mod loader;
 mod mapfile;
 mod mapped;
-pub mod mix;
-pub mod pack;
+mod mix;
+mod outlet;
+mod pack;
 mod parquet;
 mod pinned;
 mod pipeline;
-pub mod plan;
-pub mod shard;
+mod plan;
+mod shard;
 mod share;
 mod shuffle;
 mod stage;
@@ -88,15 +91,19 @@ pub use config::{
     MIN_FITTED_WINDOW, MIXED_ROW_GROUPS, OnError,
 };
 pub use error::{LoaderError, Result, Stage};
+pub use feed::{Feed, FeedBuilder, FeedState, FeedStats};
 pub use image::{
     Crop, DEFAULT_MAX_IMAGE_PIXELS, ImageDecoder, ImageHeader, ImageOptions, probe as probe_image,
 };
 pub use inspect::{ImageColumnSummary, image_summary};
 pub use loader::Loader;
-pub use mix::{MixStop, Mixture, MixtureBuilder, MixtureState, MixtureStats};
-pub use pack::{PackMode, PackOptions};
+pub use mix::{
+    DrawState, MixStop, Mixture, MixtureBuilder, MixtureState, MixtureStats, SourceState,
+};
+pub use pack::{Carry, DEFAULT_PACK_WINDOW, FitState, PackMode, PackOptions};
 pub use parquet::DecodePaths;
 pub use pinned::{Pinning, PinningMode, SlabLease};
+pub use plan::Piece;
 pub use shardfeed_format::RetryPolicy;
 pub use state::{LoaderState, PLAN_VERSION, STATE_VERSION, dataset_fingerprint};
 pub use stats::{Mixing, SkippedImage, SkippedRowGroup, StageStats, Stats, WaitSummary};

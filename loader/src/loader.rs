@@ -3,16 +3,16 @@
 
 use crate::error::Stage;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
-use crossbeam_channel::RecvTimeoutError;
 use shardfeed_format::Manifest;
 use tokio::sync::Semaphore;
 
 use crate::batch::Batch;
 use crate::config::{Config, LoaderBuilder};
 use crate::fetch::FetchContext;
+use crate::outlet::{Outlet, Received};
 use crate::pinned::{Pinning, Pool};
 use crate::pipeline::{Pass, Pipeline};
 use crate::plan::{EpochPlan, Piece};
@@ -38,18 +38,8 @@ pub struct Loader {
     /// The next epoch's pass, started (from its beginning) once the current
     /// pass's last window is assembled, so the epoch boundary costs no wait.
     next_pass: Option<Pass>,
-    started: Option<Instant>,
-    /// The slow-consumer warning's window of batches.
-    watch: WaitWatch,
-}
-
-/// Where the slow-consumer warning's window of batches began, and the epoch
-/// last warned about.
-struct WaitWatch {
-    since: Instant,
-    wait_ns: u64,
-    batches: u64,
-    warned: Option<u64>,
+    /// The consumer's side: waits, held slabs, counts, the slow warning.
+    outlet: Outlet,
 }
 
 impl std::fmt::Debug for Loader {
@@ -73,7 +63,7 @@ impl Loader {
         config: Config,
         manifest: Arc<Manifest>,
         fetch: Arc<FetchContext>,
-        runtime: tokio::runtime::Runtime,
+        runtime: Arc<tokio::runtime::Runtime>,
         pool: Arc<Pool>,
         counters: Arc<Counters>,
         epoch: u64,
@@ -86,22 +76,17 @@ impl Loader {
                 .project(&fetch.roots)
                 .expect("roots were checked against the schema"),
         );
+        let outlet = Outlet::new(counters.clone(), pool.size(), config.slow_warning);
         Loader {
-            watch: WaitWatch {
-                since: Instant::now(),
-                wait_ns: 0,
-                batches: 0,
-                warned: None,
-            },
+            outlet,
             dataset: dataset_fingerprint(&manifest),
             pipeline: Pipeline {
                 config: Arc::new(config),
                 manifest,
                 fetch,
-                runtime: Arc::new(runtime),
+                runtime,
                 pool,
                 counters,
-                held: Arc::new(AtomicUsize::new(0)),
                 permits: Arc::new(Semaphore::new(permits)),
                 schema,
                 overrides: Vec::new(),
@@ -110,7 +95,6 @@ impl Loader {
             position: 0,
             pass: None,
             next_pass: None,
-            started: None,
         }
     }
 
@@ -130,7 +114,7 @@ impl Loader {
         let config = &self.pipeline.config;
         StatsHandle {
             counters: self.pipeline.counters.clone(),
-            since: self.started.unwrap_or_else(Instant::now),
+            since: self.outlet.started().unwrap_or_else(Instant::now),
             decode_threads: config.decode_threads,
             io_concurrency: config.io_concurrency,
         }
@@ -459,7 +443,7 @@ impl Loader {
             / manifest.row_group_count().max(1) as f64
             * window.min(manifest.row_group_count().max(1)) as f64;
         s.mixing.shuffled_at_shard_time = manifest.options.shuffle_seed.is_some();
-        if let Some(started) = self.started {
+        if let Some(started) = self.outlet.started() {
             let config = &self.pipeline.config;
             s.derive(
                 started.elapsed(),
@@ -480,18 +464,11 @@ impl Loader {
         }
     }
 
-    /// Whether every pooled slab is held by a yielded batch still alive:
-    /// then no batch can be collated until the caller drops one.
-    fn pool_exhausted(&self, pass: &Pass) -> bool {
-        pass.output.is_empty()
-            && self.pipeline.held.load(Ordering::SeqCst) >= self.pipeline.pool.size()
-    }
-
     /// Start the pass of the current epoch (fetching and decoding ahead)
     /// without waiting for a batch; `next()` does it when needed.
     pub(crate) fn start(&mut self) {
         if self.pass.is_none() {
-            self.started.get_or_insert_with(Instant::now);
+            self.outlet.start();
             self.pass = Some(self.pipeline.launch(self.epoch, self.position, None));
         }
     }
@@ -502,60 +479,37 @@ impl Loader {
     /// returns the batch that was awaited. Bindings use it to deliver Ctrl-C.
     pub fn next_interruptible(
         &mut self,
-        mut interrupted: impl FnMut() -> bool,
+        interrupted: impl FnMut() -> bool,
     ) -> Option<Result<Batch>> {
         self.start();
         let waited = Instant::now();
         let pass = self.pass.as_ref().expect("started above");
-        let result = loop {
-            // The end of an epoch is the plan's last batch, never a closed
-            // channel.
-            if pass.next_index >= pass.batches {
-                break None;
-            }
-            if self.pool_exhausted(pass) {
-                break Some(Err(LoaderError::PoolExhausted {
+        // The end of an epoch is the plan's last batch, never a closed
+        // channel.
+        let result = if pass.next_index >= pass.batches {
+            None
+        } else {
+            match self.outlet.receive(&pass.output, interrupted) {
+                Received::Item(item) => Some(item),
+                Received::Exhausted => Some(Err(LoaderError::PoolExhausted {
                     slabs: self.pipeline.pool.size(),
-                }));
-            }
-            match pass.output.recv_timeout(Duration::from_millis(20)) {
-                Ok(item) => break Some(item),
-                Err(RecvTimeoutError::Disconnected) => {
-                    break Some(Err(LoaderError::stage(
-                        Stage::Collate,
-                        None,
-                        None,
-                        format!(
-                            "stopped before delivering batch {} of the {} of epoch {}",
-                            pass.next_index, pass.batches, pass.epoch
-                        ),
-                    )));
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    if interrupted() {
-                        break Some(Err(LoaderError::Interrupted));
-                    }
-                }
+                })),
+                Received::Interrupted => Some(Err(LoaderError::Interrupted)),
+                Received::Closed => Some(Err(LoaderError::stage(
+                    Stage::Collate,
+                    None,
+                    None,
+                    format!(
+                        "stopped before delivering batch {} of the {} of epoch {}",
+                        pass.next_index, pass.batches, pass.epoch
+                    ),
+                ))),
             }
         };
-        let counters = &self.pipeline.counters;
-        let wait = waited.elapsed();
-        Counters::add_time(&counters.wait_ns, wait);
-        if let Some(t) = &counters.trace {
-            t.span("wait", waited, wait, crate::trace::Args::None);
-        }
-        if result.is_some() {
-            counters.waits.record(wait);
-            counters.epoch_waits.record(wait);
-        }
+        self.outlet.waited(waited, result.is_some());
         match result {
             Some(Ok(mut batch)) => {
-                // A pooled slab the caller now holds (counted here, not when
-                // collated: a batch on its way in the channel is not held).
-                if !batch.lease.is_oversize() {
-                    self.pipeline.held.fetch_add(1, Ordering::SeqCst);
-                    batch.held = Some(self.pipeline.held.clone());
-                }
+                self.outlet.deliver(&mut batch);
                 if self.next_pass.is_none()
                     && let Some(r) = &self.pass
                     && r.assembled_all.load(Ordering::SeqCst)
@@ -570,20 +524,6 @@ impl Loader {
                 pass.next_index += 1;
                 let batch_size = self.pipeline.config.batch_size as u64;
                 self.position = ((batch.index() + 1) * batch_size).min(pass.positions);
-                if counters.first_batch_ns.load(Ordering::Relaxed) == 0
-                    && let Some(t) = self.started
-                {
-                    Counters::add_time(&counters.first_batch_ns, t.elapsed());
-                }
-                Counters::add(&counters.batches, 1);
-                Counters::add(&counters.rows, batch.rows() as u64);
-                let bytes: usize = batch
-                    .columns()
-                    .iter()
-                    .flat_map(|c| c.buffers())
-                    .map(|(_, b)| b.bytes())
-                    .sum();
-                Counters::add(&counters.bytes, bytes as u64);
                 self.watch_waits();
                 Some(Ok(batch))
             }
@@ -604,7 +544,7 @@ impl Loader {
                 }
                 self.epoch += 1;
                 self.position = 0;
-                counters.epoch_waits.reset();
+                self.pipeline.counters.epoch_waits.reset();
                 self.pass = self.next_pass.take().filter(|p| p.epoch == self.epoch);
                 None
             }
@@ -616,19 +556,7 @@ impl Loader {
     /// Warn once per epoch when the consumer waited for more than the
     /// configured fraction over the last window of batches.
     fn watch_waits(&mut self) {
-        let Some((fraction, every)) = self.pipeline.config.slow_warning else {
-            return;
-        };
-        let counters = &self.pipeline.counters;
-        let batches = counters.batches.load(Ordering::Relaxed);
-        if batches < self.watch.batches.saturating_add(every) {
-            return;
-        }
-        let wait_now = counters.wait_ns.load(Ordering::Relaxed);
-        let wall = self.watch.since.elapsed().as_nanos().max(1) as f64;
-        let waited = wait_now.saturating_sub(self.watch.wait_ns) as f64 / wall;
-        if waited > fraction && self.watch.warned != Some(self.epoch) {
-            self.watch.warned = Some(self.epoch);
+        if let Some((waited, every)) = self.outlet.slow(self.epoch) {
             let stage = self.stats().limiting_stage();
             tracing::warn!(
                 epoch = self.epoch,
@@ -638,9 +566,6 @@ impl Loader {
                 stage
             );
         }
-        self.watch.since = Instant::now();
-        self.watch.wait_ns = wait_now;
-        self.watch.batches = batches;
     }
 }
 

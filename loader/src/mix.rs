@@ -279,8 +279,15 @@ impl MixtureBuilder {
         let n = self.sources.len();
         let budget = (self.template.byte_budget / n as u64).max(16 << 20);
         let seed = self.template.seed;
+        // One I/O runtime for every source (unless the template brings one;
+        // 0 threads is refused by name when the sources are built).
+        let runtime = match &self.template.runtime {
+            Some(shared) => shared.clone(),
+            None => Arc::new(crate::build::io_runtime(self.template.io_threads.max(1))?),
+        };
         let source_builder = |i: usize, columns: Option<Vec<String>>| {
             let mut b = self.template.clone();
+            b.runtime = Some(runtime.clone());
             b.url = self.sources[i].0.clone();
             b.batch_size = self.read_batch;
             b.seed = hash_words(&[seed, i as u64, 0x736f_7572_6365]);
@@ -982,6 +989,8 @@ pub struct MixtureStats {
     pub batches: u64,
     /// Rows yielded (packed rows when packing).
     pub rows: u64,
+    /// Bytes of the batches yielded.
+    pub bytes: u64,
     /// Documents drawn from each source.
     pub documents: Vec<u64>,
     /// Packed tokens yielded, and padding among them.

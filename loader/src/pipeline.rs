@@ -16,7 +16,7 @@
 //!   only on threads that are inside a stage.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -49,8 +49,6 @@ pub(crate) struct Pipeline {
     pub runtime: Arc<tokio::runtime::Runtime>,
     pub pool: Arc<Pool>,
     pub counters: Arc<Counters>,
-    /// Batches yielded and still alive (holding a pooled slab).
-    pub held: Arc<AtomicUsize>,
     /// The byte budget, in KiB permits, over every pass.
     pub permits: Arc<Semaphore>,
     /// The projected columns, as stored (placeholders of skipped segments).

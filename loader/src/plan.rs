@@ -41,7 +41,7 @@ use shardfeed_format::permute::{Permutation, hash_words};
 
 /// A row range of one row group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Segment {
+pub(crate) struct Segment {
     /// Index of the shard in the manifest.
     pub shard: u32,
     /// Row group within the shard.
@@ -61,7 +61,7 @@ impl Segment {
 
 /// What a plan is computed from.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlanOptions {
+pub(crate) struct PlanOptions {
     /// Seed of every shuffle.
     pub seed: u64,
     /// Epoch number (changes the order).
@@ -112,11 +112,11 @@ impl Piece {
 
 /// Fewest segments of a first window whose first slices serve an epoch's
 /// first batches: below this the heads would be a one-row-group window.
-pub const MIN_FIRST_HEADS: usize = 2;
+pub(crate) const MIN_FIRST_HEADS: usize = 2;
 /// Batches the first slices must hold (unless every segment of the first
 /// window is sliced): a batch that straddles the heads and the rest waits
 /// for the whole rest.
-pub const FIRST_HEAD_BATCHES: u64 = 2;
+pub(crate) const FIRST_HEAD_BATCHES: u64 = 2;
 
 /// How many of a first window's segments (whose first slices hold
 /// `slices` rows each, in order) are sliced: the fewest, at least
@@ -143,7 +143,7 @@ fn first_heads(slices: impl Iterator<Item = u64>, batch_size: u64) -> usize {
 }
 
 /// Positions `[from, to)` of the sequence `pieces` make, as pieces.
-pub fn slice(pieces: &[Piece], from: u64, to: u64) -> Vec<Piece> {
+pub(crate) fn slice(pieces: &[Piece], from: u64, to: u64) -> Vec<Piece> {
     let mut out = Vec::new();
     let mut at = 0u64;
     for p in pieces {
@@ -166,7 +166,7 @@ pub fn slice(pieces: &[Piece], from: u64, to: u64) -> Vec<Piece> {
 /// had (packing: the rest of a document), and the pieces its epochs were
 /// planned from (after an earlier elastic resume).
 #[derive(Clone, Debug)]
-pub struct Stop<'a> {
+pub(crate) struct Stop<'a> {
     /// The epoch.
     pub epoch: u64,
     /// The position in the rank's sequence of that epoch.
@@ -179,7 +179,7 @@ pub struct Stop<'a> {
 
 /// One epoch of an elastic share: the epoch, its pieces, and the rows in
 /// them whose first tokens were yielded before (position, tokens).
-pub type EpochShare = (u64, Vec<Piece>, Vec<(u64, usize)>);
+pub(crate) type EpochShare = (u64, Vec<Piece>, Vec<(u64, usize)>);
 
 /// New rank `rank` of `world`'s share of what the old ranks (`stops`, in
 /// rank order, of `old_world`) had left: for each epoch from the earliest
@@ -189,7 +189,7 @@ pub type EpochShare = (u64, Vec<Piece>, Vec<(u64, usize)>);
 /// share's pieces and the rows in it whose first tokens were yielded
 /// (position in the share, tokens). `rows_of(epoch, rank, world)` is a
 /// rank's positions in an epoch planned as usual.
-pub fn elastic_share(
+pub(crate) fn elastic_share(
     stops: &[Stop],
     old_world: u64,
     rank: u64,
@@ -254,7 +254,7 @@ struct WindowOrder {
 
 /// One rank's epoch.
 #[derive(Clone, Debug)]
-pub struct EpochPlan {
+pub(crate) struct EpochPlan {
     options: PlanOptions,
     segments: Vec<Segment>,
     /// Plans made from pieces: each window's order, and the pieces.
@@ -270,8 +270,9 @@ pub struct EpochPlan {
 
 /// A window: its segments and where its rows start in the rank's sequence.
 #[derive(Clone, Debug)]
-pub struct Window<'a> {
-    /// Index of the window.
+pub(crate) struct Window<'a> {
+    /// Index of the window (read by the plan's tests).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub index: usize,
     /// Index of its first segment in the plan.
     pub first_segment: usize,
@@ -596,6 +597,7 @@ impl EpochPlan {
     }
 
     /// What is left of this plan from position `from`, as pieces.
+    #[cfg(test)]
     pub fn remaining(&self, from: u64) -> Vec<Piece> {
         let Some(pieces) = &self.pieces else {
             return if from < self.positions {
@@ -618,6 +620,7 @@ impl EpochPlan {
     }
 
     /// The (segment index, row within the segment's row group) of position `position`.
+    #[cfg(test)]
     pub fn locate(&self, position: u64) -> (usize, u32) {
         let w = self.window_of(position);
         let window = self.window(w);

@@ -9,7 +9,7 @@ use crate::{LoaderError, Result};
 
 /// A shard's footer, checked and decoded.
 #[derive(Debug, Clone)]
-pub struct ShardFooter {
+pub(crate) struct ShardFooter {
     /// The Parquet metadata.
     pub metadata: ParquetMetaData,
     /// Checksums of every column chunk, `[row_group][leaf]`.
@@ -26,7 +26,7 @@ fn corrupt(entry: &ShardEntry, row_group: Option<usize>, detail: String) -> Load
 
 /// Check `footer` (the last `footer_len` bytes of the shard) against the
 /// manifest, decode it, and check that it agrees with the manifest entry.
-pub fn decode_footer(entry: &ShardEntry, footer: &[u8]) -> Result<ShardFooter> {
+pub(crate) fn decode_footer(entry: &ShardEntry, footer: &[u8]) -> Result<ShardFooter> {
     if footer.len() as u64 != entry.footer_len {
         return Err(corrupt(
             entry,
@@ -114,7 +114,7 @@ pub fn decode_footer(entry: &ShardEntry, footer: &[u8]) -> Result<ShardFooter> {
 /// the same fields, names, types and nullability. The collator sizes and
 /// reads buffers by the manifest's types, so a shard that disagrees (a
 /// forged manifest, or a shard from another dataset) is refused here.
-pub fn check_schema(
+pub(crate) fn check_schema(
     entry: &ShardEntry,
     manifest: &arrow_schema::Schema,
     footer: &arrow_schema::Schema,
@@ -158,7 +158,7 @@ pub fn check_schema(
 }
 
 /// Check one column chunk's bytes against its checksum.
-pub fn check_chunk(
+pub(crate) fn check_chunk(
     entry: &ShardEntry,
     footer: &ShardFooter,
     row_group: usize,
@@ -176,7 +176,7 @@ pub fn check_chunk(
 
 /// [`check_chunk`] with the chunk's checksum already computed (`found`, by
 /// the footer's [`ChunkHash`]).
-pub fn check_chunk_sum(
+pub(crate) fn check_chunk_sum(
     entry: &ShardEntry,
     footer: &ShardFooter,
     row_group: usize,
@@ -208,7 +208,7 @@ pub fn check_chunk_sum(
 
 /// Check a whole shard file held in memory: size, file and footer checksums,
 /// footer contents, and every column chunk.
-pub fn check_file(entry: &ShardEntry, file: &Bytes) -> Result<ShardFooter> {
+pub(crate) fn check_file(entry: &ShardEntry, file: &Bytes) -> Result<ShardFooter> {
     if file.len() as u64 != entry.bytes {
         return Err(corrupt(
             entry,

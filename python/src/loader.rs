@@ -1,4 +1,5 @@
-//! `shardfeed.Loader`: a plain loader or a mixture behind one Python class.
+//! `shardfeed.Loader`: a plain loader or a mixture behind one Python class,
+//! both driven through [`Feed`].
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -7,99 +8,23 @@ use std::sync::{Mutex, MutexGuard};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use shardfeed_format::fault::FaultConfig;
-use shardfeed_loader::{
-    Batch, Loader, LoaderBuilder, LoaderError, LoaderState, Mixture, MixtureBuilder, MixtureState,
-    PackMode,
-};
+use shardfeed_loader::{Feed, FeedBuilder, Loader, LoaderError, PackMode};
 
 use crate::args::*;
 use crate::arrays::*;
 use crate::errors::*;
 
-/// A plain loader, or a mixture (several datasets, or packing).
-pub(crate) enum AnyLoader {
-    Plain(Box<Loader>),
-    Mix(Box<Mixture>),
-}
-
-/// What builds an [`AnyLoader`] (again, in a forked child).
-#[derive(Clone)]
-pub(crate) enum AnyBuilder {
-    Plain(LoaderBuilder),
-    Mix(MixtureBuilder),
-}
-
-/// Either kind of state.
-#[derive(serde::Serialize)]
-#[serde(untagged)]
-pub(crate) enum AnyState {
-    Plain(LoaderState),
-    Mix(Box<MixtureState>),
-}
-
-impl AnyBuilder {
-    fn build(&self) -> Result<AnyLoader, LoaderError> {
-        Ok(match self {
-            AnyBuilder::Plain(b) => AnyLoader::Plain(Box::new(b.clone().build()?)),
-            AnyBuilder::Mix(b) => AnyLoader::Mix(Box::new(b.clone().build()?)),
-        })
-    }
-}
-
-impl AnyLoader {
-    fn state(&self) -> AnyState {
-        match self {
-            AnyLoader::Plain(l) => AnyState::Plain(l.state()),
-            AnyLoader::Mix(m) => AnyState::Mix(Box::new(m.state())),
-        }
-    }
-
-    /// Resume from one state (JSON text) or, for a mixture, every rank's.
-    fn resume(&mut self, states: &[String], allow_changed: bool) -> Result<(), LoaderError> {
-        match self {
-            AnyLoader::Plain(l) => match states {
-                [one] => l.resume(&LoaderState::from_json(one)?),
-                many => {
-                    let parsed = many
-                        .iter()
-                        .map(|t| LoaderState::from_json(t))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    l.resume_elastic(&parsed)
-                }
-            },
-            AnyLoader::Mix(m) => {
-                let parsed = states
-                    .iter()
-                    .map(|t| MixtureState::from_json(t))
-                    .collect::<Result<Vec<_>, _>>()?;
-                match parsed.as_slice() {
-                    [one] if allow_changed => m.resume_changed(one),
-                    many => m.resume_elastic(many),
-                }
-            }
-        }
-    }
-
-    fn stop(&mut self) {
-        match self {
-            AnyLoader::Plain(l) => l.stop(),
-            AnyLoader::Mix(m) => m.stop(),
-        }
-    }
-
-    fn next_interruptible(
-        &mut self,
-        interrupted: impl FnMut() -> bool,
-    ) -> Option<Result<Batch, LoaderError>> {
-        match self {
-            AnyLoader::Plain(l) => l.next_interruptible(interrupted),
-            AnyLoader::Mix(m) => m.next_interruptible(interrupted),
-        }
-    }
+/// Resume `feed` from states given as JSON texts: one, or every rank's.
+fn resume(feed: &mut dyn Feed, texts: &[String], allow_changed: bool) -> Result<(), LoaderError> {
+    let states = texts
+        .iter()
+        .map(|t| feed.parse_state(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    feed.restore(&states, allow_changed)
 }
 
 pub(crate) struct Inner {
-    loader: Option<AnyLoader>,
+    loader: Option<Box<dyn Feed>>,
     closed: bool,
 }
 
@@ -112,7 +37,7 @@ pub(crate) struct Inner {
 pub(crate) struct PyLoader {
     /// Everything `Loader(...)` was given, kept to rebuild the loader in a
     /// forked child.
-    builder: AnyBuilder,
+    builder: FeedBuilder,
     /// The process that built `inner`'s threads; another pid means we are a
     /// forked child whose copy of the loader has no threads.
     pid: AtomicU32,
@@ -133,10 +58,10 @@ impl PyLoader {
             if let Some(old) = inner.loader.take() {
                 // Its threads and runtime exist only in the parent: never
                 // join or drop them here. Continue where the parent was.
-                let state = serde_json::to_string(&old.state()).expect("states serialize");
+                let state = old.save().to_json();
                 std::mem::forget(old);
                 let mut fresh = self.builder.build().map_err(loader_error)?;
-                fresh.resume(&[state], false).map_err(loader_error)?;
+                resume(fresh.as_mut(), &[state], false).map_err(loader_error)?;
                 inner.loader = Some(fresh);
             }
             self.pid.store(me, Ordering::SeqCst);
@@ -147,13 +72,13 @@ impl PyLoader {
             .map_err(|_| ShardfeedError::new_err("the loader is unusable after a panic"))
     }
 
-    fn with_any<T>(&self, f: impl FnOnce(&mut AnyLoader) -> PyResult<T>) -> PyResult<T> {
+    fn with_any<T>(&self, f: impl FnOnce(&mut dyn Feed) -> PyResult<T>) -> PyResult<T> {
         let mut inner = self.lock()?;
         if inner.closed {
             return Err(ShardfeedError::new_err("the loader is closed"));
         }
         let loader = inner.loader.as_mut().expect("open loaders hold one");
-        f(loader)
+        f(loader.as_mut())
     }
 }
 
@@ -387,7 +312,7 @@ impl PyLoader {
                     "pack_column, eos_id and pack_window need pack_to",
                 ));
             }
-            AnyBuilder::Mix(m)
+            FeedBuilder::Mixture(m)
         } else {
             if mix_stop != "first_exhausted" || read_batch.is_some() {
                 return Err(bad_option(
@@ -395,7 +320,7 @@ impl PyLoader {
                     "mix_stop and read_batch apply to mixtures (a dict of datasets) and packing",
                 ));
             }
-            AnyBuilder::Plain(b)
+            FeedBuilder::Loader(b)
         };
         let loader = py.detach(|| builder.build()).map_err(loader_error)?;
         Ok(PyLoader {
@@ -416,7 +341,7 @@ impl PyLoader {
         let mut signal: Option<PyErr> = None;
         let next = py.detach(|| {
             self.with_any(|loader| {
-                Ok(loader.next_interruptible(|| {
+                Ok(loader.next_batch(&mut || {
                     Python::attach(|py| match py.check_signals() {
                         Ok(()) => false,
                         Err(e) => {
@@ -441,14 +366,7 @@ impl PyLoader {
     /// loader, or a mixture with `mix_stop="never"`, has no length
     /// (`TypeError`): its epochs end with its documents' tokens.
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        let len = py.detach(|| {
-            self.with_any(|l| {
-                Ok(match l {
-                    AnyLoader::Plain(l) => Some(l.len()),
-                    AnyLoader::Mix(m) => m.len(),
-                })
-            })
-        })?;
+        let len = py.detach(|| self.with_any(|l| Ok(l.batches_per_epoch())))?;
         len.map(|n| n as usize).ok_or_else(|| {
             pyo3::exceptions::PyTypeError::new_err(
                 "this loader's epochs have no length known ahead (packing, or mix_stop=\"never\")",
@@ -464,49 +382,25 @@ impl PyLoader {
         py: Python<'_>,
         #[pyo3(from_py_with = crate::args::epoch)] epoch: u64,
     ) -> PyResult<()> {
-        py.detach(|| {
-            self.with_any(|l| match l {
-                AnyLoader::Plain(l) => {
-                    l.set_epoch(epoch);
-                    Ok(())
-                }
-                AnyLoader::Mix(m) => m.set_epoch(epoch).map_err(loader_error),
-            })
-        })
+        py.detach(|| self.with_any(|l| l.go_to_epoch(epoch).map_err(loader_error)))
     }
 
     /// The current epoch.
     #[getter]
     fn epoch(&self, py: Python<'_>) -> PyResult<u64> {
-        py.detach(|| {
-            self.with_any(|l| {
-                Ok(match l {
-                    AnyLoader::Plain(l) => l.epoch(),
-                    AnyLoader::Mix(m) => m.epoch(),
-                })
-            })
-        })
+        py.detach(|| self.with_any(|l| Ok(l.epoch())))
     }
 
     /// How the slabs were allocated: `"cuda"` (page-locked) or `"page-aligned"`.
     #[getter]
     fn pinning(&self, py: Python<'_>) -> PyResult<String> {
-        py.detach(|| {
-            self.with_any(|l| {
-                Ok(match l {
-                    AnyLoader::Plain(l) => l.pinning(),
-                    AnyLoader::Mix(m) => m.pinning(),
-                }
-                .name()
-                .to_string())
-            })
-        })
+        py.detach(|| self.with_any(|l| Ok(l.pinning().name().to_string())))
     }
 
     /// Where the loader is: a small dict for `load_state_dict` (under 1 KB as
     /// JSON; a mixture's under 4 KB for 8 sources).
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let state = py.detach(|| self.with_any(|l| Ok(l.state())))?;
+        let state = py.detach(|| self.with_any(|l| Ok(l.save())))?;
         to_python(py, &state)
     }
 
@@ -536,7 +430,7 @@ impl PyLoader {
         if texts.is_empty() {
             return Err(bad_option("state", "an empty list of states"));
         }
-        py.detach(|| self.with_any(|l| l.resume(&texts, allow_changed).map_err(loader_error)))
+        py.detach(|| self.with_any(|l| resume(l, &texts, allow_changed).map_err(loader_error)))
     }
 
     /// Change a mixture's weights (a dict of dataset to weight, or a list in
@@ -548,13 +442,10 @@ impl PyLoader {
                 let map: std::collections::HashMap<String, f64> = weights
                     .extract()
                     .map_err(|_| bad_option("weights", "a dict of dataset to weight, or a list"))?;
-                let AnyBuilder::Mix(_) = &self.builder else {
-                    return Err(bad_option("weights", "only a mixture has weights"));
-                };
                 let urls = py.detach(|| {
-                    self.with_any(|l| match l {
-                        AnyLoader::Mix(m) => Ok(m.source_urls()),
-                        AnyLoader::Plain(_) => Ok(Vec::new()),
+                    self.with_any(|l| match l.as_mixture() {
+                        Some(m) => Ok(m.source_urls()),
+                        None => Err(bad_option("weights", "only a mixture has weights")),
                     })
                 })?;
                 if map.len() != urls.len() || urls.iter().any(|u| !map.contains_key(u)) {
@@ -572,9 +463,9 @@ impl PyLoader {
             }
         };
         py.detach(|| {
-            self.with_any(|l| match l {
-                AnyLoader::Mix(m) => m.set_weights(&given).map_err(loader_error),
-                AnyLoader::Plain(_) => Err(bad_option("weights", "only a mixture has weights")),
+            self.with_any(|l| match l.as_mixture() {
+                Some(m) => m.set_weights(&given).map_err(loader_error),
+                None => Err(bad_option("weights", "only a mixture has weights")),
             })
         })
     }
@@ -584,14 +475,7 @@ impl PyLoader {
     /// endpoint; `shardfeed.metrics.LoaderCollector` registers it with
     /// `prometheus_client`.
     fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
-        py.detach(|| {
-            self.with_any(|l| {
-                Ok(match l {
-                    AnyLoader::Plain(l) => l.metrics_text(),
-                    AnyLoader::Mix(m) => m.metrics_text(),
-                })
-            })
-        })
+        py.detach(|| self.with_any(|l| Ok(l.metrics_text())))
     }
 
     /// Counters: rows, bytes, batches, time to first batch, wait and busy
@@ -600,13 +484,7 @@ impl PyLoader {
     /// tokens, and each source's loader counters under `sources`.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let value = py.detach(|| {
-            self.with_any(|l| {
-                Ok(match l {
-                    AnyLoader::Plain(l) => serde_json::to_value(l.stats()),
-                    AnyLoader::Mix(m) => serde_json::to_value(m.stats()),
-                }
-                .expect("stats serialize"))
-            })
+            self.with_any(|l| Ok(serde_json::to_value(l.feed_stats()).expect("stats serialize")))
         })?;
         to_python(py, &value)
     }

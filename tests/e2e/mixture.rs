@@ -468,7 +468,7 @@ fn a_state_of_other_datasets_or_weights_is_refused_naming_the_change() {
         .build()
         .unwrap();
     let mut forged = fit.state();
-    forged.window = Some(shardfeed_loader::pack::FitState {
+    forged.window = Some(shardfeed_loader::FitState {
         previous: 1 << 40,
         deferred: vec![],
         emitted: 0,

@@ -10,15 +10,17 @@
 
 use crate::error::Stage;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, bounded};
+use crossbeam_channel::{Receiver, SendTimeoutError, bounded};
 
 use super::{Core, LenInput, MixtureState, MixtureStats, Progress};
 use crate::batch::Batch;
+use crate::outlet::{Outlet, Received};
 use crate::pinned::{Pinning, Pool};
+use crate::stats::Counters;
 use crate::{LoaderError, Result};
 
 /// Batches the mixture's thread makes ahead of the consumer.
@@ -61,18 +63,8 @@ pub struct Mixture {
     sources: Vec<crate::loader::StatsHandle>,
     /// The thread's progress when it made the last batch received.
     progress: Progress,
-    /// Pooled slabs held by batches the consumer has.
-    held: Arc<AtomicUsize>,
-    batches: u64,
-    rows: u64,
-    wait_ns: u64,
-    first_batch_ns: u64,
-    started: Option<Instant>,
-    /// The slow-consumer warning: (fraction, batches), and where its window
-    /// began (time, wait, batches) and the epoch last warned about.
-    slow_warning: Option<(f64, u64)>,
-    watch: (Instant, u64, u64),
-    warned: Option<u64>,
+    /// The consumer's side: waits, held slabs, counts, the slow warning.
+    outlet: Outlet,
 }
 
 impl std::fmt::Debug for Mixture {
@@ -88,10 +80,9 @@ impl std::fmt::Debug for Mixture {
 
 impl Mixture {
     pub(crate) fn new(core: Core, slow_warning: Option<(f64, u64)>) -> Self {
+        let counters = Arc::new(Counters::default());
         Mixture {
-            slow_warning,
-            watch: (Instant::now(), 0, 0),
-            warned: None,
+            outlet: Outlet::new(counters, core.pool.size(), slow_warning),
             state: core.state(),
             len_input: core.len_input(),
             len: Default::default(),
@@ -102,12 +93,6 @@ impl Mixture {
             core: Some(Box::new(core)),
             stale: false,
             running: None,
-            held: Arc::new(AtomicUsize::new(0)),
-            batches: 0,
-            rows: 0,
-            wait_ns: 0,
-            first_batch_ns: 0,
-            started: None,
         }
     }
 
@@ -336,15 +321,18 @@ impl Mixture {
     /// Counters, with each source loader's.
     pub fn stats(&self) -> MixtureStats {
         let p = &self.progress;
+        let c = &self.outlet.counters;
+        let ns = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed) as f64 / 1e9;
         MixtureStats {
-            batches: self.batches,
-            rows: self.rows,
+            batches: c.batches.load(Ordering::Relaxed),
+            rows: c.rows.load(Ordering::Relaxed),
+            bytes: c.bytes.load(Ordering::Relaxed),
             documents: p.documents.clone(),
             tokens: p.tokens,
             padding_tokens: p.padding_tokens,
             dropped_batches: p.dropped_batches,
-            wait_s: self.wait_ns as f64 / 1e9,
-            first_batch_s: self.first_batch_ns as f64 / 1e9,
+            wait_s: ns(&c.wait_ns),
+            first_batch_s: ns(&c.first_batch_ns),
             sources: self.sources.iter().map(|h| h.stats()).collect(),
         }
     }
@@ -412,18 +400,8 @@ impl Mixture {
     /// configured fraction of the time over the last window of batches (as a
     /// plain loader does), naming the sources' slowest stage.
     fn watch_waits(&mut self) {
-        let Some((fraction, every)) = self.slow_warning else {
-            return;
-        };
-        let (since, wait_then, batches_then) = self.watch;
-        if self.batches < batches_then.saturating_add(every) {
-            return;
-        }
-        let wall = since.elapsed().as_nanos().max(1) as f64;
-        let waited = self.wait_ns.saturating_sub(wait_then) as f64 / wall;
         let epoch = self.state.epoch;
-        if waited > fraction && self.warned != Some(epoch) {
-            self.warned = Some(epoch);
+        if let Some((waited, every)) = self.outlet.slow(epoch) {
             let stages: Vec<String> = self
                 .sources
                 .iter()
@@ -437,7 +415,6 @@ impl Mixture {
                 stages.join(", ")
             );
         }
-        self.watch = (Instant::now(), self.wait_ns, self.batches);
     }
 
     /// [`Iterator::next`] that calls `interrupted` about every 20 ms while it
@@ -446,66 +423,49 @@ impl Mixture {
     /// returns the batch that was awaited.
     pub fn next_interruptible(
         &mut self,
-        mut interrupted: impl FnMut() -> bool,
+        interrupted: impl FnMut() -> bool,
     ) -> Option<Result<Batch>> {
-        self.started.get_or_insert_with(Instant::now);
+        self.outlet.start();
         if let Err(e) = self.run() {
             return Some(Err(e));
         }
         let waited = Instant::now();
-        let result = loop {
-            let running = self.running.as_ref().expect("started above");
-            if running.rx.is_empty() && self.held.load(Ordering::SeqCst) >= self.pool.size() {
-                break Some(Err(LoaderError::PoolExhausted {
-                    slabs: self.pool.size(),
-                }));
+        let running = self.running.as_ref().expect("started above");
+        let result = match self.outlet.receive(&running.rx, interrupted) {
+            Received::Item(Item::Batch(mut batch, after)) => {
+                (self.state, self.progress) = *after;
+                self.outlet.waited(waited, true);
+                self.outlet.deliver(&mut batch);
+                self.watch_waits();
+                return Some(Ok(batch));
             }
-            match running.rx.recv_timeout(Duration::from_millis(20)) {
-                Ok(Item::Batch(mut batch, after)) => {
-                    if !batch.lease.is_oversize() {
-                        self.held.fetch_add(1, Ordering::SeqCst);
-                        batch.held = Some(self.held.clone());
-                    }
-                    (self.state, self.progress) = *after;
-                    self.batches += 1;
-                    self.rows += batch.rows() as u64;
-                    if self.first_batch_ns == 0 {
-                        let since = self.started.map_or(0, |t| t.elapsed().as_nanos() as u64);
-                        self.first_batch_ns = since.max(1);
-                    }
-                    self.wait_ns += waited.elapsed().as_nanos() as u64;
-                    self.watch_waits();
-                    return Some(Ok(batch));
-                }
-                Ok(Item::End(after, len)) => {
-                    (self.state, self.progress) = *after;
-                    self.len_input = len;
-                    self.len = Default::default();
-                    break None;
-                }
-                Ok(Item::Failed(e)) => {
-                    // The thread has stopped; the next call rewinds to the
-                    // last batch received and tries again.
-                    self.halt();
-                    break Some(Err(e));
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    if interrupted() {
-                        break Some(Err(LoaderError::Interrupted));
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    self.halt();
-                    break Some(Err(LoaderError::stage(
-                        Stage::Mix,
-                        None,
-                        None,
-                        "the mixture's thread stopped before the epoch's end",
-                    )));
-                }
+            Received::Item(Item::End(after, len)) => {
+                (self.state, self.progress) = *after;
+                self.len_input = len;
+                self.len = Default::default();
+                None
+            }
+            Received::Item(Item::Failed(e)) => {
+                // The thread has stopped; the next call rewinds to the
+                // last batch received and tries again.
+                self.halt();
+                Some(Err(e))
+            }
+            Received::Exhausted => Some(Err(LoaderError::PoolExhausted {
+                slabs: self.pool.size(),
+            })),
+            Received::Interrupted => Some(Err(LoaderError::Interrupted)),
+            Received::Closed => {
+                self.halt();
+                Some(Err(LoaderError::stage(
+                    Stage::Mix,
+                    None,
+                    None,
+                    "the mixture's thread stopped before the epoch's end",
+                )))
             }
         };
-        self.wait_ns += waited.elapsed().as_nanos() as u64;
+        self.outlet.waited(waited, result.is_some());
         result
     }
 }

@@ -1,0 +1,318 @@
+//! [`Feed`]: what a [`Loader`] and a [`Mixture`] both are to the code that
+//! consumes them (a training loop, a binding, a benchmark), so that code is
+//! written once for both.
+//!
+//! ```no_run
+//! use shardfeed_loader::{Feed, FeedBuilder, Loader};
+//! let builder = FeedBuilder::from(Loader::builder("/data/tokens").batch_size(32));
+//! let mut feed: Box<dyn Feed> = builder.build()?;
+//! while let Some(batch) = feed.next_batch(&mut || false) {
+//!     let batch = batch?;
+//!     // ... train on `batch`
+//! }
+//! let saved = feed.save().to_json();
+//! let mut again = builder.build()?;
+//! again.restore(&[again.parse_state(&saved)?], false)?;
+//! # Ok::<(), shardfeed_loader::LoaderError>(())
+//! ```
+
+use serde::Serialize;
+
+use crate::batch::Batch;
+use crate::config::LoaderBuilder;
+use crate::loader::Loader;
+use crate::mix::{Mixture, MixtureBuilder, MixtureState, MixtureStats};
+use crate::pinned::Pinning;
+use crate::state::LoaderState;
+use crate::stats::Stats;
+use crate::{LoaderError, Result};
+
+/// A stream of batches over epochs, with a state to resume from: a
+/// [`Loader`] or a [`Mixture`].
+pub trait Feed: Send {
+    /// The next batch of the current epoch, or `None` at its end (the next
+    /// call starts the following epoch). While waiting it calls
+    /// `interrupted` about every 20 ms; when that returns `true` the wait
+    /// ends with [`LoaderError::Interrupted`] and the batch awaited is
+    /// returned by the next call.
+    fn next_batch(&mut self, interrupted: &mut dyn FnMut() -> bool) -> Option<Result<Batch>>;
+
+    /// Where the consumer is: the state after the last batch it received.
+    fn save(&self) -> FeedState;
+
+    /// Read a state of this kind of feed from its JSON text.
+    fn parse_state(&self, json: &str) -> Result<FeedState>;
+
+    /// Continue from `states`: one state (exactly where it was taken) or
+    /// every rank's state of a job of another world size (an elastic
+    /// resume). `allow_changed` lets a mixture start sources whose dataset
+    /// or weight changed afresh instead of refusing the state.
+    fn restore(&mut self, states: &[FeedState], allow_changed: bool) -> Result<()>;
+
+    /// The current epoch.
+    fn epoch(&self) -> u64;
+
+    /// Move to `epoch`, from its start. A mixture accepts only its current
+    /// epoch (its epochs follow from its sources').
+    fn go_to_epoch(&mut self, epoch: u64) -> Result<()>;
+
+    /// Batches of the current epoch, when known without reading data.
+    fn batches_per_epoch(&self) -> Option<u64>;
+
+    /// A snapshot of the counters.
+    fn feed_stats(&self) -> FeedStats;
+
+    /// The counters in Prometheus's text exposition format.
+    fn metrics_text(&self) -> String;
+
+    /// How the slabs were allocated.
+    fn pinning(&self) -> Pinning;
+
+    /// With a trace file: how its writing goes (see [`Loader::trace_outcome`]).
+    fn trace_outcome(&self) -> Option<crate::trace::TraceOutcome> {
+        None
+    }
+
+    /// Stop every thread; the next batch asked for continues where the
+    /// consumer was.
+    fn stop(&mut self);
+
+    /// The mixture, for what only a mixture has (weights, sources).
+    fn as_mixture(&mut self) -> Option<&mut Mixture> {
+        None
+    }
+}
+
+/// A [`Feed`]'s state: a plain loader's or a mixture's. Serialized as the
+/// state itself (no tag), as `Loader::state` and `Mixture::state` are.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum FeedState {
+    /// A plain loader's.
+    Loader(LoaderState),
+    /// A mixture's.
+    Mixture(Box<MixtureState>),
+}
+
+impl FeedState {
+    /// The state as JSON text.
+    pub fn to_json(&self) -> String {
+        match self {
+            FeedState::Loader(s) => s.to_json(),
+            FeedState::Mixture(s) => s.to_json(),
+        }
+    }
+}
+
+/// A [`Feed`]'s counters: a plain loader's or a mixture's (each source's
+/// loader's among them). Serialized as the counters themselves.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum FeedStats {
+    /// A plain loader's.
+    Loader(Box<Stats>),
+    /// A mixture's.
+    Mixture(Box<MixtureStats>),
+}
+
+impl FeedStats {
+    /// Rows yielded.
+    pub fn rows(&self) -> u64 {
+        match self {
+            FeedStats::Loader(s) => s.rows,
+            FeedStats::Mixture(s) => s.rows,
+        }
+    }
+
+    /// Batches yielded.
+    pub fn batches(&self) -> u64 {
+        match self {
+            FeedStats::Loader(s) => s.batches,
+            FeedStats::Mixture(s) => s.batches,
+        }
+    }
+
+    /// Bytes of the batches yielded.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            FeedStats::Loader(s) => s.bytes,
+            FeedStats::Mixture(s) => s.bytes,
+        }
+    }
+
+    /// Milliseconds the consumer waited for batches.
+    pub fn wait_ms(&self) -> f64 {
+        match self {
+            FeedStats::Loader(s) => s.wait_ms,
+            FeedStats::Mixture(s) => s.wait_s * 1e3,
+        }
+    }
+
+    /// Milliseconds from the first request to the first batch.
+    pub fn first_batch_ms(&self) -> f64 {
+        match self {
+            FeedStats::Loader(s) => s.time_to_first_batch_ms,
+            FeedStats::Mixture(s) => s.first_batch_s * 1e3,
+        }
+    }
+}
+
+/// What builds a [`Feed`] (again, for a rebuild or in a forked child).
+#[derive(Clone, Debug)]
+pub enum FeedBuilder {
+    /// A plain loader.
+    Loader(LoaderBuilder),
+    /// A mixture (several datasets, or packing).
+    Mixture(MixtureBuilder),
+}
+
+impl From<LoaderBuilder> for FeedBuilder {
+    fn from(b: LoaderBuilder) -> Self {
+        FeedBuilder::Loader(b)
+    }
+}
+
+impl From<MixtureBuilder> for FeedBuilder {
+    fn from(b: MixtureBuilder) -> Self {
+        FeedBuilder::Mixture(b)
+    }
+}
+
+impl FeedBuilder {
+    /// Build the feed (reads the manifests).
+    pub fn build(&self) -> Result<Box<dyn Feed>> {
+        Ok(match self {
+            FeedBuilder::Loader(b) => Box::new(b.clone().build()?),
+            FeedBuilder::Mixture(b) => Box::new(b.clone().build()?),
+        })
+    }
+}
+
+/// `states`, each a plain loader's, or an error naming the kind found.
+fn loader_states(states: &[FeedState]) -> Result<Vec<LoaderState>> {
+    states
+        .iter()
+        .map(|s| match s {
+            FeedState::Loader(s) => Ok(s.clone()),
+            FeedState::Mixture(_) => Err(LoaderError::BadState {
+                reason: "a mixture's state given to a plain loader".into(),
+            }),
+        })
+        .collect()
+}
+
+impl Feed for Loader {
+    fn next_batch(&mut self, interrupted: &mut dyn FnMut() -> bool) -> Option<Result<Batch>> {
+        self.next_interruptible(interrupted)
+    }
+
+    fn save(&self) -> FeedState {
+        FeedState::Loader(self.state())
+    }
+
+    fn parse_state(&self, json: &str) -> Result<FeedState> {
+        LoaderState::from_json(json).map(FeedState::Loader)
+    }
+
+    fn restore(&mut self, states: &[FeedState], _allow_changed: bool) -> Result<()> {
+        match loader_states(states)?.as_slice() {
+            [one] => self.resume(one),
+            many => self.resume_elastic(many),
+        }
+    }
+
+    fn epoch(&self) -> u64 {
+        Loader::epoch(self)
+    }
+
+    fn go_to_epoch(&mut self, epoch: u64) -> Result<()> {
+        self.set_epoch(epoch);
+        Ok(())
+    }
+
+    fn batches_per_epoch(&self) -> Option<u64> {
+        Some(self.len())
+    }
+
+    fn feed_stats(&self) -> FeedStats {
+        FeedStats::Loader(Box::new(self.stats()))
+    }
+
+    fn metrics_text(&self) -> String {
+        Loader::metrics_text(self)
+    }
+
+    fn pinning(&self) -> Pinning {
+        Loader::pinning(self)
+    }
+
+    fn trace_outcome(&self) -> Option<crate::trace::TraceOutcome> {
+        Loader::trace_outcome(self)
+    }
+
+    fn stop(&mut self) {
+        Loader::stop(self)
+    }
+}
+
+impl Feed for Mixture {
+    fn next_batch(&mut self, interrupted: &mut dyn FnMut() -> bool) -> Option<Result<Batch>> {
+        self.next_interruptible(interrupted)
+    }
+
+    fn save(&self) -> FeedState {
+        FeedState::Mixture(Box::new(self.state()))
+    }
+
+    fn parse_state(&self, json: &str) -> Result<FeedState> {
+        MixtureState::from_json(json).map(|s| FeedState::Mixture(Box::new(s)))
+    }
+
+    fn restore(&mut self, states: &[FeedState], allow_changed: bool) -> Result<()> {
+        let states = states
+            .iter()
+            .map(|s| match s {
+                FeedState::Mixture(s) => Ok((**s).clone()),
+                FeedState::Loader(_) => Err(LoaderError::BadState {
+                    reason: "a plain loader's state given to a mixture".into(),
+                }),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        match states.as_slice() {
+            [one] if allow_changed => self.resume_changed(one),
+            many => self.resume_elastic(many),
+        }
+    }
+
+    fn epoch(&self) -> u64 {
+        Mixture::epoch(self)
+    }
+
+    fn go_to_epoch(&mut self, epoch: u64) -> Result<()> {
+        self.set_epoch(epoch)
+    }
+
+    fn batches_per_epoch(&self) -> Option<u64> {
+        self.len()
+    }
+
+    fn feed_stats(&self) -> FeedStats {
+        FeedStats::Mixture(Box::new(self.stats()))
+    }
+
+    fn metrics_text(&self) -> String {
+        Mixture::metrics_text(self)
+    }
+
+    fn pinning(&self) -> Pinning {
+        Mixture::pinning(self)
+    }
+
+    fn stop(&mut self) {
+        Mixture::stop(self)
+    }
+
+    fn as_mixture(&mut self) -> Option<&mut Mixture> {
+        Some(self)
+    }
+}
