@@ -6,11 +6,10 @@ use crate::report::Timeline;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde::Serialize;
-use shardfeed_format::fault::FaultConfig;
 use shardfeed_format::size::parse_size;
 use shardfeed_loader::{
-    Batch, DecodePaths, Feed, FeedBuilder, FeedStats, Loader, LoaderBuilder, MixStop, Mixing,
-    MixtureStats, OnError, PackMode, PackOptions, PinningMode, SkippedRowGroup, StageStats, Stats,
+    Batch, DecodePaths, Feed, FeedBuilder, FeedStats, LoaderOptions, Mixing, MixtureStats,
+    SkippedRowGroup, StageStats, Stats,
 };
 
 /// Arguments of `bench`.
@@ -171,11 +170,18 @@ pub fn decode_only(args: &BenchArgs) -> Result<DecodeOnlyReport> {
     let columns = args.decode_images.clone().unwrap_or_default();
     let mut plain = args.clone();
     plain.decode_images = None;
+    plain.flip = false;
+    plain.crop = LoaderOptions::default().crop;
     plain.columns = Some(columns.clone());
-    let mut loader = loader_builder(&plain, url)?
-        .drop_last(false)
-        .shuffle(false)
-        .build()?;
+    let options = LoaderOptions {
+        drop_last: false,
+        shuffle: false,
+        ..loader_options(&plain, vec![(url.to_string(), 1.0)])?
+    };
+    let FeedBuilder::Loader(builder) = options.feed_builder()? else {
+        bail!("one dataset makes a plain loader");
+    };
+    let mut loader = builder.build()?;
     let mut values: Vec<Vec<u8>> = Vec::new();
     for batch in &mut loader {
         let batch = batch?;
@@ -328,64 +334,50 @@ pub struct BenchReport {
     pub stats: Stats,
 }
 
-/// The loader options of `args` for the dataset at `url`.
-fn loader_builder(args: &BenchArgs, url: &str) -> Result<LoaderBuilder> {
-    let mut builder = Loader::builder(url);
-    for (key, value) in &args.storage_options {
-        builder = builder.storage_option(key, value);
-    }
-    if args.inject_latency_ms.is_some() || args.inject_failure_rate.is_some() {
-        builder = builder.inject_faults(FaultConfig {
-            transient_rate: args.inject_failure_rate.unwrap_or(0.0),
-            latency: millis("--inject-latency-ms", args.inject_latency_ms.unwrap_or(0.0))?,
-            ..FaultConfig::default()
-        });
-    }
-    let mut builder = builder
-        .batch_size(args.batch_size)
-        .shuffle(!args.no_shuffle)
-        .seed(args.seed)
-        .decode_threads(args.threads)
-        .byte_budget(parse_size(&args.byte_budget).context("invalid --byte-budget")?)
-        .pinning(args.pinning.parse::<PinningMode>()?)
-        .on_error(args.on_error.parse::<OnError>()?)
-        .max_skipped(args.max_skipped)
+/// The loader options of `args` over `sources` (one: a plain loader).
+fn loader_options(args: &BenchArgs, sources: Vec<(String, f64)>) -> Result<LoaderOptions> {
+    let images = args.decode_images.is_some();
+    Ok(LoaderOptions {
+        sources,
+        storage_options: args.storage_options.clone(),
+        inject_latency_ms: args.inject_latency_ms,
+        inject_failure_rate: args.inject_failure_rate,
+        batch_size: args.batch_size,
+        shuffle: !args.no_shuffle,
+        seed: args.seed,
+        threads: args.threads,
+        byte_budget: parse_size(&args.byte_budget).context("invalid --byte-budget")?,
+        pinning: args.pinning.clone(),
+        on_error: args.on_error.clone(),
+        max_skipped: args.max_skipped,
         // The bench's consumer does no work: it always waits (the report
         // names the bottleneck instead).
-        .slow_warning(None)
-        .rank(0)
-        .world_size(1);
-    if let Some(columns) = &args.columns {
-        builder = builder.columns(columns.clone());
-    }
-    if let Some(window) = args.window {
-        builder = builder.window(window);
-    }
-    if let Some(prefetch) = args.prefetch {
-        builder = builder.prefetch(prefetch);
-    }
-    if let Some(dir) = &args.cache_dir {
-        builder = builder.cache_dir(dir);
-    }
-    if let Some(limit) = &args.cache_limit {
-        builder = builder.cache_limit(parse_size(limit).context("invalid --cache-limit")?);
-    }
-    builder = builder.mapped_reads(!args.pread);
-    if let Some(pad) = args.pad_to {
-        builder = builder.pad_to(pad, 0.0);
-    }
-    if let Some(columns) = &args.decode_images {
-        let (height, width) = image_size(&args.image_size)?;
-        builder = builder
-            .decode_images(columns.clone())
-            .image_size(height, width)
-            .crop(args.crop.parse()?)
-            .flip(args.flip);
-    }
-    if let Some(path) = &args.trace {
-        builder = builder.trace(path);
-    }
-    Ok(builder)
+        slow_warning: None,
+        rank: Some(0),
+        world_size: Some(1),
+        columns: args.columns.clone(),
+        window: args.window,
+        prefetch: args.prefetch,
+        cache_dir: args.cache_dir.clone(),
+        cache_limit: args
+            .cache_limit
+            .as_deref()
+            .map(|l| parse_size(l).context("invalid --cache-limit"))
+            .transpose()?,
+        mapped_reads: !args.pread,
+        pad_to: args.pad_to,
+        decode_images: args.decode_images.clone(),
+        image_size: images.then(|| image_size(&args.image_size)).transpose()?,
+        crop: args.crop.clone(),
+        flip: args.flip,
+        trace: args.trace.clone(),
+        mix_stop: args.mix_stop.clone(),
+        pack_to: args.pack_to,
+        pack_mode: args.pack_mode.clone(),
+        eos_id: args.eos_id,
+        pack_window: args.pack_window,
+        ..LoaderOptions::default()
+    })
 }
 
 /// What streaming a feed measured, before a report is made of it.
@@ -503,7 +495,7 @@ pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
         .dataset
         .as_deref()
         .context("name a dataset, or sources with --mix")?;
-    let builder = FeedBuilder::from(loader_builder(args, url)?);
+    let builder = loader_options(args, vec![(url.to_string(), 1.0)])?.feed_builder()?;
     let mut timeline = args.report.as_ref().map(|_| Timeline::default());
     let run = run(&builder, args, |batch, t, asked_ms, feed| {
         if let Some(timeline) = timeline.as_mut() {
@@ -847,25 +839,17 @@ pub fn measure_mix(args: &BenchArgs) -> Result<MixReport> {
     if let Some(url) = &args.dataset {
         sources.insert(0, (url.clone(), 1.0));
     }
-    let template = loader_builder(args, &sources[0].0)?;
-    let mut builder = Loader::builder_mixture(sources.clone())
-        .configure(|_| template)
-        .mix_stop(args.mix_stop.parse::<MixStop>()?);
-    if let Some(length) = args.pack_to {
-        let mut options = PackOptions::new(length);
-        options.mode = args.pack_mode.parse::<PackMode>()?;
-        options.eos_id = args.eos_id;
-        if let Some(w) = args.pack_window {
-            options.window = w;
-        }
-        builder = builder.pack(options);
+    let builder = LoaderOptions {
+        mixture: true,
+        ..loader_options(args, sources.clone())?
     }
+    .feed_builder()?;
     if args.mix_stop == "never" && args.max_batches.is_none() {
         anyhow::bail!("--mix-stop never needs --max-batches");
     }
     let packing = args.pack_to.is_some();
     let mut tokens = 0u64;
-    let run = run(&FeedBuilder::from(builder), args, |batch, _, _, _| {
+    let run = run(&builder, args, |batch, _, _, _| {
         if !packing {
             // Unpacked: count the tokens of the list columns read.
             for column in batch.columns() {

@@ -6,9 +6,9 @@ use shardfeed_format::fault::FaultConfig;
 use shardfeed_format::{Location, RetryPolicy};
 
 use crate::columns::{ColumnPlan, ListMode};
+use crate::error::{LoaderError, Result};
 use crate::image::{Crop, ImageOptions};
 use crate::pinned::PinningMode;
-use crate::{LoaderError, Result};
 
 /// The most decode threads a loader starts (`threads`).
 pub const MAX_THREADS: usize = 1024;
@@ -42,7 +42,7 @@ pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 30;
 pub const DEFAULT_BYTE_BUDGET: u64 = 1 << 30;
 /// An epoch's first window of a dataset shuffled at shard time (and large
 /// enough, see `MIN_WINDOWS_TO_SLICE`) is served as the first
-/// `1/FIRST_SLICES` of its row groups, then the rest (see [`crate::plan`]).
+/// `1/FIRST_SLICES` of its row groups, then the rest.
 pub const FIRST_SLICES: u32 = 8;
 /// The first window is sliced only when a rank's epoch holds at least this
 /// many windows: a slice's decode usually decodes the whole first page of
@@ -306,7 +306,7 @@ impl LoaderBuilder {
         self.world_size = Some(world_size);
         self
     }
-    /// Drop the remainder rows (default true); see [`crate::plan`].
+    /// Drop the remainder rows (default true).
     pub fn drop_last(mut self, drop_last: bool) -> Self {
         self.drop_last = drop_last;
         self

@@ -11,9 +11,11 @@
 //! | stage or part | file |
 //! |---|---|
 //! | options and their checks | `config.rs` ([`LoaderBuilder`]) |
-//! | assembly: manifest, first footer, memory policy, pool | `build.rs` |
+//! | every option by its CLI and Python name, with defaults, once | `options.rs` ([`LoaderOptions`]) |
+//! | assembly: manifest, first footer, pool | `build.rs` |
+//! | the memory policy (window, row groups held, read-ahead, pool) | `budget.rs` (pure functions) |
 //! | the column contract (types taken, batch layout) | `columns.rs` |
-//! | the order (pure) | [`plan`] |
+//! | the order (pure) | `plan.rs` |
 //! | wiring a pass: channels, threads, cancellation | `pipeline.rs` |
 //! | what stages hand each other | `stage.rs` (and `shuffle::LoadedWindow`) |
 //! | fetch stage: admission, range reads, shared reads | `fetch/stage.rs`, with `fetch.rs` (footers, local and mapped reads, the shard cache `cache.rs`) |
@@ -21,12 +23,13 @@
 //! | shuffle stage: window permutation | `shuffle.rs` |
 //! | collate stage: gathers into slabs, images | `collate.rs`, `image.rs` |
 //! | the slab pool (pinned when CUDA is there) | `pinned.rs`, `mapped.rs` |
-//! | the consumer: batches, epochs, resume | `loader.rs`, `state.rs` |
+//! | the consumer's side: waits, held slabs, counters, slow warning | `outlet.rs` (shared by [`Loader`] and [`Mixture`]) |
+//! | the consumer: batches, epochs, resume | `loader.rs`, `state.rs`; [`Feed`] (`feed.rs`) drives a loader or a mixture alike |
 //! | mixtures and packing | `mix.rs` (`mix/thread.rs`), `pack.rs` |
 //! | counters, trace, reports | `stats.rs`, `trace.rs`, `inspect.rs`, `verify.rs` |
 //!
 //! * The order a rank sees is a pure function of (manifest, seed, epoch,
-//!   rank, world size): see [`plan`].
+//!   rank, world size): see `plan.rs`.
 //! * Fetching reads only the projected column chunks of each row group, with
 //!   footers sized by the manifest; decode threads check every chunk's
 //!   checksum before decoding; one collator gathers rows into slabs.
@@ -65,7 +68,8 @@ mod inspect;
 mod loader;
 mod mapfile;
 mod mapped;
-mod mix;
+pub mod mix;
+mod options;
 mod outlet;
 mod pack;
 mod parquet;
@@ -100,6 +104,7 @@ pub use loader::Loader;
 pub use mix::{
     DrawState, MixStop, Mixture, MixtureBuilder, MixtureState, MixtureStats, SourceState,
 };
+pub use options::LoaderOptions;
 pub use pack::{Carry, DEFAULT_PACK_WINDOW, FitState, PackMode, PackOptions};
 pub use parquet::DecodePaths;
 pub use pinned::{Pinning, PinningMode, SlabLease};

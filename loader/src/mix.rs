@@ -12,7 +12,7 @@
 //!
 //! A source starts its next epoch when exhausted; [`MixStop`] says when the
 //! mixture's epoch ends. With [`PackOptions`] the rows are token lists packed
-//! into rows of exactly `pack_to` tokens ([`crate::pack`]); otherwise a batch
+//! into rows of exactly `pack_to` tokens ([`PackOptions`]); otherwise a batch
 //! holds `batch_size` rows with the sources' columns plus `source` (`int32`,
 //! the row's source index).
 //!
@@ -44,13 +44,13 @@ use shardfeed_format::permute::hash_words;
 
 use crate::batch::{Batch, Buffer, Column, ColumnLayout, DType};
 use crate::config::LoaderBuilder;
+use crate::error::{LoaderError, Result};
 use crate::loader::Loader;
 use crate::pack::{Carry, Docs, Out, PackMode, PackOptions, Packer, Tokens};
 use crate::pinned::{Pool, SlabLease};
 use crate::plan::{Piece, Stop, elastic_share};
 use crate::state::{PLAN_VERSION, STATE_VERSION};
 use crate::stats::Stats;
-use crate::{LoaderError, Result};
 
 /// When a mixture's epoch ends.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@
 //! message naming what differs: silently skipping the first N rows of a
 //! different dataset is the bug this prevents.
 //!
-//! [`PLAN_VERSION`] names the order algorithm itself ([`crate::plan`]);
+//! [`PLAN_VERSION`] names the order algorithm itself (the loader's `plan` module);
 //! golden tests pin it, and a change to the order must bump it so that old
 //! states are refused rather than resumed at the wrong rows.
 
@@ -15,11 +15,11 @@ use serde::{Deserialize, Serialize};
 use shardfeed_format::Manifest;
 use shardfeed_format::permute::hash_words;
 
-use crate::{LoaderError, Result};
+use crate::error::{LoaderError, Result};
 
 /// The state format this build writes and reads.
 pub const STATE_VERSION: u32 = 2;
-/// The order algorithm of [`crate::plan`] this build implements.
+/// The order algorithm (the loader's `plan` module) this build implements.
 pub const PLAN_VERSION: u32 = 3;
 
 /// Where a loader is: enough to continue exactly there in a new process.
@@ -54,7 +54,7 @@ pub struct LoaderState {
     /// The dataset's fingerprint ([`dataset_fingerprint`]).
     pub dataset: String,
     /// After an elastic resume: epochs planned from pieces of the old
-    /// ranks' sequences (see [`crate::plan::Piece`]).
+    /// ranks' sequences (see [`crate::Piece`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending: Vec<(u64, Vec<crate::plan::Piece>)>,
 }

@@ -7,8 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
-use shardfeed_format::fault::FaultConfig;
-use shardfeed_loader::{Feed, FeedBuilder, Loader, LoaderError, PackMode};
+use shardfeed_loader::{Feed, FeedBuilder, LoaderError, LoaderOptions};
 
 use crate::args::*;
 use crate::arrays::*;
@@ -157,171 +156,99 @@ impl PyLoader {
         #[pyo3(from_py_with = crate::args::opt_decode_niceness)] decode_niceness: Option<u8>,
         mapped_reads: bool,
     ) -> PyResult<Self> {
-        // A str is one dataset; a dict maps datasets to weights.
-        let sources: Option<Vec<(String, f64)>> = match url.extract::<String>() {
-            Ok(_) => None,
-            Err(_) => Some(
-                url.extract::<std::collections::BTreeMap<String, f64>>()
-                    .map_err(|_| bad_option("url", "must be a str, or a dict of str to weight"))?
-                    .into_iter()
-                    .collect(),
-            ),
-        };
-        // Keep the dict's order (BTreeMap sorts): read it again as pairs.
-        let sources = match sources {
-            None => None,
-            Some(_) => Some(
-                url.call_method0("items")?
+        // A str is one dataset; a dict maps datasets to weights (in the
+        // dict's order).
+        let (sources, mixture) = match url.extract::<String>() {
+            Ok(one) => (vec![(one, 1.0)], false),
+            Err(_) => {
+                if url
+                    .extract::<std::collections::BTreeMap<String, f64>>()
+                    .is_err()
+                {
+                    return Err(bad_option(
+                        "url",
+                        "must be a str, or a dict of str to weight",
+                    ));
+                }
+                let pairs = url
+                    .call_method0("items")?
                     .try_iter()?
                     .map(|item| item?.extract::<(String, f64)>())
-                    .collect::<PyResult<Vec<_>>>()?,
-            ),
+                    .collect::<PyResult<Vec<_>>>()?;
+                (pairs, true)
+            }
         };
-        let first = match &sources {
-            Some(list) => list.first().map(|s| s.0.clone()).unwrap_or_default(),
-            None => url.extract::<String>()?,
+        let decode_images = match decode_images {
+            None => None,
+            Some(columns) => Some(match columns.extract::<String>() {
+                Ok(one) => vec![one],
+                Err(_) => columns.extract().map_err(|_| {
+                    bad_option("decode_images", "must be a column name or a list of them")
+                })?,
+            }),
         };
-        let mut b = Loader::builder(&first)
-            .batch_size(batch_size)
-            .shuffle(shuffle)
-            .seed(seed)
-            .epoch(epoch)
-            .drop_last(drop_last)
-            .pinning(pinning.parse().map_err(loader_error)?)
-            .on_error(on_error.parse().map_err(loader_error)?);
-        if let Some(n) = max_skipped {
-            b = b.max_skipped(n);
-        }
-        match decode_images {
-            Some(columns) => {
-                let columns: Vec<String> = match columns.extract::<String>() {
-                    Ok(one) => vec![one],
-                    Err(_) => columns.extract().map_err(|_| {
-                        bad_option("decode_images", "must be a column name or a list of them")
-                    })?,
-                };
-                let (height, width) = match image_size {
-                    None => (224, 224),
-                    Some(size) => match size.extract::<u32>() {
-                        Ok(side) => (side, side),
-                        Err(_) => size.extract::<(u32, u32)>().map_err(|_| {
-                            bad_option("image_size", "must be an int or a (height, width) pair")
-                        })?,
-                    },
-                };
-                b = b.images(shardfeed_loader::ImageOptions {
-                    columns,
-                    height,
-                    width,
-                    crop: crop.parse().map_err(loader_error)?,
-                    scale,
-                    ratio,
-                    flip,
-                    channels_first,
-                    max_pixels: max_image_pixels
-                        .unwrap_or(shardfeed_loader::DEFAULT_MAX_IMAGE_PIXELS),
-                });
-            }
-            None if image_size.is_some() || flip || channels_first || crop != "random_resized" => {
-                return Err(bad_option(
-                    "decode_images",
-                    "image_size, crop, flip and channels_first apply to the columns named in decode_images",
-                ));
-            }
-            None => {}
-        }
-        if let Some(path) = trace {
-            b = b.trace(path);
-        }
-        b = b.slow_warning(slow_warning);
-        if let Some(columns) = columns {
-            b = b.columns(columns);
-        }
-        if let Some(rank) = rank {
-            b = b.rank(rank);
-        }
-        if let Some(world_size) = world_size {
-            b = b.world_size(world_size);
-        }
-        if let Some(n) = pad_to {
-            b = b.pad_to(n, pad_value);
-        }
-        if let Some(n) = prefetch {
-            b = b.prefetch(n);
-        }
-        if let Some(n) = threads {
-            b = b.decode_threads(n);
-        }
-        for (k, v) in storage_pairs(storage_options) {
-            b = b.storage_option(k, v);
-        }
-        if let Some(dir) = cache_dir {
-            b = b.cache_dir(dir);
-        }
-        if let Some(limit) = cache_limit {
-            b = b.cache_limit(limit.bytes("cache_limit")?);
-        }
-        b = b.mapped_reads(mapped_reads);
-        if let Some(n) = window {
-            b = b.window(n);
-        }
-        if let Some(budget) = byte_budget {
-            b = b.byte_budget(budget.bytes("byte_budget")?);
-        }
-        if let Some(n) = io_concurrency {
-            b = b.io_concurrency(n);
-        }
-        if let Some(n) = decode_niceness {
-            b = b.decode_niceness(n);
-        }
-        if inject_latency_ms.is_some() || inject_failure_rate.is_some() {
-            b = b.inject_faults(FaultConfig {
-                transient_rate: inject_failure_rate.unwrap_or(0.0),
-                latency: crate::args::seconds(
-                    inject_latency_ms.unwrap_or(0.0) / 1000.0,
-                    "inject_latency_ms",
-                )?,
-                ..FaultConfig::default()
-            });
-        }
-        let mixing = sources.is_some() || pack_to.is_some();
-        let builder = if mixing {
-            let list = sources.unwrap_or_else(|| vec![(first.clone(), 1.0)]);
-            let mut m = Loader::builder_mixture(list)
-                .configure(|_| b)
-                .mix_stop(mix_stop.parse().map_err(loader_error)?);
-            if let Some(n) = read_batch {
-                m = m.read_batch(n);
-            }
-            if let Some(length) = pack_to {
-                let mut options = shardfeed_loader::PackOptions::new(length);
-                options.mode = pack_mode.parse::<PackMode>().map_err(loader_error)?;
-                options.eos_id = eos_id;
-                options.pad_id = pad_id;
-                if let Some(w) = pack_window {
-                    options.window = w;
-                }
-                options.max_segments = max_segments;
-                m = m.pack(options);
-                if let Some(c) = pack_column {
-                    m = m.pack_column(c);
-                }
-            } else if pack_column.is_some() || eos_id.is_some() || pack_window.is_some() {
-                return Err(bad_option(
-                    "pack_to",
-                    "pack_column, eos_id and pack_window need pack_to",
-                ));
-            }
-            FeedBuilder::Mixture(m)
-        } else {
-            if mix_stop != "first_exhausted" || read_batch.is_some() {
-                return Err(bad_option(
-                    "mix_stop",
-                    "mix_stop and read_batch apply to mixtures (a dict of datasets) and packing",
-                ));
-            }
-            FeedBuilder::Loader(b)
+        let image_size = match image_size {
+            None => None,
+            Some(size) => Some(match size.extract::<u32>() {
+                Ok(side) => (side, side),
+                Err(_) => size.extract::<(u32, u32)>().map_err(|_| {
+                    bad_option("image_size", "must be an int or a (height, width) pair")
+                })?,
+            }),
         };
+        let defaults = LoaderOptions::default();
+        let options = LoaderOptions {
+            sources,
+            mixture,
+            batch_size,
+            columns,
+            shuffle,
+            seed,
+            epoch,
+            rank,
+            world_size,
+            drop_last,
+            pad_to,
+            pad_value,
+            prefetch,
+            threads: threads.unwrap_or(defaults.threads),
+            storage_options: storage_pairs(storage_options),
+            cache_dir,
+            cache_limit: cache_limit.map(|l| l.bytes("cache_limit")).transpose()?,
+            window,
+            byte_budget: match byte_budget {
+                Some(b) => b.bytes("byte_budget")?,
+                None => defaults.byte_budget,
+            },
+            pinning: pinning.to_string(),
+            io_concurrency,
+            inject_latency_ms,
+            inject_failure_rate,
+            on_error: on_error.to_string(),
+            max_skipped: max_skipped.unwrap_or(defaults.max_skipped),
+            trace,
+            slow_warning,
+            mapped_reads,
+            decode_niceness,
+            decode_images,
+            image_size,
+            crop: crop.to_string(),
+            scale,
+            ratio,
+            flip,
+            channels_first,
+            max_image_pixels,
+            mix_stop: mix_stop.to_string(),
+            read_batch,
+            pack_to,
+            pack_mode: pack_mode.to_string(),
+            pack_column,
+            eos_id,
+            pad_id,
+            pack_window,
+            max_segments,
+        };
+        let builder = options.feed_builder().map_err(loader_error)?;
         let loader = py.detach(|| builder.build()).map_err(loader_error)?;
         Ok(PyLoader {
             builder,

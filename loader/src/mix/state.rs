@@ -83,7 +83,7 @@ pub struct MixtureState {
     #[serde(default)]
     pub epoch_start: Vec<(u64, u64)>,
     /// Per source, after an elastic resume: the epochs planned from pieces
-    /// of the old ranks' sequences (see [`crate::plan::Piece`]).
+    /// of the old ranks' sequences (see [`crate::Piece`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending: Vec<Vec<(u64, Vec<Piece>)>>,
     /// Per source, after an elastic resume: documents (epoch, position)
