@@ -10,12 +10,12 @@ use shardfeed_format::{Location, Manifest};
 use crate::budget;
 use crate::cache::ShardCache;
 use crate::columns::{ColumnPlan, ListMode, plan_columns};
+use crate::error::{LoaderError, Result};
 use crate::fetch::{FetchContext, LocalReads};
 use crate::loader::Loader;
 use crate::parquet::projection;
 use crate::pinned::Pool;
 use crate::stats::Counters;
-use crate::{LoaderError, Result};
 
 use crate::config::*;
 

@@ -23,13 +23,13 @@ use shardfeed_format::failpoint::Action;
 use crate::batch::{Batch, Buffer, Column, ColumnLayout, DType};
 use crate::columns::{ALIGN, ColumnPlan, Kind, ListMode};
 use crate::config::Config;
+use crate::error::{LoaderError, Result};
 use crate::image::{self, ImageOptions, RowId};
 use crate::pinned::Pool;
 use crate::plan::EpochPlan;
 use crate::shuffle::{KeyBound, LoadedWindow};
 use crate::stage::injected;
 use crate::stats::Counters;
-use crate::{LoaderError, Result};
 use shardfeed_format::Manifest;
 
 mod gather;

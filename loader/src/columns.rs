@@ -5,8 +5,8 @@
 use arrow_schema::{DataType, Schema};
 
 use crate::batch::DType;
+use crate::error::{LoaderError, Result};
 use crate::image::ImageOptions;
-use crate::{LoaderError, Result};
 
 /// Alignment of each buffer inside a slab.
 pub(crate) const ALIGN: usize = 64;

@@ -17,6 +17,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::config::{Config, OnError};
 use crate::error::Stage;
+use crate::error::{LoaderError, Result};
 use crate::fetch::MappedCheck;
 use crate::fetch::stage::continuations;
 use crate::parquet::{Limits, SparseFile, decode_row_group_at_least};
@@ -24,7 +25,6 @@ use crate::plan::Segment;
 use crate::shard::{check_chunk, check_chunk_sum};
 use crate::stage::{Decoded, DecodedSegment, Fetched, injected};
 use crate::stats::Counters;
-use crate::{LoaderError, Result};
 
 /// A fetched segment, checked and decoded: its rows, as one or more
 /// batches; and the rows after them that decoding produced on the way (the

@@ -20,12 +20,12 @@ use serde::Serialize;
 
 use crate::batch::Batch;
 use crate::config::LoaderBuilder;
+use crate::error::{LoaderError, Result};
 use crate::loader::Loader;
 use crate::mix::{Mixture, MixtureBuilder, MixtureState, MixtureStats};
 use crate::pinned::Pinning;
 use crate::state::LoaderState;
 use crate::stats::Stats;
-use crate::{LoaderError, Result};
 
 /// A stream of batches over epochs, with a state to resume from: a
 /// [`Loader`] or a [`Mixture`].

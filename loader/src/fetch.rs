@@ -38,6 +38,7 @@ use parquet::file::metadata::RowGroupMetaData;
 use shardfeed_format::{ChunkHash, ChunkSum, Location, Manifest, RetryPolicy};
 
 use crate::cache::ShardCache;
+use crate::error::{LoaderError, Result};
 use crate::mapfile::{Changed, MapSet, MappedShard};
 use crate::mapped::MAPPED_FROM;
 use crate::parquet::projection;
@@ -45,7 +46,6 @@ use crate::plan::Segment;
 use crate::shard::{check_schema, decode_footer};
 use crate::stage::{Fetched, FooterInfo};
 use crate::stats::Counters;
-use crate::{LoaderError, Result};
 
 /// Footers (and open files) kept at once.
 const FOOTER_CACHE: usize = 256;

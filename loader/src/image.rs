@@ -49,13 +49,13 @@ pub enum Crop {
 }
 
 impl std::str::FromStr for Crop {
-    type Err = crate::LoaderError;
-    fn from_str(s: &str) -> crate::Result<Self> {
+    type Err = crate::error::LoaderError;
+    fn from_str(s: &str) -> crate::error::Result<Self> {
         match s {
             "random_resized" => Ok(Crop::RandomResized),
             "center" => Ok(Crop::Center),
             "resize" => Ok(Crop::Resize),
-            other => Err(crate::LoaderError::BadOption {
+            other => Err(crate::error::LoaderError::BadOption {
                 option: "crop",
                 reason: format!("{other:?} is not one of random_resized, center, resize"),
             }),
@@ -109,9 +109,9 @@ impl Default for ImageOptions {
 
 impl ImageOptions {
     /// Refuse options that cannot make an image.
-    pub(crate) fn check(&self) -> crate::Result<()> {
+    pub(crate) fn check(&self) -> crate::error::Result<()> {
         let bad = |option: &'static str, reason: String| {
-            Err(crate::LoaderError::BadOption { option, reason })
+            Err(crate::error::LoaderError::BadOption { option, reason })
         };
         if self.height == 0 || self.width == 0 || self.height > 16384 || self.width > 16384 {
             return bad(

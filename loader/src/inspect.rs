@@ -30,7 +30,7 @@ pub fn image_summary(
     builder: crate::LoaderBuilder,
     manifest: &shardfeed_format::Manifest,
     sample: u64,
-) -> crate::Result<Vec<ImageColumnSummary>> {
+) -> crate::error::Result<Vec<ImageColumnSummary>> {
     use arrow_schema::DataType;
     let columns: Vec<String> = manifest
         .schema

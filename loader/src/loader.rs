@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 
 use crate::batch::Batch;
 use crate::config::{Config, LoaderBuilder};
+use crate::error::{LoaderError, Result};
 use crate::fetch::FetchContext;
 use crate::outlet::{Outlet, Received};
 use crate::pinned::{Pinning, Pool};
@@ -18,7 +19,6 @@ use crate::pipeline::{Pass, Pipeline};
 use crate::plan::{EpochPlan, Piece};
 use crate::state::{LoaderState, PLAN_VERSION, STATE_VERSION, dataset_fingerprint};
 use crate::stats::{Counters, Stats};
-use crate::{LoaderError, Result};
 
 /// The most epochs a state may plan from pieces (an elastic resume makes one
 /// per epoch its old ranks were spread over).

@@ -26,7 +26,7 @@
 //! decoded batches without copying documents (split mode), and property
 //! tests feed it from vectors.
 
-use crate::{LoaderError, Result};
+use crate::error::{LoaderError, Result};
 
 /// How documents are packed into rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::error::{LoaderError, Result};
 use crate::mapped::MAPPED_FROM;
-use crate::{LoaderError, Result};
 
 /// Alignment of slabs and of every column region inside them.
 pub const SLAB_ALIGN: usize = 4096;

@@ -31,6 +31,7 @@ use crate::collate::Collator;
 use crate::config::Config;
 use crate::decode::{Decoder, FetchedRx, Stash, lower_priority};
 use crate::error::Stage;
+use crate::error::{LoaderError, Result};
 use crate::fetch::FetchContext;
 use crate::fetch::stage::shared_fetches;
 use crate::pinned::Pool;
@@ -38,7 +39,6 @@ use crate::plan::{EpochPlan, PlanOptions, Segment};
 use crate::shuffle::{LoadedWindow, Shuffler};
 use crate::stage::{Decoded, Fetched};
 use crate::stats::Counters;
-use crate::{LoaderError, Result};
 use shardfeed_format::panic::catch;
 
 /// What the passes of one loader share.

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use shardfeed_format::{ChunkChecksums, ChunkHash, ChunkSum, Crc32, ShardEntry};
 
-use crate::{LoaderError, Result};
+use crate::error::{LoaderError, Result};
 
 /// A shard's footer, checked and decoded.
 #[derive(Debug, Clone)]

@@ -25,10 +25,10 @@ use shardfeed_format::failpoint::Action;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::config::Config;
+use crate::error::{LoaderError, Result};
 use crate::plan::EpochPlan;
 use crate::stage::{Decoded, DecodedSegment, injected};
 use crate::stats::Counters;
-use crate::{LoaderError, Result};
 
 /// A window's decoded rows, held while they are collated.
 pub(crate) struct LoadedWindow {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Sender, TrySendError, bounded};
 
-use crate::{LoaderError, Result};
+use crate::error::{LoaderError, Result};
 
 /// Events queued for the writer at most.
 const QUEUE: usize = 1 << 16;

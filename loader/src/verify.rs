@@ -7,8 +7,8 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReader
 use serde::Serialize;
 use shardfeed_format::{Location, Manifest, ShardEntry};
 
+use crate::error::{LoaderError, Result};
 use crate::shard::{check_file, check_schema};
-use crate::{LoaderError, Result};
 
 /// One shard that failed verification.
 #[derive(Clone, Debug, Serialize)]

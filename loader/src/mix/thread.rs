@@ -18,10 +18,10 @@ use crossbeam_channel::{Receiver, SendTimeoutError, bounded};
 
 use super::{Core, LenInput, MixtureState, MixtureStats, Progress};
 use crate::batch::Batch;
+use crate::error::{LoaderError, Result};
 use crate::outlet::{Outlet, Received};
 use crate::pinned::{Pinning, Pool};
 use crate::stats::Counters;
-use crate::{LoaderError, Result};
 
 /// Batches the mixture's thread makes ahead of the consumer.
 pub const MIXTURE_PREFETCH: usize = 4;

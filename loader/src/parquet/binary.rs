@@ -13,10 +13,11 @@ use parquet::errors::Result;
 use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::reader::ChunkReader;
 
+use super::error::DecodeError;
 use super::levels::{decoded_rows, finish_validity, page_present};
 use super::page::{FlatPage, Pages, flat_page};
 use super::rle::gather_dictionary;
-use super::{Limits, general, single_leaf};
+use super::{Limits, single_leaf};
 
 /// The leaf of root column `root` when it is a non-nested byte array
 /// (required or nullable) read as binary or a string: `(leaf, utf8)`.
@@ -86,8 +87,8 @@ pub(super) fn decode_bytes<R: ChunkReader + 'static>(
     limits: &Limits,
 ) -> Result<ArrayRef> {
     let path = chunk.column_path().string();
-    let err = |e: String| general(format!("column {path}: {e}"));
-    limits.check(rows, 16, &err)?;
+    let err = |e: String| DecodeError::column(&path, e);
+    limits.check(rows, 16, &path)?;
     let mut pages = Pages::open(file, chunk, rows, limits)?;
     let def_levels = chunk.column_descr().max_def_level() > 0;
     let mut buffers: Vec<Buffer> = Vec::new();

@@ -24,10 +24,11 @@ use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::reader::ChunkReader;
 
 use super::delta::delta_values;
+use super::error::DecodeError;
 use super::levels::{decoded_rows, finish_validity, page_present};
 use super::page::{FlatPage, Pages, flat_page};
 use super::rle::{Key, Keys, dictionary_keys};
-use super::{Limits, general, single_leaf};
+use super::{Limits, single_leaf};
 
 /// How a flat fixed-width column is stored and decoded.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -171,10 +172,10 @@ where
     K::Native: Key,
 {
     let path = chunk.column_path().string();
-    let err = |e: String| general(format!("column {path}: {e}"));
+    let err = |e: String| DecodeError::column(&path, e);
     // Keys and values of every row (a count from the footer) must fit the
     // byte limit before anything is sized by it.
-    limits.check(rows, leaf.width.max(K::Native::get_byte_width()), &err)?;
+    limits.check(rows, leaf.width.max(K::Native::get_byte_width()), &path)?;
     let def_levels = chunk.column_descr().max_def_level() > 0;
     let mut validity: Option<BooleanBufferBuilder> = None;
     // Dictionary values at the stored width, and the keys decoded so far.

@@ -18,10 +18,11 @@ use parquet::errors::Result;
 use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::reader::ChunkReader;
 
+use super::error::DecodeError;
 use super::levels::all_defined;
 use super::page::{LevelPage, Pages, v1_levels};
 use super::rle::{Bits, gather_dictionary, low_bits, walk_bits};
-use super::{Limits, general, single_leaf};
+use super::{Limits, single_leaf};
 
 /// The leaf of root column `root` when it is a required list of required
 /// int32 (token ids): one leaf, repetition and definition levels at most 1.
@@ -52,11 +53,15 @@ pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
     limits: &Limits,
 ) -> Result<ArrayRef> {
     let DataType::List(item) = data_type else {
-        return Err(general(format!("{data_type} is not a list")));
+        return Err(DecodeError::Unsupported {
+            column: chunk.column_path().string(),
+            what: format!("{data_type} (not a list)"),
+        }
+        .into());
     };
     let path = chunk.column_path().string();
-    let err = |e: String| general(format!("column {path}: {e}"));
-    limits.check(rows.saturating_add(1), 4, &err)?;
+    let err = |e: String| DecodeError::column(&path, e);
+    limits.check(rows.saturating_add(1), 4, &path)?;
     let mut pages = Pages::open(file, chunk, rows, limits)?;
     let mut offsets: Vec<i32> = Vec::with_capacity(rows + 1);
     // The footer's value count is a claim: reserve no more than the limit.
@@ -143,7 +148,7 @@ pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
         levels_seen = levels_seen
             .checked_add(n)
             .ok_or_else(|| err("too many levels".into()))?;
-        limits.check(levels_seen, 4, &err)?;
+        limits.check(levels_seen, 4, &path)?;
         let base = values.len();
         if base.saturating_add(n) > i32::MAX as usize {
             return Err(err("more than 2^31 values in one row group".into()));

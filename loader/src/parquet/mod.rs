@@ -58,9 +58,8 @@ use serde::{Deserialize, Serialize};
 
 pub(crate) use sparse::SparseFile;
 
-fn general(message: String) -> ParquetError {
-    ParquetError::General(message)
-}
+mod error;
+use error::DecodeError;
 
 /// Bounds on what decoding one row group may produce.
 #[derive(Clone, Copy, Debug)]
@@ -72,18 +71,16 @@ pub(crate) struct Limits {
 
 impl Limits {
     /// Check that `count` items of `width` bytes fit [`Limits::max_bytes`].
-    fn check(
-        &self,
-        count: usize,
-        width: usize,
-        err: &dyn Fn(String) -> ParquetError,
-    ) -> Result<()> {
+    fn check(&self, count: usize, width: usize, column: &str) -> Result<()> {
         match count.checked_mul(width) {
             Some(bytes) if bytes <= self.max_bytes => Ok(()),
-            _ => Err(err(format!(
-                "{count} values of {width} bytes would exceed the loader's byte budget ({} bytes)",
-                self.max_bytes
-            ))),
+            _ => Err(DecodeError::OverBudget {
+                column: column.to_string(),
+                count,
+                width,
+                limit: self.max_bytes,
+            }
+            .into()),
         }
     }
 }
@@ -231,14 +228,17 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
 ) -> Result<(Vec<RecordBatch>, DecodePaths)> {
     let metadata = arrow.metadata();
     if rg >= metadata.num_row_groups() {
-        return Err(general(format!(
-            "row group {rg} of {}",
-            metadata.num_row_groups()
-        )));
+        return Err(DecodeError::RowGroup {
+            row_group: rg,
+            what: format!("the file has {}", metadata.num_row_groups()),
+        }
+        .into());
     }
     let meta = metadata.row_group(rg);
-    let rows = usize::try_from(meta.num_rows())
-        .map_err(|_| general(format!("a row group of {} rows", meta.num_rows())))?;
+    let rows = usize::try_from(meta.num_rows()).map_err(|_| DecodeError::RowGroup {
+        row_group: rg,
+        what: format!("{} rows", meta.num_rows()),
+    })?;
     let want = want.map_or(rows, |w| w.min(rows));
     let mut paths = DecodePaths::default();
     let chosen: Vec<(usize, ColumnPath)> = roots
@@ -258,9 +258,12 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
         let batches = arrow_batches(file, arrow, mask, rg, batch_rows)?;
         let decoded: usize = batches.iter().map(|b| b.num_rows()).sum();
         if decoded != rows {
-            return Err(general(format!(
-                "parquet's reader decoded {decoded} rows, the footer says {rows}"
-            )));
+            return Err(DecodeError::Rows {
+                column: None,
+                decoded,
+                footer: rows,
+            }
+            .into());
         }
         return Ok((batches, paths));
     }
@@ -297,11 +300,12 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
             ColumnPath::Arrow => continue,
         };
         if array.len() < want || (want == rows && array.len() != rows) {
-            return Err(general(format!(
-                "column {} decoded to {} rows, the footer says {rows}",
-                arrow.schema().field(root).name(),
-                array.len()
-            )));
+            return Err(DecodeError::Rows {
+                column: Some(arrow.schema().field(root).name().clone()),
+                decoded: array.len(),
+                footer: rows,
+            }
+            .into());
         }
         columns[i] = Some(array);
     }
@@ -332,10 +336,12 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
         let other_schema = Arc::new(arrow.schema().project(&others)?);
         let batch = arrow_select::concat::concat_batches(&other_schema, &batches)?;
         if batch.num_rows() != rows {
-            return Err(general(format!(
-                "parquet's reader decoded {} rows, the footer says {rows}",
-                batch.num_rows()
-            )));
+            return Err(DecodeError::Rows {
+                column: None,
+                decoded: batch.num_rows(),
+                footer: rows,
+            }
+            .into());
         }
         for (k, root) in others.iter().enumerate() {
             let i = roots
@@ -416,9 +422,7 @@ fn arrow_batches<R: ChunkReader + 'static>(
             .map(|s| s.to_string())
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_default();
-        Err(general(format!(
-            "parquet's reader failed on malformed data: {message}"
-        )))
+        Err(DecodeError::Panicked { message }.into())
     })
 }
 

@@ -17,12 +17,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parquet::basic::{Compression, Encoding};
 use parquet::column::page::{Page, PageReader};
-use parquet::errors::Result;
+use parquet::errors::{ParquetError, Result};
 use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::reader::ChunkReader;
 use parquet::file::serialized_reader::SerializedPageReader;
 
-use super::{Limits, general};
+use super::Limits;
+use super::error::DecodeError;
 use shardfeed_format::thrift::{DATA_PAGE, DATA_PAGE_V2, DICTIONARY_PAGE, Thrift};
 
 thread_local! {
@@ -55,8 +56,12 @@ impl<R: ChunkReader + 'static> Pages<R> {
             }
         };
         let (start, len) = chunk.byte_range();
-        let len =
-            usize::try_from(len).map_err(|_| general(format!("a column chunk of {len} bytes")))?;
+        let len = usize::try_from(len).map_err(|_| {
+            DecodeError::column(
+                &chunk.column_path().string(),
+                format!("a column chunk of {len} bytes"),
+            )
+        })?;
         Ok(Pages::Own(ChunkPages::new(
             file.get_bytes(start, len)?,
             zstd,
@@ -84,7 +89,7 @@ pub(super) struct ChunkPages {
     max_bytes: usize,
 }
 
-fn encoding(value: i32) -> Result<Encoding> {
+fn encoding(value: i32) -> std::result::Result<Encoding, String> {
     Ok(match value {
         0 => Encoding::PLAIN,
         2 => Encoding::PLAIN_DICTIONARY,
@@ -96,12 +101,12 @@ fn encoding(value: i32) -> Result<Encoding> {
         7 => Encoding::DELTA_BYTE_ARRAY,
         8 => Encoding::RLE_DICTIONARY,
         9 => Encoding::BYTE_STREAM_SPLIT,
-        other => return Err(general(format!("unknown encoding {other}"))),
+        other => return Err(format!("unknown encoding {other}")),
     })
 }
 
-fn count(value: i32, what: &str) -> Result<u32> {
-    u32::try_from(value).map_err(|_| general(format!("a page header has {value} {what}")))
+fn count(value: i32, what: &str) -> std::result::Result<u32, String> {
+    u32::try_from(value).map_err(|_| format!("a page header has {value} {what}"))
 }
 
 impl ChunkPages {
@@ -124,7 +129,15 @@ impl ChunkPages {
             if self.at >= self.data.len() {
                 return Ok(None);
             }
-            let err = |e: String| general(format!("column {}: {e}", self.path));
+            let page_at = self.at;
+            let err = |what: String| -> ParquetError {
+                DecodeError::Column {
+                    column: self.path.clone(),
+                    offset: Some(page_at),
+                    what,
+                }
+                .into()
+            };
             let mut thrift = Thrift::new(&self.data[self.at..]);
             let header = thrift.page_header().map_err(err)?;
             let body_start = self.at + thrift.at;
@@ -174,9 +187,10 @@ impl ChunkPages {
                     ZSTD.with(|cell| -> Result<()> {
                         let mut cell = cell.borrow_mut();
                         if cell.is_none() {
-                            *cell = Some(zstd::bulk::Decompressor::new().map_err(|e| {
-                                general(format!("cannot create a zstd context: {e}"))
-                            })?);
+                            *cell =
+                                Some(zstd::bulk::Decompressor::new().map_err(|e| {
+                                    err(format!("cannot create a zstd context: {e}"))
+                                })?);
                         }
                         let decompressor = cell.as_mut().expect("created above");
                         decompressor
@@ -198,30 +212,30 @@ impl ChunkPages {
             } else {
                 body
             };
-            let num_values = count(header.num_values, "values")?;
+            let num_values = count(header.num_values, "values").map_err(err)?;
             return Ok(Some(match header.page_type {
                 DICTIONARY_PAGE => Page::DictionaryPage {
                     buf,
                     num_values,
-                    encoding: encoding(header.encoding)?,
+                    encoding: encoding(header.encoding).map_err(err)?,
                     is_sorted: false,
                 },
                 DATA_PAGE => Page::DataPage {
                     buf,
                     num_values,
-                    encoding: encoding(header.encoding)?,
-                    def_level_encoding: encoding(header.def_encoding)?,
-                    rep_level_encoding: encoding(header.rep_encoding)?,
+                    encoding: encoding(header.encoding).map_err(err)?,
+                    def_level_encoding: encoding(header.def_encoding).map_err(err)?,
+                    rep_level_encoding: encoding(header.rep_encoding).map_err(err)?,
                     statistics: None,
                 },
                 _ => Page::DataPageV2 {
                     buf,
                     num_values,
-                    encoding: encoding(header.encoding)?,
-                    num_nulls: count(header.num_nulls, "nulls")?,
-                    num_rows: count(header.num_rows, "rows")?,
-                    def_levels_byte_len: count(header.def_bytes, "level bytes")?,
-                    rep_levels_byte_len: count(header.rep_bytes, "level bytes")?,
+                    encoding: encoding(header.encoding).map_err(err)?,
+                    num_nulls: count(header.num_nulls, "nulls").map_err(err)?,
+                    num_rows: count(header.num_rows, "rows").map_err(err)?,
+                    def_levels_byte_len: count(header.def_bytes, "level bytes").map_err(err)?,
+                    rep_levels_byte_len: count(header.rep_bytes, "level bytes").map_err(err)?,
                     is_compressed: header.is_compressed,
                     statistics: None,
                 },

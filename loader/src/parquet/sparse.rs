@@ -2,7 +2,9 @@
 //! reads outside them are errors, never reads of bytes that are not there.
 
 use bytes::{Buf, Bytes};
-use parquet::errors::{ParquetError, Result};
+use parquet::errors::Result;
+
+use super::error::DecodeError;
 use parquet::file::reader::{ChunkReader, Length};
 
 /// Fetched ranges `(file offset, bytes)` of a file of `len` bytes.
@@ -39,18 +41,17 @@ impl ChunkReader for SparseFile {
     type T = bytes::buf::Reader<Bytes>;
 
     fn get_read(&self, start: u64) -> Result<Self::T> {
-        let (bytes, offset) = self
-            .holding(start)
-            .ok_or_else(|| ParquetError::General(format!("byte {start} was not fetched")))?;
+        let (bytes, offset) = self.holding(start).ok_or(DecodeError::NotFetched {
+            start,
+            end: start.saturating_add(1),
+        })?;
         Ok(bytes.slice(offset..).reader())
     }
 
     fn get_bytes(&self, start: u64, length: usize) -> Result<Bytes> {
-        let not_fetched = || {
-            ParquetError::General(format!(
-                "bytes {start}..{} were not fetched",
-                start.saturating_add(length as u64)
-            ))
+        let not_fetched = || DecodeError::NotFetched {
+            start,
+            end: start.saturating_add(length as u64),
         };
         if length == 0 {
             return Ok(Bytes::new());
