@@ -200,6 +200,88 @@ fn damaged_page_headers_are_errors() {
     }
 }
 
+/// The own reader's errors say what was wrong and where: a page cut short
+/// names its column and where the page starts in its chunk; a column asked
+/// to decode more than the budget names the column, count and limit; bytes
+/// outside the fetched ranges name the range.
+#[test]
+fn decode_errors_are_typed_and_say_where() {
+    use super::error::DecodeError;
+    use arrow_array::{Int64Array, RecordBatch};
+
+    let typed = |e: parquet::errors::ParquetError| match e {
+        parquet::errors::ParquetError::External(inner) => *inner
+            .downcast::<DecodeError>()
+            .unwrap_or_else(|e| panic!("not a DecodeError: {e}")),
+        other => panic!("not a DecodeError: {other}"),
+    };
+    let batch = RecordBatch::try_from_iter([(
+        "v",
+        Arc::new(Int64Array::from_iter_values(0..5000)) as ArrayRef,
+    )])
+    .unwrap();
+    let (file, arrow) = write_parquet(&batch, None);
+    let chunk = arrow.metadata().row_group(0).column(0).clone();
+    let (start, len) = chunk.byte_range();
+    let (start, len) = (start as usize, len as usize);
+    // The first page cut short: its header parses, its body overruns.
+    let mut pages = super::page::ChunkPages::new(
+        file.slice(start..start + len / 2),
+        true,
+        "v".into(),
+        1 << 30,
+    );
+    let error = std::iter::from_fn(|| pages.next_page().transpose())
+        .find_map(|p| p.err())
+        .expect("a page overruns the cut");
+    match typed(error) {
+        DecodeError::Column { column, offset, .. } => {
+            assert_eq!(column, "v");
+            assert!(offset.is_some_and(|o| o < len / 2), "{offset:?}");
+        }
+        other => panic!("{other}"),
+    }
+    let leaf = fixed_leaf(&arrow, 0).unwrap();
+    let small = Limits { max_bytes: 1000 };
+    let error = decode_fixed(
+        Arc::new(file.clone()),
+        &chunk,
+        &leaf,
+        5000,
+        5000,
+        &DataType::Int64,
+        &small,
+    )
+    .unwrap_err();
+    match typed(error) {
+        // The first page is refused before it is decompressed.
+        DecodeError::Column {
+            column,
+            offset,
+            what,
+        } => {
+            assert_eq!((column.as_str(), offset), ("v", Some(0)));
+            assert!(what.contains("byte budget (1000 bytes)"), "{what}");
+        }
+        other => panic!("{other}"),
+    }
+    match typed(small.check(5000, 8, "v").unwrap_err()) {
+        DecodeError::OverBudget {
+            column,
+            count,
+            width,
+            limit,
+        } => assert_eq!((column.as_str(), count, width, limit), ("v", 5000, 8, 1000)),
+        other => panic!("{other}"),
+    }
+    let sparse = super::SparseFile::new(file.len() as u64, vec![(0, file.slice(0..16))]);
+    let error = parquet::file::reader::ChunkReader::get_bytes(&sparse, 100, 10).unwrap_err();
+    match typed(error) {
+        DecodeError::NotFetched { start, end } => assert_eq!((start, end), (100, 110)),
+        other => panic!("{other}"),
+    }
+}
+
 #[test]
 fn decoded_row_groups_equal_parquets_reader() {
     use arrow_array::{
