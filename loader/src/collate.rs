@@ -10,9 +10,7 @@ use crate::error::Stage;
 use std::sync::Arc;
 
 use arrow_array::{Array, RecordBatch};
-use arrow_buffer::NullBuffer;
 use arrow_data::ArrayData;
-use arrow_schema::DataType;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -24,19 +22,15 @@ use crate::batch::{Batch, Buffer, Column, ColumnLayout, DType};
 use crate::columns::{ALIGN, ColumnPlan, Kind, ListMode};
 use crate::config::Config;
 use crate::error::{LoaderError, Result};
+use crate::gather::kernels::*;
+use crate::gather::{KeyBound, RowRefs};
 use crate::image::{self, ImageOptions, RowId};
 use crate::pinned::Pool;
 use crate::plan::EpochPlan;
-use crate::shuffle::{KeyBound, LoadedWindow};
+use crate::shuffle::LoadedWindow;
 use crate::stage::injected;
 use crate::stats::Counters;
 use shardfeed_format::Manifest;
-
-mod gather;
-use gather::*;
-
-/// Where the rows of a batch come from: `(source batch, row)` per output row.
-pub(crate) type RowRefs = [(u32, u32)];
 
 struct Layout {
     buffers: Vec<Buffer>,
@@ -57,16 +51,6 @@ impl Layout {
     }
 }
 
-/// A source column's data, for one source batch.
-#[derive(Clone, Debug)]
-pub(crate) struct SourceColumn {
-    data: ArrayData,
-    /// For a dictionary column: a bound on its keys already established
-    /// (see [`crate::shuffle::permute`]), so batches need not find their
-    /// largest key again.
-    key_bound: Option<KeyBound>,
-}
-
 /// The projected columns of `batch` (in plan order) as the collator reads
 /// them; `key_bounds` (indexed by the batch's columns, or empty): bounds on
 /// dictionary keys that the shuffle stage established.
@@ -82,75 +66,6 @@ pub(crate) fn source_columns(
             key_bound: key_bounds.get(p.source).copied().flatten(),
         })
         .collect()
-}
-
-impl SourceColumn {
-    fn nulls(&self) -> Option<&NullBuffer> {
-        self.data.nulls()
-    }
-
-    /// Bytes of a fixed-width buffer from the array's offset on.
-    fn fixed(data: &ArrayData, width: usize) -> &[u8] {
-        &data.buffers()[0].as_slice()[data.offset() * width..]
-    }
-
-    fn offsets(&self, large: bool, row: usize) -> (usize, usize) {
-        let i = self.data.offset() + row;
-        let raw = self.data.buffers()[0].as_slice();
-        if large {
-            let at = |k: usize| {
-                i64::from_le_bytes(raw[k * 8..k * 8 + 8].try_into().expect("8 bytes")) as usize
-            };
-            (at(i), at(i + 1))
-        } else {
-            let at = |k: usize| {
-                i32::from_le_bytes(raw[k * 4..k * 4 + 4].try_into().expect("4 bytes")) as usize
-            };
-            (at(i), at(i + 1))
-        }
-    }
-}
-
-fn row_valid(col: &SourceColumn, row: usize) -> bool {
-    col.nulls().is_none_or(|n| n.is_valid(row))
-}
-
-impl SourceColumn {
-    /// The bytes of row `row` of a binary or string column (offsets or
-    /// views); empty for a null row.
-    fn value_bytes(&self, large: bool, row: usize) -> &[u8] {
-        if !row_valid(self, row) {
-            return &[];
-        }
-        match self.data.data_type() {
-            DataType::BinaryView | DataType::Utf8View => {
-                let at = (self.data.offset() + row) * 16;
-                let raw = &self.data.buffers()[0].as_slice()[at..at + 16];
-                let view = u128::from_le_bytes(raw.try_into().expect("16 bytes"));
-                let len = view as u32 as usize;
-                if len <= 12 {
-                    &raw[4..4 + len]
-                } else {
-                    let view = arrow_data::ByteView::from(view);
-                    let data = self.data.buffers()[1 + view.buffer_index as usize].as_slice();
-                    &data[view.offset as usize..view.offset as usize + len]
-                }
-            }
-            _ => {
-                let (a, b) = self.offsets(large, row);
-                &self.data.buffers()[1].as_slice()[a..b]
-            }
-        }
-    }
-
-    /// The element range of a variable-length row; empty for a null row.
-    fn span(&self, large: bool, row: usize) -> (usize, usize) {
-        if row_valid(self, row) {
-            self.offsets(large, row)
-        } else {
-            (0, 0)
-        }
-    }
 }
 
 /// Sizes of every buffer, computed before writing so the batch fits one slab.

@@ -20,8 +20,9 @@
 //! | what stages hand each other | `stage.rs` (and `shuffle::LoadedWindow`) |
 //! | fetch stage: admission, range reads, shared reads | `fetch/stage.rs`, with `fetch.rs` (footers, local and mapped reads, the shard cache `cache.rs`) |
 //! | decode threads: checksums, then the own Parquet reader | `decode.rs`, `parquet/` (depends on nothing else of the loader) |
-//! | shuffle stage: window permutation | `shuffle.rs` |
-//! | collate stage: gathers into slabs, images | `collate.rs`, `image.rs` |
+//! | shuffle stage: windows assembled, then permuted | `shuffle.rs` |
+//! | collate stage: batches laid out in slabs, images | `collate.rs`, `image.rs` |
+//! | kernels: the window permutation, row gathers, dictionary lookups, streamed copies, and the key bound their unchecked reads trust | `gather/` |
 //! | the slab pool (pinned when CUDA is there) | `pinned.rs`, `mapped.rs` |
 //! | the consumer's side: waits, held slabs, counters, slow warning | `outlet.rs` (shared by [`Loader`] and [`Mixture`]) |
 //! | the consumer: batches, epochs, resume | `loader.rs`, `state.rs`; [`Feed`] (`feed.rs`) drives a loader or a mixture alike |
@@ -63,6 +64,7 @@ mod decode;
 mod error;
 mod feed;
 mod fetch;
+mod gather;
 mod image;
 mod inspect;
 mod loader;

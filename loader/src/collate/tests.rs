@@ -5,10 +5,10 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, DictionaryArray};
 
 use arrow_buffer::ArrowNativeType;
-use arrow_schema::Schema;
+use arrow_schema::{DataType, Schema};
 
 use crate::columns::plan_columns;
-use crate::shuffle::permute;
+use crate::gather::permute;
 
 use arrow_array::types::{Int32Type, UInt16Type};
 use arrow_array::{Float64Array, Int32Array, Int64Array};
@@ -246,14 +246,8 @@ fn dictionary_and_plain_sources_collate_and_permute_to_the_same_values() {
         );
 
         // Permuted into one batch first (the shuffle stage), then collated.
-        let (permuted, bounds) = permute(
-            batches.to_vec(),
-            &order,
-            0,
-            1,
-            crate::shuffle::LOOK_UP_ABOVE,
-        )
-        .unwrap();
+        let (permuted, bounds) =
+            permute(batches.to_vec(), &order, 0, 1, crate::gather::LOOK_UP_ABOVE).unwrap();
         let all_dictionary = kinds.iter().all(|&k| k > 0);
         assert_eq!(
             matches!(permuted.column(0).data_type(), DataType::Dictionary(..)),
@@ -367,14 +361,8 @@ fn dictionary_nulls_survive_permutation_and_collation() {
         .map(|&o| if o < 40 { (0, o) } else { (1, o - 40) })
         .collect();
     assert_eq!(read(&[&batches[0], &batches[1]], &rows), expected);
-    let (permuted, _) = permute(
-        batches.to_vec(),
-        &order,
-        0,
-        1,
-        crate::shuffle::LOOK_UP_ABOVE,
-    )
-    .unwrap();
+    let (permuted, _) =
+        permute(batches.to_vec(), &order, 0, 1, crate::gather::LOOK_UP_ABOVE).unwrap();
     let rows: Vec<(u32, u32)> = (0..100).map(|i| (0, i)).collect();
     assert_eq!(read(&[&permuted], &rows), expected);
 }

@@ -3,8 +3,91 @@
 //! stage makes or that are found here), streamed copies into slabs.
 
 use arrow_buffer::ArrowNativeType;
+use arrow_buffer::NullBuffer;
+use arrow_data::ArrayData;
+use arrow_schema::DataType;
 
-use super::*;
+use super::{KeyBound, RowRefs};
+use crate::batch::{Buffer, DType};
+
+/// A source column's data, for one source batch.
+#[derive(Clone, Debug)]
+pub(crate) struct SourceColumn {
+    pub(crate) data: ArrayData,
+    /// For a dictionary column: a bound on its keys already established
+    /// (see [`crate::gather::permute`]), so batches need not find their
+    /// largest key again.
+    pub(crate) key_bound: Option<KeyBound>,
+}
+
+impl SourceColumn {
+    pub(crate) fn nulls(&self) -> Option<&NullBuffer> {
+        self.data.nulls()
+    }
+
+    /// Bytes of a fixed-width buffer from the array's offset on.
+    pub(crate) fn fixed(data: &ArrayData, width: usize) -> &[u8] {
+        &data.buffers()[0].as_slice()[data.offset() * width..]
+    }
+
+    pub(crate) fn offsets(&self, large: bool, row: usize) -> (usize, usize) {
+        let i = self.data.offset() + row;
+        let raw = self.data.buffers()[0].as_slice();
+        if large {
+            let at = |k: usize| {
+                i64::from_le_bytes(raw[k * 8..k * 8 + 8].try_into().expect("8 bytes")) as usize
+            };
+            (at(i), at(i + 1))
+        } else {
+            let at = |k: usize| {
+                i32::from_le_bytes(raw[k * 4..k * 4 + 4].try_into().expect("4 bytes")) as usize
+            };
+            (at(i), at(i + 1))
+        }
+    }
+}
+
+pub(crate) fn row_valid(col: &SourceColumn, row: usize) -> bool {
+    col.nulls().is_none_or(|n| n.is_valid(row))
+}
+
+impl SourceColumn {
+    /// The bytes of row `row` of a binary or string column (offsets or
+    /// views); empty for a null row.
+    pub(crate) fn value_bytes(&self, large: bool, row: usize) -> &[u8] {
+        if !row_valid(self, row) {
+            return &[];
+        }
+        match self.data.data_type() {
+            DataType::BinaryView | DataType::Utf8View => {
+                let at = (self.data.offset() + row) * 16;
+                let raw = &self.data.buffers()[0].as_slice()[at..at + 16];
+                let view = u128::from_le_bytes(raw.try_into().expect("16 bytes"));
+                let len = view as u32 as usize;
+                if len <= 12 {
+                    &raw[4..4 + len]
+                } else {
+                    let view = arrow_data::ByteView::from(view);
+                    let data = self.data.buffers()[1 + view.buffer_index as usize].as_slice();
+                    &data[view.offset as usize..view.offset as usize + len]
+                }
+            }
+            _ => {
+                let (a, b) = self.offsets(large, row);
+                &self.data.buffers()[1].as_slice()[a..b]
+            }
+        }
+    }
+
+    /// The element range of a variable-length row; empty for a null row.
+    pub(crate) fn span(&self, large: bool, row: usize) -> (usize, usize) {
+        if row_valid(self, row) {
+            self.offsets(large, row)
+        } else {
+            (0, 0)
+        }
+    }
+}
 
 /// Make the calling thread's streamed (non-temporal) stores visible before
 /// what follows: [`lookup`] and [`stream_copy`] write slabs past the caches
@@ -12,7 +95,7 @@ use super::*;
 /// thread's share) instead of once per column or per row: a fence waits for
 /// every pending streamed line, and one per call cost more than the
 /// streaming saved on small batches.
-pub(super) fn fence_streamed() {
+pub(crate) fn fence_streamed() {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: SSE2 is part of x86_64.
     unsafe {
@@ -22,7 +105,7 @@ pub(super) fn fence_streamed() {
 
 /// Copy `src` into `dst` (a slab), streaming copies of 256 bytes or more
 /// past the caches (see [`lookup`]).
-pub(super) fn stream_copy(dst: &mut [u8], src: &[u8]) {
+pub(crate) fn stream_copy(dst: &mut [u8], src: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     if src.len() >= 256 {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
@@ -45,14 +128,14 @@ pub(super) fn stream_copy(dst: &mut [u8], src: &[u8]) {
     dst.copy_from_slice(src);
 }
 
-pub(super) fn write_i64(slab: &mut [u8], buffer: &Buffer, values: &[i64]) {
+pub(crate) fn write_i64(slab: &mut [u8], buffer: &Buffer, values: &[i64]) {
     let out = &mut slab[buffer.offset..buffer.offset + values.len() * 8];
     for (o, v) in out.chunks_exact_mut(8).zip(values) {
         o.copy_from_slice(&v.to_le_bytes());
     }
 }
 
-pub(super) fn pad_bytes(dtype: DType, value: f64) -> [u8; 8] {
+pub(crate) fn pad_bytes(dtype: DType, value: f64) -> [u8; 8] {
     let mut out = [0u8; 8];
     let bytes: Vec<u8> = match dtype {
         DType::Bool => vec![(value != 0.0) as u8],
@@ -73,7 +156,7 @@ pub(super) fn pad_bytes(dtype: DType, value: f64) -> [u8; 8] {
 
 /// A dictionary's keys.
 #[derive(Clone, Copy)]
-pub(super) enum KeySlice<'a> {
+pub(crate) enum KeySlice<'a> {
     U8(&'a [u8]),
     U16(&'a [u16]),
     I32(&'a [i32]),
@@ -83,7 +166,7 @@ impl KeySlice<'_> {
     /// The largest of the keys in `range`, reading an `i32` key as its
     /// `u32` bit pattern (a negative key is larger than any valid one): what
     /// [`lookup`] needs. One vectorised pass.
-    pub(super) fn max_index(&self, range: std::ops::Range<usize>) -> Option<usize> {
+    pub(crate) fn max_index(&self, range: std::ops::Range<usize>) -> Option<usize> {
         match self {
             KeySlice::U8(k) => k[range].iter().copied().max().map(usize::from),
             KeySlice::U16(k) => k[range].iter().copied().max().map(usize::from),
@@ -92,7 +175,7 @@ impl KeySlice<'_> {
     }
 
     #[inline(always)]
-    pub(super) fn get(&self, row: usize) -> usize {
+    pub(crate) fn get(&self, row: usize) -> usize {
         match self {
             KeySlice::U8(k) => k[row] as usize,
             KeySlice::U16(k) => k[row] as usize,
@@ -103,7 +186,7 @@ impl KeySlice<'_> {
 
 /// A fixed-width source array: its values, or a dictionary's keys and values.
 #[derive(Clone, Copy)]
-pub(super) enum Fixed<'a> {
+pub(crate) enum Fixed<'a> {
     Plain(&'a [u8]),
     Dictionary {
         keys: KeySlice<'a>,
@@ -114,7 +197,7 @@ pub(super) enum Fixed<'a> {
 }
 
 impl<'a> Fixed<'a> {
-    pub(super) fn of(data: &'a ArrayData, width: usize, key_bound: Option<KeyBound>) -> Self {
+    pub(crate) fn of(data: &'a ArrayData, width: usize, key_bound: Option<KeyBound>) -> Self {
         if let DataType::Dictionary(key, _) = data.data_type() {
             let raw = &data.buffers()[0];
             let keys = match key.as_ref() {
@@ -138,17 +221,17 @@ impl<'a> Fixed<'a> {
 /// A run of consecutive rows of one source: output rows `at..at + len` are
 /// rows `first..first + len` of source `source`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct Run {
-    pub(super) at: usize,
-    pub(super) source: u32,
-    pub(super) first: u32,
-    pub(super) len: usize,
+pub(crate) struct Run {
+    pub(crate) at: usize,
+    pub(crate) source: u32,
+    pub(crate) first: u32,
+    pub(crate) len: usize,
 }
 
 /// The rows as a few runs of consecutive rows of one source each (slices of
 /// permuted windows: one run, two where a batch crosses a window boundary),
 /// or `None` when they are scattered (more than [`MAX_RUNS`] runs).
-pub(super) fn runs_of(rows: &RowRefs) -> Option<Vec<Run>> {
+pub(crate) fn runs_of(rows: &RowRefs) -> Option<Vec<Run>> {
     const MAX_RUNS: usize = 4;
     let mut runs: Vec<Run> = Vec::new();
     for (i, &(source, row)) in rows.iter().enumerate() {
@@ -176,7 +259,7 @@ pub(super) fn runs_of(rows: &RowRefs) -> Option<Vec<Run>> {
 /// dictionary sources are looked up as they are written. `runs`: the rows
 /// as runs of consecutive rows (see [`runs_of`]), each copied or looked up
 /// in one sweep.
-pub(super) fn gather_fixed(
+pub(crate) fn gather_fixed(
     width: usize,
     cols: &[&SourceColumn],
     rows: &RowRefs,
@@ -187,7 +270,7 @@ pub(super) fn gather_fixed(
     // Inlined with constant widths below, so common element sizes get
     // fixed-size copies; other widths take the same loop with a runtime width.
     #[inline(always)]
-    pub(super) fn copy(
+    pub(crate) fn copy(
         w: usize,
         cols: &[&SourceColumn],
         rows: &RowRefs,
@@ -275,7 +358,7 @@ pub(super) fn gather_fixed(
 ///
 /// As [`lookup`]'s.
 #[inline(always)]
-pub(super) unsafe fn lookup_width<K: ArrowNativeType>(
+pub(crate) unsafe fn lookup_width<K: ArrowNativeType>(
     w: usize,
     keys: &[K],
     max: Option<usize>,
@@ -305,7 +388,7 @@ pub(super) unsafe fn lookup_width<K: ArrowNativeType>(
 /// `u32` bit pattern (so a negative key is larger than any valid one), and
 /// `None` only when `keys` is empty: once it is below `values`' length, the
 /// reads are unchecked.
-pub(super) unsafe fn lookup<T: Copy, K: ArrowNativeType>(
+pub(crate) unsafe fn lookup<T: Copy, K: ArrowNativeType>(
     keys: &[K],
     max: Option<usize>,
     values: &[u8],
@@ -392,7 +475,7 @@ pub(super) unsafe fn lookup<T: Copy, K: ArrowNativeType>(
 /// `out.len()` at least `keys.len()`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn stream_lookup_u32<K: ArrowNativeType>(
+pub(crate) unsafe fn stream_lookup_u32<K: ArrowNativeType>(
     keys: &[K],
     values: &[u32],
     out: &mut [u32],
@@ -437,7 +520,7 @@ pub(super) unsafe fn stream_lookup_u32<K: ArrowNativeType>(
 /// As [`stream_lookup_u32`]'s.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn stream_lookup_u64<K: ArrowNativeType>(
+pub(crate) unsafe fn stream_lookup_u64<K: ArrowNativeType>(
     keys: &[K],
     values: &[u64],
     out: &mut [u64],
