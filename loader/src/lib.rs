@@ -18,7 +18,7 @@
 //! | the order (pure) | `plan.rs` |
 //! | wiring a pass: channels, threads, cancellation | `pipeline.rs` |
 //! | what stages hand each other | `stage.rs` (and `shuffle::LoadedWindow`) |
-//! | fetch stage: admission, range reads, shared reads | `fetch/stage.rs`, with `fetch.rs` (footers, local and mapped reads, the shard cache `cache.rs`) |
+//! | fetch stage: admission, range reads, shared reads | `fetch/stage.rs`, with `fetch.rs` (footers, mapped reads, the shard cache `cache.rs`) and `fetch/local.rs` (local reads: read threads, pooled buffers) |
 //! | decode threads: checksums, then the own Parquet reader | `decode.rs`, `parquet/` (depends on nothing else of the loader) |
 //! | shuffle stage: windows assembled, then permuted | `shuffle.rs` |
 //! | collate stage: batches laid out in slabs, images | `collate.rs`, `image.rs` |
