@@ -155,11 +155,14 @@ fn nullable_chunks_decode_with_their_validity() {
     }
 }
 
-/// Truncated or scrambled column chunk bytes give errors, never a panic.
-#[test]
-fn damaged_page_headers_are_errors() {
+/// A file of one `Int64` column `v` of 5000 rows in one row group, its
+/// metadata and its column chunk's.
+fn int64_chunk() -> (
+    Bytes,
+    ArrowReaderMetadata,
+    parquet::file::metadata::ColumnChunkMetaData,
+) {
     use arrow_array::{Int64Array, RecordBatch};
-
     let batch = RecordBatch::try_from_iter([(
         "v",
         Arc::new(Int64Array::from_iter_values(0..5000)) as ArrayRef,
@@ -167,6 +170,13 @@ fn damaged_page_headers_are_errors() {
     .unwrap();
     let (file, arrow) = write_parquet(&batch, None);
     let chunk = arrow.metadata().row_group(0).column(0).clone();
+    (file, arrow, chunk)
+}
+
+/// Truncated or scrambled column chunk bytes give errors, never a panic.
+#[test]
+fn damaged_page_headers_are_errors() {
+    let (file, arrow, chunk) = int64_chunk();
     let (start, len) = chunk.byte_range();
     let (start, len) = (start as usize, len as usize);
     let leaf = fixed_leaf(&arrow, 0).unwrap();
@@ -207,7 +217,6 @@ fn damaged_page_headers_are_errors() {
 #[test]
 fn decode_errors_are_typed_and_say_where() {
     use super::error::DecodeError;
-    use arrow_array::{Int64Array, RecordBatch};
 
     let typed = |e: parquet::errors::ParquetError| match e {
         parquet::errors::ParquetError::External(inner) => *inner
@@ -215,13 +224,7 @@ fn decode_errors_are_typed_and_say_where() {
             .unwrap_or_else(|e| panic!("not a DecodeError: {e}")),
         other => panic!("not a DecodeError: {other}"),
     };
-    let batch = RecordBatch::try_from_iter([(
-        "v",
-        Arc::new(Int64Array::from_iter_values(0..5000)) as ArrayRef,
-    )])
-    .unwrap();
-    let (file, arrow) = write_parquet(&batch, None);
-    let chunk = arrow.metadata().row_group(0).column(0).clone();
+    let (file, arrow, chunk) = int64_chunk();
     let (start, len) = chunk.byte_range();
     let (start, len) = (start as usize, len as usize);
     // The first page cut short: its header parses, its body overruns.
