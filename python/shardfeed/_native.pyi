@@ -238,3 +238,6 @@ def verify(
     url: str, *, threads: int = 0, storage_options: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """Check every shard against the manifest; the report has ``"ok"`` and ``"problems"``."""
+
+def cli_main(argv: list[str]) -> int:
+    """Run the ``shardfeed`` command with ``argv`` (the program's name first); its exit code."""

@@ -41,6 +41,14 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 // No huge page advice for mimalloc's arenas (why: the macro's docs).
 shardfeed_format::mimalloc_without_huge_page_advice!();
 
+/// Run the `shardfeed` command with `argv` (the program's name first) and
+/// return its exit code: the package's `shardfeed` console command. The GIL
+/// is released while it runs.
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<String>) -> i32 {
+    py.detach(|| i32::from(shardfeed_cli::run(argv)))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Freed memory is reused, never returned: the loader's budgets bound it.
@@ -55,6 +63,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(commit, m)?)?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add("ShardfeedError", m.py().get_type::<ShardfeedError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -1,0 +1,5 @@
+"""``python -m shardfeed``: the ``shardfeed`` command."""
+
+from .cli import main
+
+main()
