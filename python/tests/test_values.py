@@ -134,3 +134,35 @@ def test_rss_stays_flat_over_1000_batches(tokens_dataset):
     grown = rss_bytes() - warm
     assert total > 0
     assert grown < 16 << 20, f"RSS grew by {grown / 2**20:.1f} MiB over 800 batches"
+
+
+def test_pyarrow_written_token_lists_take_the_own_decoder(tmp_path):
+    """Token lists as pyarrow writes them by default (a nullable list of
+    nullable int32, snappy): every row as written, null lists empty with
+    validity 0, and every list chunk decoded by the own list decoder."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(4)
+    rows = []
+    for i in range(5000):
+        if i % 97 == 3:
+            rows.append(None)
+        else:
+            rows.append(rng.integers(0, 50_000, int(rng.integers(0, 60)), dtype=np.int32).tolist())
+    table = pa.table({"id": pa.array(range(5000), pa.int64()), "ids": pa.array(rows, pa.list_(pa.int32()))})
+    assert table.schema.field("ids").nullable and table.schema.field("ids").type.value_field.nullable
+    pq.write_table(table, tmp_path / "in.parquet", row_group_size=1000)
+    out = str(tmp_path / "ds")
+    shardfeed.shard([str(tmp_path / "in.parquet")], out, row_group_rows=500)
+    seen = {}
+    with shardfeed.Loader(out, 128, seed=1, drop_last=False) as loader:
+        for batch in loader:
+            ids = batch["id"].tolist()
+            got = [r.tolist() for r in shardfeed.rows(batch, "ids")]
+            valid = batch["ids.validity"].tolist() if "ids.validity" in batch else [1] * len(ids)
+            for i, g, v in zip(ids, got, valid):
+                seen[i] = None if not v else g
+        paths = loader.stats()["decode_paths"]
+    assert seen == {i: r for i, r in enumerate(rows)}
+    assert paths["parquet"] == 0 and paths["own_list"] > 0, paths

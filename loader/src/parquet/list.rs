@@ -1,6 +1,12 @@
-//! Required `list<int32>` of required items (token ids): repetition and
-//! definition levels of at most 1. Row starts come from the repetition
-//! levels eight at a time and values go straight into one buffer.
+//! `list<int32>` (token ids): repetition levels of at most 1. A required
+//! list of required items (definition levels of at most 1, the project's own
+//! shards): row starts come from the repetition levels eight at a time and
+//! values go straight into one buffer. Nullable lists and nullable items
+//! (definition levels up to 3, as pyarrow, Hugging Face datasets and most
+//! exports write them): a page whose levels are all at the maximum (no
+//! null, no empty list: one check per run) takes the same path; other
+//! pages are walked level by level, with the lists' and the items'
+//! validity.
 //!
 //! Counts are checked before anything grows: a page's levels against the
 //! byte limit, row starts against the row group's rows as they are found
@@ -10,6 +16,7 @@
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int32Array};
+use arrow_buffer::{BooleanBufferBuilder, NullBuffer};
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 use parquet::basic::Encoding;
@@ -21,24 +28,55 @@ use parquet::file::reader::ChunkReader;
 use super::error::DecodeError;
 use super::levels::all_defined;
 use super::page::{LevelPage, Pages, v1_levels};
-use super::rle::{Bits, gather_dictionary, low_bits, walk_bits};
+use super::rle::{Bits, KeySink, decode_hybrid_into, gather_dictionary, low_bits, walk_bits};
 use super::{Limits, single_leaf};
 
-/// The leaf of root column `root` when it is a required list of required
-/// int32 (token ids): one leaf, repetition and definition levels at most 1.
+/// The leaf of root column `root` when it is a list of int32 (token ids),
+/// nullable or not, of items nullable or not: one leaf, repetition level at
+/// most 1, and definition levels that are the list's, the repeated group's
+/// and the item's ([`Shape`]).
 pub(super) fn list_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<usize> {
     let leaf = single_leaf(arrow, root)?;
     let column = arrow.metadata().file_metadata().schema_descr().column(leaf);
     let field = arrow.schema().fields().get(root)?;
-    let list_of_i32 = matches!(
-        field.data_type(),
-        DataType::List(item) if item.data_type() == &DataType::Int32
-    );
-    (list_of_i32
-        && column.physical_type() == parquet::basic::Type::INT32
+    let item_nullable = match field.data_type() {
+        DataType::List(item) if item.data_type() == &DataType::Int32 => item.is_nullable(),
+        _ => return None,
+    };
+    let shape = Shape::of(column.max_def_level(), column.self_type().is_optional())?;
+    (column.physical_type() == parquet::basic::Type::INT32
         && column.max_rep_level() == 1
-        && column.max_def_level() == 1)
+        && shape.item_nullable == item_nullable)
         .then_some(leaf)
+}
+
+/// What a list column's definition levels mean: below `list` the list is
+/// null (only when the list is nullable, `list` = 1); at `list` it is empty;
+/// above it an item, null at `max - 1` when items are nullable, a value at
+/// `max`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Shape {
+    max: u8,
+    list: u8,
+    item_nullable: bool,
+}
+
+impl Shape {
+    /// The shape of a leaf with `max_def` definition levels whose item is
+    /// `optional`; `None` for shapes of other nesting.
+    fn of(max_def: i16, optional: bool) -> Option<Shape> {
+        let list = max_def.checked_sub(1 + optional as i16)?;
+        (0..=1).contains(&list).then_some(Shape {
+            max: max_def as u8,
+            list: list as u8,
+            item_nullable: optional,
+        })
+    }
+
+    /// Bits per definition level.
+    fn bit_width(self) -> u8 {
+        8 - self.max.leading_zeros() as u8
+    }
 }
 
 /// Decode the list column chunk `chunk` of a row group with `rows` rows
@@ -61,6 +99,12 @@ pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
     };
     let path = chunk.column_path().string();
     let err = |e: String| DecodeError::column(&path, e);
+    let descr = chunk.column_descr();
+    let shape = Shape::of(descr.max_def_level(), descr.self_type().is_optional())
+        .ok_or_else(|| err(format!("{} definition levels", descr.max_def_level())))?;
+    if shape.max != 1 {
+        return decode_nullable(file, chunk, (rows, want), item, shape, limits);
+    }
     limits.check(rows.saturating_add(1), 4, &path)?;
     let mut pages = Pages::open(file, chunk, rows, limits)?;
     let mut offsets: Vec<i32> = Vec::with_capacity(rows + 1);
@@ -71,76 +115,7 @@ pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
     let mut data_seen = false;
     let mut def_expanded: Vec<u8> = Vec::new();
     let mut levels_seen = 0usize;
-    while let Some(page) = pages.next_page()? {
-        let page = match page {
-            Page::DictionaryPage {
-                buf, num_values, ..
-            } => {
-                // One dictionary, first: values are looked up as pages come.
-                if dictionary.is_some() || data_seen {
-                    return Err(err(
-                        "a dictionary page after the chunk's first page (a chunk has at most one, first)"
-                            .into(),
-                    ));
-                }
-                let n = num_values as usize;
-                let bytes = n
-                    .checked_mul(4)
-                    .and_then(|b| buf.get(..b))
-                    .ok_or_else(|| err(format!("a dictionary page too short for {n} values")))?;
-                dictionary = Some(
-                    bytes
-                        .chunks_exact(4)
-                        .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")))
-                        .collect(),
-                );
-                continue;
-            }
-            Page::DataPage {
-                buf,
-                num_values,
-                encoding,
-                def_level_encoding,
-                rep_level_encoding,
-                ..
-            } => {
-                if def_level_encoding != Encoding::RLE || rep_level_encoding != Encoding::RLE {
-                    return Err(err(format!(
-                        "level encodings {rep_level_encoding}/{def_level_encoding} are not supported"
-                    )));
-                }
-                let (rep, def, values) = v1_levels(&buf).map_err(err)?;
-                LevelPage {
-                    rep,
-                    def,
-                    values,
-                    num_levels: num_values as usize,
-                    encoding,
-                }
-            }
-            Page::DataPageV2 {
-                buf,
-                num_values,
-                encoding,
-                def_levels_byte_len,
-                rep_levels_byte_len,
-                ..
-            } => {
-                let (r, d) = (rep_levels_byte_len as usize, def_levels_byte_len as usize);
-                let end = r
-                    .checked_add(d)
-                    .filter(|&end| end <= buf.len())
-                    .ok_or_else(|| err("levels overrun the page".into()))?;
-                LevelPage {
-                    rep: buf.slice(..r),
-                    def: buf.slice(r..end),
-                    values: buf.slice(end..),
-                    num_levels: num_values as usize,
-                    encoding,
-                }
-            }
-        };
-        data_seen = true;
+    while let Some(page) = next_level_page(&mut pages, &mut dictionary, &mut data_seen, &err)? {
         let n = page.num_levels;
         // Every level is a value or an empty row: at most one 4-byte value
         // or offset each, so the levels of a row group are bounded by the
@@ -255,6 +230,311 @@ pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
     }
     offsets.push(values.len() as i32);
     list_array(item, offsets, values)
+}
+
+/// [`decode_list_i32`] of a column with nullable lists or items (`shape`).
+fn decode_nullable<R: ChunkReader + 'static>(
+    file: Arc<R>,
+    chunk: &ColumnChunkMetaData,
+    (rows, want): (usize, usize),
+    item: &arrow_schema::FieldRef,
+    shape: Shape,
+    limits: &Limits,
+) -> Result<ArrayRef> {
+    let path = chunk.column_path().string();
+    let err = |e: String| DecodeError::column(&path, e);
+    limits.check(rows.saturating_add(1), 4, &path)?;
+    let mut pages = Pages::open(file, chunk, rows, limits)?;
+    let mut offsets: Vec<i32> = Vec::with_capacity(rows + 1);
+    let claimed = usize::try_from(chunk.num_values()).unwrap_or(0);
+    let mut values: Vec<i32> = Vec::with_capacity(claimed.min(limits.max_bytes / 4));
+    // Validity of lists and of items, made at the first null (earlier
+    // entries valid).
+    let mut lists_valid: Option<BooleanBufferBuilder> = None;
+    let mut items_valid: Option<BooleanBufferBuilder> = None;
+    let mut dictionary: Option<Vec<i32>> = None;
+    let mut data_seen = false;
+    let (mut defs, mut reps, mut present_values) = (Vec::new(), Vec::new(), Vec::new());
+    let mut levels_seen = 0usize;
+    // Rows stored: the row group's, or one past a prefix (its last row's end).
+    let cap = if want < rows { want + 1 } else { rows };
+    let mut extra_rows = 0usize;
+    while let Some(page) = next_level_page(&mut pages, &mut dictionary, &mut data_seen, &err)? {
+        let n = page.num_levels;
+        present_values.clear();
+        // At most one 4-byte value or offset a level.
+        levels_seen = levels_seen
+            .checked_add(n)
+            .ok_or_else(|| err("too many levels".into()))?;
+        limits.check(levels_seen, 4, &path)?;
+        let base = values.len();
+        if base.saturating_add(n) > i32::MAX as usize {
+            return Err(err("more than 2^31 values in one row group".into()));
+        }
+        defs.clear();
+        let mut sink = Levels(&mut defs);
+        decode_hybrid_into(&page.def, shape.bit_width(), n, &mut sink).map_err(err)?;
+        if let Some(&bad) = defs.iter().find(|&&d| d > shape.max) {
+            return Err(err(format!(
+                "definition level {bad} over the column's {}",
+                shape.max
+            )));
+        }
+        let rows_before = offsets.len();
+        let present = if defs.iter().all(|&d| d == shape.max) {
+            // No null and no empty list: every level is a value.
+            let mut starts = RowStarts {
+                offsets: &mut offsets,
+                rows: cap,
+                base,
+                dense: true,
+                defs: &[],
+                level_at: 0,
+                values_at: 0,
+                extra: 0,
+            };
+            walk_bits(&page.rep, n, |bits| match bits {
+                Bits::Run {
+                    first,
+                    len,
+                    value: 0,
+                } => {
+                    let room = starts.room().min(len);
+                    (first..first + room).for_each(|level| starts.push(level));
+                    starts.extra += len - room;
+                }
+                Bits::Run { .. } => {}
+                Bits::Byte { first, byte, valid } => {
+                    let mut zeros = !byte & low_bits(valid);
+                    while zeros != 0 {
+                        starts.push(first + zeros.trailing_zeros() as usize);
+                        zeros &= zeros - 1;
+                    }
+                }
+            })
+            .map_err(err)?;
+            extra_rows += starts.extra;
+            if let Some(v) = &mut lists_valid {
+                v.append_n(offsets.len() - rows_before, true);
+            }
+            if let Some(v) = &mut items_valid {
+                v.append_n(n, true);
+            }
+            n
+        } else {
+            reps.clear();
+            walk_bits(&page.rep, n, |bits| match bits {
+                Bits::Run { len, value, .. } => reps.extend(std::iter::repeat_n(value, len)),
+                Bits::Byte { byte, valid, .. } => reps.extend((0..valid).map(|i| (byte >> i) & 1)),
+            })
+            .map_err(err)?;
+            // Slots: `u32::MAX` for a null item, else a value's index in the page.
+            let mut items = 0usize;
+            let mut present = 0usize;
+            for (&rep, &def) in reps.iter().zip(&defs) {
+                if rep == 0 {
+                    if offsets.len() < cap {
+                        let valid = def >= shape.list;
+                        if !valid && lists_valid.is_none() {
+                            let mut v = BooleanBufferBuilder::new(rows);
+                            v.append_n(offsets.len(), true);
+                            lists_valid = Some(v);
+                        }
+                        if let Some(v) = &mut lists_valid {
+                            v.append(valid);
+                        }
+                        offsets.push((base + items) as i32);
+                    } else {
+                        extra_rows += 1;
+                    }
+                }
+                if def > shape.list {
+                    let valid = def == shape.max;
+                    if !valid && items_valid.is_none() {
+                        let mut v = BooleanBufferBuilder::new(claimed.min(limits.max_bytes / 4));
+                        v.append_n(base + items, true);
+                        items_valid = Some(v);
+                    }
+                    if let Some(v) = &mut items_valid {
+                        v.append(valid);
+                    }
+                    present_values.push(if valid { present as u32 } else { u32::MAX });
+                    present += valid as usize;
+                    items += 1;
+                }
+            }
+            present
+        };
+        if extra_rows > 0 && want >= rows {
+            return Err(err(format!(
+                "pages hold more than the row group's {rows} rows"
+            )));
+        }
+        let before = values.len();
+        match page.encoding {
+            Encoding::PLAIN => {
+                let bytes = present
+                    .checked_mul(4)
+                    .and_then(|b| page.values.get(..b))
+                    .ok_or_else(|| err(format!("a plain page too short for {present} values")))?;
+                values.extend(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes"))),
+                );
+            }
+            Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
+                gather_dictionary(&page.values, present, dictionary.as_deref(), &mut values)
+                    .map_err(err)?;
+            }
+            other => return Err(err(format!("encoding {other} is not supported"))),
+        }
+        if present_values.len() > present {
+            // Spread the page's values over its item slots, nulls as 0.
+            let got: Vec<i32> = values.split_off(before);
+            values.extend(
+                present_values
+                    .iter()
+                    .map(|&k| if k == u32::MAX { 0 } else { got[k as usize] }),
+            );
+            present_values.clear();
+        }
+        if want < rows && offsets.len() > want {
+            break;
+        }
+    }
+    let mut rows_out = rows;
+    if want < rows && offsets.len() > want {
+        offsets.truncate(want + 1);
+        values.truncate(offsets[want] as usize);
+        rows_out = want;
+    } else if offsets.len() != rows {
+        return Err(err(format!(
+            "holds {} rows; the footer says {rows}",
+            offsets.len()
+        )));
+    } else {
+        offsets.push(values.len() as i32);
+    }
+    if offsets.first().is_some_and(|&first| first != 0) {
+        return Err(err(
+            "the first level continues a row (repetition level 1)".into()
+        ));
+    }
+    let finish = |v: Option<BooleanBufferBuilder>, len: usize| {
+        v.map(|mut v| {
+            v.truncate(len);
+            let missing = len.saturating_sub(v.len());
+            v.append_n(missing, true);
+            NullBuffer::new(v.finish())
+        })
+    };
+    let list_nulls = finish(lists_valid, rows_out);
+    let item_nulls = finish(items_valid, values.len());
+    let list = arrow_array::ListArray::try_new(
+        item.clone(),
+        arrow_buffer::OffsetBuffer::new(arrow_buffer::ScalarBuffer::from(offsets)),
+        Arc::new(Int32Array::new(values.into(), item_nulls)),
+        list_nulls,
+    )?;
+    Ok(Arc::new(list))
+}
+
+/// Definition levels, decoded.
+struct Levels<'a>(&'a mut Vec<u8>);
+
+impl KeySink for Levels<'_> {
+    fn run(&mut self, key: i32, len: usize) {
+        self.0.extend(std::iter::repeat_n(key as u8, len));
+    }
+
+    fn keys(&mut self, keys: &[i32]) {
+        self.0.extend(keys.iter().map(|&k| k as u8));
+    }
+}
+
+/// The chunk's next data page as levels and values, reading a dictionary
+/// page (at most one, first) into `dictionary` on the way; `None` after the
+/// last page.
+fn next_level_page<R: ChunkReader + 'static>(
+    pages: &mut Pages<R>,
+    dictionary: &mut Option<Vec<i32>>,
+    data_seen: &mut bool,
+    err: &dyn Fn(String) -> parquet::errors::ParquetError,
+) -> Result<Option<LevelPage>> {
+    while let Some(page) = pages.next_page()? {
+        let page = match page {
+            Page::DictionaryPage {
+                buf, num_values, ..
+            } => {
+                // One dictionary, first: values are looked up as pages come.
+                if dictionary.is_some() || *data_seen {
+                    return Err(err(
+                        "a dictionary page after the chunk's first page (a chunk has at most one, first)"
+                            .into(),
+                    ));
+                }
+                let n = num_values as usize;
+                let bytes = n
+                    .checked_mul(4)
+                    .and_then(|b| buf.get(..b))
+                    .ok_or_else(|| err(format!("a dictionary page too short for {n} values")))?;
+                *dictionary = Some(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")))
+                        .collect(),
+                );
+                continue;
+            }
+            Page::DataPage {
+                buf,
+                num_values,
+                encoding,
+                def_level_encoding,
+                rep_level_encoding,
+                ..
+            } => {
+                if def_level_encoding != Encoding::RLE || rep_level_encoding != Encoding::RLE {
+                    return Err(err(format!(
+                        "level encodings {rep_level_encoding}/{def_level_encoding} are not supported"
+                    )));
+                }
+                let (rep, def, values) = v1_levels(&buf).map_err(err)?;
+                LevelPage {
+                    rep,
+                    def,
+                    values,
+                    num_levels: num_values as usize,
+                    encoding,
+                }
+            }
+            Page::DataPageV2 {
+                buf,
+                num_values,
+                encoding,
+                def_levels_byte_len,
+                rep_levels_byte_len,
+                ..
+            } => {
+                let (r, d) = (rep_levels_byte_len as usize, def_levels_byte_len as usize);
+                let end = r
+                    .checked_add(d)
+                    .filter(|&end| end <= buf.len())
+                    .ok_or_else(|| err("levels overrun the page".into()))?;
+                LevelPage {
+                    rep: buf.slice(..r),
+                    def: buf.slice(r..end),
+                    values: buf.slice(end..),
+                    num_levels: num_values as usize,
+                    encoding,
+                }
+            }
+        };
+        *data_seen = true;
+        return Ok(Some(page));
+    }
+    Ok(None)
 }
 
 /// The list array of `offsets` (one more than its rows) and `values`.

@@ -554,6 +554,157 @@ fn decoded_lists_equal_parquets_reader() {
     }
 }
 
+/// Nullable lists and nullable items (definition levels 2 and 3, as
+/// pyarrow and Hugging Face datasets write token lists): null lists, empty
+/// lists, null items, pages without any and pages with many, dictionary and
+/// plain, V1 and V2, snappy (parquet's page reader) and zstd, whole row
+/// groups and prefixes: the own list decoder gives parquet's reader's
+/// arrays, validity included.
+#[test]
+fn nullable_lists_equal_parquets_reader() {
+    use arrow_array::{Array, ListArray, RecordBatch};
+    use arrow_buffer::NullBuffer;
+    use arrow_schema::{Field, Schema};
+    use parquet::basic::{Compression, ZstdLevel};
+    use parquet::file::properties::{WriterProperties, WriterVersion};
+
+    let rows = 4000usize;
+    for (list_nullable, item_nullable) in [(true, true), (true, false), (false, true)] {
+        let item = Arc::new(Field::new("item", DataType::Int32, item_nullable));
+        let mut offsets = vec![0i32];
+        let mut values: Vec<i32> = Vec::new();
+        let mut item_valid: Vec<bool> = Vec::new();
+        let mut list_valid: Vec<bool> = Vec::new();
+        for r in 0..rows {
+            // The first 1500 rows: no null and no empty list (the pages'
+            // fast path); after them, every kind.
+            let plain_part = r < 1500;
+            let null_list = list_nullable && !plain_part && r % 13 == 4;
+            let len = if null_list || (!plain_part && r % 7 == 0) {
+                0
+            } else if r % 17 == 5 {
+                600
+            } else {
+                1 + r % 9
+            };
+            for i in 0..len {
+                let v = (r * 31 + i * 7) as i32;
+                values.push(if r % 2 == 0 { v % 40 } else { v * 7919 });
+                item_valid.push(!(item_nullable && !plain_part && (r + i) % 5 == 1));
+            }
+            list_valid.push(!null_list);
+            offsets.push(values.len() as i32);
+        }
+        let list = ListArray::try_new(
+            item.clone(),
+            arrow_buffer::OffsetBuffer::new(offsets.into()),
+            Arc::new(Int32Array::new(
+                values.into(),
+                item_nullable.then(|| NullBuffer::from(item_valid)),
+            )),
+            list_nullable.then(|| NullBuffer::from(list_valid)),
+        )
+        .unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "ids",
+            DataType::List(item),
+            list_nullable,
+        )]));
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(list)]).unwrap();
+        for (dictionary, version, compression) in [
+            (true, WriterVersion::PARQUET_1_0, Compression::SNAPPY),
+            (
+                true,
+                WriterVersion::PARQUET_2_0,
+                Compression::ZSTD(ZstdLevel::default()),
+            ),
+            (
+                false,
+                WriterVersion::PARQUET_1_0,
+                Compression::ZSTD(ZstdLevel::default()),
+            ),
+        ] {
+            let props = WriterProperties::builder()
+                .set_dictionary_enabled(dictionary)
+                .set_data_page_size_limit(2048)
+                .set_write_batch_size(64)
+                .set_writer_version(version)
+                .set_compression(compression)
+                .set_max_row_group_row_count(Some(2000))
+                .build();
+            let (file, arrow) = write_parquet(&batch, Some(props));
+            let metadata = arrow.metadata().clone();
+            let expected_def = list_nullable as i16 + 1 + item_nullable as i16;
+            assert_eq!(
+                metadata
+                    .file_metadata()
+                    .schema_descr()
+                    .column(0)
+                    .max_def_level(),
+                expected_def
+            );
+            assert_eq!(super::list::list_leaf(&arrow, 0), Some(0));
+            let expected = read_with_parquet(&file);
+            let mut at = 0;
+            let mut decoded = 0;
+            for rg in 0..metadata.num_row_groups() {
+                let meta = metadata.row_group(rg);
+                let n = meta.num_rows() as usize;
+                let chunk = meta.column(0);
+                if !own_encodings(chunk) {
+                    assert_eq!(version, WriterVersion::PARQUET_2_0);
+                    at += n;
+                    continue;
+                }
+                for want in [n, n / 3, 1] {
+                    let array = decode_list_i32(
+                        Arc::new(file.clone()),
+                        chunk,
+                        (n, want),
+                        batch.column(0).data_type(),
+                        &LIMITS,
+                    )
+                    .unwrap();
+                    let rows_want = if want < n { want } else { n };
+                    let want_array = expected.column(0).slice(at, rows_want);
+                    let (got, want_list) = (array.as_list::<i32>(), want_array.as_list::<i32>());
+                    assert_eq!(got.len(), rows_want);
+                    let case = format!(
+                        "list nullable {list_nullable}, item nullable {item_nullable}, dictionary {dictionary}, {version:?}, row group {rg}, want {want}"
+                    );
+                    for r in 0..rows_want {
+                        assert_eq!(got.is_valid(r), want_list.is_valid(r), "row {r}: {case}");
+                        if want_list.is_valid(r) {
+                            let (g, w) = (got.value(r), want_list.value(r));
+                            let (g, w) = (
+                                g.as_primitive::<arrow_array::types::Int32Type>(),
+                                w.as_primitive::<arrow_array::types::Int32Type>(),
+                            );
+                            assert_eq!(g.len(), w.len(), "row {r}: {case}");
+                            for i in 0..w.len() {
+                                assert_eq!(
+                                    g.is_valid(i),
+                                    w.is_valid(i),
+                                    "row {r} item {i}: {case}"
+                                );
+                                if w.is_valid(i) {
+                                    assert_eq!(g.value(i), w.value(i), "row {r} item {i}: {case}");
+                                }
+                            }
+                        }
+                    }
+                }
+                decoded += 1;
+                at += n;
+            }
+            assert_eq!(at, rows);
+            if version == WriterVersion::PARQUET_1_0 {
+                assert_eq!(decoded, metadata.num_row_groups());
+            }
+        }
+    }
+}
+
 /// Binary and string values, inline (up to 12 bytes) and not, from
 /// dictionary, fallback-to-plain and plain pages, V1 and V2: the views
 /// over decoded pages hold parquet's reader's values.
