@@ -3,9 +3,9 @@
 //! does the Python package's `shardfeed` command (`pip install ./python`),
 //! so both are the same program.
 
+use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::ffi::OsString;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};

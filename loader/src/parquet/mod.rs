@@ -13,6 +13,7 @@
 //! | [`levels`] | definition levels of flat nullable columns |
 //! | [`fixed`], [`list`], [`binary`] | value decoders into Arrow arrays |
 //! | [`sparse`] | the fetched byte ranges of a shard, as parquet's `ChunkReader` |
+//! | [`error`] | what was wrong and where ([`error::DecodeError`]) |
 //!
 //! [`decode_row_group_at_least`] is the one entry point (tests also use
 //! [`decode_row_group`], which keeps exactly the rows asked). Which path decodes a column
@@ -20,7 +21,7 @@
 //!
 //! | column (Arrow type, Parquet levels) | chunk's encodings | path |
 //! |---|---|---|
-//! | `list<int32>`, required list of required items (rep 1, def 1) | PLAIN, RLE, (PLAIN\|RLE)_DICTIONARY | [`ColumnPath::List`] |
+//! | `list<int32>`, the list and its items required or nullable (rep 1, def 1 to 3) | PLAIN, RLE, (PLAIN\|RLE)_DICTIONARY | [`ColumnPath::List`] |
 //! | int8..uint64, float32/64 stored as INT32/INT64/FLOAT/DOUBLE, flat, required or nullable | same, and DELTA_BINARY_PACKED for INT32/INT64 | [`ColumnPath::Fixed`] |
 //! | binary, string (also large), flat BYTE_ARRAY, required or nullable | same | [`ColumnPath::Bytes`] |
 //! | anything else (nested, structs, decimals, booleans, ...), or other encodings (other DELTA_*, BYTE_STREAM_SPLIT, BIT_PACKED levels) | any | [`ColumnPath::Arrow`] |
