@@ -9,6 +9,8 @@ process's, from before the loader is built), the median rate over all epochs inc
 start-up, the median CPU seconds (user + system) of a steady epoch, and the ratios
 B/A, with pyarrow's iter_batches over the same files in the same
 run for scale. `--datasets kind=path,...` runs on shards already made instead.
+`--mix` adds a mixture of the token dataset and a second one half its size (weights
+0.5/0.5, `bench --mix`, one mixture epoch), A and B interleaved the same way.
 
     python3 benches/loader_ab.py --bin-a /tmp/shardfeed-before --bin-b target/release/shardfeed \
         --work /tmp/shardfeed-ab --size 300MB --repeat 5
@@ -58,6 +60,8 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--datasets", default=None,
                    help="kind=path,...: shards already made (no --work, --size, --shard-bin)")
+    p.add_argument("--mix", action="store_true",
+                   help="also a mixture of two token datasets (bench --mix), A against B")
     args = p.parse_args()
     shard_bin = args.shard_bin or args.bin_a
     pa.set_cpu_count(2)
@@ -104,6 +108,8 @@ def main():
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
+    if args.mix:
+        mixture(args, shard_bin)
     print("\n| dataset | A steady rows/s | B steady rows/s | B/A steady | A first epoch | B first epoch | B/A | A all epochs incl. start-up | B all epochs | B/A | CPU s a steady epoch A / B | B/A | peak RSS A / B | pyarrow iter_batches |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -112,6 +118,38 @@ def main():
               f"{r['a_all_epochs_rows_s']} | {r['b_all_epochs_rows_s']} | {r['b_over_a_all_epochs']} | "
               f"{r['a_steady_epoch_cpu_s']} / {r['b_steady_epoch_cpu_s']} | {r['b_over_a_steady_epoch_cpu']} | "
               f"{r['a_peak_rss_mib']} / {r['b_peak_rss_mib']} MiB | {r['pyarrow_iter_batches_rows_s']} |")
+
+
+def mixture(args, shard_bin):
+    """A against B on a mixture of two token datasets: rows/s and peak RSS."""
+    paths = []
+    for name, size in (("tokens", args.size), ("tokens-half", None)):
+        raw, path = os.path.join(args.work, name, "raw"), os.path.join(args.work, name, "ds")
+        if not os.path.exists(os.path.join(path, "manifest.json")):
+            half = size or f"{int(args.size.rstrip('MB')) // 2}MB"
+            subprocess.run([args.bin_a, "generate", "tokens", "--size", half, "--files", "4", "-o", raw],
+                           check=True, capture_output=True)
+            subprocess.run([shard_bin, "shard", raw, "-o", path, "--overwrite"], check=True,
+                           capture_output=True)
+        settle_page_cache(dataset_files(path))
+        paths.append(path)
+    runs = {"a": [], "b": []}
+    for i in range(args.repeat):
+        for who in (("a", "b") if i % 2 == 0 else ("b", "a")):
+            r = subprocess.run([args.bin_a if who == "a" else args.bin_b, "bench", paths[0], "--mix",
+                                f"{paths[1]}=0.5", "--batch-size", str(BATCH["tokens"]), "--threads", "2",
+                                "--json"], check=True, capture_output=True, text=True)
+            runs[who].append(json.loads(r.stdout))
+    med = lambda who, key: statistics.median(r[key] for r in runs[who])
+    row = {"dataset": "mixture (tokens 0.5 + tokens-half 0.5)",
+           "a_rows_s": round(med("a", "rows_per_s")), "b_rows_s": round(med("b", "rows_per_s")),
+           "b_over_a": round(med("b", "rows_per_s") / med("a", "rows_per_s"), 3),
+           "a_peak_rss_mib": round(med("a", "peak_rss_bytes") / 2**20),
+           "b_peak_rss_mib": round(med("b", "peak_rss_bytes") / 2**20)}
+    print(json.dumps(row), flush=True)
+    print(f"| {row['dataset']} | rows/s A {row['a_rows_s']} | B {row['b_rows_s']} | B/A {row['b_over_a']} | "
+          f"peak RSS A / B {row['a_peak_rss_mib']} / {row['b_peak_rss_mib']} MiB |")
+    return None
 
 
 if __name__ == "__main__":
