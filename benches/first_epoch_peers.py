@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A fresh process's first epoch and the steady epochs after it: shardfeed against pyarrow,
-polars and a torch DataLoader, on the same shards, in one run (issue 18, item 1).
+polars and a torch DataLoader, on the same shards, in one run.
 
 Every tool runs in a new process per repeat and makes `--epochs` passes over every row:
   * shardfeed:  `shardfeed bench DS --epochs N` (shuffled, collated into slabs, 2 threads);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Loader throughput against decode threads (issue 18, item 3).
+"""Loader throughput against decode threads.
 
 For each dataset and thread count, `shardfeed bench DS --threads T --epochs N --json` runs in a
 fresh process, `--repeat` times, thread counts interleaved; the table gives the steady rate (the
