@@ -489,8 +489,34 @@ fn run(
     })
 }
 
-/// Stream the dataset and measure.
-pub fn measure(args: &BenchArgs) -> Result<BenchReport> {
+/// What `bench` measured: a plain loader's report, or a mixture's.
+pub enum Report {
+    /// One dataset.
+    Loader(Box<BenchReport>),
+    /// `--mix` or `--pack-to`.
+    Mixture(Box<MixReport>),
+}
+
+/// Stream the dataset (or the mixture `--mix` / `--pack-to` make) and
+/// measure: one loop ([`run`]) for both, each with its report.
+pub fn measure(args: &BenchArgs) -> Result<Report> {
+    if args.mix.is_empty() && args.pack_to.is_none() {
+        measure_loader(args).map(|r| Report::Loader(Box::new(r)))
+    } else {
+        mixture_report(args).map(|r| Report::Mixture(Box::new(r)))
+    }
+}
+
+/// Print `report` (as JSON with `json`).
+pub fn print(report: &Report, json: bool) -> Result<()> {
+    match report {
+        Report::Loader(r) => print_loader(r, json),
+        Report::Mixture(r) => print_mix(r, json),
+    }
+}
+
+/// Stream one dataset and measure.
+fn measure_loader(args: &BenchArgs) -> Result<BenchReport> {
     let url = args
         .dataset
         .as_deref()
@@ -688,7 +714,7 @@ pub fn emit(text: &str) -> Result<()> {
 }
 
 /// Print a report.
-pub fn print(report: &BenchReport, json: bool) -> Result<()> {
+fn print_loader(report: &BenchReport, json: bool) -> Result<()> {
     if json {
         return emit(&format!("{}\n", serde_json::to_string_pretty(report)?));
     }
@@ -834,7 +860,7 @@ pub struct MixReport {
 }
 
 /// Stream a mixture (or one packed dataset) and measure.
-pub fn measure_mix(args: &BenchArgs) -> Result<MixReport> {
+fn mixture_report(args: &BenchArgs) -> Result<MixReport> {
     let mut sources = args.mix.clone();
     if let Some(url) = &args.dataset {
         sources.insert(0, (url.clone(), 1.0));
@@ -892,7 +918,7 @@ pub fn measure_mix(args: &BenchArgs) -> Result<MixReport> {
 }
 
 /// Print a mixture report.
-pub fn print_mix(report: &MixReport, json: bool) -> Result<()> {
+fn print_mix(report: &MixReport, json: bool) -> Result<()> {
     if json {
         return emit(&format!("{}\n", serde_json::to_string_pretty(report)?));
     }

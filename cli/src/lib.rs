@@ -581,11 +581,6 @@ where
             storage_options,
         } => run_verify(&dataset, threads, json, &storage_options),
         Command::Generate(args) => generate::run(&args).map(|()| true),
-        Command::Bench(args) if !args.mix.is_empty() || args.pack_to.is_some() => {
-            bench::measure_mix(&args)
-                .and_then(|r| bench::print_mix(&r, args.json))
-                .map(|()| true)
-        }
         Command::Bench(args) if args.decode_only => bench::decode_only(&args)
             .and_then(|r| {
                 if args.json {
