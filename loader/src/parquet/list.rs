@@ -161,51 +161,14 @@ pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
             values_at: 0,
             extra: 0,
         };
-        walk_bits(&page.rep, n, |bits| match bits {
-            Bits::Run {
-                first,
-                len,
-                value: 0,
-            } => {
-                // A run of row starts: only as many as rows remain are visited.
-                let room = starts.room().min(len);
-                (first..first + room).for_each(|level| starts.push(level));
-                starts.extra += len - room;
-            }
-            Bits::Run { .. } => {}
-            Bits::Byte { first, byte, valid } => {
-                let mut zeros = !byte & low_bits(valid);
-                while zeros != 0 {
-                    starts.push(first + zeros.trailing_zeros() as usize);
-                    zeros &= zeros - 1;
-                }
-            }
-        })
-        .map_err(err)?;
+        starts.walk(&page.rep, n).map_err(err)?;
         let extra_rows = starts.extra;
         if extra_rows > 0 && !prefix {
             return Err(err(format!(
                 "pages hold more than the row group's {rows} rows"
             )));
         }
-        match page.encoding {
-            Encoding::PLAIN => {
-                let bytes = present
-                    .checked_mul(4)
-                    .and_then(|b| page.values.get(..b))
-                    .ok_or_else(|| err(format!("a plain page too short for {present} values")))?;
-                values.extend(
-                    bytes
-                        .chunks_exact(4)
-                        .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes"))),
-                );
-            }
-            Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
-                gather_dictionary(&page.values, present, dictionary.as_deref(), &mut values)
-                    .map_err(err)?;
-            }
-            other => return Err(err(format!("encoding {other} is not supported"))),
-        }
+        page_values(&page, present, dictionary.as_deref(), &mut values).map_err(err)?;
         if want < rows && offsets.len() > want {
             // Rows 0..want are complete: the pages after are not decoded.
             break;
@@ -293,26 +256,7 @@ fn decode_nullable<R: ChunkReader + 'static>(
                 values_at: 0,
                 extra: 0,
             };
-            walk_bits(&page.rep, n, |bits| match bits {
-                Bits::Run {
-                    first,
-                    len,
-                    value: 0,
-                } => {
-                    let room = starts.room().min(len);
-                    (first..first + room).for_each(|level| starts.push(level));
-                    starts.extra += len - room;
-                }
-                Bits::Run { .. } => {}
-                Bits::Byte { first, byte, valid } => {
-                    let mut zeros = !byte & low_bits(valid);
-                    while zeros != 0 {
-                        starts.push(first + zeros.trailing_zeros() as usize);
-                        zeros &= zeros - 1;
-                    }
-                }
-            })
-            .map_err(err)?;
+            starts.walk(&page.rep, n).map_err(err)?;
             extra_rows += starts.extra;
             if let Some(v) = &mut lists_valid {
                 v.append_n(offsets.len() - rows_before, true);
@@ -371,24 +315,7 @@ fn decode_nullable<R: ChunkReader + 'static>(
             )));
         }
         let before = values.len();
-        match page.encoding {
-            Encoding::PLAIN => {
-                let bytes = present
-                    .checked_mul(4)
-                    .and_then(|b| page.values.get(..b))
-                    .ok_or_else(|| err(format!("a plain page too short for {present} values")))?;
-                values.extend(
-                    bytes
-                        .chunks_exact(4)
-                        .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes"))),
-                );
-            }
-            Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
-                gather_dictionary(&page.values, present, dictionary.as_deref(), &mut values)
-                    .map_err(err)?;
-            }
-            other => return Err(err(format!("encoding {other} is not supported"))),
-        }
+        page_values(&page, present, dictionary.as_deref(), &mut values).map_err(err)?;
         if present_values.len() > present {
             // Spread the page's values over its item slots, nulls as 0.
             let got: Vec<i32> = values.split_off(before);
@@ -438,6 +365,34 @@ fn decode_nullable<R: ChunkReader + 'static>(
         list_nulls,
     )?;
     Ok(Arc::new(list))
+}
+
+/// Append the `present` values of a data page (plain, or looked up in
+/// `dictionary`) to `values`.
+fn page_values(
+    page: &LevelPage,
+    present: usize,
+    dictionary: Option<&[i32]>,
+    values: &mut Vec<i32>,
+) -> std::result::Result<(), String> {
+    match page.encoding {
+        Encoding::PLAIN => {
+            let bytes = present
+                .checked_mul(4)
+                .and_then(|b| page.values.get(..b))
+                .ok_or_else(|| format!("a plain page too short for {present} values"))?;
+            values.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes"))),
+            );
+            Ok(())
+        }
+        Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
+            gather_dictionary(&page.values, present, dictionary, values)
+        }
+        other => Err(format!("encoding {other} is not supported")),
+    }
 }
 
 /// Definition levels, decoded.
@@ -573,6 +528,30 @@ impl RowStarts<'_> {
     /// Starts that still fit the row group.
     fn room(&self) -> usize {
         self.rows - self.offsets.len().min(self.rows)
+    }
+
+    /// The row starts (repetition level 0) of the `n` levels (bit width 1)
+    /// in `rep`: a run of starts visits only as many as rows remain.
+    fn walk(&mut self, rep: &[u8], n: usize) -> std::result::Result<(), String> {
+        walk_bits(rep, n, |bits| match bits {
+            Bits::Run {
+                first,
+                len,
+                value: 0,
+            } => {
+                let room = self.room().min(len);
+                (first..first + room).for_each(|level| self.push(level));
+                self.extra += len - room;
+            }
+            Bits::Run { .. } => {}
+            Bits::Byte { first, byte, valid } => {
+                let mut zeros = !byte & low_bits(valid);
+                while zeros != 0 {
+                    self.push(first + zeros.trailing_zeros() as usize);
+                    zeros &= zeros - 1;
+                }
+            }
+        })
     }
 
     /// A row starts at `level` of the page.
