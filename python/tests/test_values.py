@@ -166,3 +166,34 @@ def test_pyarrow_written_token_lists_take_the_own_decoder(tmp_path):
         paths = loader.stats()["decode_paths"]
     assert seen == {i: r for i, r in enumerate(rows)}
     assert paths["parquet"] == 0 and paths["own_list"] > 0, paths
+
+
+def test_polars_written_token_lists_take_the_own_decoder(tmp_path):
+    """Token lists as polars writes them (`large_list`, int32 and int64
+    items): every row as written, and no list chunk through parquet's
+    reader."""
+    import polars as pl
+
+    rng = np.random.default_rng(5)
+    lists32 = [rng.integers(0, 50_000, int(rng.integers(0, 40))).tolist() for _ in range(3000)]
+    lists64 = [[v * 3_000_000_000 for v in row] for row in lists32]
+    df = pl.DataFrame(
+        {
+            "id": pl.Series(range(3000), dtype=pl.Int64),
+            "ids32": pl.Series(lists32, dtype=pl.List(pl.Int32)),
+            "ids64": pl.Series(lists64, dtype=pl.List(pl.Int64)),
+        }
+    )
+    df.write_parquet(tmp_path / "in.parquet", row_group_size=1000)
+    out = str(tmp_path / "ds")
+    shardfeed.shard([str(tmp_path / "in.parquet")], out, row_group_rows=500)
+    seen = {}
+    with shardfeed.Loader(out, 100, seed=2, drop_last=False) as loader:
+        for batch in loader:
+            rows32 = [r.tolist() for r in shardfeed.rows(batch, "ids32")]
+            rows64 = [r.tolist() for r in shardfeed.rows(batch, "ids64")]
+            for i, a, b in zip(batch["id"].tolist(), rows32, rows64):
+                seen[i] = (a, b)
+        paths = loader.stats()["decode_paths"]
+    assert seen == {i: (a, b) for i, (a, b) in enumerate(zip(lists32, lists64))}
+    assert paths["parquet"] == 0 and paths["own_list"] > 0, paths

@@ -1,22 +1,23 @@
-//! `list<int32>` (token ids): repetition levels of at most 1. A required
+//! Lists of integers (token ids): `list` or `large_list` of int8..uint64
+//! items (Parquet INT32 or INT64), repetition levels of at most 1. A required
 //! list of required items (definition levels of at most 1, the project's own
 //! shards): row starts come from the repetition levels eight at a time and
 //! values go straight into one buffer. Nullable lists and nullable items
-//! (definition levels up to 3, as pyarrow, Hugging Face datasets and most
-//! exports write them): a page whose levels are all at the maximum (no
-//! null, no empty list: one check per run) takes the same path; other
-//! pages are walked level by level, with the lists' and the items'
-//! validity.
+//! (definition levels up to 3, as pyarrow, polars, Hugging Face datasets and
+//! most exports write them): a page whose levels are all at the maximum (no
+//! null, no empty list) takes the same path; other pages are walked level by
+//! level, with the lists' and the items' validity.
 //!
 //! Counts are checked before anything grows: a page's levels against the
 //! byte limit, row starts against the row group's rows as they are found
 //! (so a few forged bytes cannot push millions of offsets first), and the
-//! values against `i32` offsets.
+//! values against `i32` offsets (a `large_list` row group too: one of more
+//! than 2^31 values would pass any byte budget).
 
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int32Array};
-use arrow_buffer::{BooleanBufferBuilder, NullBuffer};
+use arrow_buffer::{BooleanBufferBuilder, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 use parquet::basic::Encoding;
@@ -39,12 +40,23 @@ pub(super) fn list_leaf(arrow: &ArrowReaderMetadata, root: usize) -> Option<usiz
     let leaf = single_leaf(arrow, root)?;
     let column = arrow.metadata().file_metadata().schema_descr().column(leaf);
     let field = arrow.schema().fields().get(root)?;
-    let item_nullable = match field.data_type() {
-        DataType::List(item) if item.data_type() == &DataType::Int32 => item.is_nullable(),
+    let item = match field.data_type() {
+        DataType::List(item) | DataType::LargeList(item) => item,
+        _ => return None,
+    };
+    let item_nullable = item.is_nullable();
+    let physical = match item.data_type() {
+        DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::UInt8
+        | DataType::UInt16
+        | DataType::UInt32 => parquet::basic::Type::INT32,
+        DataType::Int64 | DataType::UInt64 => parquet::basic::Type::INT64,
         _ => return None,
     };
     let shape = Shape::of(column.max_def_level(), column.self_type().is_optional())?;
-    (column.physical_type() == parquet::basic::Type::INT32
+    (column.physical_type() == physical
         && column.max_rep_level() == 1
         && shape.item_nullable == item_nullable)
         .then_some(leaf)
@@ -83,35 +95,67 @@ impl Shape {
 /// straight into its offsets and values. With `want < rows`, decoding stops
 /// after the page in which row `want` starts (rows `0..want` are then
 /// complete) and the array holds exactly `want` rows.
-pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
+pub(super) fn decode_list<R: ChunkReader + 'static>(
     file: Arc<R>,
     chunk: &ColumnChunkMetaData,
-    (rows, want): (usize, usize),
+    rows: (usize, usize),
     data_type: &DataType,
     limits: &Limits,
 ) -> Result<ArrayRef> {
-    let DataType::List(item) = data_type else {
-        return Err(DecodeError::Unsupported {
-            column: chunk.column_path().string(),
-            what: format!("{data_type} (not a list)"),
+    let (item, large) = match data_type {
+        DataType::List(item) => (item, false),
+        DataType::LargeList(item) => (item, true),
+        _ => {
+            return Err(DecodeError::Unsupported {
+                column: chunk.column_path().string(),
+                what: format!("{data_type} (not a list)"),
+            }
+            .into());
         }
-        .into());
     };
+    let list = ListType { item, large };
+    match chunk.column_descr().physical_type() {
+        parquet::basic::Type::INT32 => decode_list_of::<R, i32>(file, chunk, rows, list, limits),
+        parquet::basic::Type::INT64 => decode_list_of::<R, i64>(file, chunk, rows, list, limits),
+        other => Err(DecodeError::Unsupported {
+            column: chunk.column_path().string(),
+            what: format!("list items of physical type {other}"),
+        }
+        .into()),
+    }
+}
+
+/// The list type being decoded: its item field, and whether its offsets
+/// are 64-bit (`large_list`).
+#[derive(Clone, Copy)]
+struct ListType<'a> {
+    item: &'a arrow_schema::FieldRef,
+    large: bool,
+}
+
+/// [`decode_list`] with items of physical type `P`.
+fn decode_list_of<R: ChunkReader + 'static, P: Physical>(
+    file: Arc<R>,
+    chunk: &ColumnChunkMetaData,
+    (rows, want): (usize, usize),
+    list: ListType<'_>,
+    limits: &Limits,
+) -> Result<ArrayRef> {
     let path = chunk.column_path().string();
     let err = |e: String| DecodeError::column(&path, e);
     let descr = chunk.column_descr();
     let shape = Shape::of(descr.max_def_level(), descr.self_type().is_optional())
         .ok_or_else(|| err(format!("{} definition levels", descr.max_def_level())))?;
     if shape.max != 1 {
-        return decode_nullable(file, chunk, (rows, want), item, shape, limits);
+        return decode_nullable::<R, P>(file, chunk, (rows, want), list, shape, limits);
     }
     limits.check(rows.saturating_add(1), 4, &path)?;
     let mut pages = Pages::open(file, chunk, rows, limits)?;
     let mut offsets: Vec<i32> = Vec::with_capacity(rows + 1);
     // The footer's value count is a claim: reserve no more than the limit.
     let claimed = usize::try_from(chunk.num_values()).unwrap_or(0);
-    let mut values: Vec<i32> = Vec::with_capacity(claimed.min(limits.max_bytes / 4));
-    let mut dictionary: Option<Vec<i32>> = None;
+    let mut values: Vec<P> = Vec::with_capacity(claimed.min(limits.max_bytes / P::WIDTH));
+    let mut dictionary: Option<Vec<P>> = None;
     let mut data_seen = false;
     let mut def_expanded: Vec<u8> = Vec::new();
     let mut levels_seen = 0usize;
@@ -123,7 +167,7 @@ pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
         levels_seen = levels_seen
             .checked_add(n)
             .ok_or_else(|| err("too many levels".into()))?;
-        limits.check(levels_seen, 4, &path)?;
+        limits.check(levels_seen, P::WIDTH, &path)?;
         let base = values.len();
         if base.saturating_add(n) > i32::MAX as usize {
             return Err(err("more than 2^31 values in one row group".into()));
@@ -178,7 +222,7 @@ pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
         offsets.truncate(want + 1);
         let end = offsets[want] as usize;
         values.truncate(end);
-        return list_array(item, offsets, values);
+        return list_array(list, offsets, values, None, None);
     }
     if offsets.len() != rows {
         return Err(err(format!(
@@ -192,15 +236,15 @@ pub(super) fn decode_list_i32<R: ChunkReader + 'static>(
         ));
     }
     offsets.push(values.len() as i32);
-    list_array(item, offsets, values)
+    list_array(list, offsets, values, None, None)
 }
 
-/// [`decode_list_i32`] of a column with nullable lists or items (`shape`).
-fn decode_nullable<R: ChunkReader + 'static>(
+/// [`decode_list_of`] of a column with nullable lists or items (`shape`).
+fn decode_nullable<R: ChunkReader + 'static, P: Physical>(
     file: Arc<R>,
     chunk: &ColumnChunkMetaData,
     (rows, want): (usize, usize),
-    item: &arrow_schema::FieldRef,
+    list: ListType<'_>,
     shape: Shape,
     limits: &Limits,
 ) -> Result<ArrayRef> {
@@ -210,12 +254,12 @@ fn decode_nullable<R: ChunkReader + 'static>(
     let mut pages = Pages::open(file, chunk, rows, limits)?;
     let mut offsets: Vec<i32> = Vec::with_capacity(rows + 1);
     let claimed = usize::try_from(chunk.num_values()).unwrap_or(0);
-    let mut values: Vec<i32> = Vec::with_capacity(claimed.min(limits.max_bytes / 4));
+    let mut values: Vec<P> = Vec::with_capacity(claimed.min(limits.max_bytes / P::WIDTH));
     // Validity of lists and of items, made at the first null (earlier
     // entries valid).
     let mut lists_valid: Option<BooleanBufferBuilder> = None;
     let mut items_valid: Option<BooleanBufferBuilder> = None;
-    let mut dictionary: Option<Vec<i32>> = None;
+    let mut dictionary: Option<Vec<P>> = None;
     let mut data_seen = false;
     let (mut defs, mut reps, mut present_values) = (Vec::new(), Vec::new(), Vec::new());
     let mut levels_seen = 0usize;
@@ -229,7 +273,7 @@ fn decode_nullable<R: ChunkReader + 'static>(
         levels_seen = levels_seen
             .checked_add(n)
             .ok_or_else(|| err("too many levels".into()))?;
-        limits.check(levels_seen, 4, &path)?;
+        limits.check(levels_seen, P::WIDTH, &path)?;
         let base = values.len();
         if base.saturating_add(n) > i32::MAX as usize {
             return Err(err("more than 2^31 values in one row group".into()));
@@ -318,12 +362,14 @@ fn decode_nullable<R: ChunkReader + 'static>(
         page_values(&page, present, dictionary.as_deref(), &mut values).map_err(err)?;
         if present_values.len() > present {
             // Spread the page's values over its item slots, nulls as 0.
-            let got: Vec<i32> = values.split_off(before);
-            values.extend(
-                present_values
-                    .iter()
-                    .map(|&k| if k == u32::MAX { 0 } else { got[k as usize] }),
-            );
+            let got: Vec<P> = values.split_off(before);
+            values.extend(present_values.iter().map(|&k| {
+                if k == u32::MAX {
+                    P::default()
+                } else {
+                    got[k as usize]
+                }
+            }));
             present_values.clear();
         }
         if want < rows && offsets.len() > want {
@@ -358,34 +404,24 @@ fn decode_nullable<R: ChunkReader + 'static>(
     };
     let list_nulls = finish(lists_valid, rows_out);
     let item_nulls = finish(items_valid, values.len());
-    let list = arrow_array::ListArray::try_new(
-        item.clone(),
-        arrow_buffer::OffsetBuffer::new(arrow_buffer::ScalarBuffer::from(offsets)),
-        Arc::new(Int32Array::new(values.into(), item_nulls)),
-        list_nulls,
-    )?;
-    Ok(Arc::new(list))
+    list_array(list, offsets, values, list_nulls, item_nulls)
 }
 
 /// Append the `present` values of a data page (plain, or looked up in
 /// `dictionary`) to `values`.
-fn page_values(
+fn page_values<P: Physical>(
     page: &LevelPage,
     present: usize,
-    dictionary: Option<&[i32]>,
-    values: &mut Vec<i32>,
+    dictionary: Option<&[P]>,
+    values: &mut Vec<P>,
 ) -> std::result::Result<(), String> {
     match page.encoding {
         Encoding::PLAIN => {
             let bytes = present
-                .checked_mul(4)
+                .checked_mul(P::WIDTH)
                 .and_then(|b| page.values.get(..b))
                 .ok_or_else(|| format!("a plain page too short for {present} values"))?;
-            values.extend(
-                bytes
-                    .chunks_exact(4)
-                    .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes"))),
-            );
+            values.extend(bytes.chunks_exact(P::WIDTH).map(P::from_le));
             Ok(())
         }
         Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
@@ -411,9 +447,9 @@ impl KeySink for Levels<'_> {
 /// The chunk's next data page as levels and values, reading a dictionary
 /// page (at most one, first) into `dictionary` on the way; `None` after the
 /// last page.
-fn next_level_page<R: ChunkReader + 'static>(
+fn next_level_page<R: ChunkReader + 'static, P: Physical>(
     pages: &mut Pages<R>,
-    dictionary: &mut Option<Vec<i32>>,
+    dictionary: &mut Option<Vec<P>>,
     data_seen: &mut bool,
     err: &dyn Fn(String) -> parquet::errors::ParquetError,
 ) -> Result<Option<LevelPage>> {
@@ -431,15 +467,10 @@ fn next_level_page<R: ChunkReader + 'static>(
                 }
                 let n = num_values as usize;
                 let bytes = n
-                    .checked_mul(4)
+                    .checked_mul(P::WIDTH)
                     .and_then(|b| buf.get(..b))
                     .ok_or_else(|| err(format!("a dictionary page too short for {n} values")))?;
-                *dictionary = Some(
-                    bytes
-                        .chunks_exact(4)
-                        .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")))
-                        .collect(),
-                );
+                *dictionary = Some(bytes.chunks_exact(P::WIDTH).map(P::from_le).collect());
                 continue;
             }
             Page::DataPage {
@@ -492,19 +523,120 @@ fn next_level_page<R: ChunkReader + 'static>(
     Ok(None)
 }
 
-/// The list array of `offsets` (one more than its rows) and `values`.
-fn list_array(
-    item: &arrow_schema::FieldRef,
+/// The list array of `offsets` (one more than its rows) and `values`, with
+/// the lists' and the items' validity.
+fn list_array<P: Physical>(
+    list: ListType<'_>,
     offsets: Vec<i32>,
-    values: Vec<i32>,
+    values: Vec<P>,
+    list_nulls: Option<NullBuffer>,
+    item_nulls: Option<NullBuffer>,
 ) -> Result<ArrayRef> {
-    let list = arrow_array::ListArray::try_new(
-        item.clone(),
-        arrow_buffer::OffsetBuffer::new(arrow_buffer::ScalarBuffer::from(offsets)),
-        Arc::new(Int32Array::from(values)),
-        None,
-    )?;
-    Ok(Arc::new(list))
+    let items = P::items(list.item.data_type(), values, item_nulls).ok_or_else(|| {
+        DecodeError::Unsupported {
+            column: list.item.name().clone(),
+            what: format!("list items of type {}", list.item.data_type()),
+        }
+    })?;
+    let item = list.item.clone();
+    Ok(if list.large {
+        let offsets: Vec<i64> = offsets.into_iter().map(i64::from).collect();
+        Arc::new(arrow_array::LargeListArray::try_new(
+            item,
+            OffsetBuffer::new(ScalarBuffer::from(offsets)),
+            items,
+            list_nulls,
+        )?)
+    } else {
+        Arc::new(arrow_array::ListArray::try_new(
+            item,
+            OffsetBuffer::new(ScalarBuffer::from(offsets)),
+            items,
+            list_nulls,
+        )?)
+    })
+}
+
+/// A list item's Parquet physical type, as decoded: `INT32` or `INT64`.
+trait Physical: Copy + Default + Send + 'static {
+    /// Bytes a value.
+    const WIDTH: usize;
+    /// A value from its `WIDTH` little-endian bytes.
+    fn from_le(bytes: &[u8]) -> Self;
+    /// The item array of Arrow type `data_type` holding `values` (the
+    /// physical values: narrower integer types are stored widened, unsigned
+    /// ones as their bits), or `None` for a type not stored this way.
+    fn items(
+        data_type: &DataType,
+        values: Vec<Self>,
+        nulls: Option<NullBuffer>,
+    ) -> Option<ArrayRef>;
+}
+
+impl Physical for i32 {
+    const WIDTH: usize = 4;
+
+    fn from_le(bytes: &[u8]) -> Self {
+        i32::from_le_bytes(bytes.try_into().expect("4 bytes"))
+    }
+
+    fn items(
+        data_type: &DataType,
+        values: Vec<i32>,
+        nulls: Option<NullBuffer>,
+    ) -> Option<ArrayRef> {
+        use arrow_array::{Int8Array, Int16Array, UInt8Array, UInt16Array, UInt32Array};
+        let len = values.len();
+        Some(match data_type {
+            DataType::Int32 => Arc::new(Int32Array::new(values.into(), nulls)),
+            DataType::UInt32 => Arc::new(UInt32Array::new(
+                ScalarBuffer::new(Buffer::from_vec(values), 0, len),
+                nulls,
+            )),
+            DataType::Int16 => Arc::new(Int16Array::new(
+                values.iter().map(|&v| v as i16).collect(),
+                nulls,
+            )),
+            DataType::UInt16 => Arc::new(UInt16Array::new(
+                values.iter().map(|&v| v as u16).collect(),
+                nulls,
+            )),
+            DataType::Int8 => Arc::new(Int8Array::new(
+                values.iter().map(|&v| v as i8).collect(),
+                nulls,
+            )),
+            DataType::UInt8 => Arc::new(UInt8Array::new(
+                values.iter().map(|&v| v as u8).collect(),
+                nulls,
+            )),
+            _ => return None,
+        })
+    }
+}
+
+impl Physical for i64 {
+    const WIDTH: usize = 8;
+
+    fn from_le(bytes: &[u8]) -> Self {
+        i64::from_le_bytes(bytes.try_into().expect("8 bytes"))
+    }
+
+    fn items(
+        data_type: &DataType,
+        values: Vec<i64>,
+        nulls: Option<NullBuffer>,
+    ) -> Option<ArrayRef> {
+        use arrow_array::{Int64Array, UInt64Array};
+        let len = values.len();
+        Some(match data_type {
+            DataType::Int64 => Arc::new(Int64Array::new(values.into(), nulls)),
+            DataType::UInt64 => Arc::new(UInt64Array::new(
+                ScalarBuffer::new(Buffer::from_vec(values), 0, len),
+                nulls,
+            )),
+            _ => return None,
+        })
+    }
 }
 
 /// Row starts of one page being appended to a chunk's offsets.

@@ -21,7 +21,7 @@
 //!
 //! | column (Arrow type, Parquet levels) | chunk's encodings | path |
 //! |---|---|---|
-//! | `list<int32>`, the list and its items required or nullable (rep 1, def 1 to 3) | PLAIN, RLE, (PLAIN\|RLE)_DICTIONARY | [`ColumnPath::List`] |
+//! | `list` or `large_list` of int8..uint64 items stored as INT32/INT64, the list and its items required or nullable (rep 1, def 1 to 3) | PLAIN, RLE, (PLAIN\|RLE)_DICTIONARY | [`ColumnPath::List`] |
 //! | int8..uint64, float32/64 stored as INT32/INT64/FLOAT/DOUBLE, flat, required or nullable | same, and DELTA_BINARY_PACKED for INT32/INT64 | [`ColumnPath::Fixed`] |
 //! | binary, string (also large), flat BYTE_ARRAY, required or nullable | same | [`ColumnPath::Bytes`] |
 //! | anything else (nested, structs, decimals, booleans, ...), or other encodings (other DELTA_*, BYTE_STREAM_SPLIT, BIT_PACKED levels) | any | [`ColumnPath::Arrow`] |
@@ -154,7 +154,7 @@ pub(crate) fn column_path(
 /// Column chunks decoded by each path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DecodePaths {
-    /// `list<int32>` chunks decoded by the own list decoder.
+    /// List chunks (`list` or `large_list` of integers) decoded by the own list decoder.
     pub own_list: u64,
     /// Fixed-width chunks decoded by the own decoder.
     pub own_fixed: u64,
@@ -274,7 +274,7 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
         let array = match path {
             ColumnPath::List(leaf) => {
                 paths.own_list += 1;
-                list::decode_list_i32(
+                list::decode_list(
                     file.clone(),
                     meta.column(leaf),
                     (rows, want),

@@ -11,7 +11,7 @@ use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
 use super::binary::{bytes_leaf, decode_bytes};
 use super::fixed::{decode_fixed, fixed_leaf};
-use super::list::decode_list_i32;
+use super::list::decode_list as decode_list_i32;
 use super::{Limits, own_encodings};
 
 const LIMITS: Limits = Limits { max_bytes: 1 << 30 };
@@ -700,6 +700,133 @@ fn nullable_lists_equal_parquets_reader() {
             assert_eq!(at, rows);
             if version == WriterVersion::PARQUET_1_0 {
                 assert_eq!(decoded, metadata.num_row_groups());
+            }
+        }
+    }
+}
+
+/// Lists of every integer item type Parquet stores as INT32 or INT64
+/// (int8 to uint64), as `list` and `large_list` (how polars writes token
+/// lists), required or nullable: the own list decoder gives parquet's
+/// reader's arrays.
+#[test]
+fn integer_lists_and_large_lists_equal_parquets_reader() {
+    use arrow_array::{Array, RecordBatch};
+    use arrow_buffer::{Buffer, NullBuffer};
+    use arrow_data::ArrayData;
+    use arrow_schema::{Field, Schema};
+    use parquet::file::properties::WriterProperties;
+
+    let rows = 1500usize;
+    for (item_type, width, large) in [
+        (DataType::Int64, 8, false),
+        (DataType::UInt64, 8, true),
+        (DataType::UInt32, 4, false),
+        (DataType::UInt16, 2, false),
+        (DataType::Int16, 2, true),
+        (DataType::Int8, 1, false),
+        (DataType::UInt8, 1, false),
+        (DataType::Int32, 4, true),
+    ] {
+        for nullable in [false, true] {
+            let mut offsets = vec![0i64];
+            let (mut bytes, mut item_valid, mut list_valid) = (Vec::new(), Vec::new(), Vec::new());
+            for r in 0..rows {
+                let null_list = nullable && r % 11 == 3;
+                let len = if null_list || r % 7 == 0 {
+                    0
+                } else {
+                    1 + r % 23
+                };
+                for i in 0..len {
+                    let v = ((r * 31 + i * 7) % 100) as i64;
+                    bytes.extend_from_slice(&v.to_le_bytes()[..width]);
+                    item_valid.push(!(nullable && (r + i) % 5 == 1));
+                }
+                list_valid.push(!null_list);
+                offsets.push(offsets.last().unwrap() + len as i64);
+            }
+            let n_items = *offsets.last().unwrap() as usize;
+            let items = arrow_array::make_array(
+                ArrayData::builder(item_type.clone())
+                    .len(n_items)
+                    .add_buffer(Buffer::from(bytes))
+                    .nulls(nullable.then(|| NullBuffer::from(item_valid)))
+                    .build()
+                    .unwrap(),
+            );
+            let item = Arc::new(Field::new("item", item_type.clone(), nullable));
+            let list_nulls = nullable.then(|| NullBuffer::from(list_valid));
+            let (list, list_type): (ArrayRef, DataType) = if large {
+                (
+                    Arc::new(
+                        arrow_array::LargeListArray::try_new(
+                            item.clone(),
+                            arrow_buffer::OffsetBuffer::new(offsets.into()),
+                            items,
+                            list_nulls,
+                        )
+                        .unwrap(),
+                    ),
+                    DataType::LargeList(item),
+                )
+            } else {
+                let offsets: Vec<i32> = offsets.iter().map(|&o| o as i32).collect();
+                (
+                    Arc::new(
+                        arrow_array::ListArray::try_new(
+                            item.clone(),
+                            arrow_buffer::OffsetBuffer::new(offsets.into()),
+                            items,
+                            list_nulls,
+                        )
+                        .unwrap(),
+                    ),
+                    DataType::List(item),
+                )
+            };
+            let schema = Arc::new(Schema::new(vec![Field::new("ids", list_type, nullable)]));
+            let batch = RecordBatch::try_new(schema, vec![list]).unwrap();
+            for dictionary in [true, false] {
+                let props = WriterProperties::builder()
+                    .set_dictionary_enabled(dictionary)
+                    .set_data_page_size_limit(1024)
+                    .set_write_batch_size(64)
+                    .set_max_row_group_row_count(Some(700))
+                    .build();
+                let (file, arrow) = write_parquet(&batch, Some(props));
+                assert_eq!(
+                    super::list::list_leaf(&arrow, 0),
+                    Some(0),
+                    "{item_type} large {large}"
+                );
+                let expected = read_with_parquet(&file);
+                let metadata = arrow.metadata().clone();
+                let mut at = 0;
+                for rg in 0..metadata.num_row_groups() {
+                    let meta = metadata.row_group(rg);
+                    let n = meta.num_rows() as usize;
+                    assert!(own_encodings(meta.column(0)));
+                    let got = decode_list_i32(
+                        Arc::new(file.clone()),
+                        meta.column(0),
+                        (n, n),
+                        batch.column(0).data_type(),
+                        &LIMITS,
+                    )
+                    .unwrap();
+                    let want = expected.column(0).slice(at, n);
+                    assert_eq!(got.data_type(), want.data_type());
+                    let case = format!(
+                        "{item_type}, large {large}, nullable {nullable}, dictionary {dictionary}, row group {rg}"
+                    );
+                    for r in 0..n {
+                        assert_eq!(got.is_valid(r), want.is_valid(r), "row {r}: {case}");
+                    }
+                    assert_eq!(got.to_data(), want.to_data(), "{case}");
+                    at += n;
+                }
+                assert_eq!(at, rows);
             }
         }
     }
