@@ -132,5 +132,12 @@ if [ "$(wc -l < loader/src/pipeline.rs)" -ge 500 ]; then
   echo "loader/src/pipeline.rs is 500 lines or more: stage loops belong in their stage's file"
   status=1
 fi
+# 6. Every repository path ARCHITECTURE.md names (in backquotes, with a slash) exists.
+missing=$(grep -o '`[A-Za-z0-9_./-]*/[A-Za-z0-9_./-]*`' ARCHITECTURE.md | tr -d '`' | sort -u \
+  | while read -r path; do [ -e "$path" ] || echo "$path"; done)
+if [ -n "$missing" ]; then
+  echo "ARCHITECTURE.md names paths that do not exist:"; echo "$missing"
+  status=1
+fi
 [ $status -eq 0 ] && echo "structure: ok"
 exit $status
