@@ -169,11 +169,14 @@ class SlabView:
     """The ``base`` of every batch array: keeps its slab leased."""
 
     @property
-    def slab_address(self) -> int: ...
+    def slab_address(self) -> int:
+        """Address of the slab's first byte (page-locked when ``Loader.pinning == "cuda"``)."""
     @property
-    def slab_bytes(self) -> int: ...
+    def slab_bytes(self) -> int:
+        """Bytes of the slab (the batch's arrays lie within them)."""
     @property
-    def batch_index(self) -> int: ...
+    def batch_index(self) -> int:
+        """The batch's index in its epoch for this rank."""
 
 def shard(
     inputs: str | Sequence[str],
