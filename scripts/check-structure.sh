@@ -139,5 +139,24 @@ if [ -n "$missing" ]; then
   echo "ARCHITECTURE.md names paths that do not exist:"; echo "$missing"
   status=1
 fi
+# 7. Every relative link in the README, the top-level documents and docs/ resolves.
+broken=$(python3 - <<'PY'
+import os, re
+files = ["README.md", "ARCHITECTURE.md", "CHANGELOG.md", "BENCHMARKS.md"]
+files += [os.path.join(d, f) for d, _, fs in os.walk("docs") for f in fs if f.endswith(".md")]
+for path in files:
+    text = open(path, encoding="utf-8").read()
+    for m in re.finditer(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        target = m.group(1)
+        if re.match(r"[a-z]+:", target):
+            continue
+        if not os.path.exists(os.path.normpath(os.path.join(os.path.dirname(path), target))):
+            print(f"{path}: {target}")
+PY
+)
+if [ -n "$broken" ]; then
+  echo "links to files that do not exist:"; echo "$broken"
+  status=1
+fi
 [ $status -eq 0 ] && echo "structure: ok"
 exit $status

@@ -1,5 +1,5 @@
 //! Images decoded by the loader, through the Rust API: PNGs written here
-//! (exact pixels), sharded as an ImageFolder with the README's command.
+//! (exact pixels), sharded as an ImageFolder with the guide's command (docs/guide/sharding.md).
 
 use shardfeed_loader::{Crop, Loader};
 

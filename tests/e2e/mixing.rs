@@ -38,7 +38,7 @@ fn distinct_labels(mut loader: Loader, epochs: u64) -> (f64, f64) {
 }
 
 /// A class-sorted ImageFolder (100 classes x 60 files of 30-50 KB) sharded
-/// with the README's command: batches of 64 hold as many classes as random
+/// with the guide's command: batches of 64 hold as many classes as random
 /// samples do (>= 95%), over each epoch and over each epoch's first
 /// batches. Written with --no-shuffle, the loader's default window still
 /// gets >= 80%, and >= 95% with a larger byte budget (the documented knob).
