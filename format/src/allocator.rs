@@ -12,7 +12,7 @@
 /// virtual machine whose host takes back free guest memory (free page
 /// reporting) it is faulted in again on the host too: there a fresh `bench`
 /// spent 85% of its time before the first batch in that zeroing, and its
-/// first epoch ran at half the steady rate (BENCHMARKS.md, "No huge page
+/// first epoch ran at half the steady rate (docs/performance-notes.md, "No huge page
 /// advice"). mimalloc is initialised first, so that the option only drops
 /// the advice: set before, mimalloc would turn huge pages off for the whole
 /// process (in a Python trainer, torch's and numpy's memory too).

@@ -87,7 +87,7 @@ impl<'de> Deserialize<'de> for Crc32 {
 ///
 /// XXH3-64 is what `shard` writes: on this project's machines it runs at
 /// 30-40 GB/s against `crc32fast`'s 13-19 (one core, 256 KiB-2 MiB
-/// chunks), and the loader checks every byte it reads (BENCHMARKS.md). Its
+/// chunks), and the loader checks every byte it reads (docs/performance-notes.md). Its
 /// 64 bits let a random change go unnoticed with odds of 2^-64, against
 /// 2^-32 for CRC-32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

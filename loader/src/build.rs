@@ -163,7 +163,7 @@ impl LoaderBuilder {
                 // buffer the pipeline goes on needing is kept. Reads of 2 MiB
                 // and more are mapped for themselves, not taken from the
                 // allocator (whose heap they fragmented), so this pool is what
-                // keeps them from being faulted in afresh (BENCHMARKS.md).
+                // keeps them from being faulted in afresh (docs/performance-notes.md).
                 buffer_bytes: usize::try_from(self.byte_budget).unwrap_or(usize::MAX),
                 threads: local_readers(decode_threads),
                 mapped: self.mapped_reads,

@@ -52,7 +52,7 @@ pub const FIRST_SLICES: u32 = 8;
 /// rate) for a first batch up to 8x sooner (there 30-39 ms against 67-78).
 pub const MIN_WINDOWS_TO_SLICE: u64 = 8;
 /// Default of [`LoaderBuilder::decode_niceness`]. Measured on the 40-column
-/// tabular set of BENCHMARKS.md with 2 decode threads on 2 cores: nice 0 /
+/// tabular set of docs/performance-notes.md with 2 decode threads on 2 cores: nice 0 /
 /// 3 / 6 gave 1.76 / 1.86 / 1.90 cores busy and 6 epochs in 5.9 / 5.7 /
 /// 5.3 s (mean of four runs); tokens and images within noise.
 pub const DEFAULT_DECODE_NICENESS: u8 = 6;

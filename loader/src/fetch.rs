@@ -541,7 +541,7 @@ impl FetchContext {
         // fixed-width values: the shuffle gathers them at random from their
         // pages when those are stored uncompressed, which is faster in a
         // read buffer (its own pages, huge ones where the system allows)
-        // than in the page cache's 4 KiB pages (BENCHMARKS.md).
+        // than in the page cache's 4 KiB pages (docs/performance-notes.md).
         let mappable: Vec<bool> = leaves
             .iter()
             .map(|&leaf| {

@@ -1,7 +1,7 @@
 //! Local shards read through a read-only mapping of the file, so that the
 //! bytes a batch is made of are copied once (page cache -> slab) instead of
 //! twice (page cache -> read buffer -> slab, `pread`'s way): on image rows
-//! the kernel's copy was 44% of the loader's CPU (BENCHMARKS.md).
+//! the kernel's copy was 44% of the loader's CPU (docs/performance-notes.md).
 //!
 //! A mapping gives up two things `pread` into a private buffer guaranteed,
 //! and each is taken back here:

@@ -8,7 +8,7 @@
 //! host takes back the guest's free memory (free page reporting, as on this
 //! project's machines) every such page is faulted in again on the host: a
 //! fresh process spent 85% of its time before the first batch zeroing huge
-//! pages, and its first epoch ran at half the steady rate (BENCHMARKS.md).
+//! pages, and its first epoch ran at half the steady rate (docs/performance-notes.md).
 
 use std::ptr::NonNull;
 

@@ -126,7 +126,7 @@ pub(crate) const FIRST_HEAD_BATCHES: u64 = 2;
 /// whole chunks), so fewer of them bring it sooner: on a 1.5 GB token set
 /// (row groups of ~1,000 rows, 4.4 MB) with batches of 64, slicing 2 of 8
 /// instead of all 8 brought the first batch in 38 ms instead of 81 (medians
-/// of six fresh processes, BENCHMARKS.md). The rest of the window is the
+/// of six fresh processes, docs/performance-notes.md). The rest of the window is the
 /// next window.
 fn first_heads(slices: impl Iterator<Item = u64>, batch_size: u64) -> usize {
     let want = FIRST_HEAD_BATCHES.saturating_mul(batch_size);

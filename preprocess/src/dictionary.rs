@@ -507,7 +507,7 @@ impl<T: Fixed> Dictionary<T> {
 /// low-cardinality column's row groups then have the same dictionary, and
 /// the loader's shuffle stage uses it as the window's, with one-byte keys,
 /// instead of concatenating 8 of them (on the 40-column tabular set of
-/// BENCHMARKS.md: 24 columns of 2 to 100 values). A larger dictionary is
+/// docs/performance-notes.md: 24 columns of 2 to 100 values). A larger dictionary is
 /// ordered by use ([`Dictionary::order_by_use`]).
 const SORTED_MAX: usize = 256;
 
@@ -522,7 +522,7 @@ const PROBE_ROWS: usize = 4096;
 /// than its deltas, checked as its values are interned: a high-cardinality
 /// column gives the dictionary up after a part of its values instead of
 /// interning and encoding them all to lose at the end (on the 40-column
-/// table of BENCHMARKS.md, a quarter of `shard`'s time went to such columns).
+/// table of docs/performance-notes.md, a quarter of `shard`'s time went to such columns).
 ///
 /// What the chunk's dictionary encoding will at least hold, from what is
 /// interned so far: a key for every one of its rows, at the bits the
@@ -868,7 +868,7 @@ impl Chunk<'_> {
     /// `get`) as V2 `DELTA_BINARY_PACKED` pages of at most
     /// `data_page_row_count_limit` rows, stored as they are: zstd shrinks
     /// the bit-packed deltas of columns that take them by 0-2% (the tabular
-    /// set of BENCHMARKS.md), so trying it would cost `shard` time for
+    /// set of docs/performance-notes.md), so trying it would cost `shard` time for
     /// nothing.
     fn delta_pages<T: Fixed>(
         &self,

@@ -78,7 +78,7 @@ pub(crate) fn writer_properties(
 /// levels 1 to 9 picks parameters by its input's size, and for 128 KiB or
 /// less uses hash tables half as large (level 3: 384 KiB instead of 768 KiB),
 /// which stay in a core's L2 cache along with the page. On the token
-/// set of BENCHMARKS.md, `shard` spent half its CPU in zstd; pages of
+/// set of docs/performance-notes.md, `shard` spent half its CPU in zstd; pages of
 /// 128 KiB instead of parquet's 1 MiB take 13% less CPU with output of the
 /// same size, and the loader reads them as fast.
 const PAGE_BYTES: usize = 128 << 10;

@@ -24,7 +24,7 @@ pub const LARGE_ROW_BYTES: u64 = 64 << 10;
 /// rate; once such columns lost their dictionary pages (a dictionary page
 /// per chunk had made 2 MiB slower), 2 MiB against 4 MiB gave a 9% higher
 /// steady rate, a 17% faster first epoch and a third less peak RSS (~100
-/// MB): two windows then fit the CPU's last-level cache (BENCHMARKS.md).
+/// MB): two windows then fit the CPU's last-level cache (docs/performance-notes.md).
 pub const LARGE_ROW_GROUP_BYTES: u64 = 2 << 20;
 /// Default seed of the global row shuffle `shard` does unless asked not to.
 pub const DEFAULT_SHUFFLE_SEED: u64 = 0;

@@ -1026,7 +1026,7 @@ fn streaming_uncompressed_pages_keeps_memory_to_the_budget() {
 /// Neither the loader's buffers nor the command's allocator are advised to
 /// use transparent huge pages: under the usual `madvise` policy (or
 /// `never`) a `bench` process holds none at its end (with the advice, it
-/// held ~300 MiB of them, zeroed 2 MiB at a time; BENCHMARKS.md).
+/// held ~300 MiB of them, zeroed 2 MiB at a time; docs/performance-notes.md).
 #[test]
 fn bench_holds_no_huge_pages_unless_the_system_policy_is_always() {
     let policy =

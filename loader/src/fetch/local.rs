@@ -32,7 +32,7 @@ type ReadJob = Box<dyn FnOnce() + Send>;
 /// each read was handed to a thread and its result back (two wake-ups, and
 /// on a virtual machine whose idle cores halt, each can take a fraction of
 /// a millisecond): with reads queued ahead of fewer threads, images +13-24%
-/// rows/s on 2 cores, tokens and tabular level (BENCHMARKS.md).
+/// rows/s on 2 cores, tokens and tabular level (docs/performance-notes.md).
 pub(super) struct Readers {
     queue: crossbeam_channel::Sender<ReadJob>,
 }
@@ -206,7 +206,7 @@ impl Drop for ReadBuf {
 /// buffers alone, a quarter of the budget counted by capacity, unmapped
 /// and mapped again a window's buffers at a time when the budget was
 /// lowered: images at a 128 MiB budget read 40% slower, faulting in 77 K
-/// fresh pages an epoch; BENCHMARKS.md.)
+/// fresh pages an epoch; docs/performance-notes.md.)
 pub(crate) struct BufferPool {
     free: Mutex<Vec<ReadBuf>>,
     /// Bytes held by the pool's buffers, in use and idle.

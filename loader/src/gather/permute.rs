@@ -319,7 +319,7 @@ fn merge<T: ArrowNativeType + std::hash::Hash + Eq>(
 /// through every projected column for each batch, so its lookups into large
 /// dictionaries miss the cache; here one column is worked at a time, and
 /// each segment's own dictionary stays cached while its keys are looked up.
-/// Measured on the 40-column tabular set of BENCHMARKS.md (the window
+/// Measured on the 40-column tabular set of docs/performance-notes.md (the window
 /// dictionaries of its 12 int64 columns of 5,000-15,000 values a row group
 /// hold 370-960 KB): 15% less CPU an epoch; its smaller dictionaries (the
 /// float columns' 3 KB, 64 KB) gain nothing from it, as gathering plain
@@ -606,7 +606,7 @@ fn one_byte(arrays: &[ArrayRef], look_up_above: usize) -> Option<Option<Merged>>
 /// is one random read for up to four columns, not one for each (the
 /// gathers of a window of 256 Ki rows cost about the same per read whatever
 /// its width; scratch benchmark, 24 such columns: 10-11.5 ms a window
-/// against 13-22 ms column by column, BENCHMARKS.md).
+/// against 13-22 ms column by column, docs/performance-notes.md).
 fn permute_bytes(
     columns: Vec<(usize, Vec<ArrayRef>, Option<Merged>)>,
     order: &[u32],
