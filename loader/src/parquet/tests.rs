@@ -698,20 +698,31 @@ fn build(table: &Table) -> arrow_array::RecordBatch {
                 }
             }
             Shape::List => {
-                let item = Arc::new(Field::new("item", DataType::Int32, false));
+                // Nullable: null lists where the row is not valid, and a null
+                // item now and then (definition levels up to 3).
+                let item = Arc::new(Field::new("item", DataType::Int32, nullable));
                 let mut offsets = vec![0i32];
-                let mut values = Vec::new();
+                let (mut values, mut items_valid) = (Vec::new(), Vec::new());
                 for r in rows.clone() {
-                    let len = (mix(c, r, 3) % 12) as usize;
+                    let len = if valid(r) {
+                        (mix(c, r, 3) % 12) as usize
+                    } else {
+                        0
+                    };
                     values.extend((0..len).map(|i| (value(r) as i32).wrapping_add(i as i32)));
+                    items_valid.extend((0..len).map(|i| !nullable || mix(c, r + i, 4) % 9 != 0));
                     offsets.push(values.len() as i32);
                 }
                 Arc::new(
                     ListArray::try_new(
                         item,
                         arrow_buffer::OffsetBuffer::new(offsets.into()),
-                        Arc::new(Int32Array::from(values)),
-                        None,
+                        Arc::new(Int32Array::new(
+                            values.into(),
+                            nullable.then(|| arrow_buffer::NullBuffer::from(items_valid)),
+                        )),
+                        nullable
+                            .then(|| arrow_buffer::NullBuffer::from_iter(rows.clone().map(valid))),
                     )
                     .unwrap(),
                 )
@@ -728,7 +739,6 @@ fn build(table: &Table) -> arrow_array::RecordBatch {
                 }
             }
         };
-        let nullable = nullable && !matches!(shape, Shape::List);
         fields.push(Field::new(
             format!("c{c}"),
             array.data_type().clone(),
