@@ -158,5 +158,9 @@ if [ -n "$broken" ]; then
   echo "links to files that do not exist:"; echo "$broken"
   status=1
 fi
+# 8. The guide's Python API reference is the one the stubs and sources make.
+if ! python3 scripts/python-reference.py --check; then
+  status=1
+fi
 [ $status -eq 0 ] && echo "structure: ok"
 exit $status
