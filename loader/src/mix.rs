@@ -91,7 +91,7 @@ pub const MIXTURE_SLABS: usize = 8;
 pub const SOURCE_COLUMN: &str = "source";
 
 /// Configures and builds a [`Mixture`]: see [`Loader::builder_mixture`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct MixtureBuilder {
     sources: Vec<(String, f64)>,
     template: LoaderBuilder,
@@ -99,6 +99,26 @@ pub struct MixtureBuilder {
     pack_column: Option<String>,
     mix_stop: MixStop,
     read_batch: usize,
+}
+
+impl std::fmt::Debug for MixtureBuilder {
+    /// Source URLs with passwords hidden; the template loader's options as
+    /// its own `Debug` shows them (storage options by key only).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sources: Vec<(String, f64)> = self
+            .sources
+            .iter()
+            .map(|(url, w)| (shardfeed_format::redact::url(url), *w))
+            .collect();
+        f.debug_struct("MixtureBuilder")
+            .field("sources", &sources)
+            .field("template", &self.template)
+            .field("pack", &self.pack)
+            .field("pack_column", &self.pack_column)
+            .field("mix_stop", &self.mix_stop)
+            .field("read_batch", &self.read_batch)
+            .finish()
+    }
 }
 
 impl Loader {

@@ -26,7 +26,7 @@ use crate::pack::{PackMode, PackOptions};
 
 /// Every option of a loader or a mixture: see the module documentation.
 /// `Default` holds each option's default.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoaderOptions {
     /// The datasets and their weights: one for a plain loader.
@@ -122,6 +122,35 @@ pub struct LoaderOptions {
     pub pack_window: Option<usize>,
     /// The most documents (segments) in a packed row.
     pub max_segments: Option<usize>,
+}
+
+impl std::fmt::Debug for LoaderOptions {
+    /// Sources with passwords hidden, storage options by key only (their
+    /// values may be credentials); the other options as they are.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sources: Vec<(String, f64)> = self
+            .sources
+            .iter()
+            .map(|(url, w)| (shardfeed_format::redact::url(url), *w))
+            .collect();
+        let keys: Vec<&str> = self
+            .storage_options
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        f.debug_struct("LoaderOptions")
+            .field("sources", &sources)
+            .field("mixture", &self.mixture)
+            .field("storage_option_keys", &keys)
+            .field("batch_size", &self.batch_size)
+            .field("columns", &self.columns)
+            .field("shuffle", &self.shuffle)
+            .field("seed", &self.seed)
+            .field("byte_budget", &self.byte_budget)
+            .field("pack_to", &self.pack_to)
+            .field("decode_images", &self.decode_images)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for LoaderOptions {
@@ -426,5 +455,19 @@ mod tests {
         );
         let err = serde_json::from_str::<LoaderOptions>(r#"{"batch_sise": 8}"#).unwrap_err();
         assert!(err.to_string().contains("batch_sise"), "{err}");
+    }
+
+    #[test]
+    fn debug_output_keeps_credentials_out() {
+        let o = LoaderOptions {
+            storage_options: vec![("aws_secret_access_key".into(), "s3cr3t".into())],
+            ..LoaderOptions::new("https://alice:pw123@example.com/ds")
+        };
+        let text = format!("{o:?}");
+        assert!(
+            !text.contains("s3cr3t") && !text.contains("pw123"),
+            "{text}"
+        );
+        assert!(text.contains("aws_secret_access_key"), "{text}");
     }
 }
