@@ -361,15 +361,18 @@ fn decode_nullable<R: ChunkReader + 'static, P: Physical>(
         let before = values.len();
         page_values(&page, present, dictionary.as_deref(), &mut values).map_err(err)?;
         if present_values.len() > present {
-            // Spread the page's values over its item slots, nulls as 0.
-            let got: Vec<P> = values.split_off(before);
-            values.extend(present_values.iter().map(|&k| {
-                if k == u32::MAX {
+            // Spread the page's values over its item slots in place, nulls
+            // as 0: from the last slot down, as a value's index in the page
+            // is never above its slot's, nothing is overwritten before it
+            // is read.
+            values.resize(before + present_values.len(), P::default());
+            for (slot, &k) in present_values.iter().enumerate().rev() {
+                values[before + slot] = if k == u32::MAX {
                     P::default()
                 } else {
-                    got[k as usize]
-                }
-            }));
+                    values[before + k as usize]
+                };
+            }
             present_values.clear();
         }
         if want < rows && offsets.len() > want {
