@@ -101,15 +101,19 @@ pub struct MixtureBuilder {
     read_batch: usize,
 }
 
+/// `sources` (URL, weight) with passwords in URLs hidden, for messages.
+pub(crate) fn redacted(sources: &[(String, f64)]) -> Vec<(String, f64)> {
+    sources
+        .iter()
+        .map(|(url, w)| (shardfeed_format::redact::url(url), *w))
+        .collect()
+}
+
 impl std::fmt::Debug for MixtureBuilder {
     /// Source URLs with passwords hidden; the template loader's options as
     /// its own `Debug` shows them (storage options by key only).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let sources: Vec<(String, f64)> = self
-            .sources
-            .iter()
-            .map(|(url, w)| (shardfeed_format::redact::url(url), *w))
-            .collect();
+        let sources = crate::mix::redacted(&self.sources);
         f.debug_struct("MixtureBuilder")
             .field("sources", &sources)
             .field("template", &self.template)

@@ -128,11 +128,7 @@ impl std::fmt::Debug for LoaderOptions {
     /// Sources with passwords hidden, storage options by key only (their
     /// values may be credentials); the other options as they are.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let sources: Vec<(String, f64)> = self
-            .sources
-            .iter()
-            .map(|(url, w)| (shardfeed_format::redact::url(url), *w))
-            .collect();
+        let sources = crate::mix::redacted(&self.sources);
         let keys: Vec<&str> = self
             .storage_options
             .iter()
