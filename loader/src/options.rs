@@ -334,8 +334,15 @@ impl LoaderOptions {
                     reason: format!("{ms}: must be a finite number of milliseconds, not negative"),
                 }
             })?;
+            let rate = self.inject_failure_rate.unwrap_or(0.0);
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(LoaderError::BadOption {
+                    option: "inject_failure_rate",
+                    reason: format!("{rate}: must be a fraction of reads, 0 to 1"),
+                });
+            }
             b = b.inject_faults(FaultConfig {
-                transient_rate: self.inject_failure_rate.unwrap_or(0.0),
+                transient_rate: rate,
                 latency,
                 ..FaultConfig::default()
             });
@@ -427,6 +434,15 @@ mod tests {
             }),
             "inject_latency_ms"
         );
+        for rate in [-0.1, 1.5, f64::NAN] {
+            assert_eq!(
+                refused(LoaderOptions {
+                    inject_failure_rate: Some(rate),
+                    ..plain.clone()
+                }),
+                "inject_failure_rate"
+            );
+        }
         let packed = LoaderOptions {
             pack_to: Some(128),
             ..plain
