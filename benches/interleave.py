@@ -14,10 +14,15 @@ def interleaved(repeat, datasets, items):
 
 
 def dataset_files(path):
-    """The shard files of the shardfeed dataset at `path`, from its manifest."""
+    """The shard files of the shardfeed dataset at `path`, from its manifest (for an index
+    over local files, the files it lists, where they lie)."""
     import json, os
+    from urllib.parse import unquote, urlparse
     with open(os.path.join(path, "manifest.json")) as f:
-        return [os.path.join(path, s["path"]) for s in json.load(f)["shards"]]
+        manifest = json.load(f)
+    bases = [unquote(urlparse(b).path) for b in (manifest.get("index") or {}).get("bases", [])]
+    return [os.path.join(bases[s["base"]] if "base" in s else path, s["path"])
+            for s in manifest["shards"]]
 
 
 def warm_page_cache(files):

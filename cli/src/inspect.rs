@@ -50,11 +50,57 @@ pub fn run(
         format_size(summary.input_bytes),
         summary.compression_ratio
     );
-    println!(
-        "written by   shardfeed {} with zstd level {}",
-        summary.tool_version, manifest.options.zstd_level,
-    );
+    if let Some(index) = &manifest.index {
+        println!(
+            "index        existing Parquet files read in place ({}), checksums {}, indexed by shardfeed {}",
+            manifest.options.compression,
+            if index.checksums {
+                "recorded (the loader verifies every column chunk)"
+            } else {
+                "not recorded (footers and fingerprints are checked)"
+            },
+            summary.tool_version
+        );
+        for (i, base) in index.bases.iter().enumerate() {
+            let files = manifest
+                .shards
+                .iter()
+                .filter(|s| s.base == Some(i as u32))
+                .count();
+            println!(
+                "source       {} ({files} files)",
+                shardfeed_format::redact::url(base)
+            );
+        }
+        for shard in manifest.shards.iter().take(3) {
+            let f = shard.fingerprint.clone().unwrap_or_default();
+            println!(
+                "fingerprint  {}: {} bytes, footer crc32 {}{}{}",
+                shard.path,
+                shard.bytes,
+                shard.footer_crc32,
+                f.etag.map(|e| format!(", etag {e}")).unwrap_or_default(),
+                f.modified_ns
+                    .map(|m| format!(", modified {m} ns"))
+                    .unwrap_or_default(),
+            );
+        }
+        if manifest.shards.len() > 3 {
+            println!(
+                "             ... ({} more: --json lists them all)",
+                manifest.shards.len() - 3
+            );
+        }
+    } else {
+        println!(
+            "written by   shardfeed {} with zstd level {}",
+            summary.tool_version, manifest.options.zstd_level,
+        );
+    }
     match manifest.options.shuffle_seed {
+        None if manifest.index.is_some() => println!(
+            "order        the files' own order: the loader mixes rows only within its shuffle windows"
+        ),
         Some(seed) => println!("order        shuffled at shard time (seed {seed})"),
         None => println!(
             "order        input order (--no-shuffle): the loader mixes rows only within its shuffle windows"

@@ -58,6 +58,43 @@ enum Command {
         #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = storage_option)]
         storage_options: Vec<(String, String)>,
     },
+    /// Write an index over existing Parquet files, read where they lie (no copy).
+    ///
+    /// Reads only the files' footers (one range request per file, many at
+    /// once) and records, per file, its row groups, footer and a fingerprint
+    /// (size, ETag/version or modification time, footer checksum) that the
+    /// loader checks before it reads the file. `Loader(INDEX)` and `bench`
+    /// then read the files in place like a dataset. Inputs: local files,
+    /// folders (their `*.parquet` files) and globs, or `s3://`, `gs://`,
+    /// `az://` and `http(s)://` prefixes and globs. All files must share
+    /// one schema (a column may be nullable in some and not in others).
+    Index {
+        /// Parquet files, folders, globs or object store prefixes.
+        #[arg(required = true)]
+        inputs: Vec<String>,
+        /// Where to write the index (a folder or prefix; it gets a manifest.json).
+        #[arg(short, long)]
+        output: String,
+        /// Also read every byte once and record the whole file's and each
+        /// column chunk's checksums, so the loader verifies the data.
+        #[arg(long)]
+        checksums: bool,
+        /// Add files not yet in the index at OUTPUT, keeping its entries and order.
+        #[arg(long, conflicts_with = "overwrite")]
+        update: bool,
+        /// Replace what OUTPUT holds.
+        #[arg(long)]
+        overwrite: bool,
+        /// Files read at once.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// An object store option (repeatable).
+        #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = storage_option)]
+        storage_options: Vec<(String, String)>,
+    },
     /// Print a dataset's summary: rows, shards, sizes, compression ratio, schema.
     Inspect {
         /// Dataset URL or path.
@@ -409,6 +446,34 @@ fn run_commit(dataset: &str, json: bool, storage_options: &[(String, String)]) -
     Ok(())
 }
 
+fn run_index(
+    inputs: &[String],
+    output: &str,
+    options: &shardfeed_preprocess::IndexOptions,
+    json: bool,
+) -> Result<()> {
+    let summary = shardfeed_preprocess::index(inputs, output, options)?;
+    if json {
+        bench::emit(&format!("{}\n", serde_json::to_string_pretty(&summary)?))?;
+    } else {
+        println!(
+            "indexed {}: {} files ({} added), {} rows in {} row groups, {}{}",
+            summary.index,
+            summary.files,
+            summary.added,
+            summary.rows,
+            summary.row_groups,
+            shardfeed_format::size::format_size(summary.bytes),
+            if summary.checksums {
+                ", with checksums"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}
+
 fn run_verify(
     dataset: &str,
     threads: usize,
@@ -416,7 +481,7 @@ fn run_verify(
     storage_options: &[(String, String)],
 ) -> Result<bool> {
     let location = Location::parse_with_options(dataset, storage_options.iter().cloned())?;
-    let report = shardfeed_loader::verify_dataset(&location, threads)?;
+    let report = shardfeed_loader::verify_dataset_with(&location, storage_options, threads)?;
     if json {
         bench::emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else if report.ok() {
@@ -565,6 +630,25 @@ where
             json,
             storage_options,
         } => run_commit(&dataset, json, &storage_options).map(|()| true),
+        Command::Index {
+            inputs,
+            output,
+            checksums,
+            update,
+            overwrite,
+            concurrency,
+            json,
+            storage_options,
+        } => {
+            let options = shardfeed_preprocess::IndexOptions {
+                checksums,
+                update,
+                overwrite,
+                storage_options,
+                concurrency,
+            };
+            run_index(&inputs, &output, &options, json).map(|()| true)
+        }
         Command::Inspect {
             dataset,
             json,

@@ -20,7 +20,10 @@
 //!     row_groups: vec![6, 4],
 //!     footer_len: 300,
 //!     footer_crc32: shardfeed_format::Crc32(7),
-//!     crc32: shardfeed_format::Crc32(9),
+//!     crc32: Some(shardfeed_format::Crc32(9)),
+//!     base: None,
+//!     fingerprint: None,
+//!     chunk_checksums: None,
 //! };
 //! assert_eq!(shard.path, "shards/part-000000.parquet");
 //! assert!(shardfeed_format::validate_shard_path(&shard.path).is_ok());
@@ -44,8 +47,9 @@ pub use checksum::{ChunkChecksums, ChunkHash, ChunkSum, Crc32};
 pub use error::{FormatError, Result, StoreError};
 pub use location::Location;
 pub use manifest::{
-    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, Manifest, PRETTY_SHARDS, ShardEntry, Summary,
-    TASKS_DIR, TaskRecord, TokenizerRecord, WriteOptions, duplicate_column, shard_path,
-    task_record_path, task_shard_path, validate_shard_path,
+    FORMAT_NAME, FORMAT_VERSION, Fingerprint, IndexRecord, MANIFEST_FILE, Manifest, PRETTY_SHARDS,
+    ShardEntry, Summary, TASKS_DIR, TaskRecord, TokenizerRecord, WriteOptions, duplicate_column,
+    modified_ns, shard_path, task_record_path, task_shard_path, validate_base, validate_index_path,
+    validate_shard_path,
 };
 pub use retry::RetryPolicy;

@@ -23,6 +23,21 @@ pub fn task_shard_path(task: usize, index: usize) -> String {
 /// Refuse shard paths that are absolute, escape the dataset, or are not plain
 /// relative paths with `/` separators.
 pub fn validate_shard_path(path: &str) -> Result<()> {
+    if path.contains(':') {
+        return Err(FormatError::BadShardPath {
+            path: path.to_string(),
+            reason: "must be relative to the dataset",
+        });
+    }
+    validate_index_path(path)
+}
+
+/// Refuse paths of an index's files that are absolute, escape their base, or
+/// are not plain relative paths with `/` separators. Unlike a shard's path,
+/// a `:` is allowed (files written by other tools have them, e.g. times in
+/// partition folders): the path is only ever joined to its base, never read
+/// as a URL.
+pub fn validate_index_path(path: &str) -> Result<()> {
     let bad = |reason| {
         Err(FormatError::BadShardPath {
             path: path.to_string(),
@@ -32,7 +47,7 @@ pub fn validate_shard_path(path: &str) -> Result<()> {
     if path.is_empty() {
         return bad("empty");
     }
-    if path.starts_with('/') || path.contains(':') {
+    if path.starts_with('/') {
         return bad("must be relative to the dataset");
     }
     if path.contains('\\') {
@@ -110,8 +125,64 @@ pub struct ShardEntry {
     pub footer_len: u64,
     /// CRC-32 of the last `footer_len` bytes.
     pub footer_crc32: Crc32,
-    /// CRC-32 of the whole file.
-    pub crc32: Crc32,
+    /// CRC-32 of the whole file: always for shards `shard` wrote; for the
+    /// files of an index only when it was made with `--checksums`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crc32: Option<Crc32>,
+    /// For a file of an index: which of [`IndexRecord::bases`] `path` is
+    /// relative to (absent for a dataset's own shards, which lie under the
+    /// dataset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<u32>,
+    /// For a file of an index: what identified it when it was indexed,
+    /// checked again before its bytes are used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<Fingerprint>,
+    /// For a file of an index made with `--checksums`: its column chunks'
+    /// checksums, encoded as `shard` writes them in a footer's
+    /// `shardfeed.chunk_xxh3` entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_checksums: Option<String>,
+}
+
+/// What identified an indexed file when it was indexed (its size is the
+/// entry's `bytes`, its footer's checksum `footer_crc32`): a file whose
+/// fingerprint no longer matches was changed, and is not read.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    /// The store's ETag (object stores, and local files through
+    /// `object_store`'s scheme of inode, size and time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+    /// The store's object version, where the bucket keeps versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Last modification, in nanoseconds since the Unix epoch (local files'
+    /// own precision; object stores report milliseconds or seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modified_ns: Option<i64>,
+}
+
+/// A local file's modification time in nanoseconds since the Unix epoch,
+/// as an index records it ([`Fingerprint::modified_ns`]).
+pub fn modified_ns(meta: &std::fs::Metadata) -> Option<i64> {
+    let modified = meta.modified().ok()?;
+    let since = modified.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(since.as_nanos()).ok()
+}
+
+/// What makes a manifest an index: the files it lists are existing Parquet
+/// files read where they lie (`shardfeed index`), not shards written by
+/// `shard`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexRecord {
+    /// The URLs (or absolute local paths, as `file://` URLs) the files lie
+    /// under; every entry's `path` is relative to one of them, so no file of
+    /// an index can lie elsewhere.
+    pub bases: Vec<String>,
+    /// Whether every file's bytes were read at indexing and their
+    /// checksums recorded (`--checksums`).
+    pub checksums: bool,
 }
 
 /// A dataset's manifest: the only file a reader needs to plan an epoch.
@@ -138,6 +209,9 @@ pub struct Manifest {
     /// Token ids over all rows, for a dataset tokenized while sharding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_tokens: Option<u64>,
+    /// Present when this manifest is an index over existing files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<IndexRecord>,
 }
 
 impl Manifest {
@@ -161,6 +235,7 @@ impl Manifest {
             options,
             shards,
             total_tokens: None,
+            index: None,
         }
     }
 
@@ -209,10 +284,46 @@ impl Manifest {
                 "the schema names column {name:?} twice: a reader could not tell the two apart"
             )));
         }
+        if let Some(index) = &self.index {
+            for base in &index.bases {
+                validate_base(base).map_err(|reason| {
+                    invalid(format!("base {:?}: {reason}", crate::redact::url(base)))
+                })?;
+            }
+        }
+        let bases = self.index.as_ref().map_or(0, |i| i.bases.len());
         let mut seen = std::collections::HashSet::with_capacity(self.shards.len());
         for shard in &self.shards {
-            validate_shard_path(&shard.path)?;
-            if !seen.insert(shard.path.as_str()) {
+            match (shard.base, &self.index) {
+                (None, None) if shard.crc32.is_none() => {
+                    return Err(invalid(format!("shard {} has no crc32", shard.path)));
+                }
+                (None, None) => {}
+                (Some(b), Some(_)) if (b as usize) < bases => {}
+                (Some(b), Some(_)) => {
+                    return Err(invalid(format!(
+                        "file {} names base {b}, the index records {bases}",
+                        shard.path
+                    )));
+                }
+                (None, Some(_)) => {
+                    return Err(invalid(format!(
+                        "file {} names no base: every file of an index lies under one",
+                        shard.path
+                    )));
+                }
+                (Some(_), None) => {
+                    return Err(invalid(format!(
+                        "shard {} names a base, which only files of an index do",
+                        shard.path
+                    )));
+                }
+            }
+            match shard.base {
+                None => validate_shard_path(&shard.path)?,
+                Some(_) => validate_index_path(&shard.path)?,
+            }
+            if !seen.insert((shard.base, shard.path.as_str())) {
                 return Err(invalid(format!("shard {} is listed twice", shard.path)));
             }
             let group_rows = shard
@@ -274,8 +385,31 @@ impl Manifest {
             tokens: self.total_tokens,
             options: &self.options,
             schema: &self.schema,
+            index: self.index.as_ref(),
         }
     }
+}
+
+/// Check a base URL of an index: an absolute `file://` URL or a URL of an
+/// object store, with no credentials or query in it (an index is a file
+/// users share; secrets belong in storage options).
+pub fn validate_base(base: &str) -> std::result::Result<(), String> {
+    let parsed = url::Url::parse(base).map_err(|e| format!("not a URL ({e})"))?;
+    match parsed.scheme() {
+        "file" | "s3" | "s3a" | "gs" | "az" | "azure" | "abfs" | "abfss" | "http" | "https"
+        | "memory" => {}
+        other => return Err(format!("scheme {other:?} is not one shardfeed reads")),
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err("holds credentials".into());
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err("holds a query or fragment".into());
+    }
+    if parsed.path().split('/').any(|p| p == "..") {
+        return Err("holds a '..' component".into());
+    }
+    Ok(())
 }
 
 /// Manifests with at most this many shards are written indented.
@@ -361,6 +495,10 @@ pub struct Summary<'a> {
     pub options: &'a WriteOptions,
     /// The dataset's Arrow schema.
     pub schema: &'a arrow_schema::Schema,
+    /// For an index: the bases its files lie under, and whether their
+    /// checksums were recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<&'a IndexRecord>,
 }
 
 #[cfg(test)]
@@ -388,7 +526,10 @@ mod tests {
             row_groups: rows,
             footer_len: 200,
             footer_crc32: Crc32(1),
-            crc32: Crc32(2),
+            crc32: Some(Crc32(2)),
+            base: None,
+            fingerprint: None,
+            chunk_checksums: None,
         };
         Manifest::new(
             schema,
@@ -454,5 +595,65 @@ mod tests {
             Manifest::from_json(&m.to_json(), "mem"),
             Err(FormatError::UnsupportedVersion { version: 99, .. })
         ));
+    }
+
+    fn sample_index() -> Manifest {
+        let mut m = sample();
+        m.index = Some(IndexRecord {
+            bases: vec!["file:///data/a".into(), "s3://bucket/raw".into()],
+            checksums: false,
+        });
+        for (i, shard) in m.shards.iter_mut().enumerate() {
+            shard.base = Some(i as u32);
+            shard.crc32 = None;
+            shard.path = format!("year=2024/time=12:00/part-{i}.parquet");
+            shard.fingerprint = Some(Fingerprint {
+                etag: Some("\"abc\"".into()),
+                version: None,
+                modified_ns: Some(1),
+            });
+        }
+        m
+    }
+
+    #[test]
+    fn an_index_round_trips_and_its_files_stay_under_their_bases() {
+        let m = sample_index();
+        let back = Manifest::from_json(&m.to_json(), "mem").unwrap();
+        assert_eq!(back, m);
+        let refused = |edit: &dyn Fn(&mut Manifest), says: &str| {
+            let mut m = sample_index();
+            edit(&mut m);
+            let err = Manifest::from_json(&m.to_json(), "mem").unwrap_err();
+            assert!(err.to_string().contains(says), "{err}");
+            assert!(!err.to_string().contains("hunter2"), "{err}");
+        };
+        refused(&|m| m.shards[0].path = "../escape.parquet".into(), "escape");
+        refused(&|m| m.shards[0].path = "/etc/passwd".into(), "passwd");
+        refused(&|m| m.shards[0].base = Some(2), "names base 2");
+        refused(&|m| m.shards[0].base = None, "names no base");
+        refused(
+            &|m| m.index.as_mut().unwrap().bases[1] = "https://u:hunter2@h/x".into(),
+            "credentials",
+        );
+        refused(
+            &|m| m.index.as_mut().unwrap().bases[1] = "s3://b/x?sig=hunter2".into(),
+            "query",
+        );
+        refused(
+            &|m| m.index.as_mut().unwrap().bases[1] = "ftp://h/x".into(),
+            "scheme",
+        );
+        refused(
+            &|m| m.index.as_mut().unwrap().bases[1] = "relative/path".into(),
+            "not a URL",
+        );
+        // A shard of a dataset (no index) names no base and has a checksum.
+        let mut m = sample();
+        m.shards[0].base = Some(0);
+        assert!(Manifest::from_json(&m.to_json(), "mem").is_err());
+        let mut m = sample();
+        m.shards[0].crc32 = None;
+        assert!(Manifest::from_json(&m.to_json(), "mem").is_err());
     }
 }

@@ -131,9 +131,12 @@ impl LoaderBuilder {
             ..Counters::default()
         });
         // Shards read from local files (not through an object store).
-        let local = location.local_root().is_some();
-        let cache = match (&self.cache_dir, location.local_root()) {
-            (Some(dir), None) => Some(
+        let local = match &manifest.index {
+            Some(index) => index.bases.iter().all(|b| b.starts_with("file://")),
+            None => location.local_root().is_some(),
+        };
+        let cache = match (&self.cache_dir, local) {
+            (Some(dir), false) => Some(
                 ShardCache::new(
                     dir,
                     &format!(
@@ -150,25 +153,29 @@ impl LoaderBuilder {
             ),
             _ => None,
         };
-        let fetch = Arc::new(FetchContext::new(
-            location.clone(),
-            manifest.clone(),
-            sorted_roots,
-            counters.clone(),
-            self.retry.clone(),
-            cache,
-            LocalReads {
-                // Read buffers (in use and idle) kept for reuse up to the
-                // budget, which already bounds the reads in flight: every
-                // buffer the pipeline goes on needing is kept. Reads of 2 MiB
-                // and more are mapped for themselves, not taken from the
-                // allocator (whose heap they fragmented), so this pool is what
-                // keeps them from being faulted in afresh (docs/performance-notes.md).
-                buffer_bytes: usize::try_from(self.byte_budget).unwrap_or(usize::MAX),
-                threads: local_readers(decode_threads),
-                mapped: self.mapped_reads,
-            },
-        ));
+        let places = index_places(&manifest, &self.storage_options, self.faults.as_ref())?;
+        let fetch = Arc::new(
+            FetchContext::new(
+                location.clone(),
+                manifest.clone(),
+                sorted_roots,
+                counters.clone(),
+                self.retry.clone(),
+                cache,
+                LocalReads {
+                    // Read buffers (in use and idle) kept for reuse up to the
+                    // budget, which already bounds the reads in flight: every
+                    // buffer the pipeline goes on needing is kept. Reads of 2 MiB
+                    // and more are mapped for themselves, not taken from the
+                    // allocator (whose heap they fragmented), so this pool is what
+                    // keeps them from being faulted in afresh (docs/performance-notes.md).
+                    buffer_bytes: usize::try_from(self.byte_budget).unwrap_or(usize::MAX),
+                    threads: local_readers(decode_threads),
+                    mapped: self.mapped_reads,
+                },
+            )
+            .with_places(places),
+        );
         let sizes = estimate_sizes(&runtime, &fetch, &manifest, &self, &plans)?;
 
         let shuffled_at_shard_time = manifest.options.shuffle_seed.is_some();
@@ -446,4 +453,33 @@ pub(crate) fn io_runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
 /// one's cached copies), for `decode_threads` decode threads.
 fn local_readers(decode_threads: usize) -> usize {
     decode_threads.max(2)
+}
+
+/// The locations of an index's bases (empty for a dataset of shards), each
+/// its own store: the loader's storage options go to those on object
+/// stores, none to local folders. A base that does not resolve is an error
+/// naming it.
+pub(crate) fn index_places(
+    manifest: &Manifest,
+    storage_options: &[(String, String)],
+    faults: Option<&shardfeed_format::fault::FaultConfig>,
+) -> Result<Vec<Location>> {
+    let Some(index) = &manifest.index else {
+        return Ok(Vec::new());
+    };
+    index
+        .bases
+        .iter()
+        .map(|base| {
+            let mut place = if base.starts_with("file://") {
+                Location::parse(base)?
+            } else {
+                Location::parse_with_options(base, storage_options.iter().cloned())?
+            };
+            if let Some(faults) = faults {
+                place = place.with_faults(faults.clone());
+            }
+            Ok(place)
+        })
+        .collect()
 }

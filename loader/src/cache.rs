@@ -41,7 +41,12 @@ impl ShardCache {
 
     /// Where `entry` lives in the cache.
     pub(crate) fn path(&self, entry: &ShardEntry) -> PathBuf {
-        self.dir.join(&entry.path)
+        match entry.base {
+            // An index's files: one folder per base (two bases may hold
+            // the same relative path).
+            Some(base) => self.dir.join(format!("base-{base}")).join(&entry.path),
+            None => self.dir.join(&entry.path),
+        }
     }
 
     /// `entry`'s cached file, open, if it is there with the right size; marks
@@ -164,7 +169,7 @@ impl Pending {
     /// and return it open (so that a concurrent eviction cannot take it away).
     pub(crate) fn finish(mut self) -> Result<std::fs::File, String> {
         let crc = Crc32(std::mem::take(&mut self.crc).finalize());
-        if self.written != self.entry.bytes || crc != self.entry.crc32 {
+        if self.written != self.entry.bytes || self.entry.crc32.is_some_and(|c| c != crc) {
             return Err(format!(
                 "downloaded shard {} does not match the manifest's size and checksum",
                 self.entry.path

@@ -50,6 +50,7 @@ pub(crate) fn decode(
         chunks,
         ..
     } = fetched;
+    let footer = footer?;
     let rg = segment.row_group as usize;
     for (leaf, _, bytes, sum) in &chunks {
         match sum {

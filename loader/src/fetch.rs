@@ -35,7 +35,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::file::metadata::RowGroupMetaData;
 use shardfeed_format::{ChunkHash, ChunkSum, Location, Manifest, RetryPolicy};
@@ -78,6 +77,9 @@ fn cache_put<T>(cache: &Mutex<Cache<T>>, shard: u32, value: T) {
 /// What the fetch stage needs, shared by its concurrent requests.
 pub(crate) struct FetchContext {
     pub location: Location,
+    /// For an index: where its bases lie, by [`ShardEntry::base`]
+    /// (`shardfeed_format::ShardEntry`).
+    places: Vec<Location>,
     pub manifest: Arc<Manifest>,
     /// Top-level columns to read.
     pub roots: Vec<usize>,
@@ -125,6 +127,7 @@ impl FetchContext {
             cache,
             downloads: Mutex::new(HashMap::new()),
             location,
+            places: Vec::new(),
             manifest,
             roots,
             counters,
@@ -132,6 +135,12 @@ impl FetchContext {
             footers: Mutex::new((HashMap::new(), VecDeque::new())),
             files: Mutex::new((HashMap::new(), VecDeque::new())),
         }
+    }
+
+    /// For an index: where its bases lie ([`crate::build::index_places`]).
+    pub(crate) fn with_places(mut self, places: Vec<Location>) -> Self {
+        self.places = places;
+        self
     }
 
     /// Read buffers of local reads made so far, and the bytes they hold
@@ -144,6 +153,15 @@ impl FetchContext {
         &self.manifest.shards[shard as usize]
     }
 
+    /// Where `shard`'s path is relative to: the dataset, or for an index's
+    /// file its base.
+    fn place(&self, shard: u32) -> &Location {
+        match self.entry(shard).base {
+            Some(b) => &self.places[b as usize],
+            None => &self.location,
+        }
+    }
+
     /// The shard as an open local file: a local dataset's file, or a remote
     /// shard's copy in the cache (downloaded once per process); `None` for
     /// remote shards without a cache.
@@ -152,16 +170,20 @@ impl FetchContext {
             return Ok(Some(file));
         }
         let entry = self.entry(shard);
-        let file = match self.location.local_root() {
+        let file = match self.place(shard).local_root() {
             Some(root) => {
                 let path = root.join(&entry.path);
                 let file = File::open(&path).map_err(|e| self.io_error(shard, &path, e))?;
-                let len = file
+                let meta = file
                     .metadata()
-                    .map_err(|e| self.io_error(shard, &path, e))?
-                    .len();
-                if len != entry.bytes {
-                    return Err(self.changed(shard, len));
+                    .map_err(|e| self.io_error(shard, &path, e))?;
+                if meta.len() != entry.bytes {
+                    return Err(self.changed(shard, meta.len()));
+                }
+                if let Some(expected) = entry.fingerprint.as_ref().and_then(|f| f.modified_ns)
+                    && shardfeed_format::modified_ns(&meta) != Some(expected)
+                {
+                    return Err(self.fingerprint_changed(shard));
                 }
                 Arc::new(file)
             }
@@ -190,7 +212,7 @@ impl FetchContext {
     /// a copy used by its modification time, which another process may
     /// move at any time), or when it cannot be mapped: then `pread`.
     fn mapping(&self, shard: u32, file: &Arc<File>) -> Option<Arc<MappedShard>> {
-        if !self.map_reads || self.location.local_root().is_none() {
+        if !self.map_reads || self.place(shard).local_root().is_none() {
             return None;
         }
         if let Some(mapped) = cache_get(&self.maps, shard) {
@@ -226,12 +248,12 @@ impl FetchContext {
             Changed::Rewritten(len) => len,
             Changed::Failed(kind, e) => {
                 return LoaderError::Io {
-                    op: format!("read {}", self.location.url_of(&entry.path)),
+                    op: format!("read {}", self.place(shard).url_of(&entry.path)),
                     source: std::io::Error::new(kind, e),
                 };
             }
             Changed::Truncated => self
-                .location
+                .place(shard)
                 .local_root()
                 .and_then(|root| std::fs::metadata(root.join(&entry.path)).ok())
                 .map_or(0, |m| m.len()),
@@ -243,6 +265,17 @@ impl FetchContext {
             shard: entry.path.clone(),
             row_group: None,
             detail: "the file was written while it was read (rewritten in place, truncated or replaced: a dataset must not change while it is read)".into(),
+        }
+    }
+
+    /// The error for an index's file whose fingerprint changed since it was
+    /// indexed.
+    fn fingerprint_changed(&self, shard: u32) -> LoaderError {
+        let entry = self.entry(shard);
+        LoaderError::Corrupt {
+            shard: self.place(shard).url_of(&entry.path),
+            row_group: None,
+            detail: "the file changed since it was indexed (its modification time or ETag differs): index it again (`shardfeed index`)".into(),
         }
     }
 
@@ -281,8 +314,12 @@ impl FetchContext {
             // Checksumming a whole shard is CPU work: off the async workers.
             let file = Arc::new(file);
             let (copy, expected, len) = (file.clone(), entry.crc32, entry.bytes);
-            let intact = tokio::task::spawn_blocking(move || {
-                crc_of_file(&copy, len).is_ok_and(|crc| crc == expected)
+            // An index's file without a recorded checksum: its copy is
+            // trusted by size (the cache's name holds the fingerprint), its
+            // column chunks by the decoders' bound checks.
+            let intact = tokio::task::spawn_blocking(move || match expected {
+                Some(expected) => crc_of_file(&copy, len).is_ok_and(|crc| crc == expected),
+                None => true,
             })
             .await
             .unwrap_or(false);
@@ -301,8 +338,9 @@ impl FetchContext {
     /// piece, whatever the object's size). Returns the open file.
     async fn download(&self, shard: u32, cache: &ShardCache) -> Result<File> {
         let entry = self.entry(shard).clone();
-        let path = self.location.child(&entry.path);
-        let store = self.location.store();
+        let path = self.place(shard).child(&entry.path);
+        let store = self.place(shard).store();
+        let pinned = entry.fingerprint.clone().unwrap_or_default();
         let cache_error = |reason: String| LoaderError::Io {
             op: reason,
             source: std::io::Error::other("cache"),
@@ -319,7 +357,11 @@ impl FetchContext {
             let bytes = self
                 .retry
                 .run(
-                    || store.get_range(&path, range.clone()),
+                    || async {
+                        let ranges = [range.clone()];
+                        let mut parts = get_ranges_pinned(store, &path, &ranges, &pinned).await?;
+                        Ok(parts.pop().unwrap_or_default())
+                    },
                     || Counters::add(&self.counters.retries, 1),
                 )
                 .await
@@ -404,7 +446,7 @@ impl FetchContext {
                     })
                     .await
                     .ok_or_else(|| LoaderError::Io {
-                        op: format!("read {}", self.location.url_of(&self.entry(shard).path)),
+                        op: format!("read {}", self.place(shard).url_of(&self.entry(shard).path)),
                         source: std::io::Error::other("the read thread panicked"),
                     })?;
                 let (parts, mapped_bytes) =
@@ -414,12 +456,25 @@ impl FetchContext {
             }
             None => {
                 let entry = self.entry(shard);
-                let path = self.location.child(&entry.path);
-                // `get_ranges` coalesces nearby ranges into fewer requests.
+                let place = self.place(shard);
+                let path = place.child(&entry.path);
+                let store = place.store();
+                // Both coalesce nearby ranges into fewer requests. An index's
+                // file is read only while it still has the ETag (and
+                // version) it was indexed with.
+                let pinned = entry
+                    .fingerprint
+                    .as_ref()
+                    .filter(|f| f.etag.is_some() || f.version.is_some());
                 let parts = self
                     .retry
                     .run(
-                        || self.location.store().get_ranges(&path, &ranges),
+                        || async {
+                            match pinned {
+                                None => store.get_ranges(&path, &ranges).await,
+                                Some(f) => get_ranges_pinned(store, &path, &ranges, f).await,
+                            }
+                        },
                         || Counters::add(&self.counters.retries, 1),
                     )
                     .await
@@ -439,8 +494,9 @@ impl FetchContext {
     }
 
     fn store_error(&self, shard: u32, source: object_store::Error) -> LoaderError {
-        let url = self.location.url_of(&self.entry(shard).path);
+        let url = self.place(shard).url_of(&self.entry(shard).path);
         match source {
+            object_store::Error::Precondition { .. } => self.fingerprint_changed(shard),
             object_store::Error::NotFound { .. } => LoaderError::MissingShard {
                 url,
                 error: source.into(),
@@ -567,9 +623,9 @@ impl FetchContext {
             ranges.push(start..end);
         }
         let starts: Vec<u64> = ranges.iter().map(|r| r.start).collect();
-        let hash = footer.footer.checksums.hash;
+        let hash = footer.footer.checksums.as_ref().map(|c| c.hash);
         let parts = self
-            .read_ranges(segment.shard, ranges, Some(hash), mappable)
+            .read_ranges(segment.shard, ranges, hash, mappable)
             .await?;
         let chunks = leaves
             .into_iter()
@@ -580,10 +636,68 @@ impl FetchContext {
         Ok(Fetched {
             seq,
             segment,
-            footer,
+            footer: Ok(footer),
             chunks,
         })
     }
+
+    /// Whether `error`, met reading `segment`, is an index's file that
+    /// changed or went away since it was indexed, which `on_error="skip"`
+    /// skips (as the segment's row group's damage, counted); `Err(error)`
+    /// otherwise.
+    pub(crate) fn lost(
+        &self,
+        segment: Segment,
+        error: LoaderError,
+    ) -> std::result::Result<LoaderError, LoaderError> {
+        if self.entry(segment.shard).base.is_none() {
+            return Err(error);
+        }
+        let row_group = Some(segment.row_group as usize);
+        match error {
+            LoaderError::Corrupt { shard, detail, .. } => Ok(LoaderError::Corrupt {
+                shard,
+                row_group,
+                detail,
+            }),
+            LoaderError::Decode { shard, source, .. } => Ok(LoaderError::Decode {
+                shard,
+                row_group,
+                source,
+            }),
+            LoaderError::MissingShard { url, error } => Ok(LoaderError::Corrupt {
+                shard: url,
+                row_group,
+                detail: format!("the file is gone: {error}"),
+            }),
+            other => Err(other),
+        }
+    }
+}
+
+/// Read `ranges` of `path` (coalesced as `get_ranges` does) only from the
+/// object `fingerprint` names: its ETag and version, where recorded. A
+/// changed object is [`object_store::Error::Precondition`].
+async fn get_ranges_pinned(
+    store: &Arc<dyn object_store::ObjectStore>,
+    path: &object_store::path::Path,
+    ranges: &[std::ops::Range<u64>],
+    fingerprint: &shardfeed_format::Fingerprint,
+) -> object_store::Result<Vec<Bytes>> {
+    object_store::coalesce_ranges(
+        ranges,
+        |range| async move {
+            let options = object_store::GetOptions {
+                if_match: fingerprint.etag.clone(),
+                version: fingerprint.version.clone(),
+                range: Some(range.into()),
+                ..Default::default()
+            };
+            store.get_opts(path, options).await?.bytes().await
+        },
+        object_store::OBJECT_STORE_COALESCE_DEFAULT,
+    )
+    .await
 }
 
 /// Bytes a column chunk decodes to, as far as its footer tells: its pages'

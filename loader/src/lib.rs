@@ -114,4 +114,4 @@ pub use plan::Piece;
 pub use shardfeed_format::RetryPolicy;
 pub use state::{LoaderState, PLAN_VERSION, STATE_VERSION, dataset_fingerprint};
 pub use stats::{Mixing, SkippedImage, SkippedRowGroup, StageStats, Stats, WaitSummary};
-pub use verify::{ShardProblem, VerifyReport, verify_dataset};
+pub use verify::{ShardProblem, VerifyReport, verify_dataset, verify_dataset_with};

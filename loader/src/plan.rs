@@ -664,7 +664,10 @@ mod tests {
                 row_groups: groups.clone(),
                 footer_len: 100,
                 footer_crc32: Crc32(0),
-                crc32: Crc32(0),
+                crc32: Some(Crc32(0)),
+                base: None,
+                fingerprint: None,
+                chunk_checksums: None,
             })
             .collect();
         Manifest::new(
@@ -929,7 +932,10 @@ mod golden {
                 row_groups: groups.clone(),
                 footer_len: 100,
                 footer_crc32: Crc32(0),
-                crc32: Crc32(0),
+                crc32: Some(Crc32(0)),
+                base: None,
+                fingerprint: None,
+                chunk_checksums: None,
             })
             .collect();
         Manifest::new(

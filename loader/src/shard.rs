@@ -12,8 +12,10 @@ use crate::error::{LoaderError, Result};
 pub(crate) struct ShardFooter {
     /// The Parquet metadata.
     pub metadata: ParquetMetaData,
-    /// Checksums of every column chunk, `[row_group][leaf]`.
-    pub checksums: ChunkChecksums,
+    /// Checksums of every column chunk, `[row_group][leaf]`: always for
+    /// shards written by `shard`; for an index's files only when it was
+    /// made with `--checksums` (then from the index, not the file).
+    pub checksums: Option<ChunkChecksums>,
 }
 
 fn corrupt(entry: &ShardEntry, row_group: Option<usize>, detail: String) -> LoaderError {
@@ -72,18 +74,38 @@ pub(crate) fn decode_footer(entry: &ShardEntry, footer: &[u8]) -> Result<ShardFo
             ),
         ));
     }
-    // XXH3-64 checksums (what `shard` writes), else CRC-32s (shards
-    // written before).
+    // An index made with `--checksums` holds its files' checksums; else
+    // XXH3-64 checksums in the footer (what `shard` writes), or CRC-32s
+    // (shards written before). An index's file may have none.
     let kv = metadata.file_metadata().key_value_metadata();
-    let (hash, encoded) = [ChunkHash::Xxh3, ChunkHash::Crc32]
-        .into_iter()
-        .find_map(|hash| {
-            kv.and_then(|kv| kv.iter().find(|k| k.key == hash.key()))
-                .and_then(|k| k.value.as_deref())
-                .map(|v| (hash, v))
-        })
-        .ok_or_else(|| {
-            corrupt(
+    let found = match &entry.chunk_checksums {
+        Some(encoded) => Some((ChunkHash::Xxh3, encoded.as_str())),
+        None => [ChunkHash::Xxh3, ChunkHash::Crc32]
+            .into_iter()
+            .find_map(|hash| {
+                kv.and_then(|kv| kv.iter().find(|k| k.key == hash.key()))
+                    .and_then(|k| k.value.as_deref())
+                    .map(|v| (hash, v))
+            }),
+    };
+    let checksums = match found {
+        Some((hash, encoded)) => {
+            let checksums = ChunkChecksums::decode(hash, encoded)
+                .map_err(|e| corrupt(entry, None, e.to_string()))?;
+            for (i, rg) in metadata.row_groups().iter().enumerate() {
+                if checksums.sums.get(i).map(Vec::len) != Some(rg.num_columns()) {
+                    return Err(corrupt(
+                        entry,
+                        Some(i),
+                        "column chunk checksums are missing".into(),
+                    ));
+                }
+            }
+            Some(checksums)
+        }
+        None if entry.base.is_some() => None,
+        None => {
+            return Err(corrupt(
                 entry,
                 None,
                 format!(
@@ -91,19 +113,9 @@ pub(crate) fn decode_footer(entry: &ShardEntry, footer: &[u8]) -> Result<ShardFo
                     ChunkHash::Xxh3.key(),
                     ChunkHash::Crc32.key()
                 ),
-            )
-        })?;
-    let checksums =
-        ChunkChecksums::decode(hash, encoded).map_err(|e| corrupt(entry, None, e.to_string()))?;
-    for (i, rg) in metadata.row_groups().iter().enumerate() {
-        if checksums.sums.get(i).map(Vec::len) != Some(rg.num_columns()) {
-            return Err(corrupt(
-                entry,
-                Some(i),
-                "column chunk checksums are missing".into(),
             ));
         }
-    }
+    };
     Ok(ShardFooter {
         metadata,
         checksums,
@@ -139,9 +151,11 @@ pub(crate) fn check_schema(
         ));
     }
     for (m, f) in manifest.fields().iter().zip(footer.fields()) {
-        let same = m.name() == f.name()
-            && m.data_type().equals_datatype(f.data_type())
-            && m.is_nullable() == f.is_nullable();
+        // An index's schema is nullable where any of its files is.
+        let nullable_ok = m.is_nullable() == f.is_nullable()
+            || (entry.base.is_some() && m.is_nullable() && !f.is_nullable());
+        let same =
+            m.name() == f.name() && m.data_type().equals_datatype(f.data_type()) && nullable_ok;
         if !same {
             return Err(corrupt(
                 entry,
@@ -165,13 +179,10 @@ pub(crate) fn check_chunk(
     column: usize,
     bytes: &[u8],
 ) -> Result<()> {
-    check_chunk_sum(
-        entry,
-        footer,
-        row_group,
-        column,
-        footer.checksums.hash.of(bytes),
-    )
+    match &footer.checksums {
+        Some(sums) => check_chunk_sum(entry, footer, row_group, column, sums.hash.of(bytes)),
+        None => Ok(()),
+    }
 }
 
 /// [`check_chunk`] with the chunk's checksum already computed (`found`, by
@@ -183,7 +194,12 @@ pub(crate) fn check_chunk_sum(
     column: usize,
     found: ChunkSum,
 ) -> Result<()> {
-    let expected = footer.checksums.get(row_group, column).ok_or_else(|| {
+    let Some(checksums) = &footer.checksums else {
+        // An index's file indexed without `--checksums`: the footer and
+        // fingerprint were checked, the decoders check every bound.
+        return Ok(());
+    };
+    let expected = checksums.get(row_group, column).ok_or_else(|| {
         corrupt(
             entry,
             Some(row_group),
@@ -221,7 +237,9 @@ pub(crate) fn check_file(entry: &ShardEntry, file: &Bytes) -> Result<ShardFooter
         ));
     }
     let crc = Crc32::of(file);
-    if crc != entry.crc32 {
+    if let Some(expected) = entry.crc32
+        && crc != expected
+    {
         // Locate the damage for the message: footer first, then each chunk.
         let footer_start = file.len() - entry.footer_len as usize;
         let footer = decode_footer(entry, &file[footer_start..])?;
@@ -229,10 +247,7 @@ pub(crate) fn check_file(entry: &ShardEntry, file: &Bytes) -> Result<ShardFooter
         return Err(corrupt(
             entry,
             None,
-            format!(
-                "file checksum {crc} does not match the manifest's {}",
-                entry.crc32
-            ),
+            format!("file checksum {crc} does not match the manifest's {expected}"),
         ));
     }
     let footer_start = file.len() - entry.footer_len as usize;

@@ -32,7 +32,10 @@ pub(crate) struct FooterInfo {
 pub(crate) struct Fetched {
     pub seq: u64,
     pub segment: Segment,
-    pub footer: Arc<FooterInfo>,
+    /// The shard's footer; for an index's file that changed or went away
+    /// after indexing, under `on_error="skip"`, why it could not be read
+    /// (the decoders skip the segment and count it).
+    pub footer: Result<Arc<FooterInfo>>,
     /// `(leaf column, file offset, bytes, checksum)`, one per projected
     /// column chunk: owned bytes, read from the store or a local file; the
     /// checksum when it was computed as the bytes were read.

@@ -169,12 +169,25 @@ pub fn dataset_fingerprint(manifest: &Manifest) -> String {
             text(&shard.path),
             shard.rows,
             shard.bytes,
-            u64::from(shard.crc32.0),
+            u64::from(shard.crc32.map_or(0, |c| c.0)),
             u64::from(shard.footer_crc32.0),
             shard.footer_len,
             shard.row_groups.len() as u64,
         ]);
         words.extend(shard.row_groups.iter().copied());
+        // An index's files (nothing added for a dataset's own shards, so
+        // their fingerprints stay what older builds computed).
+        if let Some(base) = shard.base {
+            words.push(u64::from(base));
+        }
+        if let Some(f) = &shard.fingerprint {
+            let etag = f.etag.as_deref().unwrap_or("");
+            let version = f.version.as_deref().unwrap_or("");
+            words.extend([text(etag), text(version), f.modified_ns.unwrap_or(0) as u64]);
+        }
+    }
+    if let Some(index) = &manifest.index {
+        words.extend(index.bases.iter().map(|b| text(b)));
     }
     format!("{:016x}", hash_words(&words))
 }

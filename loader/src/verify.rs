@@ -45,6 +45,16 @@ impl VerifyReport {
 /// footer and column chunk checksums against the manifest, decode every row
 /// and compare row counts. Uses `threads` threads (0: all cores).
 pub fn verify_dataset(location: &Location, threads: usize) -> Result<VerifyReport> {
+    verify_dataset_with(location, &[], threads)
+}
+
+/// [`verify_dataset`], with `storage_options` for an index's bases on object
+/// stores (an index's files are also checked against their fingerprints).
+pub fn verify_dataset_with(
+    location: &Location,
+    storage_options: &[(String, String)],
+    threads: usize,
+) -> Result<VerifyReport> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -54,6 +64,7 @@ pub fn verify_dataset(location: &Location, threads: usize) -> Result<VerifyRepor
             source,
         })?;
     let manifest = runtime.block_on(location.read_manifest())?;
+    let places = crate::build::index_places(&manifest, storage_options, None)?;
     let threads = if threads == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
@@ -70,10 +81,11 @@ pub fn verify_dataset(location: &Location, threads: usize) -> Result<VerifyRepor
                         let Some(entry) = manifest.shards.get(i) else {
                             break;
                         };
-                        out.push((
-                            i,
-                            verify_shard(location, &manifest, entry, runtime.handle()),
-                        ));
+                        let place = match entry.base {
+                            Some(b) => &places[b as usize],
+                            None => location,
+                        };
+                        out.push((i, verify_shard(place, &manifest, entry, runtime.handle())));
                     }
                     out
                 })
@@ -109,6 +121,42 @@ pub fn verify_dataset(location: &Location, threads: usize) -> Result<VerifyRepor
     Ok(report)
 }
 
+/// Check an index's file against the fingerprint it was indexed with: its
+/// ETag and version as the store reports them, or a local file's
+/// modification time.
+fn check_fingerprint(
+    location: &Location,
+    entry: &ShardEntry,
+    expected: &shardfeed_format::Fingerprint,
+    meta: &object_store::ObjectMeta,
+) -> Result<()> {
+    let changed = |what: &str| LoaderError::Corrupt {
+        shard: location.url_of(&entry.path),
+        row_group: None,
+        detail: format!(
+            "the file changed since it was indexed ({what} differs): index it again (`shardfeed index`)"
+        ),
+    };
+    if let Some(root) = location.local_root() {
+        if let Some(ns) = expected.modified_ns {
+            let found = std::fs::metadata(root.join(&entry.path))
+                .ok()
+                .and_then(|m| shardfeed_format::modified_ns(&m));
+            if found != Some(ns) {
+                return Err(changed("its modification time"));
+            }
+        }
+        return Ok(());
+    }
+    if expected.etag.is_some() && meta.e_tag != expected.etag {
+        return Err(changed("its ETag"));
+    }
+    if expected.version.is_some() && meta.version != expected.version {
+        return Err(changed("its version"));
+    }
+    Ok(())
+}
+
 fn verify_shard(
     location: &Location,
     manifest: &Manifest,
@@ -118,8 +166,12 @@ fn verify_shard(
     let url = location.url_of(&entry.path);
     let path = location.child(&entry.path);
     let store = location.store().clone();
-    let bytes = runtime
-        .block_on(async move { store.get(&path).await?.bytes().await })
+    let (meta, bytes) = runtime
+        .block_on(async move {
+            let got = store.get(&path).await?;
+            let meta = got.meta.clone();
+            Ok((meta, got.bytes().await?))
+        })
         .map_err(|source| match source {
             object_store::Error::NotFound { .. } => LoaderError::MissingShard {
                 url: url.clone(),
@@ -130,6 +182,9 @@ fn verify_shard(
                 error: source.into(),
             },
         })?;
+    if let Some(expected) = &entry.fingerprint {
+        check_fingerprint(location, entry, expected, &meta)?;
+    }
     check_file(entry, &bytes)?;
     let decode_err = |row_group, source| LoaderError::Decode {
         shard: entry.path.clone(),

@@ -99,6 +99,15 @@ pub enum PreprocessError {
         /// The Parquet error.
         source: parquet::errors::ParquetError,
     },
+    /// `index` could not take a file (not Parquet, changed while read, a
+    /// schema that differs, unreadable).
+    #[error("cannot index {file}: {reason}")]
+    Index {
+        /// The file's URL or path.
+        file: String,
+        /// Why.
+        reason: String,
+    },
     /// The dataset store failed (manifest, uploads).
     #[error(transparent)]
     Format(#[from] shardfeed_format::FormatError),

@@ -23,6 +23,7 @@ mod delta;
 mod dictionary;
 mod encode;
 mod error;
+mod index;
 mod input;
 mod input_format;
 mod lock;
@@ -39,6 +40,7 @@ mod tokenize;
 mod writer;
 
 pub use error::{BoxError, PreprocessError, Result};
+pub use index::{FOOTER_GUESS, IndexOptions, IndexSummary, MAX_FOOTER, index};
 pub use input::{SkippedInput, files_schema};
 pub use input_format::InputFormat;
 pub use lock::LOCK_FILE;

@@ -171,7 +171,10 @@ impl OpenShard {
             row_groups: self.row_groups,
             footer_len,
             footer_crc32: Crc32::of(&footer),
-            crc32,
+            crc32: Some(crc32),
+            base: None,
+            fingerprint: None,
+            chunk_checksums: None,
         })
     }
 

@@ -226,6 +226,28 @@ def shard(
 def commit(output: str, *, storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     """Write the manifest once every task finished; raises ShardfeedError naming missing tasks."""
 
+def index(
+    inputs: str | list[str],
+    output: str,
+    *,
+    checksums: bool = False,
+    update: bool = False,
+    overwrite: bool = False,
+    concurrency: int = 64,
+    storage_options: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Write an index at ``output`` over existing Parquet files, read where they lie.
+
+    ``inputs``: local files, folders (their ``*.parquet`` files), globs, or ``s3://``,
+    ``gs://``, ``az://`` and ``http(s)://`` prefixes and globs. Only footers are read; every
+    file must share one schema (a column may be nullable in some files only). ``checksums``
+    reads every byte once and records checksums the loader then verifies; ``update`` adds
+    files not yet in the index at ``output``, keeping its entries and order; ``overwrite``
+    replaces what ``output`` holds. ``Loader(output)`` then reads the files in place. Returns
+    the summary: ``index``, ``files``, ``added``, ``rows``, ``bytes``, ``row_groups``,
+    ``bases``, ``checksums``.
+    """
+
 def inspect(
     url: str,
     *,

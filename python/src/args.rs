@@ -125,6 +125,16 @@ pub(crate) enum Inputs {
     Many(Vec<String>),
 }
 
+impl Inputs {
+    /// The paths, as a list.
+    pub(crate) fn into_vec(self) -> Vec<String> {
+        match self {
+            Inputs::One(s) => vec![s],
+            Inputs::Many(v) => v,
+        }
+    }
+}
+
 pub(crate) fn json_module(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     static JSON: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     JSON.get_or_try_init(py, || {

@@ -56,10 +56,7 @@ pub(crate) fn shard<'py>(
     #[pyo3(from_py_with = crate::args::opt_max_columns)] max_columns: Option<u64>,
     follow_links: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let inputs = match inputs {
-        Inputs::One(s) => vec![s],
-        Inputs::Many(v) => v,
-    };
+    let inputs = inputs.into_vec();
     let mut options = ShardOptions::default()
         .with_threads(threads)
         .with_overwrite(overwrite);
@@ -156,8 +153,37 @@ pub(crate) fn commit<'py>(
     to_python(py, &summary)
 }
 
-pub(crate) fn location(url: &str, storage_options: Option<StorageOptions>) -> PyResult<Location> {
-    Location::parse_with_options(url, storage_pairs(storage_options)).map_err(format_error)
+/// Write an index over existing Parquet files (read where they lie, only
+/// their footers), as `shardfeed index`; returns its summary.
+#[pyfunction]
+#[pyo3(signature = (inputs, output, *, checksums=false, update=false, overwrite=false, concurrency=64, storage_options=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn index<'py>(
+    py: Python<'py>,
+    inputs: Inputs,
+    output: String,
+    checksums: bool,
+    update: bool,
+    overwrite: bool,
+    concurrency: usize,
+    storage_options: Option<StorageOptions>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if update && overwrite {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "update and overwrite: choose one",
+        ));
+    }
+    let options = shardfeed_preprocess::IndexOptions {
+        checksums,
+        update,
+        overwrite,
+        storage_options: storage_pairs(storage_options),
+        concurrency,
+    };
+    let summary = py
+        .detach(|| shardfeed_preprocess::index(&inputs.into_vec(), &output, &options))
+        .map_err(preprocess_error)?;
+    to_python(py, &summary)
 }
 
 /// The dataset's summary, as `shardfeed inspect --json` prints it; with
@@ -208,9 +234,11 @@ pub(crate) fn verify<'py>(
     #[pyo3(from_py_with = crate::args::threads)] threads: usize,
     storage_options: Option<StorageOptions>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let location = location(url, storage_options)?;
+    let pairs = storage_pairs(storage_options);
+    let location =
+        Location::parse_with_options(url, pairs.iter().cloned()).map_err(format_error)?;
     let report = py
-        .detach(|| shardfeed_loader::verify_dataset(&location, threads))
+        .detach(|| shardfeed_loader::verify_dataset_with(&location, &pairs, threads))
         .map_err(loader_error)?;
     let out = to_python(py, &report)?;
     out.set_item("ok", report.ok())?;

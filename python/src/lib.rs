@@ -25,7 +25,7 @@ mod loader;
 use pyo3::prelude::*;
 
 use crate::arrays::SlabView;
-use crate::dataset::{commit, inspect, shard, verify};
+use crate::dataset::{commit, index, inspect, shard, verify};
 use crate::errors::ShardfeedError;
 use crate::loader::PyLoader;
 
@@ -61,6 +61,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<SlabView>()?;
     m.add_function(wrap_pyfunction!(shard, m)?)?;
     m.add_function(wrap_pyfunction!(commit, m)?)?;
+    m.add_function(wrap_pyfunction!(index, m)?)?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;

@@ -36,52 +36,6 @@ def test_shard_task_and_commit(tmp_path):
     assert ids == list(range(4000))
 
 
-@pytest.fixture(scope="module")
-def moto_s3():
-    """moto's S3 server on a free loopback port, with a bucket; yields storage options."""
-    import socket
-    import subprocess
-    import time
-
-    import boto3
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen(
-        ["moto_server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "moto_server did not start"
-                time.sleep(0.1)
-        endpoint = f"http://127.0.0.1:{port}"
-        boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name="us-east-1",
-        ).create_bucket(Bucket="test-bucket")
-        yield {
-            "aws_endpoint": endpoint,
-            "aws_allow_http": "true",
-            "aws_access_key_id": "testing",
-            "aws_secret_access_key": "testing",
-            "aws_region": "us-east-1",
-        }
-    finally:
-        server.kill()
-        server.wait()
-
-
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_ray_job_with_four_tasks(tmp_path, where, request):
     """4 Ray tasks, plain and with the global shuffle, against a single-process run."""

@@ -265,7 +265,10 @@ pub fn dataset(dir: &Path, schema: arrow_schema::Schema, file: Vec<u8>) -> Strin
         row_groups,
         footer_len,
         footer_crc32: Crc32::of(&file[file.len() - footer_len as usize..]),
-        crc32: Crc32::of(&file),
+        crc32: Some(Crc32::of(&file)),
+        base: None,
+        fingerprint: None,
+        chunk_checksums: None,
     };
     std::fs::write(dir.join(&entry.path), &file).unwrap();
     let manifest = Manifest::new(

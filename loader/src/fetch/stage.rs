@@ -104,8 +104,19 @@ impl FetchStage {
                                 return Err(injected(Stage::Fetch, action, &cancel));
                             }
                         }
-                        let footer = fetch.footer(segment.shard).await?;
-                        let cost = fetch.segment_cost(&footer, segment, max_unit);
+                        // Under `on_error="skip"`, an index's file that
+                        // changed or went away is handed on as lost, to be
+                        // skipped in plan order.
+                        let skip = config.on_error == crate::OnError::Skip;
+                        let footer = match fetch.footer(segment.shard).await {
+                            Ok(footer) => Ok(footer),
+                            Err(e) if skip => Err(fetch.lost(segment, e)?),
+                            Err(e) => return Err(e),
+                        };
+                        let cost = match &footer {
+                            Ok(footer) => fetch.segment_cost(footer, segment, max_unit),
+                            Err(_) => 1,
+                        };
                         let permit = semaphore
                             .clone()
                             .acquire_many_owned(cost)
@@ -128,6 +139,23 @@ impl FetchStage {
                         let cancel = cancel.clone();
                         async move {
                             let (seq, segment, footer, permit, share) = admitted?;
+                            let footer = match footer {
+                                Ok(footer) => footer,
+                                Err(lost) => {
+                                    let chunks = Vec::new();
+                                    let footer = Err(lost);
+                                    return Ok((
+                                        Fetched {
+                                            seq,
+                                            segment,
+                                            footer,
+                                            chunks,
+                                        },
+                                        permit,
+                                    ));
+                                }
+                            };
+                            let skip = config.on_error == crate::OnError::Skip;
                             let shared = match share.from {
                                 Some(from) => from.await.ok(),
                                 None => None,
@@ -136,7 +164,7 @@ impl FetchStage {
                                 Some(chunks) => Ok(Fetched {
                                     seq,
                                     segment,
-                                    footer,
+                                    footer: Ok(footer),
                                     chunks,
                                 }),
                                 None => match config.failpoints.hit("read", seq) {
@@ -153,7 +181,18 @@ impl FetchStage {
                                     _ => fetch.fetch(seq, segment, footer).await,
                                 },
                             };
-                            if let (Ok(f), Some(to)) = (&fetched, share.to) {
+                            let fetched = match fetched {
+                                Err(e) if skip => fetch.lost(segment, e).map(|lost| Fetched {
+                                    seq,
+                                    segment,
+                                    footer: Err(lost),
+                                    chunks: Vec::new(),
+                                }),
+                                other => other,
+                            };
+                            if let (Ok(f), Some(to)) = (&fetched, share.to)
+                                && f.footer.is_ok()
+                            {
                                 let _ = to.send(f.chunks.clone());
                             }
                             fetched.map(|f| (f, permit))

@@ -1,0 +1,828 @@
+//! `index`: a manifest over existing Parquet files, read where they lie.
+//!
+//! Only footers are read (one bounded range request per file, more only
+//! for a footer larger than [`FOOTER_GUESS`]), concurrently; no byte of
+//! data is copied. Each file is recorded under one of the index's bases
+//! (the folders or prefixes it was found under) with what the loader needs
+//! to plan without a listing or a HEAD, and a fingerprint (size, ETag and
+//! version, or a local file's modification time, and the footer's CRC-32)
+//! that the loader checks before it uses the file's bytes. With
+//! `checksums`, every byte is read once more and the whole file's CRC-32
+//! and each column chunk's XXH3-64 are recorded, so the loader verifies the
+//! data as it does for the shards `shard` writes.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_schema::{Field, Schema};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::{GetOptions, ObjectStore, ObjectStoreExt};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use serde::Serialize;
+use shardfeed_format::{
+    ChunkChecksums, ChunkHash, Crc32, Fingerprint, IndexRecord, Location, Manifest, ShardEntry,
+    WriteOptions,
+};
+
+use crate::{PreprocessError, Result};
+
+/// Bytes read from a file's end to find its footer: most footers fit, so
+/// one request per file.
+pub const FOOTER_GUESS: u64 = 64 << 10;
+/// The largest footer accepted (a forged length must not size a read).
+pub const MAX_FOOTER: u64 = 256 << 20;
+
+/// How [`index`] runs.
+#[derive(Clone, Debug)]
+pub struct IndexOptions {
+    /// Read every byte and record checksums (`--checksums`).
+    pub checksums: bool,
+    /// Add files not yet in an existing index, keeping its entries and
+    /// their order (`--update`).
+    pub update: bool,
+    /// Replace an existing index or dataset manifest (`--overwrite`).
+    pub overwrite: bool,
+    /// Options for the inputs' object stores (credentials, endpoints).
+    pub storage_options: Vec<(String, String)>,
+    /// Files read at once.
+    pub concurrency: usize,
+}
+
+impl Default for IndexOptions {
+    fn default() -> Self {
+        IndexOptions {
+            checksums: false,
+            update: false,
+            overwrite: false,
+            storage_options: Vec::new(),
+            concurrency: 64,
+        }
+    }
+}
+
+/// What [`index`] wrote.
+#[derive(Clone, Debug, Serialize)]
+pub struct IndexSummary {
+    /// The index's URL.
+    pub index: String,
+    /// Files in the index.
+    pub files: usize,
+    /// Files this run added (all of them, unless `update`).
+    pub added: usize,
+    /// Rows over all files.
+    pub rows: u64,
+    /// Bytes over all files.
+    pub bytes: u64,
+    /// Row groups over all files.
+    pub row_groups: usize,
+    /// The bases the files lie under.
+    pub bases: Vec<String>,
+    /// Whether the files' checksums are recorded.
+    pub checksums: bool,
+}
+
+/// A file found under an input.
+#[derive(Clone, Debug)]
+struct Found {
+    /// Its base's URL.
+    base: String,
+    /// Its path under the base.
+    path: String,
+    size: u64,
+    fingerprint: Fingerprint,
+}
+
+/// A file read: its entry and what the index's totals take from it.
+struct Indexed {
+    entry: ShardEntry,
+    url: String,
+    schema: Schema,
+    input_bytes: u64,
+    codecs: Vec<String>,
+}
+
+fn index_error(file: impl Into<String>, reason: impl Into<String>) -> PreprocessError {
+    PreprocessError::Index {
+        file: file.into(),
+        reason: reason.into(),
+    }
+}
+
+fn is_glob(s: &str) -> bool {
+    s.contains(['*', '?', '['])
+}
+
+/// Whether a file found in a folder is one of a dataset's Parquet files:
+/// `*.parquet` (or `.parq`, `.pq`), not hidden and not under a folder of
+/// a writer's own (`_temporary`, `_delta_log`, `.cache`).
+fn is_data_file(relative: &str) -> bool {
+    let mut parts = relative.split('/').peekable();
+    while let Some(part) = parts.next() {
+        if part.starts_with('.') || part.starts_with('_') {
+            return false;
+        }
+        if parts.peek().is_none() {
+            let lower = part.to_ascii_lowercase();
+            return [".parquet", ".parq", ".pq"]
+                .iter()
+                .any(|e| lower.ends_with(e));
+        }
+    }
+    false
+}
+
+/// Split `input` at its first component with a glob character: the folder
+/// before it and the pattern from it (`None` without one).
+fn split_glob(input: &str) -> (&str, Option<&str>) {
+    let mut at = 0;
+    for part in input.split('/') {
+        if is_glob(part) {
+            let folder = input[..at].trim_end_matches('/');
+            return (folder, Some(&input[at..]));
+        }
+        at += part.len() + 1;
+    }
+    (input, None)
+}
+
+fn glob_pattern(input: &str, pattern: &str) -> Result<glob::Pattern> {
+    glob::Pattern::new(pattern).map_err(|e| PreprocessError::BadOption {
+        option: "INPUTS",
+        reason: format!("{input:?} is not a valid pattern: {e}"),
+    })
+}
+
+const MATCH: glob::MatchOptions = glob::MatchOptions {
+    case_sensitive: true,
+    require_literal_separator: true,
+    require_literal_leading_dot: true,
+};
+
+/// The files under a local input: a file, a folder (its data files, in
+/// path order) or a glob.
+fn find_local(input: &str) -> Result<Vec<Found>> {
+    let (folder, pattern) = split_glob(input);
+    let folder = if folder.is_empty() { "." } else { folder };
+    let folder = folder.strip_prefix("file://").unwrap_or(folder);
+    let canonical = std::fs::canonicalize(folder).map_err(|_| PreprocessError::InputNotFound {
+        path: PathBuf::from(folder),
+    })?;
+    let meta =
+        std::fs::metadata(&canonical).map_err(|e| PreprocessError::io("read", &canonical, e))?;
+    let (base, files): (PathBuf, Vec<PathBuf>) = if meta.is_file() {
+        if pattern.is_some() {
+            return Err(PreprocessError::NoMatch {
+                pattern: input.to_string(),
+            });
+        }
+        let parent = canonical.parent().unwrap_or(Path::new("/")).to_path_buf();
+        (parent, vec![canonical.clone()])
+    } else {
+        let mut files = Vec::new();
+        let matcher = pattern.map(|p| glob_pattern(input, p)).transpose()?;
+        for entry in walkdir::WalkDir::new(&canonical).sort_by_file_name() {
+            let entry = entry.map_err(|e| {
+                let path = e.path().unwrap_or(&canonical).to_path_buf();
+                PreprocessError::io("list", &path, e.into())
+            })?;
+            if !entry.file_type().is_file() {
+                continue;
+            }
+            let relative = relative_of(&canonical, entry.path())?;
+            let keep = match &matcher {
+                Some(m) => m.matches_with(&relative, MATCH),
+                None => is_data_file(&relative),
+            };
+            if keep {
+                files.push(entry.path().to_path_buf());
+            }
+        }
+        (canonical, files)
+    };
+    if files.is_empty() {
+        return Err(PreprocessError::NoMatch {
+            pattern: input.to_string(),
+        });
+    }
+    let base_url = url::Url::from_directory_path(&base)
+        .map_err(|()| index_error(base.display().to_string(), "not an absolute folder"))?
+        .to_string();
+    let base_url = base_url.trim_end_matches('/').to_string();
+    files
+        .into_iter()
+        .map(|file| {
+            let meta =
+                std::fs::metadata(&file).map_err(|e| PreprocessError::io("read", &file, e))?;
+            Ok(Found {
+                base: base_url.clone(),
+                path: relative_of(&base, &file)?,
+                size: meta.len(),
+                fingerprint: Fingerprint {
+                    modified_ns: shardfeed_format::modified_ns(&meta),
+                    ..Fingerprint::default()
+                },
+            })
+        })
+        .collect()
+}
+
+fn relative_of(base: &Path, file: &Path) -> Result<String> {
+    let relative = file
+        .strip_prefix(base)
+        .map_err(|_| index_error(file.display().to_string(), "does not lie under its folder"))?;
+    let parts: Option<Vec<&str>> = relative.iter().map(|p| p.to_str()).collect();
+    parts
+        .map(|p| p.join("/"))
+        .ok_or_else(|| index_error(file.display().to_string(), "its name is not UTF-8"))
+}
+
+/// The files under a remote input: one object, a prefix (its data files,
+/// in key order) or a glob over a prefix.
+async fn find_remote(input: &str, storage: &[(String, String)]) -> Result<Vec<Found>> {
+    let (folder, pattern) = split_glob(input);
+    let folder = folder.trim_end_matches('/');
+    let location = Location::parse_with_options(folder, storage.iter().cloned())?;
+    let fingerprint = |meta: &object_store::ObjectMeta| Fingerprint {
+        etag: meta.e_tag.clone(),
+        version: meta.version.clone(),
+        modified_ns: meta.last_modified.timestamp_nanos_opt(),
+    };
+    if pattern.is_none() {
+        // One object? (Its folder is then the base.)
+        match location.store().head(location.prefix()).await {
+            Ok(meta) => {
+                let (base, name) = folder.rsplit_once('/').unwrap_or(("", folder));
+                return Ok(vec![Found {
+                    base: base.to_string(),
+                    path: name.to_string(),
+                    size: meta.size,
+                    fingerprint: fingerprint(&meta),
+                }]);
+            }
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(source) => {
+                return Err(index_error(
+                    input,
+                    shardfeed_format::redact::text(&source.to_string()),
+                ));
+            }
+        }
+    }
+    let matcher = pattern.map(|p| glob_pattern(input, p)).transpose()?;
+    let mut objects = location.list("").await?;
+    objects.sort_by(|a, b| a.location.cmp(&b.location));
+    let prefix = location.prefix().as_ref().to_string();
+    let mut found = Vec::new();
+    for meta in objects {
+        let key = meta.location.as_ref();
+        let relative = match prefix.is_empty() {
+            true => key,
+            false => match key
+                .strip_prefix(prefix.as_str())
+                .and_then(|r| r.strip_prefix('/'))
+            {
+                Some(r) => r,
+                None => continue,
+            },
+        };
+        let keep = match &matcher {
+            Some(m) => m.matches_with(relative, MATCH),
+            None => is_data_file(relative),
+        };
+        if keep {
+            found.push(Found {
+                base: folder.to_string(),
+                path: relative.to_string(),
+                size: meta.size,
+                fingerprint: fingerprint(&meta),
+            });
+        }
+    }
+    if found.is_empty() {
+        return Err(PreprocessError::NoMatch {
+            pattern: input.to_string(),
+        });
+    }
+    Ok(found)
+}
+
+fn is_remote(input: &str) -> bool {
+    input.contains("://") && !input.starts_with("file://")
+}
+
+/// Range reads of one file, only while it is the object that was found
+/// (its ETag and version, where the store reports them).
+struct Reader {
+    store: Arc<dyn ObjectStore>,
+    path: object_store::path::Path,
+    fingerprint: Fingerprint,
+    url: String,
+}
+
+impl Reader {
+    async fn range(&self, range: std::ops::Range<u64>) -> Result<Bytes> {
+        let options = GetOptions {
+            if_match: self.fingerprint.etag.clone(),
+            version: self.fingerprint.version.clone(),
+            range: Some(range.into()),
+            ..Default::default()
+        };
+        let got = async {
+            self.store
+                .get_opts(&self.path, options)
+                .await?
+                .bytes()
+                .await
+        };
+        got.await.map_err(|e| self.error(e))
+    }
+
+    fn error(&self, e: object_store::Error) -> PreprocessError {
+        let reason = match e {
+            object_store::Error::Precondition { .. } => {
+                "it changed while it was indexed".to_string()
+            }
+            e => shardfeed_format::redact::text(&e.to_string()),
+        };
+        index_error(&self.url, reason)
+    }
+}
+
+/// The footer of a file of `size` bytes: its bytes (metadata, length,
+/// magic) and the decoded metadata.
+async fn read_footer(reader: &Reader, size: u64) -> Result<(Bytes, ParquetMetaData)> {
+    let not_parquet = |why: String| index_error(&reader.url, format!("not a Parquet file: {why}"));
+    if size < 12 {
+        return Err(not_parquet(format!("{size} bytes")));
+    }
+    let guess = size.min(FOOTER_GUESS);
+    let tail = reader.range(size - guess..size).await?;
+    if tail.len() as u64 != guess {
+        return Err(index_error(&reader.url, "it was shorter than listed"));
+    }
+    let end = &tail[tail.len() - 8..];
+    if &end[4..] == b"PARE" {
+        return Err(not_parquet("its footer is encrypted".into()));
+    }
+    if &end[4..] != b"PAR1" {
+        return Err(not_parquet("no PAR1 magic at its end".into()));
+    }
+    let metadata_len = u64::from(u32::from_le_bytes(end[..4].try_into().expect("4 bytes")));
+    let footer_len = metadata_len + 8;
+    if footer_len > MAX_FOOTER || footer_len + 4 > size {
+        return Err(not_parquet(format!(
+            "its footer claims {metadata_len} bytes of {size}"
+        )));
+    }
+    let footer = if footer_len <= guess {
+        tail.slice((guess - footer_len) as usize..)
+    } else {
+        reader.range(size - footer_len..size).await?
+    };
+    let bytes = footer.clone();
+    let url = reader.url.clone();
+    let metadata = tokio::task::spawn_blocking(move || {
+        ParquetMetaDataReader::decode_metadata(&bytes[..bytes.len() - 8])
+    })
+    .await
+    .map_err(|e| index_error(&url, e.to_string()))?
+    .map_err(|e| not_parquet(e.to_string()))?;
+    Ok((footer, metadata))
+}
+
+/// Every byte of a file read once: its CRC-32 and each column chunk's
+/// XXH3-64 (over the chunk's byte range, as the loader checks it).
+async fn read_checksums(
+    reader: &Reader,
+    size: u64,
+    metadata: &ParquetMetaData,
+) -> Result<(Crc32, ChunkChecksums)> {
+    // (start, end, row group, column), by start.
+    let mut chunks: Vec<(u64, u64, usize, usize)> = Vec::new();
+    for (i, rg) in metadata.row_groups().iter().enumerate() {
+        for (j, c) in rg.columns().iter().enumerate() {
+            let (start, len) = c.byte_range();
+            chunks.push((start, start.saturating_add(len), i, j));
+        }
+    }
+    chunks.sort();
+    let mut sums: Vec<Vec<u64>> = metadata
+        .row_groups()
+        .iter()
+        .map(|rg| vec![0; rg.num_columns()])
+        .collect();
+    let mut hashers: Vec<Option<shardfeed_format::checksum::ChunkHasher>> = chunks
+        .iter()
+        .map(|_| Some(ChunkHash::Xxh3.hasher()))
+        .collect();
+    let mut crc = crc32fast::Hasher::new();
+    let (mut at, mut next) = (0u64, 0usize);
+    let mut active: Vec<usize> = Vec::new();
+    const PIECE: u64 = 8 << 20;
+    while at < size {
+        let piece = reader.range(at..size.min(at + PIECE)).await?;
+        if piece.is_empty() {
+            return Err(index_error(&reader.url, "it was shorter than listed"));
+        }
+        let end = at + piece.len() as u64;
+        crc.update(&piece);
+        while next < chunks.len() && chunks[next].0 < end {
+            active.push(next);
+            next += 1;
+        }
+        active.retain(|&k| {
+            let (start, stop, i, j) = chunks[k];
+            let (from, to) = (start.max(at), stop.min(end));
+            if from < to {
+                let bytes = &piece[(from - at) as usize..(to - at) as usize];
+                hashers[k].as_mut().expect("hashing").update(bytes);
+            }
+            if stop <= end {
+                sums[i][j] = hashers[k].take().expect("hashing").finish().value;
+                return false;
+            }
+            true
+        });
+        at = end;
+    }
+    if let Some(&k) = active.first().or(chunks.get(next).map(|_| &next)) {
+        let (start, stop, i, j) = chunks[k];
+        return Err(index_error(
+            &reader.url,
+            format!("column {j} of row group {i} at {start}..{stop} lies outside the file"),
+        ));
+    }
+    Ok((
+        Crc32(crc.finalize()),
+        ChunkChecksums {
+            hash: ChunkHash::Xxh3,
+            sums,
+        },
+    ))
+}
+
+/// Read one file's footer (and its checksums, when asked) into its entry.
+async fn index_file(found: Found, base: u32, place: &Location, checksums: bool) -> Result<Indexed> {
+    let url = format!("{}/{}", found.base, found.path);
+    let reader = Reader {
+        store: place.store().clone(),
+        path: place.child(&found.path),
+        fingerprint: found.fingerprint.clone(),
+        url: url.clone(),
+    };
+    let (footer, metadata) = read_footer(&reader, found.size).await?;
+    let footer_len = footer.len() as u64;
+    let data_end = found.size - footer_len;
+    for (i, rg) in metadata.row_groups().iter().enumerate() {
+        if rg.num_rows() < 0 {
+            return Err(index_error(
+                &url,
+                format!("row group {i} has a negative row count"),
+            ));
+        }
+        for (j, c) in rg.columns().iter().enumerate() {
+            let (start, len) = c.byte_range();
+            if start.checked_add(len).is_none_or(|end| end > data_end) {
+                return Err(index_error(
+                    &url,
+                    format!(
+                        "column {j} of row group {i} at {start}+{len} lies outside the file's data"
+                    ),
+                ));
+            }
+        }
+    }
+    let (crc32, chunk_checksums) = match checksums {
+        true => {
+            let (crc, sums) = read_checksums(&reader, found.size, &metadata).await?;
+            (Some(crc), Some(sums.encode()))
+        }
+        false => (None, None),
+    };
+    let metadata = Arc::new(metadata);
+    let arrow = ArrowReaderMetadata::try_new(metadata.clone(), ArrowReaderOptions::new())
+        .map_err(|e| index_error(&url, format!("its schema has no Arrow form: {e}")))?;
+    let row_groups: Vec<u64> = metadata
+        .row_groups()
+        .iter()
+        .map(|rg| rg.num_rows() as u64)
+        .collect();
+    let mut codecs: Vec<String> = metadata
+        .row_groups()
+        .iter()
+        .flat_map(|rg| {
+            rg.columns()
+                .iter()
+                .map(|c| codec_name(c.compression()).to_string())
+        })
+        .collect();
+    codecs.sort();
+    codecs.dedup();
+    let input_bytes = metadata
+        .row_groups()
+        .iter()
+        .map(|rg| rg.total_byte_size().max(0) as u64)
+        .fold(0, u64::saturating_add);
+    Ok(Indexed {
+        entry: ShardEntry {
+            path: found.path,
+            rows: row_groups.iter().fold(0, |a, &r| a.saturating_add(r)),
+            bytes: found.size,
+            row_groups,
+            footer_len,
+            footer_crc32: Crc32::of(&footer),
+            crc32,
+            base: Some(base),
+            fingerprint: Some(found.fingerprint),
+            chunk_checksums,
+        },
+        url,
+        schema: arrow.schema().as_ref().clone(),
+        input_bytes,
+        codecs,
+    })
+}
+
+fn codec_name(codec: parquet::basic::Compression) -> &'static str {
+    use parquet::basic::Compression as C;
+    match codec {
+        C::UNCOMPRESSED => "uncompressed",
+        C::SNAPPY => "snappy",
+        C::GZIP(_) => "gzip",
+        C::LZO => "lzo",
+        C::BROTLI(_) => "brotli",
+        C::LZ4 => "lz4",
+        C::ZSTD(_) => "zstd",
+        C::LZ4_RAW => "lz4_raw",
+    }
+}
+
+/// Fold `other`'s schema (of file `url`) into `schema`: the same columns in
+/// the same order with the same types; a column is nullable where any file
+/// has it nullable.
+fn widen(schema: &mut Schema, first: &str, other: &Schema, url: &str) -> Result<()> {
+    let mismatch = |detail: String| {
+        index_error(
+            url,
+            format!("its schema differs from the index's (first file {first}): {detail}"),
+        )
+    };
+    if schema.fields().len() != other.fields().len() {
+        return Err(mismatch(format!(
+            "{} columns, not {}",
+            other.fields().len(),
+            schema.fields().len()
+        )));
+    }
+    let mut fields: Vec<Field> = Vec::with_capacity(other.fields().len());
+    for (a, b) in schema.fields().iter().zip(other.fields()) {
+        if a.name() != b.name() {
+            return Err(mismatch(format!(
+                "column `{}` where the index has `{}`",
+                b.name(),
+                a.name()
+            )));
+        }
+        if !a.data_type().equals_datatype(b.data_type()) {
+            return Err(mismatch(format!(
+                "column `{}` is {}, the index's is {} (files of one index share their types)",
+                a.name(),
+                b.data_type(),
+                a.data_type()
+            )));
+        }
+        fields.push(
+            a.as_ref()
+                .clone()
+                .with_nullable(a.is_nullable() || b.is_nullable()),
+        );
+    }
+    *schema = Schema::new(fields);
+    Ok(())
+}
+
+/// Write an index at `output` over the Parquet files under `inputs` (local
+/// paths, folders, globs, or object store URLs and prefixes).
+pub fn index(inputs: &[String], output: &str, options: &IndexOptions) -> Result<IndexSummary> {
+    if inputs.is_empty() {
+        return Err(PreprocessError::NoInputs);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .map_err(|e| PreprocessError::io("start the I/O runtime for", Path::new(output), e))?;
+    runtime.block_on(index_async(inputs, output, options))
+}
+
+async fn index_async(
+    inputs: &[String],
+    output: &str,
+    options: &IndexOptions,
+) -> Result<IndexSummary> {
+    let out = Location::parse_with_options(output, options.storage_options.iter().cloned())?;
+    // What is there already: an index to add to, or something not to replace.
+    let existing = match out.has_manifest().await? {
+        false => None,
+        true if options.update => {
+            let manifest = out.read_manifest().await?;
+            if manifest.index.is_none() {
+                return Err(PreprocessError::BadOption {
+                    option: "--update",
+                    reason: format!("{} is a dataset of shards, not an index", out.url()),
+                });
+            }
+            Some(manifest)
+        }
+        true if options.overwrite => None,
+        true => {
+            return Err(PreprocessError::DatasetExists {
+                url: out.url().to_string(),
+            });
+        }
+    };
+    let checksums = match &existing {
+        Some(m) => {
+            let had = m.index.as_ref().is_some_and(|i| i.checksums);
+            if options.checksums && !had {
+                return Err(PreprocessError::BadOption {
+                    option: "--checksums",
+                    reason: "the index was made without checksums: index again without --update to add them".into(),
+                });
+            }
+            had
+        }
+        None => options.checksums,
+    };
+    let mut found = Vec::new();
+    for input in inputs {
+        found.extend(match is_remote(input) {
+            true => find_remote(input, &options.storage_options).await?,
+            false => find_local(input)?,
+        });
+    }
+    // Bases in order of first use, after the existing index's.
+    let mut bases: Vec<String> = existing
+        .as_ref()
+        .and_then(|m| m.index.as_ref())
+        .map_or_else(Vec::new, |i| i.bases.clone());
+    let mut known: std::collections::HashSet<(String, String)> = existing
+        .as_ref()
+        .map(|m| {
+            m.shards
+                .iter()
+                .filter_map(|s| Some((bases.get(s.base? as usize)?.clone(), s.path.clone())))
+                .collect()
+        })
+        .unwrap_or_default();
+    found.retain(|f| known.insert((f.base.clone(), f.path.clone())));
+    let mut base_of: HashMap<String, u32> = bases
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.clone(), i as u32))
+        .collect();
+    let mut places: Vec<Option<Location>> = vec![None; bases.len()];
+    let mut jobs = Vec::with_capacity(found.len());
+    for f in found {
+        shardfeed_format::validate_index_path(&f.path)?;
+        let b = match base_of.get(&f.base) {
+            Some(&b) => b,
+            None => {
+                shardfeed_format::validate_base(&f.base).map_err(|reason| {
+                    index_error(shardfeed_format::redact::url(&f.base), reason)
+                })?;
+                bases.push(f.base.clone());
+                places.push(None);
+                base_of.insert(f.base.clone(), (bases.len() - 1) as u32);
+                (bases.len() - 1) as u32
+            }
+        };
+        if places[b as usize].is_none() {
+            let place = match f.base.starts_with("file://") {
+                true => Location::parse(&f.base)?,
+                false => {
+                    Location::parse_with_options(&f.base, options.storage_options.iter().cloned())?
+                }
+            };
+            places[b as usize] = Some(place);
+        }
+        jobs.push((f, b));
+    }
+    let places: Vec<Option<Location>> = places;
+    let indexed: Vec<Indexed> = futures::stream::iter(jobs)
+        .map(|(f, b)| {
+            let place = places[b as usize].clone().expect("a place for every base");
+            async move { index_file(f, b, &place, checksums).await }
+        })
+        .buffered(options.concurrency.max(1))
+        .try_collect()
+        .await?;
+    let added = indexed.len();
+
+    let (mut schema, first, mut shards, mut input_bytes, mut codecs) = match existing {
+        Some(m) => {
+            let first = m
+                .shards
+                .first()
+                .and_then(|s| Some(format!("{}/{}", bases.get(s.base? as usize)?, s.path)))
+                .unwrap_or_default();
+            let codecs: Vec<String> = m
+                .options
+                .compression
+                .split(',')
+                .filter(|c| !c.is_empty())
+                .map(str::to_string)
+                .collect();
+            (m.schema, first, m.shards, m.input_bytes, codecs)
+        }
+        None => match indexed.first() {
+            Some(first) => (
+                Schema::new(first.schema.fields().clone()),
+                first.url.clone(),
+                Vec::new(),
+                0,
+                Vec::new(),
+            ),
+            None => {
+                return Err(PreprocessError::NoRows {
+                    inputs: inputs.join(", "),
+                });
+            }
+        },
+    };
+    for file in indexed {
+        widen(&mut schema, &first, &file.schema, &file.url)?;
+        input_bytes = input_bytes.saturating_add(file.input_bytes);
+        codecs.extend(file.codecs);
+        shards.push(file.entry);
+    }
+    if let Some(name) = shardfeed_format::duplicate_column(&schema) {
+        return Err(index_error(
+            first,
+            format!("the schema names column {name:?} twice"),
+        ));
+    }
+    codecs.sort();
+    codecs.dedup();
+    let write = WriteOptions {
+        compression: codecs.join(","),
+        zstd_level: 0,
+        shard_size: 0,
+        row_group_rows: None,
+        row_group_bytes: None,
+        large_row_group_bytes: None,
+        shuffle_seed: None,
+        tokenizer: None,
+    };
+    let mut manifest = Manifest::new(schema, write, shards, input_bytes);
+    manifest.index = Some(IndexRecord {
+        bases: bases.clone(),
+        checksums,
+    });
+    manifest.validate(out.url())?;
+    if out.has_manifest().await? {
+        // `--update` or `--overwrite`: replaced in one write.
+        out.put(shardfeed_format::MANIFEST_FILE, manifest.to_json())
+            .await?;
+    } else {
+        out.write_manifest(&manifest).await?;
+    }
+    Ok(IndexSummary {
+        index: out.url().to_string(),
+        files: manifest.shards.len(),
+        added,
+        rows: manifest.total_rows,
+        bytes: manifest.total_bytes,
+        row_groups: manifest.row_group_count(),
+        bases,
+        checksums,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_split_at_their_first_pattern_component() {
+        assert_eq!(
+            split_glob("s3://b/data/*.parquet"),
+            ("s3://b/data", Some("*.parquet"))
+        );
+        assert_eq!(split_glob("/d/x/**/y?.pq"), ("/d/x", Some("**/y?.pq")));
+        assert_eq!(split_glob("/d/x"), ("/d/x", None));
+    }
+
+    #[test]
+    fn folders_hold_data_files_not_writers_leftovers() {
+        assert!(is_data_file("part-0.parquet"));
+        assert!(is_data_file("year=2024/part-0.snappy.parquet"));
+        assert!(!is_data_file("_SUCCESS"));
+        assert!(!is_data_file("_temporary/0/part-0.parquet"));
+        assert!(!is_data_file(".hidden.parquet"));
+        assert!(!is_data_file("notes.txt"));
+    }
+}

@@ -1,0 +1,335 @@
+"""Existing Parquet files read in place through an index (`shardfeed index`):
+every row exactly once per epoch at world sizes 1 and 3, values equal to
+pyarrow's reading of the same files; changed files are errors naming them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import shardfeed
+
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("x", pa.float64()),
+        pa.field("tokens", pa.list_(pa.int32())),
+        pa.field("text", pa.string()),
+    ]
+)
+
+
+def make_table(start: int, n: int) -> pa.Table:
+    rng = np.random.default_rng(start)
+    ids = np.arange(start, start + n, dtype=np.int64)
+    x = [None if i % 11 == 3 else float(v) for i, v in zip(ids, rng.random(n))]
+    tokens = [None if i % 13 == 5 else list(range(int(i) % 9)) for i in ids]
+    text = [None if i % 17 == 2 else f"row {i} " * int(i % 4) for i in ids]
+    return pa.table([ids, x, tokens, text], schema=SCHEMA)
+
+
+def write_files(folder: Path, writer: str, rows: int, files: int, **options) -> pa.Table:
+    """`files` Parquet files of `rows` rows each under `folder`, written by `writer`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tables = []
+    for f in range(files):
+        table = make_table(f * rows, rows)
+        tables.append(table)
+        path = folder / f"part-{f:03d}.parquet"
+        if writer == "pyarrow":
+            pq.write_table(table, path, **options)
+        elif writer == "polars":
+            pl = pytest.importorskip("polars")
+            pl.from_arrow(table).write_parquet(path, **options)
+        elif writer == "duckdb":
+            duckdb = pytest.importorskip("duckdb")
+            con = duckdb.connect()
+            con.register("t", table)
+            con.execute(f"COPY t TO '{path}' (FORMAT parquet, {options.get('duck', 'ROW_GROUP_SIZE 2048')})")
+            con.close()
+    return pa.concat_tables(tables)
+
+
+def expected_rows(table: pa.Table) -> dict[int, tuple]:
+    cols = {name: table.column(name).to_pylist() for name in table.column_names}
+    return {
+        i: (cols["x"][k], cols["tokens"][k], cols["text"][k]) for k, i in enumerate(cols["id"])
+    }
+
+
+def read_rows(index: str, world: int = 1, rank: int = 0, **options) -> list[tuple]:
+    """Every row a rank gets in one epoch, as (id, x, tokens, text)."""
+    out = []
+    with shardfeed.Loader(
+        index, 97, seed=5, drop_last=False, world_size=world, rank=rank, **options
+    ) as loader:
+        for batch in loader:
+            ids = batch["id"].tolist()
+            x, x_valid = batch["x"].tolist(), batch["x.validity"].tolist()
+            lists = shardfeed.rows(batch, "tokens")
+            lists_valid = batch["tokens.validity"].tolist()
+            texts = shardfeed.strings(batch, "text")
+            for k, i in enumerate(ids):
+                out.append(
+                    (
+                        i,
+                        x[k] if x_valid[k] else None,
+                        lists[k].tolist() if lists_valid[k] else None,
+                        texts[k],
+                    )
+                )
+    return out
+
+
+def check_every_row_once(index: str, table: pa.Table) -> None:
+    expected = expected_rows(table)
+    n = len(expected)
+    got = read_rows(index)
+    assert sorted(r[0] for r in got) == sorted(expected)
+    for i, *values in got:
+        assert tuple(values) == expected[i], f"row {i}"
+    # World size 3: ranks split the epoch; padded to a multiple of 3 by
+    # wrapping around, as PyTorch's DistributedSampler does.
+    ranks = [read_rows(index, world=3, rank=r) for r in range(3)]
+    per_rank = -(-n // 3)
+    assert [len(r) for r in ranks] == [per_rank] * 3
+    ids = [row[0] for r in ranks for row in r]
+    assert set(ids) == set(expected)
+    assert len(ids) - len(set(ids)) == per_rank * 3 - n
+    for r in ranks:
+        for i, *values in r:
+            assert tuple(values) == expected[i]
+
+
+WRITERS = [
+    pytest.param("pyarrow", 3000, 3, dict(row_group_size=1000), id="pyarrow-snappy-v1-dict"),
+    pytest.param(
+        "pyarrow",
+        700,
+        2,
+        dict(row_group_size=7, data_page_version="2.0", use_dictionary=False),
+        id="pyarrow-v2-plain-rg7",
+    ),
+    pytest.param("pyarrow", 40, 2, dict(row_group_size=1, compression="zstd"), id="pyarrow-zstd-rg1"),
+    pytest.param("pyarrow", 2000, 1, dict(compression="gzip", write_statistics=False), id="pyarrow-gzip"),
+    pytest.param("pyarrow", 2000, 1, dict(compression="brotli", write_page_index=True), id="pyarrow-brotli"),
+    pytest.param("pyarrow", 2000, 1, dict(compression="lz4"), id="pyarrow-lz4"),
+    pytest.param("pyarrow", 2000, 1, dict(compression="none"), id="pyarrow-uncompressed"),
+    pytest.param(
+        "pyarrow",
+        200_000,
+        1,
+        dict(row_group_size=200_000, column_encoding={"id": "DELTA_BINARY_PACKED"}, use_dictionary=["text"]),
+        id="pyarrow-rg200k-delta",
+    ),
+    pytest.param("polars", 5000, 2, dict(row_group_size=2048), id="polars"),
+    pytest.param("duckdb", 5000, 2, {}, id="duckdb"),
+]
+
+
+@pytest.mark.parametrize("writer,rows,files,options", WRITERS)
+def test_every_row_once_with_pyarrows_values(tmp_path, writer, rows, files, options):
+    table = write_files(tmp_path / "data", writer, rows, files, **options)
+    index = str(tmp_path / "index")
+    summary = shardfeed.index(str(tmp_path / "data"), index)
+    assert summary["files"] == files and summary["rows"] == rows * files
+    # Only the index was written: no byte of data copied.
+    assert sorted(p.name for p in Path(index).iterdir()) == ["manifest.json"]
+    check_every_row_once(index, table)
+
+
+def test_globs_update_and_checksums(tmp_path):
+    data = tmp_path / "data"
+    first = write_files(data / "a", "pyarrow", 500, 2, row_group_size=100)
+    index = str(tmp_path / "index")
+    assert shardfeed.index(str(data / "a" / "*.parquet"), index)["files"] == 2
+    with pytest.raises(FileExistsError, match="already exists"):
+        shardfeed.index(str(data / "a"), index)
+    # New files are appended; the old entries keep their place.
+    (data / "b").mkdir()
+    second = make_table(10_000, 300)
+    pq.write_table(second, data / "b" / "more.parquet")
+    before = json.loads(Path(index, "manifest.json").read_text())["shards"]
+    summary = shardfeed.index([str(data / "a"), str(data / "b")], index, update=True)
+    assert (summary["files"], summary["added"]) == (3, 1)
+    after = json.loads(Path(index, "manifest.json").read_text())["shards"]
+    assert after[:2] == before
+    check_every_row_once(index, pa.concat_tables([first, second]))
+    # Checksums: recorded, then verified.
+    checked = str(tmp_path / "checked")
+    assert shardfeed.index(str(data / "a"), checked, checksums=True)["checksums"]
+    assert shardfeed.verify(checked)["ok"]
+    assert shardfeed.inspect(checked)["index"]["checksums"] is True
+
+
+def test_a_file_of_another_schema_is_refused_by_name(tmp_path):
+    data = tmp_path / "data"
+    write_files(data, "pyarrow", 100, 1)
+    other = make_table(100, 10).set_column(1, "x", pa.array(["s"] * 10))
+    pq.write_table(other, data / "part-zzz.parquet")
+    with pytest.raises(shardfeed.ShardfeedError, match=r"part-zzz\.parquet.*column `x`"):
+        shardfeed.index(str(data), str(tmp_path / "index"))
+    assert not (tmp_path / "index" / "manifest.json").exists()
+
+
+def test_not_parquet_is_refused_by_name(tmp_path):
+    data = tmp_path / "data"
+    write_files(data, "pyarrow", 100, 1)
+    (data / "broken.parquet").write_bytes(b"PAR1" + b"\0" * 100)
+    with pytest.raises(shardfeed.ShardfeedError, match=r"broken\.parquet.*not a Parquet file"):
+        shardfeed.index(str(data), str(tmp_path / "index"))
+
+
+def first_error(index: str, **options) -> str:
+    # A file gone is FileNotFoundError; any other change ShardfeedError.
+    with pytest.raises((shardfeed.ShardfeedError, FileNotFoundError)) as err:
+        with shardfeed.Loader(index, 64, **options) as loader:
+            for _ in loader:
+                pass
+    return str(err.value)
+
+
+@pytest.mark.parametrize("change", ["rewritten", "truncated", "deleted", "touched"])
+def test_a_file_changed_after_indexing_is_an_error_naming_it(tmp_path, change):
+    data = tmp_path / "data"
+    write_files(data, "pyarrow", 1000, 2, row_group_size=250)
+    index = str(tmp_path / "index")
+    shardfeed.index(str(data), index)
+    victim = data / "part-001.parquet"
+    if change == "rewritten":
+        pq.write_table(make_table(5000, 1000), victim, row_group_size=250)
+    elif change == "truncated":
+        victim.write_bytes(victim.read_bytes()[:-100])
+    elif change == "deleted":
+        victim.unlink()
+    else:
+        # Same bytes, a new modification time: the fingerprint says changed.
+        st = victim.stat()
+        os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    message = first_error(index)
+    assert "part-001.parquet" in message
+    # Skipped and counted when asked to.
+    with shardfeed.Loader(index, 64, on_error="skip", drop_last=False) as loader:
+        ids = [i for batch in loader for i in batch["id"].tolist()]
+        skipped = loader.stats()["skipped"]
+        assert sorted(s["row_group"] for s in skipped) == [0, 1, 2, 3]
+        assert all(s["shard"].endswith("part-001.parquet") for s in skipped)
+    assert sorted(ids) == list(range(1000))
+    assert not shardfeed.verify(index)["ok"]
+
+
+def test_a_damaged_byte_is_the_checksum_error(tmp_path):
+    data = tmp_path / "data"
+    write_files(data, "pyarrow", 1000, 1, row_group_size=250, compression="none")
+    index = str(tmp_path / "index")
+    shardfeed.index(str(data), index, checksums=True)
+    victim = data / "part-000.parquet"
+    raw = bytearray(victim.read_bytes())
+    raw[200] ^= 0xFF
+    st = victim.stat()
+    victim.write_bytes(bytes(raw))
+    # The same size and time: only the checksum can tell.
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    message = first_error(index)
+    assert "part-000.parquet" in message and "checksum" in message
+
+
+def test_resume_and_a_mixture_with_a_sharded_dataset(tmp_path):
+    data = tmp_path / "data"
+    table = write_files(data, "pyarrow", 2000, 2, row_group_size=200)
+    index = str(tmp_path / "index")
+    shardfeed.index(str(data), index)
+    whole = [r[0] for r in read_rows(index)]
+    loader = shardfeed.Loader(index, 97, seed=5, drop_last=False)
+    it = iter(loader)
+    head = [i for _ in range(7) for i in next(it)["id"].tolist()]
+    state = loader.state_dict()
+    loader.close()
+    resumed = shardfeed.Loader(index, 97, seed=5, drop_last=False)
+    resumed.load_state_dict(state)
+    rest = [i for batch in resumed for i in batch["id"].tolist()]
+    assert head + rest == whole
+    # A mixture of the index and a dataset sharded from the same files.
+    sharded = str(tmp_path / "sharded")
+    shardfeed.shard(str(data), sharded, row_group_rows=256)
+    with shardfeed.Loader({index: 0.5, sharded: 0.5}, 64, columns=["id", "x"], seed=1) as mix:
+        ids = [i for _, batch in zip(range(20), mix) for i in batch["id"].tolist()]
+    assert len(ids) == 20 * 64 and set(ids) <= set(table.column("id").to_pylist())
+
+
+def test_elastic_resume_on_an_index_from_2_ranks_to_3(tmp_path):
+    data = tmp_path / "data"
+    table = write_files(data, "pyarrow", 1500, 2, row_group_size=150)
+    index = str(tmp_path / "index")
+    shardfeed.index(str(data), index)
+    seen, states = [], []
+    for rank in range(2):
+        loader = shardfeed.Loader(index, 50, seed=9, rank=rank, world_size=2)
+        it = iter(loader)
+        seen += [i for _ in range(6) for i in next(it)["id"].tolist()]
+        states.append(loader.state_dict())
+        loader.close()
+    for rank in range(3):
+        loader = shardfeed.Loader(index, 50, seed=9, rank=rank, world_size=3)
+        loader.load_state_dict(states)
+        seen += [i for batch in loader for i in batch["id"].tolist()]
+    # Every row of the epoch exactly once (3000 rows split evenly: no padding).
+    assert sorted(seen) == sorted(table.column("id").to_pylist())
+
+
+def test_s3_files_indexed_and_read_in_place(tmp_path, moto_s3):
+    import boto3
+
+    data = tmp_path / "data"
+    table = write_files(data, "pyarrow", 1500, 3, row_group_size=300)
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=moto_s3["aws_endpoint"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    for f in sorted(data.iterdir()):
+        s3.upload_file(str(f), "test-bucket", f"raw/{f.name}")
+    s3.put_object(Bucket="test-bucket", Key="raw/_SUCCESS", Body=b"")
+    index = str(tmp_path / "index")
+    summary = shardfeed.index("s3://test-bucket/raw", index, storage_options=moto_s3)
+    assert summary["files"] == 3 and summary["bases"] == ["s3://test-bucket/raw"]
+    expected = expected_rows(table)
+    got = read_rows(index, storage_options=moto_s3)
+    assert sorted(r[0] for r in got) == sorted(expected)
+    assert all(tuple(v) == expected[i] for i, *v in got)
+    # Replaced after indexing: the ETag differs, the read is refused by name.
+    s3.put_object(Bucket="test-bucket", Key="raw/part-001.parquet", Body=(data / "part-000.parquet").read_bytes())
+    message = first_error(index, storage_options=moto_s3)
+    assert "part-001.parquet" in message and "changed since it was indexed" in message
+
+
+def test_an_index_cannot_point_outside_its_bases(tmp_path):
+    data = tmp_path / "data"
+    write_files(data, "pyarrow", 100, 1)
+    index = tmp_path / "index"
+    shardfeed.index(str(data), str(index))
+    manifest = json.loads((index / "manifest.json").read_text())
+    forgeries = [
+        ("../secret.parquet", None),
+        ("a/../../secret.parquet", None),
+        ("/etc/passwd", None),
+        ("part-000.parquet", "https://user:hunter2@example.com/data"),
+        ("part-000.parquet", "s3://bucket/data?X-Amz-Signature=hunter2"),
+    ]
+    for path, base in forgeries:
+        forged = json.loads(json.dumps(manifest))
+        forged["shards"][0]["path"] = path
+        if base:
+            forged["index"]["bases"][0] = base
+        (index / "manifest.json").write_text(json.dumps(forged))
+        with pytest.raises(shardfeed.ShardfeedError) as err:
+            shardfeed.Loader(str(index), 10)
+        assert "hunter2" not in str(err.value)
