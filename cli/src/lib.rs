@@ -65,8 +65,10 @@ enum Command {
     /// (size, ETag/version or modification time, footer checksum) that the
     /// loader checks before it reads the file. `Loader(INDEX)` and `bench`
     /// then read the files in place like a dataset. Inputs: local files,
-    /// folders (their `*.parquet` files) and globs, or `s3://`, `gs://`,
-    /// `az://` and `http(s)://` prefixes and globs. All files must share
+    /// folders (their `*.parquet` files) and globs, `s3://`, `gs://`,
+    /// `az://` and `http(s)://` prefixes and globs, or Hugging Face Hub
+    /// datasets (`hf://datasets/ORG/NAME[@REV]/PATH_GLOB`, pinned to the
+    /// revision's commit; `HF_TOKEN` for private ones). All files must share
     /// one schema (a column may be nullable in some and not in others).
     Index {
         /// Parquet files, folders, globs or object store prefixes.

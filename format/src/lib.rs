@@ -45,7 +45,7 @@ pub mod thrift;
 
 pub use checksum::{ChunkChecksums, ChunkHash, ChunkSum, Crc32};
 pub use error::{FormatError, Result, StoreError};
-pub use location::Location;
+pub use location::{Hub, HubRepo, Location};
 pub use manifest::{
     FORMAT_NAME, FORMAT_VERSION, Fingerprint, IndexRecord, MANIFEST_FILE, Manifest, PRETTY_SHARDS,
     ShardEntry, Summary, TASKS_DIR, TaskRecord, TokenizerRecord, WriteOptions, duplicate_column,

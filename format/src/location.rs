@@ -72,6 +72,14 @@ impl Location {
                 let prefix = Path::from(&url["memory://".len()..]);
                 Ok(Self::from_store(Arc::new(InMemory::new()), prefix, url))
             }
+            Some("hf") => {
+                let repo = HubRepo::parse(url).map_err(bad)?;
+                let hub = Hub::new(options).map_err(bad)?;
+                let store = hub.store().map_err(bad)?;
+                let mut location = Self::from_store(store, Path::from(repo.resolve_prefix()), url);
+                location.url = shown.trim_end_matches('/').to_string();
+                Ok(location)
+            }
             Some(scheme) => {
                 let mut parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
                 let (kind, prefix) = ObjectStoreScheme::parse(&parsed)
@@ -347,6 +355,192 @@ fn build_store(
         }
         other => return Err(format!("{other:?} URLs are not supported here")),
     })
+}
+
+/// A Hugging Face Hub repository's files at one revision:
+/// `hf://datasets/ORG/NAME[@REV][/PATH]` (also `models/` and `spaces/`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HubRepo {
+    /// `datasets`, `models` or `spaces`.
+    pub kind: String,
+    /// `ORG/NAME`.
+    pub repo: String,
+    /// The revision: a branch, tag or commit (`main` when not given).
+    pub revision: String,
+    /// The path in the repository (may be empty, or hold a glob).
+    pub path: String,
+}
+
+impl HubRepo {
+    /// Parse an `hf://` URL.
+    pub fn parse(url: &str) -> std::result::Result<Self, String> {
+        let rest = url
+            .strip_prefix("hf://")
+            .ok_or_else(|| "not an hf:// URL".to_string())?;
+        let mut parts = rest.splitn(4, '/');
+        let kind = parts.next().unwrap_or_default();
+        if !["datasets", "models", "spaces"].contains(&kind) {
+            return Err(format!(
+                "expected hf://datasets/ORG/NAME[@REV]/PATH, not {kind:?} after hf://"
+            ));
+        }
+        let org = parts.next().unwrap_or_default();
+        let name_rev = parts.next().unwrap_or_default();
+        let path = parts.next().unwrap_or_default().trim_end_matches('/');
+        let (name, revision) = match name_rev.split_once('@') {
+            // A revision with `/` (`refs/convert/parquet`) is written
+            // percent-encoded, as the Hub's own URLs do.
+            Some((name, rev)) => (name, rev.replace("%2F", "/").replace("%2f", "/")),
+            None => (name_rev, "main".to_string()),
+        };
+        let plain = |s: &str| {
+            !s.is_empty()
+                && s != "."
+                && s != ".."
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        };
+        if !plain(org) || !plain(name) {
+            return Err("expected hf://datasets/ORG/NAME[@REV]/PATH".into());
+        }
+        if revision.is_empty() || revision.split('/').any(|p| p.is_empty() || p == "..") {
+            return Err(format!(
+                "revision {revision:?} is not a branch, tag or commit"
+            ));
+        }
+        if path.split('/').any(|p| p == "..") {
+            return Err("the path must not hold '..'".into());
+        }
+        Ok(HubRepo {
+            kind: kind.to_string(),
+            repo: format!("{org}/{name}"),
+            revision,
+            path: path.to_string(),
+        })
+    }
+
+    /// The revision as it goes in a URL path (`/` percent-encoded).
+    pub fn revision_in_path(&self) -> String {
+        self.revision.replace('/', "%2F")
+    }
+
+    /// The `hf://` URL of `path` (relative to [`HubRepo::path`]'s folder) at `revision`.
+    pub fn url_at(&self, revision: &str, path: &str) -> String {
+        let mut url = format!(
+            "hf://{}/{}@{}",
+            self.kind,
+            self.repo,
+            revision.replace('/', "%2F")
+        );
+        if !path.is_empty() {
+            url.push('/');
+            url.push_str(path);
+        }
+        url
+    }
+
+    /// The store path the files' bytes are read from, on the Hub's endpoint:
+    /// `datasets/ORG/NAME/resolve/REV[/PATH]` (models have no `models/`).
+    pub fn resolve_prefix(&self) -> String {
+        let kind = match self.kind.as_str() {
+            "models" => String::new(),
+            kind => format!("{kind}/"),
+        };
+        let mut prefix = format!("{kind}{}/resolve/{}", self.repo, self.revision_in_path());
+        if !self.path.is_empty() {
+            prefix.push('/');
+            prefix.push_str(&self.path);
+        }
+        prefix
+    }
+}
+
+/// Where the Hub is and who the caller is: `hf_endpoint` (else `HF_ENDPOINT`,
+/// else `https://huggingface.co`) and `hf_token` (else `HF_TOKEN`). The
+/// token goes only to that endpoint: in the `Authorization` header of its
+/// requests, marked sensitive (never logged); a redirect to another host
+/// (the Hub's CDN) does not carry it.
+#[derive(Clone)]
+pub struct Hub {
+    /// The endpoint, without a trailing `/`.
+    pub endpoint: String,
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub")
+            .field("endpoint", &self.endpoint)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl Hub {
+    /// The Hub as `options` (`hf_endpoint`, `hf_token`) and the environment
+    /// say; other options are refused.
+    pub fn new<I, K, V>(options: I) -> std::result::Result<Self, String>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: Into<String>,
+    {
+        let mut endpoint = std::env::var("HF_ENDPOINT").ok();
+        let mut token = std::env::var("HF_TOKEN").ok().filter(|t| !t.is_empty());
+        for (k, v) in options {
+            match k.as_ref().to_ascii_lowercase().as_str() {
+                "hf_endpoint" => endpoint = Some(v.into()),
+                "hf_token" => token = Some(v.into()),
+                // Options meant for the other stores of an index.
+                key if key.starts_with("aws_")
+                    || key.starts_with("google_")
+                    || key.starts_with("azure_") => {}
+                key => return Err(format!("unknown storage option {key:?} for hf://")),
+            }
+        }
+        let endpoint = endpoint
+            .unwrap_or_else(|| "https://huggingface.co".into())
+            .trim_end_matches('/')
+            .to_string();
+        url::Url::parse(&endpoint).map_err(|e| format!("HF_ENDPOINT {endpoint:?}: {e}"))?;
+        Ok(Hub { endpoint, token })
+    }
+
+    /// The `Authorization` header value, when a token is set.
+    pub fn authorization(&self) -> Option<http::HeaderValue> {
+        let token = self.token.as_ref()?;
+        let mut value = http::HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+        value.set_sensitive(true);
+        Some(value)
+    }
+
+    /// Whether a token is set.
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// An HTTP store on the endpoint, sending the token.
+    pub fn store(&self) -> std::result::Result<Arc<dyn ObjectStore>, String> {
+        use object_store::http::HttpBuilder;
+        use object_store::{ClientOptions, RetryConfig};
+        let mut headers = http::HeaderMap::new();
+        if let Some(value) = self.authorization() {
+            headers.insert(http::header::AUTHORIZATION, value);
+        }
+        let client = ClientOptions::new()
+            .with_allow_http(self.endpoint.starts_with("http://"))
+            .with_default_headers(headers);
+        let store = HttpBuilder::new()
+            .with_url(&self.endpoint)
+            .with_client_options(client)
+            .with_retry(RetryConfig {
+                max_retries: 0,
+                ..RetryConfig::default()
+            })
+            .build()
+            .map_err(|e| crate::redact::text(&e.to_string()))?;
+        Ok(Arc::new(store))
+    }
 }
 
 /// `path` made absolute, with `.` and `..` resolved: against the real

@@ -394,6 +394,13 @@ impl Manifest {
 /// object store, with no credentials or query in it (an index is a file
 /// users share; secrets belong in storage options).
 pub fn validate_base(base: &str) -> std::result::Result<(), String> {
+    if base.starts_with("hf://") {
+        crate::HubRepo::parse(base)?;
+        if base.contains(['*', '?', '[']) {
+            return Err("holds a glob".into());
+        }
+        return Ok(());
+    }
     let parsed = url::Url::parse(base).map_err(|e| format!("not a URL ({e})"))?;
     match parsed.scheme() {
         "file" | "s3" | "s3a" | "gs" | "az" | "azure" | "abfs" | "abfss" | "http" | "https"

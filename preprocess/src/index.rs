@@ -309,6 +309,135 @@ async fn find_remote(input: &str, storage: &[(String, String)]) -> Result<Vec<Fo
     Ok(found)
 }
 
+/// The files of a Hugging Face Hub repository under `input`
+/// (`hf://datasets/ORG/NAME[@REV]/PATH_GLOB`): the revision resolved to its
+/// commit through the Hub's API (so a later push does not change what the
+/// index reads), the files listed from the commit's tree.
+async fn find_hf(input: &str, storage: &[(String, String)]) -> Result<Vec<Found>> {
+    let repo = shardfeed_format::HubRepo::parse(input).map_err(|r| index_error(input, r))?;
+    let hub =
+        shardfeed_format::Hub::new(storage.iter().cloned()).map_err(|r| index_error(input, r))?;
+    let name = format!("hf://{}/{}", repo.kind, repo.repo);
+    let client = reqwest::Client::builder()
+        // The API's answers come from the endpoint itself; a redirect
+        // elsewhere is not followed (it would not get the token anyway).
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| index_error(&name, e.to_string()))?;
+    let get = |url: String| {
+        let mut request = client.get(url);
+        if let Some(value) = hub.authorization() {
+            request = request.header(reqwest::header::AUTHORIZATION, value);
+        }
+        request.send()
+    };
+    let refused = |status: reqwest::StatusCode| {
+        let why = match (status.as_u16(), hub.has_token()) {
+            (401 | 403, false) => "the Hub asks for a token: set HF_TOKEN (or the hf_token storage option) to one that can read it".to_string(),
+            (401 | 403, true) => "the Hub refused the token in HF_TOKEN (or hf_token) for it".to_string(),
+            (404, false) => "not found on the Hub (a private or gated repository needs HF_TOKEN)".to_string(),
+            (404, true) => format!("revision {:?} or the repository is not found on the Hub", repo.revision),
+            (code, _) => format!("the Hub answered HTTP {code}"),
+        };
+        index_error(&name, why)
+    };
+    let api = format!("{}/api/{}/{}", hub.endpoint, repo.kind, repo.repo);
+    let response = get(format!("{api}/revision/{}", repo.revision_in_path()))
+        .await
+        .map_err(|e| {
+            index_error(
+                &name,
+                shardfeed_format::redact::text(&e.without_url().to_string()),
+            )
+        })?;
+    if !response.status().is_success() {
+        return Err(refused(response.status()));
+    }
+    let body = response
+        .bytes()
+        .await
+        .map_err(|e| index_error(&name, e.without_url().to_string()))?;
+    let info: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| index_error(&name, format!("the Hub's answer is not JSON: {e}")))?;
+    let sha = info
+        .get("sha")
+        .and_then(|s| s.as_str())
+        .filter(|s| s.len() >= 7 && s.chars().all(|c| c.is_ascii_hexdigit()))
+        .ok_or_else(|| index_error(&name, "the Hub's answer names no commit (sha)"))?
+        .to_string();
+    let (folder, pattern) = split_glob(&repo.path);
+    let folder = folder.trim_matches('/');
+    let matcher = pattern.map(|p| glob_pattern(input, p)).transpose()?;
+    let mut next = Some(match folder.is_empty() {
+        true => format!("{api}/tree/{sha}?recursive=true"),
+        false => format!("{api}/tree/{sha}/{folder}?recursive=true"),
+    });
+    let base = repo.url_at(&sha, folder);
+    let mut found = Vec::new();
+    while let Some(url) = next.take() {
+        let response = get(url)
+            .await
+            .map_err(|e| index_error(&name, e.without_url().to_string()))?;
+        if !response.status().is_success() {
+            return Err(refused(response.status()));
+        }
+        // Pages follow `Link: <...>; rel="next"`, only on the endpoint.
+        next = response
+            .headers()
+            .get_all(reqwest::header::LINK)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .find(|l| l.contains("rel=\"next\""))
+            .and_then(|l| Some(l.split_once('<')?.1.split_once('>')?.0.to_string()))
+            .filter(|u| u.starts_with(&format!("{}/", hub.endpoint)));
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| index_error(&name, e.without_url().to_string()))?;
+        let entries: Vec<serde_json::Value> = serde_json::from_slice(&body)
+            .map_err(|e| index_error(&name, format!("the Hub's file list is not JSON: {e}")))?;
+        for entry in entries {
+            if entry.get("type").and_then(|t| t.as_str()) != Some("file") {
+                continue;
+            }
+            let (Some(path), Some(size)) = (
+                entry.get("path").and_then(|p| p.as_str()),
+                entry.get("size").and_then(|s| s.as_u64()),
+            ) else {
+                continue;
+            };
+            let relative = match folder.is_empty() {
+                true => path,
+                false => match path.strip_prefix(folder).and_then(|r| r.strip_prefix('/')) {
+                    Some(r) => r,
+                    None => continue,
+                },
+            };
+            let keep = match &matcher {
+                Some(m) => m.matches_with(relative, MATCH),
+                None => is_data_file(relative),
+            };
+            if keep {
+                found.push(Found {
+                    base: base.clone(),
+                    path: relative.to_string(),
+                    size,
+                    // The commit pins the bytes: nothing else to check.
+                    fingerprint: Fingerprint::default(),
+                });
+            }
+        }
+    }
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    if found.is_empty() {
+        return Err(PreprocessError::NoMatch {
+            pattern: input.to_string(),
+        });
+    }
+    Ok(found)
+}
+
 fn is_remote(input: &str) -> bool {
     input.contains("://") && !input.starts_with("file://")
 }
@@ -659,9 +788,12 @@ async fn index_async(
     };
     let mut found = Vec::new();
     for input in inputs {
-        found.extend(match is_remote(input) {
-            true => find_remote(input, &options.storage_options).await?,
-            false => find_local(input)?,
+        found.extend(if input.starts_with("hf://") {
+            find_hf(input, &options.storage_options).await?
+        } else if is_remote(input) {
+            find_remote(input, &options.storage_options).await?
+        } else {
+            find_local(input)?
         });
     }
     // Bases in order of first use, after the existing index's.

@@ -238,8 +238,9 @@ def index(
 ) -> dict[str, Any]:
     """Write an index at ``output`` over existing Parquet files, read where they lie.
 
-    ``inputs``: local files, folders (their ``*.parquet`` files), globs, or ``s3://``,
-    ``gs://``, ``az://`` and ``http(s)://`` prefixes and globs. Only footers are read; every
+    ``inputs``: local files, folders (their ``*.parquet`` files), globs, ``s3://``,
+    ``gs://``, ``az://`` and ``http(s)://`` prefixes and globs, or Hugging Face Hub datasets
+    (``hf://datasets/ORG/NAME[@REV]/PATH_GLOB``, pinned to the revision's commit). Only footers are read; every
     file must share one schema (a column may be nullable in some files only). ``checksums``
     reads every byte once and records checksums the loader then verifies; ``update`` adds
     files not yet in the index at ``output``, keeping its entries and order; ``overwrite``

@@ -333,3 +333,195 @@ def test_an_index_cannot_point_outside_its_bases(tmp_path):
         with pytest.raises(shardfeed.ShardfeedError) as err:
             shardfeed.Loader(str(index), 10)
         assert "hunter2" not in str(err.value)
+
+
+class FakeHub:
+    """The two Hub endpoints `index hf://` uses (a revision's commit, a commit's file tree,
+    paged two files at a time) and `resolve/` range reads, on 127.0.0.1, over real Parquet
+    files. Repositories: `org/public`, and `org/private`, which wants `Bearer hf_secret`."""
+
+    def __init__(self, root: Path):
+        import hashlib
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.commits: dict[str, dict[str, bytes]] = {}
+        self.refs: dict[tuple[str, str], str] = {}
+        self.resolve_auth: list[str | None] = []
+        # Set to another FakeHub: `resolve/` redirects there (the Hub's CDN), by another host name.
+        self.cdn: FakeHub | None = None
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def reply(self, code, body=b"", headers=()):
+                self.send_response(code)
+                for k, v in headers:
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def do_HEAD(self):
+                self.do_GET()
+
+            def do_GET(self):
+                from urllib.parse import parse_qs, unquote, urlparse
+
+                url = urlparse(self.path)
+                parts = [unquote(p) for p in url.path.strip("/").split("/")]
+                auth = self.headers.get("Authorization")
+                if parts[:2] == ["api", "datasets"]:
+                    repo = "/".join(parts[2:4])
+                elif parts[:1] == ["datasets"]:
+                    repo = "/".join(parts[1:3])
+                else:
+                    return self.reply(404)
+                if hub.cdn is not None and parts[3:4] == ["resolve"]:
+                    port = hub.cdn.server.server_address[1]
+                    return self.reply(302, headers=[("Location", f"http://localhost:{port}{self.path}")])
+                if repo == "org/private" and auth != "Bearer hf_secret" and hub.cdn is None and not hub.is_cdn:
+                    return self.reply(401, b'{"error":"Invalid credentials"}')
+                if parts[:2] == ["api", "datasets"] and parts[4] == "revision":
+                    sha = hub.refs.get((repo, "/".join(parts[5:])))
+                    if sha is None:
+                        return self.reply(404)
+                    return self.reply(200, json.dumps({"id": repo, "sha": sha}).encode())
+                if parts[:2] == ["api", "datasets"] and parts[4] == "tree":
+                    sha, folder = parts[5], "/".join(parts[6:])
+                    files = sorted(p for p in hub.commits[sha] if p.startswith(folder))
+                    page = int(parse_qs(url.query).get("cursor", ["0"])[0])
+                    body = json.dumps(
+                        [{"type": "file", "path": p, "size": len(hub.commits[sha][p]), "oid": "x"}
+                         for p in files[page : page + 2]]
+                    ).encode()
+                    headers = []
+                    if page + 2 < len(files):
+                        host = f"http://{self.headers['Host']}"
+                        headers.append(("Link", f'<{host}{url.path}?recursive=true&cursor={page + 2}>; rel="next"'))
+                    return self.reply(200, body, headers)
+                if parts[3] == "resolve":
+                    hub.resolve_auth.append(auth)
+                    sha, path = parts[4], "/".join(parts[5:])
+                    data = hub.commits.get(sha, {}).get(path)
+                    if data is None:
+                        return self.reply(404)
+                    meta = [("ETag", '"' + hashlib.md5(data).hexdigest() + '"'),
+                            ("Last-Modified", "Mon, 01 Dec 2025 00:00:00 GMT"),
+                            ("Accept-Ranges", "bytes")]
+                    rng = self.headers.get("Range")
+                    if rng:
+                        start, end = rng.removeprefix("bytes=").split("-")
+                        start, end = int(start), min(int(end), len(data) - 1)
+                        meta.append(("Content-Range", f"bytes {start}-{end}/{len(data)}"))
+                        return self.reply(206, data[start : end + 1], meta)
+                    return self.reply(200, data, meta)
+                return self.reply(404)
+
+        self.is_cdn = False
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def push(self, repo: str, sha: str, files: dict[str, bytes], ref: str = "main") -> None:
+        self.commits[sha] = files
+        self.refs[(repo, ref)] = sha
+        self.refs[(repo, sha)] = sha
+
+    def close(self):
+        self.server.shutdown()
+
+
+def parquet_bytes(table: pa.Table, **options) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, **options)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    hub = FakeHub(tmp_path)
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    yield hub
+    hub.close()
+
+
+def test_hf_datasets_indexed_at_a_pinned_commit(tmp_path, hub):
+    first = [make_table(i * 400, 400) for i in range(3)]
+    files = {f"data/train-{i:05d}-of-00003.parquet": parquet_bytes(t, row_group_size=100)
+             for i, t in enumerate(first)}
+    files["README.md"] = b"# a dataset card"
+    files["data/test-00000-of-00001.parquet"] = parquet_bytes(make_table(9000, 50))
+    hub.push("org/public", "a" * 40, files)
+    index = str(tmp_path / "index")
+    summary = shardfeed.index("hf://datasets/org/public/data/train-*.parquet", index)
+    assert summary["files"] == 3 and summary["bases"] == [f"hf://datasets/org/public@{'a' * 40}/data"]
+    expected = expected_rows(pa.concat_tables(first))
+    got = read_rows(index)
+    assert sorted(r[0] for r in got) == sorted(expected)
+    assert all(tuple(v) == expected[i] for i, *v in got)
+    # Resume mid-epoch.
+    whole = [r[0] for r in got]
+    loader = shardfeed.Loader(index, 97, seed=5, drop_last=False)
+    it = iter(loader)
+    head = [i for _ in range(4) for i in next(it)["id"].tolist()]
+    state = loader.state_dict()
+    loader.close()
+    resumed = shardfeed.Loader(index, 97, seed=5, drop_last=False)
+    resumed.load_state_dict(state)
+    assert head + [i for b in resumed for i in b["id"].tolist()] == whole
+    # A push to main changes what a new index reads, not what the old one reads.
+    hub.push("org/public", "b" * 40, {"data/train-00000-of-00001.parquet": parquet_bytes(make_table(50_000, 10))})
+    assert sorted(r[0] for r in read_rows(index)) == sorted(expected)
+    newer = str(tmp_path / "newer")
+    assert shardfeed.index("hf://datasets/org/public/data/train-*.parquet", newer)["rows"] == 10
+    # An explicit revision.
+    pinned = str(tmp_path / "pinned")
+    assert shardfeed.index(f"hf://datasets/org/public@{'a' * 40}/data", pinned)["files"] == 4
+    assert all(a is None for a in hub.resolve_auth)
+
+
+def test_hf_private_datasets_need_a_token_that_is_never_shown(tmp_path, hub, monkeypatch):
+    data = make_table(0, 300)
+    hub.push("org/private", "c" * 40, {"train.parquet": parquet_bytes(data)})
+    index = str(tmp_path / "index")
+    with pytest.raises(shardfeed.ShardfeedError, match=r"hf://datasets/org/private.*HF_TOKEN") as err:
+        shardfeed.index("hf://datasets/org/private", index)
+    monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+    with pytest.raises(shardfeed.ShardfeedError, match="refused the token") as err:
+        shardfeed.index("hf://datasets/org/private", index)
+    assert "hf_wrong" not in str(err.value)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    assert shardfeed.index("hf://datasets/org/private", index)["rows"] == 300
+    assert "hf_secret" not in Path(index, "manifest.json").read_text()
+    assert sorted(r[0] for r in read_rows(index)) == list(range(300))
+    assert set(hub.resolve_auth) == {"Bearer hf_secret"}
+    # Without the token, the loader's reads are refused, naming the file, not the token.
+    monkeypatch.delenv("HF_TOKEN")
+    with pytest.raises(PermissionError, match=r"train\.parquet.*401") as err:
+        shardfeed.Loader(index, 64)
+    assert "hf_secret" not in str(err.value)
+
+
+def test_hf_redirects_to_another_host_do_not_carry_the_token(tmp_path, hub, monkeypatch):
+    """The Hub answers `resolve/` with a redirect to its CDN: the bytes come from there, and
+    the token stays with the endpoint it was given for."""
+    cdn = FakeHub(tmp_path)
+    cdn.is_cdn = True
+    try:
+        data = make_table(0, 200)
+        for h in (hub, cdn):
+            h.push("org/private", "d" * 40, {"train.parquet": parquet_bytes(data)})
+        hub.cdn = cdn
+        monkeypatch.setenv("HF_TOKEN", "hf_secret")
+        index = str(tmp_path / "index")
+        assert shardfeed.index("hf://datasets/org/private", index)["rows"] == 200
+        assert sorted(r[0] for r in read_rows(index)) == list(range(200))
+        assert cdn.resolve_auth and all(a is None for a in cdn.resolve_auth)
+    finally:
+        cdn.close()
