@@ -77,26 +77,9 @@ impl LoaderBuilder {
             Some(c) => c.clone(),
             None => schema.fields().iter().map(|f| f.name().clone()).collect(),
         };
-        let mut roots = Vec::with_capacity(names.len());
-        for name in &names {
-            match schema.index_of(name) {
-                Ok(i) => roots.push(i),
-                Err(_) => {
-                    let known: Vec<&str> =
-                        schema.fields().iter().map(|f| f.name().as_str()).collect();
-                    return bad(
-                        "columns",
-                        format!("no column named `{name}`; the dataset has {known:?}"),
-                    );
-                }
-            }
-        }
-        let mut sorted_roots = roots.clone();
-        sorted_roots.sort();
-        sorted_roots.dedup();
-        if sorted_roots.len() != roots.len() {
-            return bad("columns", "a column is named twice".into());
-        }
+        // Top-level columns, or fields of structs (`image.bytes`).
+        let columns = crate::select::Columns::resolve(schema, &names)?;
+        let sorted_roots = columns.roots.clone();
         if let Some((name, other)) = crate::batch::buffer_key_clash(&names) {
             return bad(
                 "columns",
@@ -106,12 +89,7 @@ impl LoaderBuilder {
             );
         }
         // Decoded batches hold the projected columns in schema order.
-        let projected = schema
-            .project(&sorted_roots)
-            .map_err(|e| LoaderError::BadOption {
-                option: "columns",
-                reason: e.to_string(),
-            })?;
+        let projected = columns.schema.as_ref().clone();
         if let Some(images) = images
             && let Some(missing) = images.columns.iter().find(|c| !names.contains(c))
         {
@@ -174,7 +152,8 @@ impl LoaderBuilder {
                     mapped: self.mapped_reads,
                 },
             )
-            .with_places(places),
+            .with_places(places)
+            .with_columns(columns),
         );
         let sizes = estimate_sizes(&runtime, &fetch, &manifest, &self, &plans)?;
 

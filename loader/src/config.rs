@@ -261,7 +261,9 @@ impl LoaderBuilder {
         self.batch_size = rows;
         self
     }
-    /// Columns to read, in this order (default: all).
+    /// Columns to read (default: all top-level columns). A field of a
+    /// struct column is named by its path (`image.bytes`) and handed on as
+    /// a column of its own, null where the struct is.
     pub fn columns<I, S>(mut self, columns: I) -> Self
     where
         I: IntoIterator<Item = S>,

@@ -206,6 +206,8 @@ pub(crate) struct Decoder {
     pub config: Arc<Config>,
     pub cancel: Arc<AtomicBool>,
     pub schema: SchemaRef,
+    /// What is handed on of the decoded columns (fields out of structs).
+    pub columns: Arc<crate::select::Columns>,
     pub fetched_all: Arc<AtomicBool>,
     /// Tells a mapped shard that changed under its decoder ([`crate::mapfile`]).
     pub mapped: MappedCheck,
@@ -358,7 +360,11 @@ impl Decoder {
             self.mapped.check()?;
         }
         match decoded {
-            Ok(Ok(batches)) => Ok(DecodedSegment::Rows(batches)),
+            Ok(Ok(batches)) => batches
+                .into_iter()
+                .map(|b| self.columns.select(b))
+                .collect::<Result<Vec<_>>>()
+                .map(DecodedSegment::Rows),
             Ok(Err(LoaderError::Stage {
                 stage: Stage::Decode,
                 detail,

@@ -77,6 +77,9 @@ fn cache_put<T>(cache: &Mutex<Cache<T>>, shard: u32, value: T) {
 /// What the fetch stage needs, shared by its concurrent requests.
 pub(crate) struct FetchContext {
     pub location: Location,
+    /// The columns handed on: [`FetchContext::roots`] as decoded, or
+    /// fields taken out of their structs.
+    pub columns: Arc<crate::select::Columns>,
     /// For an index: where its bases lie, by [`ShardEntry::base`]
     /// (`shardfeed_format::ShardEntry`).
     places: Vec<Location>,
@@ -128,6 +131,12 @@ impl FetchContext {
             downloads: Mutex::new(HashMap::new()),
             location,
             places: Vec::new(),
+            columns: Arc::new(crate::select::Columns::all(
+                &manifest
+                    .schema
+                    .project(&roots)
+                    .expect("roots of the schema"),
+            )),
             manifest,
             roots,
             counters,
@@ -135,6 +144,14 @@ impl FetchContext {
             footers: Mutex::new((HashMap::new(), VecDeque::new())),
             files: Mutex::new((HashMap::new(), VecDeque::new())),
         }
+    }
+
+    /// The columns to hand on ([`crate::select::Columns`]), which must read
+    /// [`FetchContext::roots`].
+    pub(crate) fn with_columns(mut self, columns: crate::select::Columns) -> Self {
+        debug_assert_eq!(columns.roots, self.roots);
+        self.columns = Arc::new(columns);
+        self
     }
 
     /// For an index: where its bases lie ([`crate::build::index_places`]).

@@ -78,6 +78,7 @@ mod parquet;
 mod pinned;
 mod pipeline;
 mod plan;
+mod select;
 mod shard;
 mod share;
 mod shuffle;

@@ -70,12 +70,7 @@ impl Loader {
     ) -> Loader {
         let permits =
             (config.in_flight_bytes >> 10).clamp(1, Semaphore::MAX_PERMITS as u64) as usize;
-        let schema = Arc::new(
-            manifest
-                .schema
-                .project(&fetch.roots)
-                .expect("roots were checked against the schema"),
-        );
+        let schema = fetch.columns.schema.clone();
         let outlet = Outlet::new(counters.clone(), pool.size(), config.slow_warning);
         Loader {
             outlet,

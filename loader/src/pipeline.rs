@@ -198,6 +198,7 @@ impl Pipeline {
                 config: config.clone(),
                 cancel: cancel.clone(),
                 schema: self.schema.clone(),
+                columns: self.fetch.columns.clone(),
                 fetched_all: fetched_all.clone(),
                 mapped: self.fetch.mapped_check(),
             };

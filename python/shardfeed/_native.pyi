@@ -68,6 +68,10 @@ class Loader:
     ) -> None:
         """Build a loader; ``ValueError`` names a bad option.
 
+        ``url`` is a dataset or an index (``shardfeed.index``). ``columns``: the columns to
+        read (default all); a field of a struct column is named by its path
+        (``"image.bytes"``) and comes as a column of its own.
+
         ``url`` may be a dict of datasets to weights (shares of rows): a
         mixture, blended exactly and deterministically (each next row from the
         source furthest below its share). ``mix_stop``: ``"first_exhausted"``

@@ -525,3 +525,44 @@ def test_hf_redirects_to_another_host_do_not_carry_the_token(tmp_path, hub, monk
         assert cdn.resolve_auth and all(a is None for a in cdn.resolve_auth)
     finally:
         cdn.close()
+
+
+def test_struct_fields_of_hugging_face_images_as_columns(tmp_path):
+    """`image: struct<bytes, path>` as Hugging Face `datasets` writes it: its fields are
+    columns of their own (`image.bytes`, `image.path`), null where the struct is, and
+    `decode_images` decodes `image.bytes`."""
+    import io
+
+    from PIL import Image
+
+    def jpeg(i):
+        out = io.BytesIO()
+        Image.new("RGB", (40 + i, 30), (i * 20 % 256, 80, 160)).save(out, format="JPEG")
+        return out.getvalue()
+
+    n = 40
+    images = [None if i % 9 == 4 else {"bytes": jpeg(i % 7), "path": f"img/{i}.jpg"} for i in range(n)]
+    messages = [[{"role": "user", "content": f"q{i}"}] for i in range(n)]
+    table = pa.table({"id": pa.array(range(n), pa.int64()), "image": images, "messages": messages})
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(table, data / "train.parquet", row_group_size=16)
+    index = str(tmp_path / "index")
+    shardfeed.index(str(data), index)
+    seen = {}
+    with shardfeed.Loader(index, 8, columns=["id", "image.path", "image.bytes"], drop_last=False) as loader:
+        for batch in loader:
+            assert set(batch) >= {"image.bytes", "image.path", "image.path.validity"}
+            paths = shardfeed.strings(batch, "image.path")
+            blobs = shardfeed.strings(batch, "image.bytes", encoding=None)
+            for i, p, b in zip(batch["id"].tolist(), paths, blobs):
+                seen[i] = (p, b)
+    assert seen == {i: (im["path"], im["bytes"]) if im else (None, None) for i, im in enumerate(images)}
+    # Decoded in the loader, straight from the struct's field.
+    with shardfeed.Loader(index, 8, columns=["id", "image.bytes"], decode_images="image.bytes",
+                          image_size=24, crop="center", on_error="skip", drop_last=False) as loader:
+        shapes = {batch["image.bytes"].shape[1:] for batch in loader}
+    assert shapes == {(24, 24, 3)}
+    # A list of structs has no one value per row: refused by name.
+    with pytest.raises(ValueError, match="`messages` is List"):
+        shardfeed.Loader(index, 8, columns=["messages.role"])

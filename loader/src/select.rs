@@ -1,0 +1,288 @@
+//! Columns named by a path into a struct (`image.bytes`, `meta.source.url`):
+//! the struct's top-level column is read and decoded whole, and the named
+//! fields are taken out of it as columns of their own, null where the
+//! struct (or a struct above) is null. Hugging Face datasets store images
+//! as `image: struct<bytes: binary, path: string>`.
+
+use std::sync::Arc;
+
+use arrow_array::{Array, ArrayRef, RecordBatch, StructArray, make_array};
+use arrow_buffer::NullBuffer;
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+use crate::error::{LoaderError, Result};
+
+/// One output column: which decoded top-level column it comes from, and the
+/// child indices down its structs (empty: the column itself).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Selection {
+    root: usize,
+    path: Vec<usize>,
+}
+
+/// The columns a loader hands on, as top-level columns to read and the
+/// fields taken out of their structs.
+#[derive(Clone, Debug)]
+pub(crate) struct Columns {
+    /// Top-level columns to read, sorted, each once.
+    pub roots: Vec<usize>,
+    /// The output columns' schema, in the dataset's order (a struct's
+    /// fields in their order, where it stood).
+    pub schema: SchemaRef,
+    /// Per output column, where it comes from (`root` indexes `roots`).
+    selections: Vec<Selection>,
+    /// Whether a column comes out of a struct (else the decoded batches are
+    /// handed on as they are).
+    nested: bool,
+}
+
+fn bad(reason: String) -> LoaderError {
+    LoaderError::BadOption {
+        option: "columns",
+        reason,
+    }
+}
+
+impl Columns {
+    /// Resolve `names` (top-level columns, or `a.b` paths into structs)
+    /// against `schema`.
+    pub(crate) fn resolve(schema: &Schema, names: &[String]) -> Result<Columns> {
+        let mut found: Vec<(usize, Vec<usize>, Field)> = Vec::with_capacity(names.len());
+        for name in names {
+            found.push(resolve_one(schema, name)?);
+        }
+        let mut keys: Vec<(usize, &Vec<usize>)> = found.iter().map(|(r, p, _)| (*r, p)).collect();
+        keys.sort();
+        if keys.windows(2).any(|w| w[0] == w[1]) {
+            return Err(bad("a column is named twice".into()));
+        }
+        // A whole struct with one of its own fields, or a field with one
+        // of its own: the same bytes twice.
+        for (a, b) in keys.iter().zip(keys.iter().skip(1)) {
+            if a.0 == b.0 && b.1.starts_with(a.1) {
+                return Err(bad(format!(
+                    "`{}` and a field inside it are both named",
+                    schema.field(a.0).name()
+                )));
+            }
+        }
+        found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        let mut roots: Vec<usize> = found.iter().map(|(r, _, _)| *r).collect();
+        roots.dedup();
+        let nested = found.iter().any(|(_, p, _)| !p.is_empty());
+        let selections = found
+            .iter()
+            .map(|(r, p, _)| Selection {
+                root: roots.binary_search(r).expect("a root of the selection"),
+                path: p.clone(),
+            })
+            .collect();
+        let fields: Vec<Field> = found.into_iter().map(|(_, _, f)| f).collect();
+        Ok(Columns {
+            roots,
+            schema: Arc::new(Schema::new(fields)),
+            selections,
+            nested,
+        })
+    }
+
+    /// Every top-level column of `schema`.
+    pub(crate) fn all(schema: &Schema) -> Columns {
+        let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        Columns::resolve(schema, &names).expect("a schema's own columns resolve")
+    }
+
+    /// The output columns of a batch decoded from [`Columns::roots`].
+    pub(crate) fn select(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        if !self.nested {
+            return Ok(batch);
+        }
+        let columns = self
+            .selections
+            .iter()
+            .map(|s| field_of(batch.column(s.root), &s.path))
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        // The decoders may hand a column on as a dictionary of the file's
+        // type (fixed-width values kept as keys): the batch says so.
+        let fields: Vec<Field> = self
+            .schema
+            .fields()
+            .iter()
+            .zip(&columns)
+            .map(|(f, c)| f.as_ref().clone().with_data_type(c.data_type().clone()))
+            .collect();
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| {
+            LoaderError::stage(
+                crate::error::Stage::Decode,
+                None,
+                None,
+                format!("selecting struct fields: {e}"),
+            )
+        })
+    }
+}
+
+/// `name` as a top-level column, or a path of fields through structs (not
+/// lists: a list of structs has no one value per row).
+fn resolve_one(schema: &Schema, name: &str) -> Result<(usize, Vec<usize>, Field)> {
+    if let Ok(i) = schema.index_of(name) {
+        return Ok((i, Vec::new(), schema.field(i).clone()));
+    }
+    let known = || {
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect::<Vec<_>>()
+    };
+    let mut parts = name.split('.');
+    let first = parts.next().unwrap_or_default();
+    let Ok(root) = schema.index_of(first) else {
+        return Err(bad(format!(
+            "no column named `{name}`; the dataset has {:?}",
+            known()
+        )));
+    };
+    let mut field = schema.field(root).clone();
+    let mut nullable = field.is_nullable();
+    let mut path = Vec::new();
+    for part in parts {
+        let DataType::Struct(children) = field.data_type() else {
+            return Err(bad(format!(
+                "no column named `{name}`: `{}` is {}, not a struct",
+                field.name(),
+                field.data_type()
+            )));
+        };
+        let Some((i, child)) = children.find(part) else {
+            let names: Vec<&str> = children.iter().map(|c| c.name().as_str()).collect();
+            return Err(bad(format!(
+                "no column named `{name}`: `{}` has fields {names:?}",
+                field.name()
+            )));
+        };
+        path.push(i);
+        nullable |= child.is_nullable();
+        field = child.as_ref().clone();
+    }
+    Ok((root, path, field.with_name(name).with_nullable(nullable)))
+}
+
+/// The field at `path` of the struct `array`, null where any struct on the
+/// way is.
+fn field_of(array: &ArrayRef, path: &[usize]) -> Result<ArrayRef> {
+    let mut current = array.clone();
+    let mut nulls: Option<NullBuffer> = None;
+    for &i in path {
+        let strukt = current
+            .as_any()
+            .downcast_ref::<StructArray>()
+            .ok_or_else(|| {
+                bad(format!(
+                    "expected a struct, decoded {}",
+                    current.data_type()
+                ))
+            })?;
+        nulls = NullBuffer::union(nulls.as_ref(), strukt.nulls());
+        current = strukt.column(i).clone();
+    }
+    let Some(outer) = nulls else {
+        return Ok(current);
+    };
+    let merged = NullBuffer::union(Some(&outer), current.nulls());
+    let data = current
+        .to_data()
+        .into_builder()
+        .nulls(merged)
+        .build()
+        .map_err(|e| bad(format!("struct field nulls: {e}")))?;
+    Ok(make_array(data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{BinaryArray, Int64Array, StringArray};
+    use arrow_buffer::BooleanBuffer;
+
+    fn image_schema() -> Schema {
+        let image = DataType::Struct(
+            vec![
+                Field::new("bytes", DataType::Binary, true),
+                Field::new("path", DataType::Utf8, true),
+            ]
+            .into(),
+        );
+        Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("image", image, true),
+        ])
+    }
+
+    #[test]
+    fn struct_fields_come_out_as_columns_null_where_the_struct_is() {
+        let schema = image_schema();
+        let names = ["image.path".to_string(), "id".into(), "image.bytes".into()];
+        let columns = Columns::resolve(&schema, &names).unwrap();
+        assert_eq!(columns.roots, vec![0, 1]);
+        let out: Vec<&str> = columns
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        assert_eq!(out, ["id", "image.bytes", "image.path"]);
+        let DataType::Struct(fields) = schema.field(1).data_type().clone() else {
+            unreachable!()
+        };
+        let image = StructArray::new(
+            fields,
+            vec![
+                Arc::new(BinaryArray::from(vec![Some(&b"a"[..]), Some(b"b"), None])),
+                Arc::new(StringArray::from(vec!["x", "y", "z"])),
+            ],
+            Some(NullBuffer::new(BooleanBuffer::from(vec![
+                true, false, true,
+            ]))),
+        );
+        let batch = RecordBatch::try_new(
+            Arc::new(schema.clone()),
+            vec![Arc::new(Int64Array::from(vec![1, 2, 3])), Arc::new(image)],
+        )
+        .unwrap();
+        let got = columns.select(batch).unwrap();
+        let paths = got
+            .column(2)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
+        assert_eq!(
+            paths.iter().collect::<Vec<_>>(),
+            [Some("x"), None, Some("z")]
+        );
+        let bytes = got
+            .column(1)
+            .as_any()
+            .downcast_ref::<BinaryArray>()
+            .unwrap();
+        assert_eq!(
+            bytes.iter().collect::<Vec<_>>(),
+            [Some(&b"a"[..]), None, None]
+        );
+    }
+
+    #[test]
+    fn paths_that_do_not_lead_to_a_field_are_refused_by_name() {
+        let schema = image_schema();
+        let refused = |names: &[&str], says: &str| {
+            let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+            let err = Columns::resolve(&schema, &names).unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+        };
+        refused(&["image.size"], "has fields [\"bytes\", \"path\"]");
+        refused(&["id.x"], "not a struct");
+        refused(&["nothing"], "no column named `nothing`");
+        refused(&["image", "image.bytes"], "a field inside it");
+        refused(&["id", "id"], "named twice");
+    }
+}
