@@ -89,6 +89,17 @@ impl DecodeError {
     }
 }
 
+/// Whether `error` is the own decoders meeting valid Parquet they do not
+/// read (an encoding, a type): the column is then decoded by parquet's
+/// reader instead.
+pub(crate) fn is_unsupported(error: &ParquetError) -> bool {
+    matches!(
+        error,
+        ParquetError::External(e)
+            if matches!(e.downcast_ref::<DecodeError>(), Some(DecodeError::Unsupported { .. }))
+    )
+}
+
 impl From<DecodeError> for ParquetError {
     fn from(e: DecodeError) -> Self {
         ParquetError::External(Box::new(e))

@@ -268,10 +268,12 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
         }
         return Ok((batches, paths));
     }
+    let mut chosen = chosen;
     let mut columns: Vec<Option<ArrayRef>> = vec![None; roots.len()];
-    for (i, &(root, path)) in chosen.iter().enumerate() {
+    for i in 0..chosen.len() {
+        let (root, path) = chosen[i];
         let data_type = arrow.schema().field(root).data_type();
-        let array = match path {
+        let decoded = match path {
             ColumnPath::List(leaf) => {
                 paths.own_list += 1;
                 list::decode_list(
@@ -280,11 +282,11 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
                     (rows, want),
                     data_type,
                     limits,
-                )?
+                )
             }
             ColumnPath::Bytes(leaf, utf8) => {
                 paths.own_bytes += 1;
-                binary::decode_bytes(file.clone(), meta.column(leaf), (rows, want), utf8, limits)?
+                binary::decode_bytes(file.clone(), meta.column(leaf), (rows, want), utf8, limits)
             }
             ColumnPath::Fixed(leaf) => {
                 paths.own_fixed += 1;
@@ -296,9 +298,26 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
                     want,
                     data_type,
                     limits,
-                )?
+                )
             }
             ColumnPath::Arrow => continue,
+        };
+        let array = match decoded {
+            Ok(array) => array,
+            // Pages the own decoders do not read (an old writer's
+            // BIT_PACKED levels that the chunk's metadata did not list):
+            // this column goes to parquet's reader with the others.
+            Err(e) if error::is_unsupported(&e) => {
+                match path {
+                    ColumnPath::List(_) => paths.own_list -= 1,
+                    ColumnPath::Bytes(..) => paths.own_bytes -= 1,
+                    ColumnPath::Fixed(_) => paths.own_fixed -= 1,
+                    ColumnPath::Arrow => {}
+                }
+                chosen[i].1 = ColumnPath::Arrow;
+                continue;
+            }
+            Err(e) => return Err(e),
         };
         if array.len() < want || (want == rows && array.len() != rows) {
             return Err(DecodeError::Rows {

@@ -89,19 +89,21 @@ pub(super) struct ChunkPages {
     max_bytes: usize,
 }
 
-fn encoding(value: i32) -> std::result::Result<Encoding, String> {
-    Ok(match value {
+fn encoding(value: i32) -> Option<Encoding> {
+    Some(match value {
         0 => Encoding::PLAIN,
         2 => Encoding::PLAIN_DICTIONARY,
         3 => Encoding::RLE,
         // 4 is the deprecated BIT_PACKED (levels of old writers): such chunks
-        // are not decoded here (see the table in `super`).
+        // are not decoded here (see the table in `super`); a page that has it
+        // (whatever its chunk's metadata lists) sends the column to
+        // parquet's reader (`DecodeError::Unsupported`).
         5 => Encoding::DELTA_BINARY_PACKED,
         6 => Encoding::DELTA_LENGTH_BYTE_ARRAY,
         7 => Encoding::DELTA_BYTE_ARRAY,
         8 => Encoding::RLE_DICTIONARY,
         9 => Encoding::BYTE_STREAM_SPLIT,
-        other => return Err(format!("unknown encoding {other}")),
+        _ => return None,
     })
 }
 
@@ -138,6 +140,14 @@ impl ChunkPages {
                 }
                 .into()
             };
+            let unsupported = |value: i32| -> ParquetError {
+                DecodeError::Unsupported {
+                    column: self.path.clone(),
+                    what: format!("encoding {value}"),
+                }
+                .into()
+            };
+            let encoding = |value: i32| encoding(value).ok_or_else(|| unsupported(value));
             let mut thrift = Thrift::new(&self.data[self.at..]);
             let header = thrift.page_header().map_err(err)?;
             let body_start = self.at + thrift.at;
@@ -217,21 +227,21 @@ impl ChunkPages {
                 DICTIONARY_PAGE => Page::DictionaryPage {
                     buf,
                     num_values,
-                    encoding: encoding(header.encoding).map_err(err)?,
+                    encoding: encoding(header.encoding)?,
                     is_sorted: false,
                 },
                 DATA_PAGE => Page::DataPage {
                     buf,
                     num_values,
-                    encoding: encoding(header.encoding).map_err(err)?,
-                    def_level_encoding: encoding(header.def_encoding).map_err(err)?,
-                    rep_level_encoding: encoding(header.rep_encoding).map_err(err)?,
+                    encoding: encoding(header.encoding)?,
+                    def_level_encoding: encoding(header.def_encoding)?,
+                    rep_level_encoding: encoding(header.rep_encoding)?,
                     statistics: None,
                 },
                 _ => Page::DataPageV2 {
                     buf,
                     num_values,
-                    encoding: encoding(header.encoding).map_err(err)?,
+                    encoding: encoding(header.encoding)?,
                     num_nulls: count(header.num_nulls, "nulls").map_err(err)?,
                     num_rows: count(header.num_rows, "rows").map_err(err)?,
                     def_levels_byte_len: count(header.def_bytes, "level bytes").map_err(err)?,
