@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 
 from ._native import (
-    Loader,
     ShardfeedError,
     SlabView,
     __version__,
@@ -39,6 +38,7 @@ from ._native import (
     shard,
     verify,
 )
+from .transform import Loader
 
 __all__ = [
     "Loader",

@@ -2,7 +2,7 @@
 
 from os import PathLike
 from types import TracebackType
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -65,8 +65,22 @@ class Loader:
         max_image_pixels: int | None = None,
         decode_niceness: int | None = None,
         mapped_reads: bool = True,
+        transform: Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]]
+        | None = None,
+        transform_threads: int | None = None,
+        transform_processes: int | None = None,
     ) -> None:
         """Build a loader; ``ValueError`` names a bad option.
+
+        ``transform=fn`` (``shardfeed.Loader`` only): ``fn(batch, rng) -> batch`` runs on
+        ``transform_threads`` threads (default: half the cores, 1 to 8; numpy releases the GIL)
+        or in ``transform_processes`` spawned worker processes fed through shared memory (for
+        GIL-bound Python; ``fn`` must be picklable), after collation; batches come back in plan
+        order. ``rng`` is seeded from (seed, epoch, rank, batch index): the same for any number
+        of threads or processes and after a resume. ``state_dict()`` is after the last batch
+        delivered. A transform's exception, a worker that dies, or an output that is not a dict
+        of numeric arrays raises ``ShardfeedError`` naming the batch (with the traceback);
+        ``stats()["transform"]`` has the stage's busy fraction and latencies.
 
         ``url`` is a dataset or an index (``shardfeed.index``). ``columns``: the columns to
         read (default all); a field of a struct column is named by its path

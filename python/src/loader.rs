@@ -32,7 +32,7 @@ pub(crate) struct Inner {
 /// one pooled (pinned when CUDA is present) slab. Iterating yields the
 /// current epoch's batches for this rank; the next iteration continues with
 /// the following epoch unless `set_epoch` is called.
-#[pyclass(name = "Loader", module = "shardfeed._native", frozen)]
+#[pyclass(name = "Loader", module = "shardfeed._native", frozen, subclass)]
 pub(crate) struct PyLoader {
     /// Everything `Loader(...)` was given, kept to rebuild the loader in a
     /// forked child.
@@ -106,6 +106,7 @@ impl PyLoader {
         mix_stop="first_exhausted", read_batch=None, decode_images=None, image_size=None,
         crop="random_resized", scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip=false,
         channels_first=false, max_image_pixels=None, decode_niceness=None, mapped_reads=true,
+        transform=None, transform_threads=None, transform_processes=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -155,7 +156,18 @@ impl PyLoader {
         #[pyo3(from_py_with = crate::args::opt_max_image_pixels)] max_image_pixels: Option<u64>,
         #[pyo3(from_py_with = crate::args::opt_decode_niceness)] decode_niceness: Option<u8>,
         mapped_reads: bool,
+        transform: Option<&Bound<'_, PyAny>>,
+        transform_threads: Option<&Bound<'_, PyAny>>,
+        transform_processes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        // Transforms run in `shardfeed.Loader` (python/shardfeed/transform.py),
+        // which takes these three before it builds this class.
+        if transform.is_some() || transform_threads.is_some() || transform_processes.is_some() {
+            return Err(bad_option(
+                "transform",
+                "user transforms run in shardfeed.Loader, not shardfeed._native.Loader",
+            ));
+        }
         // A str is one dataset; a dict maps datasets to weights (in the
         // dict's order).
         let (sources, mixture) = match url.extract::<String>() {

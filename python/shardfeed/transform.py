@@ -1,0 +1,431 @@
+"""User transforms inside the loader: ``Loader(..., transform=fn)``.
+
+``fn(batch, rng) -> batch`` runs on the loader's transform threads (``transform_threads``),
+or in worker processes (``transform_processes``, spawned, fed through shared memory), after
+collation and before the batch reaches the caller; results come back in plan order whatever
+finished first. ``rng`` is a ``numpy.random.Generator`` seeded from (seed, epoch, rank, batch
+index), so a transform's randomness is the same for any number of threads or processes and
+after a resume. The state a loader saves is the state after the last batch it *delivered*
+(batches transformed ahead of the caller are transformed again after a resume).
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+
+from . import _native
+from ._native import ShardfeedError
+
+Transform = Callable[[dict, np.random.Generator], dict]
+
+#: Transform threads when ``transform_threads`` is left out: half the cores, at least one,
+#: at most 8 (the loader's decode and collate threads need the rest).
+DEFAULT_TRANSFORM_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
+
+# Native Loader parameters taken positionally, in order (for seed and rank).
+_POSITIONAL = ["url", "batch_size", "columns", "shuffle", "seed", "epoch", "rank"]
+
+
+def rng_words(seed: int, epoch: int, rank: int, batch_index: int) -> list[int]:
+    """What the generator a transform gets for one batch is seeded with."""
+    return [seed & (2**64 - 1), epoch, rank, batch_index, 0x5F7A]
+
+
+def _batch_index(batch: dict) -> int:
+    for array in batch.values():
+        base = getattr(array, "base", None)
+        if isinstance(base, _native.SlabView):
+            return base.batch_index
+    raise ShardfeedError("a batch without its slab: cannot tell its index")
+
+
+def _check_output(out: Any, index: int) -> dict:
+    if not isinstance(out, dict):
+        raise ShardfeedError(
+            f"transform returned {type(out).__name__} for batch {index}, not a dict of arrays"
+        )
+    for key, value in out.items():
+        if not isinstance(key, str) or not isinstance(value, np.ndarray):
+            raise ShardfeedError(
+                f"transform returned {key!r}: {type(value).__name__} for batch {index}: "
+                "expected str keys and numpy arrays"
+            )
+        if value.dtype.hasobject:
+            raise ShardfeedError(
+                f"transform returned {key!r} of dtype object for batch {index}: "
+                "expected numeric arrays"
+            )
+    return out
+
+
+class Loader(_native.Loader):
+    """:class:`shardfeed._native.Loader`, plus ``transform``, ``transform_threads`` and
+    ``transform_processes`` (see the module :mod:`shardfeed.transform`). Without a transform
+    it is the native loader itself."""
+
+    def __new__(
+        cls,
+        *args: Any,
+        transform: Transform | None = None,
+        transform_threads: int | None = None,
+        transform_processes: int | None = None,
+        **kwargs: Any,
+    ):
+        if transform is None:
+            if transform_threads is not None or transform_processes is not None:
+                raise ValueError(
+                    "invalid option transform_threads/transform_processes: no transform given"
+                )
+            return super().__new__(cls, *args, **kwargs)
+        if not callable(transform):
+            raise ValueError("invalid option transform: must be callable(batch, rng) -> batch")
+        if transform_threads is not None and transform_processes is not None:
+            raise ValueError(
+                "invalid option transform_processes: give transform_threads or "
+                "transform_processes, not both"
+            )
+        for name, value in [("transform_threads", transform_threads),
+                            ("transform_processes", transform_processes)]:
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"invalid option {name}: must be an int of at least 1")
+        obj = super().__new__(_TransformLoader, *args, **kwargs)
+        named = dict(zip(_POSITIONAL, args)) | kwargs
+        rank = named.get("rank")
+        if rank is None:
+            rank = int(os.environ.get("RANK", "0"))
+        obj._transform_setup(
+            transform, transform_threads, transform_processes, int(named.get("seed", 0)), int(rank)
+        )
+        return obj
+
+
+class _Stage:
+    """What the transform stage counts: busy time of the workers, the caller's wait on them,
+    and per-batch latencies."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.lock = threading.Lock()
+        self.busy_s = 0.0
+        self.waited_s = 0.0
+        self.latencies: collections.deque[float] = collections.deque(maxlen=4096)
+        self.started = time.perf_counter()
+        self.batches = 0
+
+    def ran(self, seconds: float) -> None:
+        with self.lock:
+            self.busy_s += seconds
+            self.latencies.append(seconds)
+            self.batches += 1
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            elapsed = max(time.perf_counter() - self.started, 1e-9)
+            lat = sorted(self.latencies)
+
+        def pct(p):
+            return 1000 * lat[min(len(lat) - 1, int(p * len(lat)))] if lat else 0.0
+
+        return {
+            "workers": self.workers,
+            "batches": self.batches,
+            "busy_fraction": min(1.0, self.busy_s / (elapsed * self.workers)),
+            "caller_wait_fraction": min(1.0, self.waited_s / elapsed),
+            "latency_ms": {"p50": pct(0.5), "p95": pct(0.95), "p99": pct(0.99),
+                           "max": 1000 * lat[-1] if lat else 0.0},
+        }
+
+
+class _Threads:
+    """Transforms on a pool of threads (numpy and most C extensions release the GIL)."""
+
+    def __init__(self, fn: Transform, threads: int, stage: _Stage):
+        self.fn = fn
+        self.stage = stage
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="shardfeed-transform")
+        self.depth = threads + 1
+
+    def submit(self, batch: dict, index: int, words: list[int]) -> Future:
+        def run():
+            started = time.perf_counter()
+            out = self.fn(batch, np.random.default_rng(words))
+            self.stage.ran(time.perf_counter() - started)
+            return _check_output(out, index)
+
+        return self.pool.submit(run)
+
+    def result(self, future: Future, index: int) -> dict:
+        return future.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _to_shared(batch: dict, name: str):
+    """`batch`'s arrays copied into one new shared memory block: the block and the layout
+    [(key, dtype, shape, offset)]."""
+    from multiprocessing import shared_memory
+
+    layout, offset = [], 0
+    for key, value in batch.items():
+        value = np.ascontiguousarray(value)
+        layout.append((key, value.dtype.str, value.shape, offset))
+        offset += (value.nbytes + 63) // 64 * 64
+    block = shared_memory.SharedMemory(name=name, create=True, size=max(offset, 1))
+    for (key, dtype, shape, at), value in zip(layout, batch.values()):
+        view = np.ndarray(shape, dtype=dtype, buffer=block.buf, offset=at)
+        view[...] = value
+        del view
+    return block, layout
+
+
+def _from_shared(block, layout) -> dict:
+    return {key: np.ndarray(shape, dtype=dtype, buffer=block.buf, offset=at)
+            for key, dtype, shape, at in layout}
+
+
+def _worker_main(fn_bytes: bytes, tasks, results) -> None:
+    """A transform process: maps each task's input block, runs the function, writes its
+    output into a new block named for the task, and says where."""
+    from multiprocessing import shared_memory
+
+    fn = pickle.loads(fn_bytes)
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        task_id, index, rng_words, name, layout, out_name = task
+        # Blocks are the parent's to unlink, in and out (the resource tracker is shared
+        # with spawned workers: nothing leaks if the parent dies).
+        block = shared_memory.SharedMemory(name=name)
+        try:
+            batch = _from_shared(block, layout)
+            out = _check_output(fn(batch, np.random.default_rng(rng_words)), index)
+            del batch
+            out_block, out_layout = _to_shared(out, out_name)
+            out_block.close()
+            results.put((task_id, out_layout, None))
+        except BaseException as e:  # noqa: BLE001 - reported to the parent with its traceback
+            results.put((task_id, None, f"{e!r}\n{traceback.format_exc()}"))
+        finally:
+            block.close()
+
+
+class _Processes:
+    """Transforms in spawned worker processes, batches through shared memory (one copy in,
+    one copy out; no array is pickled)."""
+
+    def __init__(self, fn: Transform, processes: int, stage: _Stage):
+        try:
+            fn_bytes = pickle.dumps(fn)
+        except Exception as e:
+            raise ValueError(
+                f"invalid option transform: transform_processes needs a picklable function "
+                f"(defined at a module's top level): {e}"
+            ) from e
+        ctx = multiprocessing.get_context("spawn")
+        self.stage = stage
+        self.tasks = ctx.Queue()
+        self.results = ctx.Queue()
+        self.procs = [ctx.Process(target=_worker_main, args=(fn_bytes, self.tasks, self.results),
+                                  daemon=True, name=f"shardfeed-transform-{i}")
+                      for i in range(processes)]
+        for p in self.procs:
+            p.start()
+        self.depth = processes + 1
+        self.prefix = f"sf{os.getpid()}x{id(self) & 0xFFFFFF:x}"
+        self.next_id = 0
+        self.blocks: dict[int, Any] = {}
+        self.started: dict[int, float] = {}
+        self.done: dict[int, tuple] = {}
+
+    def submit(self, batch: dict, index: int, words: list[int]) -> int:
+        task_id = self.next_id
+        self.next_id += 1
+        block, layout = _to_shared(batch, f"{self.prefix}i{task_id}")
+        self.blocks[task_id] = block
+        self.started[task_id] = time.perf_counter()
+        self.tasks.put((task_id, index, words, block.name, layout, f"{self.prefix}o{task_id}"))
+        return task_id
+
+    def _drop(self, task_id: int) -> None:
+        from multiprocessing import shared_memory
+
+        block = self.blocks.pop(task_id, None)
+        if block is not None:
+            block.close()
+            block.unlink()
+        try:
+            out = shared_memory.SharedMemory(name=f"{self.prefix}o{task_id}")
+        except FileNotFoundError:
+            return
+        out.close()
+        out.unlink()
+
+    def result(self, task_id: int, index: int) -> dict:
+        import queue
+        from multiprocessing import shared_memory
+
+        while task_id not in self.done:
+            try:
+                got = self.results.get(timeout=0.05)
+                self.done[got[0]] = got
+            except queue.Empty:
+                dead = [p for p in self.procs if p.exitcode is not None]
+                if dead:
+                    self._drop(task_id)
+                    raise ShardfeedError(
+                        f"transform process {dead[0].name} ended (exit code {dead[0].exitcode}) "
+                        f"while batch {index} was being transformed"
+                    ) from None
+        _, layout, error = self.done.pop(task_id)
+        self.stage.ran(time.perf_counter() - self.started.pop(task_id))
+        if error is not None:
+            self._drop(task_id)
+            raise ShardfeedError(f"transform failed on batch {index} (in a worker process): {error}")
+        out = shared_memory.SharedMemory(name=f"{self.prefix}o{task_id}")
+        try:
+            arrays = {k: v.copy() for k, v in _from_shared(out, layout).items()}
+        finally:
+            out.close()
+            out.unlink()
+            self._drop(task_id)
+        return arrays
+
+    def close(self) -> None:
+        for _ in self.procs:
+            try:
+                self.tasks.put(None)
+            except Exception:
+                pass
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+        for task_id in list(self.blocks):
+            self._drop(task_id)
+        for q in (self.tasks, self.results):
+            q.close()
+            q.join_thread()
+
+
+class _TransformLoader(Loader):
+    """A loader whose batches go through a user transform (built by :class:`Loader`)."""
+
+    def _transform_setup(self, fn, threads, processes, seed, rank) -> None:
+        self._fn = fn
+        self._seed = seed
+        self._rank = rank
+        workers = processes or threads or DEFAULT_TRANSFORM_THREADS
+        self._stage = _Stage(workers)
+        self._runner = (_Processes(fn, processes, self._stage) if processes
+                        else _Threads(fn, workers, self._stage))
+        self._pending: collections.deque = collections.deque()
+        self._exhausted = False
+        self._delivered_state = _native.Loader.state_dict(self)
+        self._closed = False
+
+    # Iteration: batches pulled from the native loader ahead of the caller, transformed by
+    # the workers, delivered in order.
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        while not self._exhausted and len(self._pending) < self._runner.depth:
+            try:
+                batch = _native.Loader.__next__(self)
+            except StopIteration:
+                self._exhausted = True
+                self._end_state = _native.Loader.state_dict(self)
+                break
+            index = _batch_index(batch)
+            state = _native.Loader.state_dict(self)
+            words = rng_words(self._seed, self.epoch, self._rank, index)
+            self._pending.append((self._runner.submit(batch, index, words), index, state))
+        if not self._pending:
+            self._exhausted = False
+            self._delivered_state = self._end_state
+            raise StopIteration
+        handle, index, state = self._pending.popleft()
+        waited = time.perf_counter()
+        try:
+            out = self._runner.result(handle, index)
+        except ShardfeedError:
+            self._abandon()
+            raise
+        except Exception as e:
+            self._abandon()
+            raise ShardfeedError(
+                f"transform failed on batch {index}: {e!r}\n{traceback.format_exc()}"
+            ) from e
+        finally:
+            self._stage.waited_s += time.perf_counter() - waited
+        self._delivered_state = state
+        return out
+
+    def _abandon(self) -> None:
+        """Forget the batches transformed ahead (after an error, a new epoch or a resume)."""
+        while self._pending:
+            handle, index, _ = self._pending.popleft()
+            try:
+                self._runner.result(handle, index)
+            except Exception:
+                pass
+        self._exhausted = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: after the last batch delivered to the caller."""
+        return self._delivered_state
+
+    def load_state_dict(self, state, allow_changed: bool = False) -> None:
+        self._abandon()
+        _native.Loader.load_state_dict(self, state, allow_changed)
+        self._delivered_state = _native.Loader.state_dict(self)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._abandon()
+        _native.Loader.set_epoch(self, epoch)
+        self._delivered_state = _native.Loader.state_dict(self)
+
+    def stats(self) -> dict[str, Any]:
+        out = _native.Loader.stats(self)
+        transform = self._stage.stats()
+        out["transform"] = transform
+        out.setdefault("stages", {})["transform"] = transform["busy_fraction"]
+        # The caller waits on the transform more than on the rest of the pipeline: it is
+        # the bottleneck.
+        if transform["caller_wait_fraction"] > out.get("wait_fraction", 0.0):
+            out["bottleneck"] = "transform"
+        return out
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self._abandon()
+            finally:
+                self._runner.close()
+        _native.Loader.close(self)
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self._closed = True
+                self._runner.close()
+        except Exception:
+            pass

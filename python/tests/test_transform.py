@@ -1,0 +1,195 @@
+"""User transforms in the loader (`Loader(..., transform=fn)`): the same batches for any
+number of threads or processes, after a resume and an elastic resume; randomness that differs
+across batches and epochs; errors, dead workers and wrong outputs as clear errors, with no
+shared memory left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardfeed
+
+ROWS = 3000
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path_factory.mktemp("transform")
+    raw = root / "raw"
+    raw.mkdir()
+    ids = np.arange(ROWS, dtype=np.int64)
+    pq.write_table(pa.table({"id": ids, "x": (ids % 97).astype(np.float32)}), raw / "a.parquet",
+                   row_group_size=250)
+    out = str(root / "ds")
+    shardfeed.shard(str(raw), out, row_group_rows=250)
+    return out
+
+
+# Module-level functions: worker processes import them by name.
+def augment(batch, rng):
+    """A random per-row scale and an id kept to check the rows."""
+    return {"id": batch["id"].copy(), "y": batch["x"] * rng.uniform(0.5, 1.5, len(batch["x"]))}
+
+
+def fails_on_one_row(batch, rng):
+    if 1234 in batch["id"]:
+        raise ZeroDivisionError("boom in the transform")
+    return {"id": batch["id"].copy()}
+
+
+def kills_itself(batch, rng):
+    if 1234 in batch["id"]:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"id": batch["id"].copy()}
+
+
+def wrong_output(batch, rng):
+    return [batch["id"]]
+
+
+def object_output(batch, rng):
+    return {"id": np.array([object()] * 3)}
+
+
+def epoch(loader) -> list[dict]:
+    return [{k: v.copy() for k, v in b.items()} for b in loader]
+
+
+def same(a: list[dict], b: list[dict]) -> bool:
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b)
+    )
+
+
+def shm_left() -> list[str]:
+    return [p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(f"sf{os.getpid()}x")]
+
+
+def test_the_same_batches_for_any_threads_or_processes(dataset):
+    runs = {}
+    for name, options in [("threads=1", dict(transform_threads=1)), ("threads=2", dict(transform_threads=2)),
+                          ("threads=4", dict(transform_threads=4)), ("processes=2", dict(transform_processes=2))]:
+        with shardfeed.Loader(dataset, 64, seed=3, transform=augment, **options) as loader:
+            runs[name] = epoch(loader)
+            assert loader.stats()["transform"]["batches"] >= len(runs[name])
+    first = runs["threads=1"]
+    assert len(first) == ROWS // 64
+    for name, batches in runs.items():
+        assert same(batches, first), name
+    # Every row once; the transform's randomness differs from row to row and batch to batch.
+    ids = np.concatenate([b["id"] for b in first])
+    assert len(np.unique(ids)) == len(ids) == ROWS // 64 * 64
+    ratios = np.concatenate([b["y"] / np.maximum((b["id"] % 97), 1) for b in first])
+    assert len(np.unique(np.round(ratios, 6))) > len(ratios) // 2
+    assert shm_left() == []
+
+
+def test_randomness_differs_across_epochs_and_repeats_for_the_same_epoch(dataset):
+    loader = shardfeed.Loader(dataset, 64, seed=3, shuffle=False, transform=augment)
+    zero, one = epoch(loader), epoch(loader)
+    assert [b["id"].tolist() for b in zero] == [b["id"].tolist() for b in one]
+    assert not np.allclose(zero[0]["y"], one[0]["y"])
+    loader.set_epoch(0)
+    assert same(epoch(loader), zero)
+    loader.close()
+
+
+@pytest.mark.parametrize("mode", [dict(transform_threads=2), dict(transform_processes=2)])
+def test_resume_mid_epoch_gives_the_same_batches(dataset, mode):
+    with shardfeed.Loader(dataset, 64, seed=5, transform=augment, **mode) as loader:
+        whole = epoch(loader)
+    loader = shardfeed.Loader(dataset, 64, seed=5, transform=augment, **mode)
+    it = iter(loader)
+    head = [{k: v.copy() for k, v in next(it).items()} for _ in range(11)]
+    state = loader.state_dict()
+    loader.close()
+    resumed = shardfeed.Loader(dataset, 64, seed=5, transform=augment, **mode)
+    resumed.load_state_dict(state)
+    rest = epoch(resumed)
+    resumed.close()
+    assert same(head + rest, whole)
+    assert shm_left() == []
+
+
+def test_elastic_resume_2_to_3_reads_every_row_once(dataset):
+    seen, states = [], []
+    for rank in range(2):
+        loader = shardfeed.Loader(dataset, 50, seed=2, rank=rank, world_size=2, transform=augment)
+        it = iter(loader)
+        seen += [i for _ in range(6) for i in next(it)["id"].tolist()]
+        states.append(loader.state_dict())
+        loader.close()
+    for rank in range(3):
+        with shardfeed.Loader(dataset, 50, seed=2, rank=rank, world_size=3, transform=augment) as loader:
+            loader.load_state_dict(states)
+            seen += [i for b in loader for i in b["id"].tolist()]
+    assert sorted(seen) == list(range(ROWS))
+
+
+@pytest.mark.parametrize("mode", [dict(transform_threads=2), dict(transform_processes=2)])
+def test_an_exception_names_the_batch_with_its_traceback(dataset, mode):
+    loader = shardfeed.Loader(dataset, 64, seed=1, transform=fails_on_one_row, **mode)
+    with pytest.raises(shardfeed.ShardfeedError, match=r"batch \d+") as err:
+        for _ in loader:
+            pass
+    assert "ZeroDivisionError" in str(err.value) and "boom in the transform" in str(err.value)
+    assert "fails_on_one_row" in str(err.value)  # the traceback
+    loader.close()
+    assert shm_left() == []
+
+
+def test_a_worker_killed_is_an_error_naming_the_batch(dataset):
+    loader = shardfeed.Loader(dataset, 64, seed=1, transform=kills_itself, transform_processes=2)
+    with pytest.raises(shardfeed.ShardfeedError, match=r"ended \(exit code -9\) while batch \d+"):
+        for _ in loader:
+            pass
+    loader.close()
+    assert shm_left() == []
+
+
+@pytest.mark.parametrize("fn,says", [(wrong_output, "returned list"), (object_output, "dtype object")])
+@pytest.mark.parametrize("mode", [dict(transform_threads=1), dict(transform_processes=1)])
+def test_wrong_outputs_are_clear_errors(dataset, fn, says, mode):
+    loader = shardfeed.Loader(dataset, 64, transform=fn, **mode)
+    with pytest.raises(shardfeed.ShardfeedError, match=says):
+        next(iter(loader))
+    loader.close()
+    assert shm_left() == []
+
+
+def test_options_are_checked(dataset):
+    with pytest.raises(ValueError, match="transform_threads"):
+        shardfeed.Loader(dataset, 64, transform_threads=2)
+    with pytest.raises(ValueError, match="not both"):
+        shardfeed.Loader(dataset, 64, transform=augment, transform_threads=1, transform_processes=1)
+    with pytest.raises(ValueError, match="picklable"):
+        shardfeed.Loader(dataset, 64, transform=lambda b, r: b, transform_processes=1)
+    with pytest.raises(ValueError, match="shardfeed.Loader"):
+        shardfeed._native.Loader(dataset, 64, transform=augment)
+    # Without a transform, the loader is the native one.
+    assert type(shardfeed.Loader(dataset, 64)) is shardfeed.Loader
+
+
+def test_stats_have_the_transform_stage(dataset):
+    import time
+
+    def slow(batch, rng):
+        time.sleep(0.01)
+        return batch
+
+    with shardfeed.Loader(dataset, 64, transform=slow, transform_threads=1) as loader:
+        batches = len(epoch(loader))
+        stats = loader.stats()
+    transform = stats["transform"]
+    assert transform["batches"] == batches and transform["workers"] == 1
+    assert 0 < stats["stages"]["transform"] <= 1
+    # Every batch slept 10 ms (a lower bound, whatever the machine's load).
+    assert transform["latency_ms"]["p50"] >= 10
