@@ -199,12 +199,19 @@ def _worker_main(fn_bytes: bytes, tasks, results) -> None:
     output into a new block named for the task, and says where."""
     from multiprocessing import shared_memory
 
-    fn = pickle.loads(fn_bytes)
+    try:
+        fn, unloadable = pickle.loads(fn_bytes), None
+    except BaseException as e:  # noqa: BLE001 - every task reports it
+        fn, unloadable = None, f"{e!r}\n{traceback.format_exc()}"
     while True:
         task = tasks.get()
         if task is None:
             return
         task_id, index, rng_words, name, layout, out_name = task
+        if unloadable is not None:
+            results.put((task_id, None, "the worker process cannot load the function (is its "
+                         f"module importable there?): {unloadable}"))
+            continue
         # Blocks are the parent's to unlink, in and out (the resource tracker is shared
         # with spawned workers: nothing leaks if the parent dies).
         block = shared_memory.SharedMemory(name=name)

@@ -193,3 +193,41 @@ def test_stats_have_the_transform_stage(dataset):
     assert 0 < stats["stages"]["transform"] <= 1
     # Every batch slept 10 ms (a lower bound, whatever the machine's load).
     assert transform["latency_ms"]["p50"] >= 10
+
+
+def test_the_example_augments_images_and_masks_chat_tokens(tmp_path):
+    """python/examples/transforms.py: torchvision's transforms on decoded images (threads),
+    a chat template with masked labels on token rows (processes)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torchvision")
+    from PIL import Image
+
+    for i in range(40):
+        folder = tmp_path / "photos" / f"class{i % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (64 + i, 48), (i * 6, 90, 200 - i)).save(folder / f"{i}.jpg", quality=85)
+    shardfeed.shard(str(tmp_path / "photos"), str(tmp_path / "img"))
+    subprocess.run(["shardfeed", "generate", "tokens", "--rows", "400", "-o", str(tmp_path / "raw")],
+                   check=True, capture_output=True)
+    shardfeed.shard(str(tmp_path / "raw"), str(tmp_path / "tok"))
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    # On the path while the example runs: its worker processes import it by name.
+    sys.path.insert(0, str(examples))
+    try:
+        from transforms import IGNORE, main
+
+        out = main(["--images", str(tmp_path / "img"), "--tokens", str(tmp_path / "tok"),
+                    "--steps", "3"])
+    finally:
+        sys.path.remove(str(examples))
+    images = out["images"]
+    assert images["image"].shape == (32, 3, 96, 96) and images["image"].dtype == np.float32
+    assert set(images["label"].tolist()) <= {0, 1}
+    tokens = out["tokens"]
+    assert tokens["input_ids"].shape == tokens["labels"].shape == (32, 256)
+    # The prompt is masked out of the labels; the answer is learned.
+    for ids, labels, mask in zip(tokens["input_ids"], tokens["labels"], tokens["attention_mask"]):
+        assert ids[0] == 1 and labels[0] == IGNORE and (labels[mask == 1] != IGNORE).any()
+    assert shm_left() == []
