@@ -277,22 +277,7 @@ async fn find_remote(input: &str, storage: &[(String, String)]) -> Result<Vec<Fo
     let prefix = location.prefix().as_ref().to_string();
     let mut found = Vec::new();
     for meta in objects {
-        let key = meta.location.as_ref();
-        let relative = match prefix.is_empty() {
-            true => key,
-            false => match key
-                .strip_prefix(prefix.as_str())
-                .and_then(|r| r.strip_prefix('/'))
-            {
-                Some(r) => r,
-                None => continue,
-            },
-        };
-        let keep = match &matcher {
-            Some(m) => m.matches_with(relative, MATCH),
-            None => is_data_file(relative),
-        };
-        if keep {
+        if let Some(relative) = wanted(&prefix, meta.location.as_ref(), matcher.as_ref()) {
             found.push(Found {
                 base: folder.to_string(),
                 path: relative.to_string(),
@@ -407,18 +392,7 @@ async fn find_hf(input: &str, storage: &[(String, String)]) -> Result<Vec<Found>
             ) else {
                 continue;
             };
-            let relative = match folder.is_empty() {
-                true => path,
-                false => match path.strip_prefix(folder).and_then(|r| r.strip_prefix('/')) {
-                    Some(r) => r,
-                    None => continue,
-                },
-            };
-            let keep = match &matcher {
-                Some(m) => m.matches_with(relative, MATCH),
-                None => is_data_file(relative),
-            };
-            if keep {
+            if let Some(relative) = wanted(folder, path, matcher.as_ref()) {
                 found.push(Found {
                     base: base.clone(),
                     path: relative.to_string(),
@@ -436,6 +410,20 @@ async fn find_hf(input: &str, storage: &[(String, String)]) -> Result<Vec<Found>
         });
     }
     Ok(found)
+}
+
+/// `key`'s path under `folder` (`""`: the root), if it lies there and is
+/// wanted: matched by the input's glob, or a data file of a folder.
+fn wanted<'a>(folder: &str, key: &'a str, matcher: Option<&glob::Pattern>) -> Option<&'a str> {
+    let relative = match folder.is_empty() {
+        true => key,
+        false => key.strip_prefix(folder)?.strip_prefix('/')?,
+    };
+    let keep = match matcher {
+        Some(m) => m.matches_with(relative, MATCH),
+        None => is_data_file(relative),
+    };
+    keep.then_some(relative)
 }
 
 fn is_remote(input: &str) -> bool {

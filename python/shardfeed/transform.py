@@ -171,22 +171,18 @@ class _Threads:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _to_shared(batch: dict, name: str):
-    """`batch`'s arrays copied into one new shared memory block: the block and the layout
-    [(key, dtype, shape, offset)]."""
-    from multiprocessing import shared_memory
-
+def _layout(batch: dict) -> tuple[list, int]:
+    """Where `batch`'s arrays go in one block: [(key, dtype, shape, offset)], and its size."""
     layout, offset = [], 0
     for key, value in batch.items():
-        value = np.ascontiguousarray(value)
         layout.append((key, value.dtype.str, value.shape, offset))
         offset += (value.nbytes + 63) // 64 * 64
-    block = shared_memory.SharedMemory(name=name, create=True, size=max(offset, 1))
+    return layout, max(offset, 1)
+
+
+def _write(block, layout: list, batch: dict) -> None:
     for (key, dtype, shape, at), value in zip(layout, batch.values()):
-        view = np.ndarray(shape, dtype=dtype, buffer=block.buf, offset=at)
-        view[...] = value
-        del view
-    return block, layout
+        np.ndarray(shape, dtype=dtype, buffer=block.buf, offset=at)[...] = value
 
 
 def _from_shared(block, layout) -> dict:
@@ -194,43 +190,92 @@ def _from_shared(block, layout) -> dict:
             for key, dtype, shape, at in layout}
 
 
-def _worker_main(fn_bytes: bytes, tasks, results) -> None:
-    """A transform process: maps each task's input block, runs the function, writes its
-    output into a new block named for the task, and says where."""
-    from multiprocessing import shared_memory
+class _Blocks:
+    """Shared memory blocks opened by name, kept open (a block is mapped once per process,
+    not once per batch: fresh mappings cost page faults and zeroed pages)."""
 
+    def __init__(self):
+        self.open: dict[str, Any] = {}
+
+    def get(self, name: str, create_size: int = 0):
+        from multiprocessing import shared_memory
+
+        block = self.open.get(name)
+        if block is None:
+            block = (shared_memory.SharedMemory(name=name, create=True, size=create_size)
+                     if create_size else shared_memory.SharedMemory(name=name))
+            self.open[name] = block
+        return block
+
+    def close(self, name: str, unlink: bool = False) -> None:
+        from multiprocessing import shared_memory
+
+        block = self.open.pop(name, None)
+        if block is not None:
+            block.close()
+        if unlink:
+            try:
+                if block is None:
+                    block = shared_memory.SharedMemory(name=name)
+                    block.close()
+                block.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def _worker_main(fn_bytes: bytes, tasks, results) -> None:
+    """A transform process: reads each task's batch from its slot's input block, runs the
+    function, writes the output into the slot's output block (a new, larger one when it does
+    not fit, named for the task), and says where."""
     try:
         fn, unloadable = pickle.loads(fn_bytes), None
     except BaseException as e:  # noqa: BLE001 - every task reports it
         fn, unloadable = None, f"{e!r}\n{traceback.format_exc()}"
+    blocks = _Blocks()
     while True:
         task = tasks.get()
         if task is None:
             return
-        task_id, index, rng_words, name, layout, out_name = task
+        task_id, index, rng_words, in_name, layout, out_name, out_size, new_name = task
         if unloadable is not None:
-            results.put((task_id, None, "the worker process cannot load the function (is its "
-                         f"module importable there?): {unloadable}"))
+            results.put((task_id, None, None, "the worker process cannot load the function (is "
+                         f"its module importable there?): {unloadable}"))
             continue
-        # Blocks are the parent's to unlink, in and out (the resource tracker is shared
-        # with spawned workers: nothing leaks if the parent dies).
-        block = shared_memory.SharedMemory(name=name)
         try:
-            batch = _from_shared(block, layout)
+            batch = _from_shared(blocks.get(in_name), layout)
             out = _check_output(fn(batch, np.random.default_rng(rng_words)), index)
             del batch
-            out_block, out_layout = _to_shared(out, out_name)
-            out_block.close()
-            results.put((task_id, out_layout, None))
+            out_layout, size = _layout(out)
+            if out_name is None or size > out_size:
+                # Blocks are the parent's to unlink (the resource tracker is shared with
+                # spawned workers: nothing leaks if the parent dies).
+                out_name = new_name
+                blocks.get(out_name, create_size=size)
+            _write(blocks.get(out_name), out_layout, out)
+            results.put((task_id, out_name, out_layout, None))
         except BaseException as e:  # noqa: BLE001 - reported to the parent with its traceback
-            results.put((task_id, None, f"{e!r}\n{traceback.format_exc()}"))
-        finally:
-            block.close()
+            results.put((task_id, None, None, f"{e!r}\n{traceback.format_exc()}"))
+        # Replaced blocks are unlinked by the parent; a worker's handle on them goes when
+        # it has as many as there are slots.
+        if len(blocks.open) > 64:
+            for name in list(blocks.open)[:-32]:
+                blocks.close(name)
+
+
+class _Slot:
+    """One batch in flight: its input block and output block (reused, grown as needed)."""
+
+    def __init__(self):
+        self.in_name: str | None = None
+        self.in_size = 0
+        self.out_name: str | None = None
+        self.out_size = 0
 
 
 class _Processes:
     """Transforms in spawned worker processes, batches through shared memory (one copy in,
-    one copy out; no array is pickled)."""
+    one copy out; no array is pickled). Each batch in flight has a slot whose blocks are
+    reused from batch to batch."""
 
     def __init__(self, fn: Transform, processes: int, stage: _Stage):
         try:
@@ -251,37 +296,36 @@ class _Processes:
             p.start()
         self.depth = processes + 1
         self.prefix = f"sf{os.getpid()}x{id(self) & 0xFFFFFF:x}"
+        self.blocks = _Blocks()
+        self.slots = [_Slot() for _ in range(self.depth + 1)]
+        self.free = list(range(len(self.slots)))
         self.next_id = 0
-        self.blocks: dict[int, Any] = {}
-        self.started: dict[int, float] = {}
+        self.running: dict[int, tuple[int, float]] = {}  # task id -> (slot, started)
         self.done: dict[int, tuple] = {}
 
     def submit(self, batch: dict, index: int, words: list[int]) -> int:
         task_id = self.next_id
         self.next_id += 1
-        block, layout = _to_shared(batch, f"{self.prefix}i{task_id}")
-        self.blocks[task_id] = block
-        self.started[task_id] = time.perf_counter()
-        self.tasks.put((task_id, index, words, block.name, layout, f"{self.prefix}o{task_id}"))
+        slot_id = self.free.pop()
+        slot = self.slots[slot_id]
+        layout, size = _layout(batch)
+        if size > slot.in_size:
+            if slot.in_name is not None:
+                self.blocks.close(slot.in_name, unlink=True)
+            slot.in_name, slot.in_size = f"{self.prefix}i{task_id}", size
+            self.blocks.get(slot.in_name, create_size=size)
+        _write(self.blocks.get(slot.in_name), layout, batch)
+        self.running[task_id] = (slot_id, time.perf_counter())
+        self.tasks.put((task_id, index, words, slot.in_name, layout, slot.out_name,
+                        slot.out_size, f"{self.prefix}o{task_id}"))
         return task_id
 
-    def _drop(self, task_id: int) -> None:
-        from multiprocessing import shared_memory
-
-        block = self.blocks.pop(task_id, None)
-        if block is not None:
-            block.close()
-            block.unlink()
-        try:
-            out = shared_memory.SharedMemory(name=f"{self.prefix}o{task_id}")
-        except FileNotFoundError:
-            return
-        out.close()
-        out.unlink()
+    def _release(self, task_id: int) -> None:
+        slot_id, _ = self.running.pop(task_id)
+        self.free.append(slot_id)
 
     def result(self, task_id: int, index: int) -> dict:
         import queue
-        from multiprocessing import shared_memory
 
         while task_id not in self.done:
             try:
@@ -290,24 +334,23 @@ class _Processes:
             except queue.Empty:
                 dead = [p for p in self.procs if p.exitcode is not None]
                 if dead:
-                    self._drop(task_id)
                     raise ShardfeedError(
                         f"transform process {dead[0].name} ended (exit code {dead[0].exitcode}) "
                         f"while batch {index} was being transformed"
                     ) from None
-        _, layout, error = self.done.pop(task_id)
-        self.stage.ran(time.perf_counter() - self.started.pop(task_id))
+        _, out_name, layout, error = self.done.pop(task_id)
+        slot = self.slots[self.running[task_id][0]]
+        self.stage.ran(time.perf_counter() - self.running[task_id][1])
+        if out_name is not None and out_name != slot.out_name:
+            # The worker made a larger output block for this slot.
+            if slot.out_name is not None:
+                self.blocks.close(slot.out_name, unlink=True)
+            slot.out_name = out_name
+            slot.out_size = self.blocks.get(out_name).size
+        self._release(task_id)
         if error is not None:
-            self._drop(task_id)
             raise ShardfeedError(f"transform failed on batch {index} (in a worker process): {error}")
-        out = shared_memory.SharedMemory(name=f"{self.prefix}o{task_id}")
-        try:
-            arrays = {k: v.copy() for k, v in _from_shared(out, layout).items()}
-        finally:
-            out.close()
-            out.unlink()
-            self._drop(task_id)
-        return arrays
+        return {k: v.copy() for k, v in _from_shared(self.blocks.get(out_name), layout).items()}
 
     def close(self) -> None:
         for _ in self.procs:
@@ -320,8 +363,15 @@ class _Processes:
             if p.exitcode is None:
                 p.kill()
                 p.join()
-        for task_id in list(self.blocks):
-            self._drop(task_id)
+        for slot in self.slots:
+            for name in (slot.in_name, slot.out_name):
+                if name is not None:
+                    self.blocks.close(name, unlink=True)
+        # Output blocks a worker made for a batch whose result never came.
+        for task_id in list(self.running):
+            self.blocks.close(f"{self.prefix}o{task_id}", unlink=True)
+        for name in list(self.blocks.open):
+            self.blocks.close(name, unlink=True)
         for q in (self.tasks, self.results):
             q.close()
             q.join_thread()

@@ -87,6 +87,19 @@ def read_rows(index: str, world: int = 1, rank: int = 0, **options) -> list[tupl
     return out
 
 
+def resumed_ids(index: str, batches: int, **options) -> list[int]:
+    """An epoch's ids (as `read_rows` reads it), in two runs: `batches` batches, then the
+    rest from a new loader resumed from the first one's state."""
+    loader = shardfeed.Loader(index, 97, seed=5, drop_last=False, **options)
+    it = iter(loader)
+    head = [i for _ in range(batches) for i in next(it)["id"].tolist()]
+    state = loader.state_dict()
+    loader.close()
+    resumed = shardfeed.Loader(index, 97, seed=5, drop_last=False, **options)
+    resumed.load_state_dict(state)
+    return head + [i for b in resumed for i in b["id"].tolist()]
+
+
 def check_every_row_once(index: str, table: pa.Table) -> None:
     expected = expected_rows(table)
     n = len(expected)
@@ -246,15 +259,7 @@ def test_resume_and_a_mixture_with_a_sharded_dataset(tmp_path):
     index = str(tmp_path / "index")
     shardfeed.index(str(data), index)
     whole = [r[0] for r in read_rows(index)]
-    loader = shardfeed.Loader(index, 97, seed=5, drop_last=False)
-    it = iter(loader)
-    head = [i for _ in range(7) for i in next(it)["id"].tolist()]
-    state = loader.state_dict()
-    loader.close()
-    resumed = shardfeed.Loader(index, 97, seed=5, drop_last=False)
-    resumed.load_state_dict(state)
-    rest = [i for batch in resumed for i in batch["id"].tolist()]
-    assert head + rest == whole
+    assert resumed_ids(index, 7) == whole
     # A mixture of the index and a dataset sharded from the same files.
     sharded = str(tmp_path / "sharded")
     shardfeed.shard(str(data), sharded, row_group_rows=256)
@@ -466,15 +471,7 @@ def test_hf_datasets_indexed_at_a_pinned_commit(tmp_path, hub):
     assert sorted(r[0] for r in got) == sorted(expected)
     assert all(tuple(v) == expected[i] for i, *v in got)
     # Resume mid-epoch.
-    whole = [r[0] for r in got]
-    loader = shardfeed.Loader(index, 97, seed=5, drop_last=False)
-    it = iter(loader)
-    head = [i for _ in range(4) for i in next(it)["id"].tolist()]
-    state = loader.state_dict()
-    loader.close()
-    resumed = shardfeed.Loader(index, 97, seed=5, drop_last=False)
-    resumed.load_state_dict(state)
-    assert head + [i for b in resumed for i in b["id"].tolist()] == whole
+    assert resumed_ids(index, 4) == [r[0] for r in got]
     # A push to main changes what a new index reads, not what the old one reads.
     hub.push("org/public", "b" * 40, {"data/train-00000-of-00001.parquet": parquet_bytes(make_table(50_000, 10))})
     assert sorted(r[0] for r in read_rows(index)) == sorted(expected)

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""User transforms: shardfeed's transform stage against a PyTorch DataLoader running the same
+function over the same rows, 2 cores.
+
+Data: 224x224x3 uint8 images as raw pixel bytes in a binary column (no decoding), sharded.
+Functions (each sees the rows as an [n, 224, 224, 3] uint8 array):
+  * numpy (releases the GIL): a random 192x192 crop per row, then float32 normalisation;
+  * python (holds the GIL): a pure-Python loop over 3,000 values per row;
+  * identity: the batch as it is (the stage's own cost, against no transform).
+Runs: `transform_threads=1`, `=2`, `transform_processes=2`, and DataLoader(num_workers=2,
+persistent_workers=True) over an IterableDataset that reads the shards' row groups with
+pyarrow (split over the workers), batches 64 rows and applies the function. Rows/s of the
+second epoch (workers and pools started), medians of `--repeat` runs, each in a fresh process.
+
+    pip install ./python && python3 benches/transform_peers.py --work /tmp/sf-transform
+"""
+import argparse, json, os, statistics, subprocess, sys, time
+
+ROWS, SIDE, BATCH = 2400, 224, 64
+
+RUN = r'''
+import json, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from transform_peers import FUNCTIONS, epoch_rate
+ds, fn_name, mode = sys.argv[2], sys.argv[3], sys.argv[4]
+print(json.dumps({"rows_per_s": epoch_rate(ds, FUNCTIONS[fn_name], mode)}))
+'''
+
+MEAN = None
+
+
+def pixels(batch):
+    """The batch's rows as [n, 224, 224, 3] uint8 (a view)."""
+    return batch["pixels"].reshape(-1, SIDE, SIDE, 3)
+
+
+def crop_normalize(batch, rng):
+    x = pixels(batch)
+    n, c = len(x), 192
+    out = np.empty((n, c, c, 3), dtype=np.float32)
+    offsets = rng.integers(0, SIDE - c, size=(n, 2))
+    for i, (dy, dx) in enumerate(offsets):
+        np.subtract(x[i, dy:dy + c, dx:dx + c], 120.0, out=out[i], casting="unsafe")
+        out[i] *= 1 / 58.0
+    return {"image": out, "label": batch["label"]}
+
+
+def python_loop(batch, rng):
+    x = pixels(batch).reshape(len(batch["label"]), -1)
+    sums = np.empty(len(x), dtype=np.int64)
+    for i in range(len(x)):
+        s = 0
+        for v in x[i, :3000].tolist():
+            s += v * v
+        sums[i] = s
+    return {"sums": sums, "label": batch["label"]}
+
+
+def identity(batch, rng):
+    return batch
+
+
+import numpy as np  # noqa: E402
+
+FUNCTIONS = {"numpy": crop_normalize, "python": python_loop, "identity": identity}
+
+
+def make(work):
+    import pyarrow as pa, pyarrow.parquet as pq
+    import shardfeed
+    raw, ds = os.path.join(work, "raw"), os.path.join(work, "ds")
+    if os.path.exists(os.path.join(ds, "manifest.json")):
+        return ds
+    os.makedirs(raw, exist_ok=True)
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, 256, size=(ROWS, SIDE * SIDE * 3), dtype=np.uint8)
+    table = pa.table({"pixels": pa.array([r.tobytes() for r in rows], pa.binary()),
+                      "label": pa.array(np.arange(ROWS) % 10, pa.int32())})
+    pq.write_table(table, os.path.join(raw, "images.parquet"), row_group_size=100)
+    shardfeed.shard(raw, ds, row_group_rows=100)
+    return ds
+
+
+class Peer:
+    """The DataLoader's dataset: the shards' row groups, split over the workers, 64-row
+    batches of numpy arrays through the function."""
+
+    def __init__(self, ds, fn):
+        import torch
+        self.ds, self.fn = ds, fn
+        self.base = torch.utils.data.IterableDataset
+
+    def __iter__(self):
+        import json as j, pyarrow.parquet as pq, torch
+        info = torch.utils.data.get_worker_info()
+        wid, workers = (info.id, info.num_workers) if info else (0, 1)
+        manifest = j.load(open(os.path.join(self.ds, "manifest.json")))
+        groups = [(s["path"], g) for s in manifest["shards"] for g in range(len(s["row_groups"]))]
+        for k, (path, g) in enumerate(groups[wid::workers]):  # noqa: B007
+            table = pq.ParquetFile(os.path.join(self.ds, path)).read_row_group(g)
+            col = table.column("pixels").combine_chunks()
+            offsets = np.frombuffer(col.buffers()[1], np.int32)[col.offset:col.offset + len(col) + 1]
+            flat = np.frombuffer(col.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
+            flat = flat.reshape(len(table), -1)
+            label = table.column("label").to_numpy()
+            for at in range(0, len(table) - BATCH + 1, BATCH):
+                batch = {"pixels": flat[at:at + BATCH], "label": label[at:at + BATCH]}
+                yield self.fn(batch, np.random.default_rng([wid, k, at]))
+
+
+def epoch_rate(ds, fn, mode):
+    """Rows/s of the second epoch."""
+    if mode == "dataloader":
+        import torch
+
+        class Dataset(torch.utils.data.IterableDataset):
+            def __init__(self):
+                self.peer = Peer(ds, fn)
+
+            def __iter__(self):
+                return iter(self.peer)
+
+        torch.set_num_threads(1)
+        loader = torch.utils.data.DataLoader(Dataset(), batch_size=None, num_workers=2,
+                                             persistent_workers=True)
+    else:
+        import shardfeed
+        options = {"none": {}, "threads1": dict(transform=fn, transform_threads=1),
+                   "threads2": dict(transform=fn, transform_threads=2),
+                   "processes2": dict(transform=fn, transform_processes=2)}[mode]
+        loader = shardfeed.Loader(ds, BATCH, columns=["pixels", "label"], threads=2, seed=1,
+                                  **options)
+    rate = 0.0
+    for _ in range(2):
+        started, rows = time.perf_counter(), 0
+        for batch in loader:
+            rows += len(batch["label"])
+        rate = rows / (time.perf_counter() - started)
+    return rate
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--work", default="/tmp/sf-transform")
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args()
+    ds = make(args.work)
+    here = os.path.dirname(os.path.abspath(__file__))
+    plan = [("numpy", m) for m in ("none", "threads1", "threads2", "dataloader")]
+    plan += [("python", m) for m in ("threads1", "processes2", "dataloader")]
+    plan += [("identity", "threads2")]
+    results = {}
+    for _ in range(args.repeat):
+        for fn, mode in plan:
+            out = subprocess.run([sys.executable, "-c", RUN, here, ds, fn, mode], check=True,
+                                 capture_output=True, text=True)
+            rate = json.loads(out.stdout.strip().splitlines()[-1])["rows_per_s"]
+            results.setdefault((fn, mode), []).append(rate)
+            print(json.dumps({"function": fn, "mode": mode, "rows_per_s": round(rate)}), flush=True)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"\nrows/s, second epoch, medians of {args.repeat}")
+    print("| function | run | rows/s | vs transform_threads=1 | vs DataLoader(num_workers=2) |")
+    print("|---|---|---|---|---|")
+    for fn, mode in plan:
+        rate = med[(fn, mode)]
+        base = med.get((fn, "threads1"))
+        peer = med.get((fn, "dataloader"))
+        print(f"| {fn} | {mode} | {rate:,.0f} | {rate / base:.2f}x |" if base else f"| {fn} | {mode} | {rate:,.0f} | |",
+              f" {rate / peer:.2f}x |" if peer else " |")
+    print(f"| identity | threads2 vs no transform (numpy none) | {med[('identity', 'threads2')] / med[('numpy', 'none')]:.2f}x | | |")
+
+
+if __name__ == "__main__":
+    main()
