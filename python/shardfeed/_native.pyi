@@ -69,6 +69,8 @@ class Loader:
         | None = None,
         transform_threads: int | None = None,
         transform_processes: int | None = None,
+        row_transform: Callable[[dict[str, Any], np.random.Generator], dict[str, Any]] | None = None,
+        filter: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
         """Build a loader; ``ValueError`` names a bad option.
 
@@ -81,6 +83,11 @@ class Loader:
         delivered. A transform's exception, a worker that dies, or an output that is not a dict
         of numeric arrays raises ``ShardfeedError`` naming the batch (with the traceback);
         ``stats()["transform"]`` has the stage's busy fraction and latencies.
+        ``filter=fn(row) -> bool`` and ``row_transform=fn(row, rng) -> row`` run per row (a
+        row: a dict of numpy scalars and array views, None where null) on the same workers,
+        before ``transform``; rows are collated back (equal shapes stacked, 1-D arrays of other
+        lengths as values + ``.offsets``). Rows filtered out leave their batch smaller (every
+        rank keeps its number of batches), counted in ``stats()["transform"]["filtered_rows"]``.
 
         ``url`` is a dataset or an index (``shardfeed.index``). ``columns``: the columns to
         read (default all); a field of a struct column is named by its path

@@ -79,16 +79,22 @@ class Loader(_native.Loader):
         transform: Transform | None = None,
         transform_threads: int | None = None,
         transform_processes: int | None = None,
+        row_transform: Callable[[dict, np.random.Generator], dict] | None = None,
+        filter: Callable[[dict], bool] | None = None,  # noqa: A002 - the option's name
         **kwargs: Any,
     ):
-        if transform is None:
+        if transform is None and row_transform is None and filter is None:
             if transform_threads is not None or transform_processes is not None:
                 raise ValueError(
                     "invalid option transform_threads/transform_processes: no transform given"
                 )
             return super().__new__(cls, *args, **kwargs)
-        if not callable(transform):
-            raise ValueError("invalid option transform: must be callable(batch, rng) -> batch")
+        for name, fn in [("transform", transform), ("row_transform", row_transform),
+                         ("filter", filter)]:
+            if fn is not None and not callable(fn):
+                raise ValueError(f"invalid option {name}: must be callable")
+        if row_transform is not None or filter is not None:
+            transform = _Rows(transform, row_transform, filter)
         if transform_threads is not None and transform_processes is not None:
             raise ValueError(
                 "invalid option transform_processes: give transform_threads or "
@@ -109,6 +115,105 @@ class Loader(_native.Loader):
         return obj
 
 
+def _split(batch: dict) -> list[dict]:
+    """A batch's rows: per column its value (a numpy scalar, or a view of the row's array or
+    bytes), or None where the column is null."""
+    keys = [k for k in batch if not any(k.endswith(s) for s in (".offsets", ".lengths", ".validity"))]
+    n = min((len(batch[f"{k}.offsets"]) - 1 if f"{k}.offsets" in batch else len(batch[k]))
+            for k in keys)
+    rows: list[dict] = [{} for _ in range(n)]
+    for key in keys:
+        values, offsets = batch[key], batch.get(f"{key}.offsets")
+        valid, lengths = batch.get(f"{key}.validity"), batch.get(f"{key}.lengths")
+        for i, row in enumerate(rows):
+            if valid is not None and not valid[i]:
+                row[key] = None
+            elif offsets is not None:
+                row[key] = values[offsets[i]:offsets[i + 1]]
+            elif lengths is not None:
+                row[key] = values[i, :lengths[i]]
+            else:
+                row[key] = values[i]
+    return rows
+
+
+def _collate(rows: list[dict], index: int) -> dict:
+    """Rows back into a batch: per key, equal shapes stacked ([n, ...]); 1-D arrays of other
+    lengths as values + `key.offsets`; a None anywhere as zeros + `key.validity`."""
+    out: dict[str, np.ndarray] = {}
+    if not rows:
+        return out
+    for key in rows[0]:
+        try:
+            values = [row[key] for row in rows]
+        except KeyError:
+            raise ShardfeedError(f"row_transform returned rows with different keys in batch {index} "
+                                 f"(`{key}` is missing from some)") from None
+        present = [np.asarray(v) for v in values if v is not None]
+        if not present:
+            raise ShardfeedError(f"row_transform returned only nulls for `{key}` in batch {index}")
+        if any(p.dtype.hasobject for p in present):
+            raise ShardfeedError(f"row_transform returned `{key}` of dtype object in batch {index}")
+        arrays = [np.asarray(v) if v is not None else np.zeros_like(present[0]) for v in values]
+        if all(a.shape == arrays[0].shape for a in arrays):
+            out[key] = np.stack(arrays)
+        elif all(a.ndim == 1 for a in arrays):
+            out[key] = np.concatenate(arrays)
+            out[f"{key}.offsets"] = np.cumsum([0] + [len(a) for a in arrays], dtype=np.int64)
+        else:
+            raise ShardfeedError(f"row_transform returned `{key}` of shapes {arrays[0].shape} and "
+                                 f"{next(a.shape for a in arrays if a.shape != arrays[0].shape)} in "
+                                 f"batch {index}: rows of one key are equal in shape, or 1-D")
+        if len(present) < len(values):
+            out[f"{key}.validity"] = np.array([v is not None for v in values], dtype=np.uint8)
+    return out
+
+
+class _Rows:
+    """`filter`, then `row_transform` on each row kept (with its own generator, spawned from
+    the batch's), then `transform` on the batch they make. Picklable when its functions are."""
+
+    def __init__(self, transform, row_transform, keep):
+        self.transform, self.row_transform, self.keep = transform, row_transform, keep
+
+    def __call__(self, batch: dict, rng: np.random.Generator) -> dict:
+        index = _batch_index(batch) if _has_slab(batch) else -1
+        rows = _split(batch)
+        total = len(rows)
+        if self.keep is not None:
+            kept = []
+            for i, row in enumerate(rows):
+                try:
+                    if self.keep(row):
+                        kept.append(row)
+                except Exception as e:
+                    raise ShardfeedError(f"filter failed on row {i} of the batch: {e!r}") from e
+            rows = kept
+        if self.row_transform is not None:
+            rngs = rng.spawn(len(rows))
+            done = []
+            for i, (row, row_rng) in enumerate(zip(rows, rngs)):
+                try:
+                    out = self.row_transform(row, row_rng)
+                except Exception as e:
+                    raise ShardfeedError(f"row_transform failed on row {i} of the batch: {e!r}") from e
+                if not isinstance(out, dict):
+                    raise ShardfeedError(f"row_transform returned {type(out).__name__}, not a dict")
+                done.append(out)
+            rows = done
+        out = _collate(rows, index)
+        out["_filtered"] = np.array([total - len(rows)], dtype=np.int64)
+        if self.transform is not None and rows:
+            filtered = out.pop("_filtered")
+            out = _check_output(self.transform(out, rng), index)
+            out["_filtered"] = filtered
+        return out
+
+
+def _has_slab(batch: dict) -> bool:
+    return any(isinstance(getattr(a, "base", None), _native.SlabView) for a in batch.values())
+
+
 class _Stage:
     """What the transform stage counts: busy time of the workers, the caller's wait on them,
     and per-batch latencies."""
@@ -121,6 +226,7 @@ class _Stage:
         self.latencies: collections.deque[float] = collections.deque(maxlen=4096)
         self.started = time.perf_counter()
         self.batches = 0
+        self.filtered = 0
 
     def ran(self, seconds: float) -> None:
         with self.lock:
@@ -139,6 +245,7 @@ class _Stage:
         return {
             "workers": self.workers,
             "batches": self.batches,
+            "filtered_rows": self.filtered,
             "busy_fraction": min(1.0, self.busy_s / (elapsed * self.workers)),
             "caller_wait_fraction": min(1.0, self.waited_s / elapsed),
             "latency_ms": {"p50": pct(0.5), "p95": pct(0.95), "p99": pct(0.99),
@@ -165,7 +272,15 @@ class _Threads:
         return self.pool.submit(run)
 
     def result(self, future: Future, index: int) -> dict:
-        return future.result()
+        try:
+            return future.result()
+        except ShardfeedError as e:
+            if f"batch {index}" in str(e):
+                raise
+            raise ShardfeedError(f"transform failed on batch {index}: {e}") from e
+        except Exception as e:
+            trace = "".join(traceback.format_exception(e))
+            raise ShardfeedError(f"transform failed on batch {index}: {e!r}\n{trace}") from e
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -429,6 +544,10 @@ class _TransformLoader(Loader):
         finally:
             self._stage.waited_s += time.perf_counter() - waited
         self._delivered_state = state
+        dropped = out.pop("_filtered", None)
+        if dropped is not None:
+            with self._stage.lock:
+                self._stage.filtered += int(dropped[0])
         return out
 
     def _abandon(self) -> None:

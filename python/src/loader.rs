@@ -106,7 +106,8 @@ impl PyLoader {
         mix_stop="first_exhausted", read_batch=None, decode_images=None, image_size=None,
         crop="random_resized", scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip=false,
         channels_first=false, max_image_pixels=None, decode_niceness=None, mapped_reads=true,
-        transform=None, transform_threads=None, transform_processes=None,
+        transform=None, transform_threads=None, transform_processes=None, row_transform=None,
+        filter=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -159,10 +160,19 @@ impl PyLoader {
         transform: Option<&Bound<'_, PyAny>>,
         transform_threads: Option<&Bound<'_, PyAny>>,
         transform_processes: Option<&Bound<'_, PyAny>>,
+        row_transform: Option<&Bound<'_, PyAny>>,
+        filter: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         // Transforms run in `shardfeed.Loader` (python/shardfeed/transform.py),
         // which takes these three before it builds this class.
-        if transform.is_some() || transform_threads.is_some() || transform_processes.is_some() {
+        let given = [
+            transform,
+            transform_threads,
+            transform_processes,
+            row_transform,
+            filter,
+        ];
+        if given.iter().any(Option::is_some) {
             return Err(bad_option(
                 "transform",
                 "user transforms run in shardfeed.Loader, not shardfeed._native.Loader",

@@ -231,3 +231,79 @@ def test_the_example_augments_images_and_masks_chat_tokens(tmp_path):
     for ids, labels, mask in zip(tokens["input_ids"], tokens["labels"], tokens["attention_mask"]):
         assert ids[0] == 1 and labels[0] == IGNORE and (labels[mask == 1] != IGNORE).any()
     assert shm_left() == []
+
+
+def test_a_mixtures_batches_go_through_the_transform(dataset, tmp_path):
+    """The transform sees the mixture's blended batches (with their `source` column); the
+    same for any number of threads."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    ids = np.arange(10_000, 11_000, dtype=np.int64)
+    pq.write_table(pa.table({"id": ids, "x": np.ones(len(ids), np.float32)}), raw / "b.parquet")
+    other = str(tmp_path / "other")
+    shardfeed.shard(str(raw), other, row_group_rows=100)
+
+    def tag(batch, rng):
+        return {"id": batch["id"].copy(), "source": batch["source"].copy(),
+                "r": rng.random(len(batch["id"]))}
+
+    runs = []
+    for threads in (1, 3):
+        with shardfeed.Loader({dataset: 0.5, other: 0.5}, 32, columns=["id"], seed=4,
+                              transform=tag, transform_threads=threads) as mix:
+            runs.append([{k: v.copy() for k, v in b.items()} for _, b in zip(range(12), mix)])
+    assert same(runs[0], runs[1])
+    sources = np.concatenate([b["source"] for b in runs[0]])
+    assert set(sources.tolist()) == {0, 1}
+    ids = np.concatenate([b["id"] for b in runs[0]])
+    assert ((ids >= 10_000) == (sources == 1)).all()
+
+
+def keep_even(row):
+    return int(row["id"]) % 2 == 0
+
+
+def jitter_row(row, rng):
+    return {"id": np.int64(row["id"]), "y": np.float32(row["x"] * rng.uniform(0.5, 1.5)),
+            "ids": np.arange(int(row["id"]) % 5, dtype=np.int32)}
+
+
+@pytest.mark.parametrize("mode", [dict(transform_threads=1), dict(transform_threads=3),
+                                  dict(transform_processes=2)])
+def test_filter_and_row_transform(dataset, mode):
+    """Rows a filter drops are counted; every rank still gets its batches (smaller ones);
+    per-row randomness is the same for any threads or processes."""
+    runs = []
+    for rank in range(2):
+        with shardfeed.Loader(dataset, 64, seed=7, rank=rank, world_size=2, filter=keep_even,
+                              row_transform=jitter_row, **mode) as loader:
+            batches = epoch(loader)
+            assert len(batches) == len(loader) == ROWS // 2 // 64
+            assert loader.stats()["transform"]["filtered_rows"] == sum(64 - len(b["id"]) for b in batches)
+        runs.append(batches)
+    ids = np.concatenate([b["id"] for r in runs for b in r])
+    assert (ids % 2 == 0).all() and len(np.unique(ids)) == len(ids)
+    assert len(ids) > ROWS // 2 * 0.8
+    for b in runs[0]:
+        # Ragged per-row arrays come back as values + offsets.
+        lengths = np.diff(b["ids.offsets"])
+        assert (lengths == b["id"] % 5).all()
+    reference = getattr(test_filter_and_row_transform, "reference", None)
+    if reference is None:
+        test_filter_and_row_transform.reference = runs
+    else:
+        assert all(same(a, b) for a, b in zip(runs, reference))
+
+
+def test_row_errors_name_the_row(dataset):
+    def bad(row, rng):
+        if int(row["id"]) == 777:
+            raise KeyError("no such thing")
+        return {"id": np.int64(row["id"])}
+
+    with pytest.raises(shardfeed.ShardfeedError, match=r"batch \d+.*row_transform failed on row \d+.*no such thing"):
+        for _ in shardfeed.Loader(dataset, 64, seed=1, row_transform=bad):
+            pass
