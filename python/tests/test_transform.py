@@ -307,3 +307,44 @@ def test_row_errors_name_the_row(dataset):
     with pytest.raises(shardfeed.ShardfeedError, match=r"batch \d+.*row_transform failed on row \d+.*no such thing"):
         for _ in shardfeed.Loader(dataset, 64, seed=1, row_transform=bad):
             pass
+
+
+@pytest.mark.parametrize("mode", [dict(transform_threads=1), dict(transform_processes=1)])
+def test_ctrl_c_interrupts_a_wait_on_the_transform(dataset, mode, tmp_path):
+    """SIGINT while the caller waits on a transform that does not finish: KeyboardInterrupt
+    from next(), and the loader still closes cleanly."""
+    import threading
+
+    started = tmp_path / "started"
+    release = tmp_path / "release"
+    loader = shardfeed.Loader(dataset, 64, transform=BlockUntil(str(started), str(release)), **mode)
+    it = iter(loader)
+
+    def interrupt():
+        while not started.exists():
+            threading.Event().wait(0.005)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    sender = threading.Thread(target=interrupt)
+    sender.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    sender.join()
+    release.touch()
+    loader.close()
+    assert shm_left() == []
+
+
+class BlockUntil:
+    """A transform that marks it started, then waits for a file (across processes)."""
+
+    def __init__(self, started: str, release: str):
+        self.started, self.release = started, release
+
+    def __call__(self, batch, rng):
+        import time
+
+        Path(self.started).touch()
+        while not Path(self.release).exists():
+            time.sleep(0.005)
+        return {"id": batch["id"].copy()}
