@@ -743,7 +743,11 @@ impl Collator {
                 // whatever was made of its bytes.
                 None => match self.collate(index, position, end) {
                     Err(LoaderError::Closed) => Err(LoaderError::Closed),
-                    result => self.mapped.check().and(result),
+                    result => self
+                        .mapped
+                        .check()
+                        .and(result)
+                        .and_then(|batch| self.map(batch)),
                 },
                 Some(Action::Stop) => return,
                 Some(action) => Err(injected(Stage::Collate, action, &self.cancel)),
@@ -760,6 +764,25 @@ impl Collator {
             }
             position = end;
         }
+    }
+
+    /// The batch through [`crate::LoaderBuilder::map_batch`]'s closure, if any.
+    fn map(&self, mut batch: Batch) -> Result<Batch> {
+        let Some(map) = &self.config.map_batch else {
+            return Ok(batch);
+        };
+        let index = batch.index();
+        let mut rng =
+            crate::BatchRng::new(self.config.seed, self.plan.epoch(), self.config.rank, index);
+        (map.0)(&mut crate::BatchMut::new(&mut batch), &mut rng).map_err(|e| {
+            LoaderError::stage(
+                Stage::Collate,
+                None,
+                None,
+                format!("map_batch failed on batch {index}: {e}"),
+            )
+        })?;
+        Ok(batch)
     }
 
     fn collate(&mut self, index: u64, start: u64, end: u64) -> Result<Batch> {

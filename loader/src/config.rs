@@ -145,6 +145,8 @@ pub struct LoaderBuilder {
     pub(crate) failpoints: Option<String>,
     pub(crate) trace: Option<std::path::PathBuf>,
     pub(crate) slow_warning: Option<(f64, u64)>,
+    /// [`LoaderBuilder::map_batch`].
+    pub(crate) map_batch: Option<crate::map::MapBatch>,
     /// A mixture's source: keep the final partial batch (see
     /// [`crate::plan::PlanOptions::keep_partial`]).
     pub(crate) keep_partial: bool,
@@ -226,6 +228,7 @@ impl LoaderBuilder {
             failpoints: None,
             trace: None,
             slow_warning: Some(DEFAULT_SLOW_WARNING),
+            map_batch: None,
             keep_partial: false,
             images: ImageOptions::default(),
         }
@@ -256,6 +259,39 @@ impl LoaderBuilder {
         self.storage_options.push((key.into(), value.into()));
         self
     }
+    /// Run `f` on every batch, on the collate thread, right after the batch
+    /// is laid out in its slab and before the consumer gets it: in place
+    /// ([`crate::BatchMut::values_mut`]), with a [`crate::BatchRng`] seeded
+    /// from (seed, epoch, rank, batch index), so its draws are the same for
+    /// any number of threads and after a resume. An error (or a panic) ends
+    /// the epoch with an error from `next()` naming the batch. A mixture's
+    /// sources refuse it.
+    ///
+    /// ```no_run
+    /// # use shardfeed_loader::Loader;
+    /// let loader = Loader::builder("/data/ds")
+    ///     .batch_size(64)
+    ///     .map_batch(|batch, rng| {
+    ///         let noise = rng.next_f64() as f32;
+    ///         for x in batch.values_mut::<f32>("x").ok_or("no f32 column x")? {
+    ///             *x += noise;
+    ///         }
+    ///         Ok(())
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), shardfeed_loader::LoaderError>(())
+    /// ```
+    pub fn map_batch<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&mut crate::BatchMut<'_>, &mut crate::BatchRng) -> Result<(), crate::MapError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.map_batch = Some(crate::map::MapBatch(std::sync::Arc::new(f)));
+        self
+    }
+
     /// Rows per batch (default 256).
     pub fn batch_size(mut self, rows: usize) -> Self {
         self.batch_size = rows;
@@ -606,4 +642,6 @@ pub(crate) struct Config {
     pub failpoints: Failpoints,
     /// Image decoding, when some columns hold images.
     pub images: Option<ImageOptions>,
+    /// [`LoaderBuilder::map_batch`].
+    pub map_batch: Option<crate::map::MapBatch>,
 }

@@ -68,6 +68,7 @@ mod gather;
 mod image;
 mod inspect;
 mod loader;
+mod map;
 mod mapfile;
 mod mapped;
 pub mod mix;
@@ -104,6 +105,7 @@ pub use image::{
 };
 pub use inspect::{ImageColumnSummary, image_summary};
 pub use loader::Loader;
+pub use map::{BatchMut, BatchRng, BoxError as MapError};
 pub use mix::{
     DrawState, MixStop, Mixture, MixtureBuilder, MixtureState, MixtureStats, SourceState,
 };

@@ -289,6 +289,12 @@ impl MixtureBuilder {
         if self.template.batch_size == 0 {
             return bad("batch_size", "must be greater than 0".into());
         }
+        if self.template.map_batch.is_some() {
+            return bad(
+                "map_batch",
+                "runs on a plain loader's batches; a mixture's sources refuse it".into(),
+            );
+        }
         if self.read_batch == 0 {
             return bad("read_batch", "must be greater than 0".into());
         }

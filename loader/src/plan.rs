@@ -324,6 +324,11 @@ impl Window<'_> {
 }
 
 impl EpochPlan {
+    /// The epoch planned.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.options.epoch
+    }
+
     /// Plan rank `options.rank`'s epoch over `manifest`.
     pub fn new(manifest: &Manifest, options: PlanOptions) -> Self {
         let units: Vec<(u32, u32, u64)> = manifest

@@ -1426,3 +1426,74 @@ fn columns_named_like_another_columns_buffers_are_refused() {
         assert_eq!(b.rows(), 10);
     }
 }
+
+/// A `map_batch` closure changes batches in place on the collate thread,
+/// with draws the same for any number of decode threads and after a resume;
+/// its error ends the epoch naming the batch; a mixture refuses it.
+#[test]
+fn map_batch_runs_in_place_deterministically_and_its_errors_name_the_batch() {
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Text, 3000, 90, 16 << 10);
+    let build = |threads: usize, fail_at: Option<u64>| {
+        Loader::builder(&url)
+            .batch_size(50)
+            .seed(4)
+            .decode_threads(threads)
+            .map_batch(move |batch, rng| {
+                if Some(batch.index()) == fail_at {
+                    return Err(format!("no good at {}", batch.index()).into());
+                }
+                let draw = rng.below(1000) as i64;
+                for id in batch.values_mut::<i64>("id").ok_or("no i64 column id")? {
+                    *id = *id * 1000 + draw;
+                }
+                Ok(())
+            })
+            .build()
+            .unwrap()
+    };
+    let one = id_batches(&mut build(1, None));
+    assert_eq!(one, id_batches(&mut build(3, None)));
+    let plain = id_batches(
+        &mut Loader::builder(&url)
+            .batch_size(50)
+            .seed(4)
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(one.len(), plain.len());
+    let mut draws = std::collections::HashSet::new();
+    for (mapped, rows) in one.iter().zip(&plain) {
+        let draw = mapped[0] % 1000;
+        assert!(mapped.iter().all(|m| m % 1000 == draw));
+        assert_eq!(mapped.iter().map(|m| m / 1000).collect::<Vec<_>>(), *rows);
+        draws.insert(draw);
+    }
+    assert!(draws.len() > one.len() / 2, "{draws:?}");
+    // A resume after 7 batches gives the rest, draws included.
+    let mut first = build(2, None);
+    for _ in 0..7 {
+        first.next().unwrap().unwrap();
+    }
+    let state = first.state();
+    drop(first);
+    let mut second = build(2, None);
+    second.resume(&state).unwrap();
+    assert_eq!(id_batches(&mut second), one[7..].to_vec());
+    // The closure's error is the epoch's, naming the batch.
+    let mut failing = build(2, Some(5));
+    let err = failing
+        .find_map(|b| b.err())
+        .expect("an error before the end of the epoch");
+    assert!(
+        err.to_string()
+            .contains("map_batch failed on batch 5: no good at 5"),
+        "{err}"
+    );
+    // A mixture's sources refuse it.
+    let err = Loader::builder_mixture([(url.clone(), 1.0)])
+        .configure(|b| b.map_batch(|_, _| Ok(())))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("map_batch"), "{err}");
+}
