@@ -489,23 +489,31 @@ impl<'a> Collation<'a> {
                 }
             }
             Kind::FixedList(d, k) => {
-                let children: Vec<SourceColumn> = cols
+                let width = d.size() * k;
+                // Per source column, its values' bytes and the first row's
+                // index in them: a fixed-size list's child values, or the
+                // values themselves of fixed-size binary and decimals.
+                let sources: Vec<(&[u8], usize)> = cols
                     .iter()
-                    .map(|col| SourceColumn {
-                        data: col.data.child_data()[0].clone(),
-                        key_bound: None,
+                    .map(|col| match col.data.data_type() {
+                        arrow_schema::DataType::FixedSizeList(..) => (
+                            SourceColumn::fixed(&col.data.child_data()[0], d.size()),
+                            col.data.offset(),
+                        ),
+                        _ => (col.data.buffers()[0].as_slice(), col.data.offset()),
                     })
                     .collect();
-                let width = d.size() * k;
                 for &i in order {
                     let (s, row) = rows[i as usize];
-                    let parent = &cols[s as usize].data;
-                    let child = &children[s as usize].data;
-                    let at_row = parent.offset() + row as usize;
-                    let src = SourceColumn::fixed(child, d.size());
+                    let (src, first) = sources[s as usize];
+                    let at_row = first + row as usize;
+                    let from =
+                        src.get(at_row * width..at_row * width + width)
+                            .ok_or_else(|| {
+                                format!("row {at_row} lies past its column's {} bytes", src.len())
+                            })?;
                     let at = i as usize * width;
-                    values[at..at + width]
-                        .copy_from_slice(&src[at_row * width..at_row * width + width]);
+                    values[at..at + width].copy_from_slice(from);
                 }
             }
             _ => unreachable!("only fixed-width columns have fixed regions"),

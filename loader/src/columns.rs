@@ -153,6 +153,12 @@ pub(crate) fn plan_columns(
             let kind = match field.data_type() {
                 DataType::Boolean => Some(Kind::Bool),
                 DataType::FixedSizeList(child, n) => element(child.data_type()).map(|d| Kind::FixedList(d, *n as usize)),
+                // Fixed-size binary values and decimals as their bytes: `[batch, n]` u8
+                // (decimals: 16 or 32 bytes, little-endian two's complement of the
+                // unscaled value; the scale is in the schema).
+                DataType::FixedSizeBinary(n) => usize::try_from(*n).ok().filter(|&n| n > 0).map(|n| Kind::FixedList(DType::U8, n)),
+                DataType::Decimal128(..) => Some(Kind::FixedList(DType::U8, 16)),
+                DataType::Decimal256(..) => Some(Kind::FixedList(DType::U8, 32)),
                 DataType::List(child) => element(child.data_type()).map(|dtype| Kind::List { dtype, large: false }),
                 DataType::LargeList(child) => element(child.data_type()).map(|dtype| Kind::List { dtype, large: true }),
                 DataType::Binary => Some(Kind::Bytes { large: false, utf8: false }),
@@ -165,7 +171,7 @@ pub(crate) fn plan_columns(
                 option: "columns",
                 reason: format!(
                     "column `{}` has type {} which the collator does not support \
-                     (fixed-width values, fixed-size lists and lists of them, binary and strings are); \
+                     (fixed-width values, fixed-size lists and lists of them, fixed-size binary, decimals, binary and strings are); \
                      leave it out of `columns`",
                     field.name(),
                     field.data_type()

@@ -35,6 +35,8 @@ def collated(t: pa.DataType) -> bool:
                 or pa.types.is_temporal(t))
     if scalar(t) or pa.types.is_string(t) or pa.types.is_binary(t):
         return True
+    if pa.types.is_fixed_size_binary(t) or pa.types.is_decimal(t):
+        return True
     if pa.types.is_large_string(t) or pa.types.is_large_binary(t):
         return True
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
@@ -47,6 +49,9 @@ def reference(column: pa.ChunkedArray) -> list:
     """pyarrow's values as the loader hands them: temporal values as their integers, null
     items inside lists as zeros (a list's validity is the list's)."""
     t = column.type
+    if pa.types.is_decimal(t):
+        # The unscaled integer (the loader hands the value's bytes).
+        return [None if v is None else int(v.scaleb(t.scale)) for v in column.to_pylist()]
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         return [None if r is None else [0 if v is None else v for v in r] for r in column.to_pylist()]
     if pa.types.is_temporal(t):
@@ -59,6 +64,11 @@ def reference(column: pa.ChunkedArray) -> list:
 
 def loaded(batch: dict, name: str, t: pa.DataType) -> list:
     valid = batch.get(f"{name}.validity")
+    if pa.types.is_fixed_size_binary(t) or pa.types.is_decimal(t):
+        raw = [bytes(r) for r in batch[name]]
+        if pa.types.is_decimal(t):
+            raw = [int.from_bytes(r, "little", signed=True) for r in raw]
+        return raw if valid is None else [r if v else None for r, v in zip(raw, valid.tolist())]
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return shardfeed.strings(batch, name)
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
