@@ -215,6 +215,60 @@ impl Drop for Batch {
 }
 
 impl Batch {
+    /// A batch of dense buffers copied into `lease` (a slab from
+    /// [`crate::Loader::spare_slab`]): each `(name, dtype, shape, bytes)`
+    /// at a 64-byte aligned offset; its first dimension is the rows. An
+    /// error when they do not fit the slab or a buffer's bytes are not its
+    /// shape's.
+    pub fn from_buffers(
+        lease: SlabLease,
+        index: u64,
+        buffers: &[(&str, DType, &[usize], &[u8])],
+    ) -> std::result::Result<Batch, String> {
+        let mut lease = lease;
+        let capacity = lease.capacity();
+        let mut columns = Vec::with_capacity(buffers.len());
+        let mut at = 0usize;
+        let mut rows = None;
+        for &(name, dtype, shape, bytes) in buffers {
+            let want = shape
+                .iter()
+                .try_fold(dtype.size(), |n, &d| n.checked_mul(d))
+                .ok_or_else(|| format!("`{name}`: shape {shape:?} overflows"))?;
+            if want != bytes.len() {
+                return Err(format!(
+                    "`{name}`: {} bytes for shape {shape:?} of {dtype:?}",
+                    bytes.len()
+                ));
+            }
+            let end = at
+                .checked_add(want)
+                .filter(|&end| end <= capacity)
+                .ok_or_else(|| format!("the buffers pass the slab's {capacity} bytes"))?;
+            lease.slab_mut().as_mut_slice()[at..end].copy_from_slice(bytes);
+            columns.push(Column {
+                name: name.to_string(),
+                layout: ColumnLayout::Dense {
+                    values: Buffer {
+                        dtype,
+                        shape: shape.to_vec(),
+                        offset: at,
+                    },
+                },
+                validity: None,
+            });
+            rows.get_or_insert(shape.first().copied().unwrap_or(1));
+            at = end.div_ceil(64) * 64;
+        }
+        Ok(Batch {
+            lease: Arc::new(lease),
+            rows: rows.unwrap_or(0),
+            columns,
+            index,
+            held: None,
+        })
+    }
+
     /// Rows in the batch.
     pub fn rows(&self) -> usize {
         self.rows

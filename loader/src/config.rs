@@ -131,6 +131,7 @@ pub struct LoaderBuilder {
     /// the loader starts its own with `io_threads` workers.
     pub(crate) runtime: Option<std::sync::Arc<tokio::runtime::Runtime>>,
     pub(crate) prefetch_batches: Option<usize>,
+    pub(crate) transform_slabs: usize,
     pub(crate) byte_budget: u64,
     pub(crate) pinning: PinningMode,
     pub(crate) list_mode: ListMode,
@@ -214,6 +215,7 @@ impl LoaderBuilder {
             io_threads: 2,
             runtime: None,
             prefetch_batches: None,
+            transform_slabs: 0,
             byte_budget: DEFAULT_BYTE_BUDGET,
             pinning: PinningMode::Auto,
             list_mode: ListMode::Ragged,
@@ -381,6 +383,13 @@ impl LoaderBuilder {
     /// [`DEFAULT_PREFETCH_BYTES`] hold, 2 to 16).
     pub fn prefetch(mut self, batches: usize) -> Self {
         self.prefetch_batches = Some(batches);
+        self
+    }
+    /// Slabs the pool holds beyond the pipeline's own, for batches made
+    /// outside it ([`crate::Loader::spare_slab`]: a user transform's
+    /// outputs); fewer when the pool would pass 4x the byte budget.
+    pub fn transform_slabs(mut self, slabs: usize) -> Self {
+        self.transform_slabs = slabs;
         self
     }
     /// Bytes of fetched and decoded row groups held at once, counted over

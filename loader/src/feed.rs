@@ -68,6 +68,12 @@ pub trait Feed: Send {
     /// How the slabs were allocated.
     fn pinning(&self) -> Pinning;
 
+    /// A free slab of the pool for a batch made outside the pipeline, if one
+    /// is spare ([`Loader::spare_slab`]); `None` for a mixture.
+    fn spare_slab(&self) -> Result<Option<crate::SlabLease>> {
+        Ok(None)
+    }
+
     /// With a trace file: how its writing goes (see [`Loader::trace_outcome`]).
     fn trace_outcome(&self) -> Option<crate::trace::TraceOutcome> {
         None
@@ -244,6 +250,10 @@ impl Feed for Loader {
 
     fn pinning(&self) -> Pinning {
         Loader::pinning(self)
+    }
+
+    fn spare_slab(&self) -> Result<Option<crate::SlabLease>> {
+        Loader::spare_slab(self)
     }
 
     fn trace_outcome(&self) -> Option<crate::trace::TraceOutcome> {

@@ -255,6 +255,13 @@ impl Loader {
         &self.pipeline.manifest
     }
 
+    /// A slab of the pool for a batch made outside the pipeline (see
+    /// [`Batch::from_buffers`]), if one is free without taking the
+    /// pipeline's last: `None` otherwise (never waits).
+    pub fn spare_slab(&self) -> Result<Option<crate::SlabLease>> {
+        self.pipeline.pool.try_spare()
+    }
+
     /// How the pool's slabs were allocated.
     pub fn pinning(&self) -> Pinning {
         self.pipeline.pool.pinning()

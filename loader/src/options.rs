@@ -55,6 +55,10 @@ pub struct LoaderOptions {
     pub pad_value: f64,
     /// Batches collated ahead (default: by bytes, 2 to 16).
     pub prefetch: Option<usize>,
+    /// Slabs the pool holds beyond the pipeline's, for a user transform's
+    /// outputs (`LoaderBuilder::transform_slabs`; 0 without a transform).
+    #[serde(default)]
+    pub transform_slabs: usize,
     /// Decode threads (0: one per core).
     pub threads: usize,
     /// Object store options (credentials, endpoints).
@@ -166,6 +170,7 @@ impl Default for LoaderOptions {
             pad_to: None,
             pad_value: 0.0,
             prefetch: None,
+            transform_slabs: 0,
             threads: 0,
             storage_options: Vec::new(),
             cache_dir: None,
@@ -307,6 +312,9 @@ impl LoaderOptions {
         }
         if let Some(n) = self.prefetch {
             b = b.prefetch(n);
+        }
+        if self.transform_slabs > 0 {
+            b = b.transform_slabs(self.transform_slabs);
         }
         if let Some(dir) = &self.cache_dir {
             b = b.cache_dir(dir);

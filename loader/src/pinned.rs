@@ -330,6 +330,36 @@ impl Pool {
         }
     }
 
+    /// A slab for a batch made outside the pipeline (a user transform's
+    /// output), without waiting: a free slab, or a new one while fewer than
+    /// `size` exist, only when at least one more would still be left for
+    /// the pipeline (so it can always make its next batch); else `None`.
+    pub(crate) fn try_spare(&self) -> Result<Option<SlabLease>> {
+        let mut free = self.shared.lock();
+        let available = free.slabs.len() + self.size.saturating_sub(free.made);
+        if available < 2 {
+            return Ok(None);
+        }
+        if let Some(slab) = free.slabs.pop() {
+            return Ok(Some(SlabLease {
+                slab: Some(slab),
+                home: Some(self.shared.clone()),
+            }));
+        }
+        free.made += 1;
+        drop(free);
+        match self.make() {
+            Ok(slab) => Ok(Some(SlabLease {
+                slab: Some(slab),
+                home: Some(self.shared.clone()),
+            })),
+            Err(e) => {
+                self.shared.lock().made -= 1;
+                Err(e)
+            }
+        }
+    }
+
     /// Once per pool: fault in the pages of the free slab made with it, from
     /// its start up to `bytes` (what a batch is expected to take of it), a
     /// mebibyte at a time while `waiting()` holds (the collate

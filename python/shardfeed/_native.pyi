@@ -71,6 +71,7 @@ class Loader:
         transform_processes: int | None = None,
         row_transform: Callable[[dict[str, Any], np.random.Generator], dict[str, Any]] | None = None,
         filter: Callable[[dict[str, Any]], bool] | None = None,
+        transform_slabs: int = 0,
     ) -> None:
         """Build a loader; ``ValueError`` names a bad option.
 
@@ -88,6 +89,10 @@ class Loader:
         before ``transform``; rows are collated back (equal shapes stacked, 1-D arrays of other
         lengths as values + ``.offsets``). Rows filtered out leave their batch smaller (every
         rank keeps its number of batches), counted in ``stats()["transform"]["filtered_rows"]``.
+        A transform's outputs are copied once into slabs of the pool (pinned when it is) that
+        ``transform_slabs`` adds for them (set by ``shardfeed.Loader``: twice the batches in
+        flight; fewer when the pool would pass 4x ``byte_budget``); an output that finds none
+        spare stays as the function made it (``stats()["transform"]["unpinned_batches"]``).
 
         ``url`` is a dataset or an index (``shardfeed.index``). ``columns``: the columns to
         read (default all); a field of a struct column is named by its path

@@ -18,7 +18,7 @@ import pickle
 import threading
 import time
 import traceback
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 import numpy as np
@@ -104,6 +104,10 @@ class Loader(_native.Loader):
                             ("transform_processes", transform_processes)]:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"invalid option {name}: must be an int of at least 1")
+        workers = transform_processes or transform_threads or DEFAULT_TRANSFORM_THREADS
+        # Slabs for the outputs: those in flight (one more than the workers), the caller's,
+        # and the pipeline's next.
+        kwargs.setdefault("transform_slabs", 2 * (workers + 1))
         obj = super().__new__(_TransformLoader, *args, **kwargs)
         named = dict(zip(_POSITIONAL, args)) | kwargs
         rank = named.get("rank")
@@ -227,6 +231,8 @@ class _Stage:
         self.started = time.perf_counter()
         self.batches = 0
         self.filtered = 0
+        self.pinned = 0
+        self.unpinned = 0
 
     def ran(self, seconds: float) -> None:
         with self.lock:
@@ -246,6 +252,8 @@ class _Stage:
             "workers": self.workers,
             "batches": self.batches,
             "filtered_rows": self.filtered,
+            "pinned_batches": self.pinned,
+            "unpinned_batches": self.unpinned,
             "busy_fraction": min(1.0, self.busy_s / (elapsed * self.workers)),
             "caller_wait_fraction": min(1.0, self.waited_s / elapsed),
             "latency_ms": {"p50": pct(0.5), "p95": pct(0.95), "p99": pct(0.99),
@@ -256,9 +264,10 @@ class _Stage:
 class _Threads:
     """Transforms on a pool of threads (numpy and most C extensions release the GIL)."""
 
-    def __init__(self, fn: Transform, threads: int, stage: _Stage):
+    def __init__(self, fn: Transform, threads: int, stage: _Stage, pin):
         self.fn = fn
         self.stage = stage
+        self.pin = pin
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="shardfeed-transform")
         self.depth = threads + 1
 
@@ -267,12 +276,16 @@ class _Threads:
             started = time.perf_counter()
             out = self.fn(batch, np.random.default_rng(words))
             self.stage.ran(time.perf_counter() - started)
-            return _check_output(out, index)
+            return self.pin(_check_output(out, index), index)
 
         return self.pool.submit(run)
 
     def result(self, future: Future, index: int) -> dict:
         try:
+            # Waits of at most 50 ms: a signal (Ctrl-C) delivered to another thread runs its
+            # handler in this one only when it comes back to the interpreter.
+            while not future.done():
+                wait([future], timeout=0.05)
             return future.result()
         except ShardfeedError as e:
             if f"batch {index}" in str(e):
@@ -392,7 +405,8 @@ class _Processes:
     one copy out; no array is pickled). Each batch in flight has a slot whose blocks are
     reused from batch to batch."""
 
-    def __init__(self, fn: Transform, processes: int, stage: _Stage):
+    def __init__(self, fn: Transform, processes: int, stage: _Stage, pin):
+        self.pin = pin
         try:
             fn_bytes = pickle.dumps(fn)
         except Exception as e:
@@ -465,7 +479,9 @@ class _Processes:
         self._release(task_id)
         if error is not None:
             raise ShardfeedError(f"transform failed on batch {index} (in a worker process): {error}")
-        return {k: v.copy() for k, v in _from_shared(self.blocks.get(out_name), layout).items()}
+        views = _from_shared(self.blocks.get(out_name), layout)
+        pinned = self.pin(views, index, copy=False)
+        return pinned if pinned is not views else {k: v.copy() for k, v in views.items()}
 
     def close(self) -> None:
         for _ in self.procs:
@@ -501,12 +517,31 @@ class _TransformLoader(Loader):
         self._rank = rank
         workers = processes or threads or DEFAULT_TRANSFORM_THREADS
         self._stage = _Stage(workers)
-        self._runner = (_Processes(fn, processes, self._stage) if processes
-                        else _Threads(fn, workers, self._stage))
+        self._runner = (_Processes(fn, processes, self._stage, self._pin) if processes
+                        else _Threads(fn, workers, self._stage, self._pin))
         self._pending: collections.deque = collections.deque()
         self._exhausted = False
         self._delivered_state = _native.Loader.state_dict(self)
         self._closed = False
+
+    def _pin(self, out: dict, index: int, copy: bool = True) -> dict:
+        """`out` copied once into a spare slab of the loader's pool (pinned when the pool is),
+        so `torch.from_numpy(...).cuda(non_blocking=True)` stays an asynchronous copy; `out`
+        itself when no slab is spare or a slab cannot hold it (counted)."""
+        del copy
+        items = [(k, np.ascontiguousarray(v)) for k, v in out.items()]
+        pinned = None
+        if items and all(v.dtype.kind in "biuf" for _, v in items):
+            try:
+                pinned = _native.Loader._pin(self, items, index)
+            except ShardfeedError:
+                pinned = None
+        with self._stage.lock:
+            if pinned is None:
+                self._stage.unpinned += 1
+            else:
+                self._stage.pinned += 1
+        return out if pinned is None else pinned
 
     # Iteration: batches pulled from the native loader ahead of the caller, transformed by
     # the workers, delivered in order.

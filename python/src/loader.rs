@@ -107,7 +107,7 @@ impl PyLoader {
         crop="random_resized", scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip=false,
         channels_first=false, max_image_pixels=None, decode_niceness=None, mapped_reads=true,
         transform=None, transform_threads=None, transform_processes=None, row_transform=None,
-        filter=None,
+        filter=None, transform_slabs=0,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -162,6 +162,7 @@ impl PyLoader {
         transform_processes: Option<&Bound<'_, PyAny>>,
         row_transform: Option<&Bound<'_, PyAny>>,
         filter: Option<&Bound<'_, PyAny>>,
+        transform_slabs: usize,
     ) -> PyResult<Self> {
         // Transforms run in `shardfeed.Loader` (python/shardfeed/transform.py),
         // which takes these three before it builds this class.
@@ -233,6 +234,7 @@ impl PyLoader {
             pad_to,
             pad_value,
             prefetch,
+            transform_slabs,
             threads: threads.unwrap_or(defaults.threads),
             storage_options: storage_pairs(storage_options),
             cache_dir,
@@ -344,6 +346,75 @@ impl PyLoader {
     #[getter]
     fn pinning(&self, py: Python<'_>) -> PyResult<String> {
         py.detach(|| self.with_any(|l| Ok(l.pinning().name().to_string())))
+    }
+
+    /// A transform's outputs copied into a spare slab of the pool (pinned
+    /// when the pool is), as a batch of index `index`: `arrays` is a list of
+    /// (key, C-contiguous numeric numpy array) sharing their first
+    /// dimension. `None` when no slab is spare without taking the
+    /// pipeline's last, when the arrays do not fit one, when the loader is
+    /// a mixture, or for a type a slab does not hold (then they stay as
+    /// they are).
+    fn _pin<'py>(
+        &self,
+        py: Python<'py>,
+        arrays: Vec<(String, Bound<'py, PyAny>)>,
+        index: u64,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        use shardfeed_loader::DType;
+        const DTYPES: [DType; 12] = [
+            DType::Bool,
+            DType::I8,
+            DType::I16,
+            DType::I32,
+            DType::I64,
+            DType::U8,
+            DType::U16,
+            DType::U32,
+            DType::U64,
+            DType::F16,
+            DType::F32,
+            DType::F64,
+        ];
+        // (key, dtype, shape, address, bytes) of each array, from numpy's
+        // array interface; the arrays stay referenced by `arrays` meanwhile.
+        let mut parts = Vec::with_capacity(arrays.len());
+        for (key, array) in &arrays {
+            let interface = array.getattr("__array_interface__")?;
+            if !interface.get_item("strides")?.is_none() {
+                return Ok(None);
+            }
+            let typestr: String = interface.get_item("typestr")?.extract()?;
+            let Some(dtype) = DTYPES.into_iter().find(|d| d.numpy() == typestr) else {
+                return Ok(None);
+            };
+            let shape: Vec<usize> = interface.get_item("shape")?.extract()?;
+            let (address, _): (usize, bool) = interface.get_item("data")?.extract()?;
+            let nbytes: usize = array.getattr("nbytes")?.extract()?;
+            parts.push((key.clone(), dtype, shape, address, nbytes));
+        }
+        let lease = py.detach(|| self.with_any(|l| l.spare_slab().map_err(loader_error)))?;
+        let Some(lease) = lease else {
+            return Ok(None);
+        };
+        let batch = {
+            let buffers: Vec<(&str, DType, &[usize], &[u8])> = parts
+                .iter()
+                .map(|(key, dtype, shape, address, nbytes)| {
+                    // SAFETY: `nbytes` bytes at `address` are the data of a
+                    // C-contiguous array (no strides) held alive by `arrays`
+                    // for this call; they are only read.
+                    let bytes =
+                        unsafe { std::slice::from_raw_parts(*address as *const u8, *nbytes) };
+                    (key.as_str(), *dtype, shape.as_slice(), bytes)
+                })
+                .collect();
+            match shardfeed_loader::Batch::from_buffers(lease, index, &buffers) {
+                Ok(batch) => batch,
+                Err(_) => return Ok(None),
+            }
+        };
+        crate::arrays::batch_dict(py, batch).map(Some)
     }
 
     /// Where the loader is: a small dict for `load_state_dict` (under 1 KB as

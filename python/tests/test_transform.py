@@ -323,7 +323,8 @@ def test_ctrl_c_interrupts_a_wait_on_the_transform(dataset, mode, tmp_path):
     def interrupt():
         while not started.exists():
             threading.Event().wait(0.005)
-        os.kill(os.getpid(), signal.SIGINT)
+        # To this thread, not the main one: the main thread must notice it in its wait.
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 
     sender = threading.Thread(target=interrupt)
     sender.start()
@@ -348,3 +349,23 @@ class BlockUntil:
         while not Path(self.release).exists():
             time.sleep(0.005)
         return {"id": batch["id"].copy()}
+
+
+@pytest.mark.parametrize("mode", [dict(transform_threads=2), dict(transform_processes=1)])
+def test_outputs_land_in_the_slab_pool_while_one_is_spare(dataset, mode):
+    """A transform's outputs are copied into a slab of the loader's pool (pinned when it is):
+    arrays over a SlabView with the batch's index. A caller holding every batch of the epoch
+    takes the spare slabs; later outputs stay as they are, counted; the epoch completes."""
+    with shardfeed.Loader(dataset, 64, seed=3, transform=augment, byte_budget="16MiB", **mode) as loader:
+        held = list(loader)  # every batch kept: no slab comes back
+        stats = loader.stats()["transform"]
+    assert len(held) == ROWS // 64
+    assert stats["pinned_batches"] + stats["unpinned_batches"] == len(held)
+    assert stats["pinned_batches"] >= 1
+    pinned = [(i, b) for i, b in enumerate(held) if isinstance(b["y"].base, shardfeed.SlabView)]
+    assert len(pinned) == stats["pinned_batches"]
+    for i, b in pinned:
+        assert b["y"].base.batch_index == i and isinstance(b["id"].base, shardfeed.SlabView)
+    # Pinned or not, the values are the transform's.
+    with shardfeed.Loader(dataset, 64, seed=3, transform=augment, transform_threads=1) as loader:
+        assert same([{k: v.copy() for k, v in b.items()} for b in held], epoch(loader))
