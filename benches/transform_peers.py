@@ -10,7 +10,8 @@ Functions (each sees the rows as an [n, 224, 224, 3] uint8 array):
 Runs: `transform_threads=1`, `=2`, `transform_processes=2`, and DataLoader(num_workers=2,
 persistent_workers=True) over an IterableDataset that reads the shards' row groups with
 pyarrow (split over the workers), batches 64 rows and applies the function. Rows/s of the
-second epoch (workers and pools started), medians of `--repeat` runs, each in a fresh process.
+second epoch (workers and pools started), medians of `--repeat` runs, each in a fresh process;
+each run also prints its peak RSS, and its worker processes' (the sum of their peaks).
 
     pip install ./python && python3 benches/transform_peers.py --work /tmp/sf-transform
 """
@@ -24,7 +25,7 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 from transform_peers import FUNCTIONS, epoch_rate
 ds, fn_name, mode = sys.argv[2], sys.argv[3], sys.argv[4]
-print(json.dumps({"rows_per_s": epoch_rate(ds, FUNCTIONS[fn_name], mode)}))
+print(json.dumps(epoch_rate(ds, FUNCTIONS[fn_name], mode)))
 '''
 
 MEAN = None
@@ -109,8 +110,16 @@ class Peer:
                 yield self.fn(batch, np.random.default_rng([wid, k, at]))
 
 
+def peak_mib(pid="self"):
+    """A process's peak resident memory (VmHWM), MiB."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def epoch_rate(ds, fn, mode):
-    """Rows/s of the second epoch."""
+    """Rows/s of the second epoch, and the peak RSS of this process and of the workers."""
     if mode == "dataloader":
         import torch
 
@@ -137,7 +146,12 @@ def epoch_rate(ds, fn, mode):
         for batch in loader:
             rows += len(batch["label"])
         rate = rows / (time.perf_counter() - started)
-    return rate
+    workers = [p.pid for p in getattr(getattr(loader, "_runner", None), "procs", [])]
+    if mode == "dataloader":
+        workers = [w.pid for w in getattr(loader, "_iterator", None)._workers] if getattr(
+            loader, "_iterator", None) is not None else []
+    return {"rows_per_s": rate, "peak_rss_mib": peak_mib(),
+            "workers_peak_rss_mib": sum(peak_mib(pid) for pid in workers)}
 
 
 def main():
@@ -155,9 +169,13 @@ def main():
         for fn, mode in plan:
             out = subprocess.run([sys.executable, "-c", RUN, here, ds, fn, mode], check=True,
                                  capture_output=True, text=True)
-            rate = json.loads(out.stdout.strip().splitlines()[-1])["rows_per_s"]
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            rate = got["rows_per_s"]
             results.setdefault((fn, mode), []).append(rate)
-            print(json.dumps({"function": fn, "mode": mode, "rows_per_s": round(rate)}), flush=True)
+            print(json.dumps({"function": fn, "mode": mode, "rows_per_s": round(rate),
+                              "peak_rss_mib": round(got["peak_rss_mib"]),
+                              "workers_peak_rss_mib": round(got["workers_peak_rss_mib"])}),
+                  flush=True)
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"\nrows/s, second epoch, medians of {args.repeat}")
     print("| function | run | rows/s | vs transform_threads=1 | vs DataLoader(num_workers=2) |")
