@@ -50,6 +50,6 @@ pub use manifest::{
     FORMAT_NAME, FORMAT_VERSION, Fingerprint, IndexRecord, MANIFEST_FILE, Manifest, PRETTY_SHARDS,
     ShardEntry, Summary, TASKS_DIR, TaskRecord, TokenizerRecord, WriteOptions, duplicate_column,
     modified_ns, shard_path, task_record_path, task_shard_path, validate_base, validate_index_path,
-    validate_shard_path,
+    validate_shard_path, widens_to, widest,
 };
 pub use retry::RetryPolicy;

@@ -163,6 +163,43 @@ pub struct Fingerprint {
     pub modified_ns: Option<i64>,
 }
 
+/// The type that holds values of both `a` and `b`, where an index may
+/// widen one to the other: the same type, integers of one signedness to
+/// the wider, `float32` to `float64`; `None` otherwise.
+pub fn widest(
+    a: &arrow_schema::DataType,
+    b: &arrow_schema::DataType,
+) -> Option<arrow_schema::DataType> {
+    use arrow_schema::DataType as T;
+    if a.equals_datatype(b) {
+        return Some(a.clone());
+    }
+    let rank = |t: &T| -> Option<(u8, u8)> {
+        Some(match t {
+            T::Int8 => (0, 1),
+            T::Int16 => (0, 2),
+            T::Int32 => (0, 4),
+            T::Int64 => (0, 8),
+            T::UInt8 => (1, 1),
+            T::UInt16 => (1, 2),
+            T::UInt32 => (1, 4),
+            T::UInt64 => (1, 8),
+            T::Float32 => (2, 4),
+            T::Float64 => (2, 8),
+            _ => return None,
+        })
+    };
+    let (ka, wa) = rank(a)?;
+    let (kb, wb) = rank(b)?;
+    (ka == kb).then(|| if wa >= wb { a.clone() } else { b.clone() })
+}
+
+/// Whether a file's column of type `from` reads as an index's `to`
+/// ([`widest`] of the two is `to`).
+pub fn widens_to(from: &arrow_schema::DataType, to: &arrow_schema::DataType) -> bool {
+    widest(from, to).is_some_and(|w| w.equals_datatype(to))
+}
+
 /// A local file's modification time in nanoseconds since the Unix epoch,
 /// as an index records it ([`Fingerprint::modified_ns`]).
 pub fn modified_ns(meta: &std::fs::Metadata) -> Option<i64> {
@@ -662,5 +699,19 @@ mod tests {
         let mut m = sample();
         m.shards[0].crc32 = None;
         assert!(Manifest::from_json(&m.to_json(), "mem").is_err());
+    }
+
+    #[test]
+    fn indexes_widen_integers_of_one_signedness_and_floats_only() {
+        use arrow_schema::DataType as T;
+        assert_eq!(widest(&T::Int32, &T::Int64), Some(T::Int64));
+        assert_eq!(widest(&T::Int64, &T::Int8), Some(T::Int64));
+        assert_eq!(widest(&T::UInt16, &T::UInt32), Some(T::UInt32));
+        assert_eq!(widest(&T::Float32, &T::Float64), Some(T::Float64));
+        assert_eq!(widest(&T::Utf8, &T::Utf8), Some(T::Utf8));
+        assert_eq!(widest(&T::UInt32, &T::Int64), None);
+        assert_eq!(widest(&T::Int32, &T::Float64), None);
+        assert_eq!(widest(&T::Utf8, &T::LargeUtf8), None);
+        assert!(widens_to(&T::Int16, &T::Int64) && !widens_to(&T::Int64, &T::Int16));
     }
 }

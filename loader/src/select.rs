@@ -92,8 +92,61 @@ impl Columns {
         Columns::resolve(schema, &names).expect("a schema's own columns resolve")
     }
 
-    /// The output columns of a batch decoded from [`Columns::roots`].
+    /// The output columns of a batch decoded from [`Columns::roots`],
+    /// widened to the schema's types where an index's file has narrower
+    /// ones.
     pub(crate) fn select(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        let batch = self.nest(batch)?;
+        self.widen(batch)
+    }
+
+    /// Columns whose type is narrower than the schema's (an index over
+    /// files of `int32` and `int64`) cast to it; dictionaries keep their
+    /// keys and widen their values. (The index and the footer check allow
+    /// nothing else to differ.)
+    fn widen(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        let wanted = |c: &ArrayRef, f: &Field| match c.data_type() {
+            DataType::Dictionary(_, v) => v.equals_datatype(f.data_type()),
+            t => t.equals_datatype(f.data_type()),
+        };
+        if batch
+            .columns()
+            .iter()
+            .zip(self.schema.fields())
+            .all(|(c, f)| wanted(c, f))
+        {
+            return Ok(batch);
+        }
+        let columns = batch
+            .columns()
+            .iter()
+            .zip(self.schema.fields())
+            // Other differences (a decoder's own representation of the
+            // schema's type) go on as they are, as before widening.
+            .map(|(c, f)| match wanted(c, f) {
+                true => c.clone(),
+                false => widened(c, f.data_type()).unwrap_or_else(|| c.clone()),
+            })
+            .collect::<Vec<ArrayRef>>();
+        let fields: Vec<Field> = self
+            .schema
+            .fields()
+            .iter()
+            .zip(&columns)
+            .map(|(f, c)| f.as_ref().clone().with_data_type(c.data_type().clone()))
+            .collect();
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| {
+            LoaderError::stage(
+                crate::error::Stage::Decode,
+                None,
+                None,
+                format!("widening columns: {e}"),
+            )
+        })
+    }
+
+    /// Struct fields taken out as columns of their own.
+    fn nest(&self, batch: RecordBatch) -> Result<RecordBatch> {
         if !self.nested {
             return Ok(batch);
         }
@@ -119,6 +172,39 @@ impl Columns {
                 format!("selecting struct fields: {e}"),
             )
         })
+    }
+}
+
+/// `array` cast to the wider `to` (integers of one signedness, floats); a
+/// dictionary's values widened under its keys. `None` for anything else.
+fn widened(array: &ArrayRef, to: &DataType) -> Option<ArrayRef> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::*;
+    macro_rules! up {
+        ($from:ty, $to:ty, $t:ty) => {
+            Some(Arc::new(array.as_primitive::<$from>().unary::<_, $to>(|v| v as $t)) as ArrayRef)
+        };
+    }
+    match (array.data_type(), to) {
+        (DataType::Dictionary(..), _) => {
+            let dictionary = array.as_any_dictionary();
+            let values = widened(dictionary.values(), to)?;
+            Some(dictionary.with_values(values))
+        }
+        (DataType::Int8, DataType::Int64) => up!(Int8Type, Int64Type, i64),
+        (DataType::Int16, DataType::Int64) => up!(Int16Type, Int64Type, i64),
+        (DataType::Int32, DataType::Int64) => up!(Int32Type, Int64Type, i64),
+        (DataType::Int8, DataType::Int32) => up!(Int8Type, Int32Type, i32),
+        (DataType::Int16, DataType::Int32) => up!(Int16Type, Int32Type, i32),
+        (DataType::Int8, DataType::Int16) => up!(Int8Type, Int16Type, i16),
+        (DataType::UInt8, DataType::UInt64) => up!(UInt8Type, UInt64Type, u64),
+        (DataType::UInt16, DataType::UInt64) => up!(UInt16Type, UInt64Type, u64),
+        (DataType::UInt32, DataType::UInt64) => up!(UInt32Type, UInt64Type, u64),
+        (DataType::UInt8, DataType::UInt32) => up!(UInt8Type, UInt32Type, u32),
+        (DataType::UInt16, DataType::UInt32) => up!(UInt16Type, UInt32Type, u32),
+        (DataType::UInt8, DataType::UInt16) => up!(UInt8Type, UInt16Type, u16),
+        (DataType::Float32, DataType::Float64) => up!(Float32Type, Float64Type, f64),
+        _ => None,
     }
 }
 

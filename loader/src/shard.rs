@@ -154,8 +154,10 @@ pub(crate) fn check_schema(
         // An index's schema is nullable where any of its files is.
         let nullable_ok = m.is_nullable() == f.is_nullable()
             || (entry.base.is_some() && m.is_nullable() && !f.is_nullable());
-        let same =
-            m.name() == f.name() && m.data_type().equals_datatype(f.data_type()) && nullable_ok;
+        // An index's column may be wider than a file's (read widened).
+        let type_ok = m.data_type().equals_datatype(f.data_type())
+            || (entry.base.is_some() && shardfeed_format::widens_to(f.data_type(), m.data_type()));
+        let same = m.name() == f.name() && type_ok && nullable_ok;
         if !same {
             return Err(corrupt(
                 entry,

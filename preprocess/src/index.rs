@@ -703,17 +703,19 @@ fn widen(schema: &mut Schema, first: &str, other: &Schema, url: &str) -> Result<
                 a.name()
             )));
         }
-        if !a.data_type().equals_datatype(b.data_type()) {
+        let Some(widest) = shardfeed_format::widest(a.data_type(), b.data_type()) else {
             return Err(mismatch(format!(
-                "column `{}` is {}, the index's is {} (files of one index share their types)",
+                "column `{}` is {}, the index's is {} (files of one index share their types, \
+                 or integers of one signedness and floats of different widths)",
                 a.name(),
                 b.data_type(),
                 a.data_type()
             )));
-        }
+        };
         fields.push(
             a.as_ref()
                 .clone()
+                .with_data_type(widest)
                 .with_nullable(a.is_nullable() || b.is_nullable()),
         );
     }

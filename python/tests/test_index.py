@@ -563,3 +563,29 @@ def test_struct_fields_of_hugging_face_images_as_columns(tmp_path):
     # A list of structs has no one value per row: refused by name.
     with pytest.raises(ValueError, match="`messages` is List"):
         shardfeed.Loader(index, 8, columns=["messages.role"])
+
+
+def test_narrower_integers_and_floats_are_widened(tmp_path):
+    """Files of int32 and int64 (and float32 and float64) index as int64 (float64); each
+    file's values read widened. Other differences stay refused."""
+    data = tmp_path / "data"
+    data.mkdir()
+    narrow = pa.table({"id": pa.array(range(0, 500), pa.int32()),
+                       "x": pa.array([i / 4 for i in range(500)], pa.float32())})
+    wide = pa.table({"id": pa.array(range(500, 900), pa.int64()),
+                     "x": pa.array([i / 4 for i in range(500, 900)], pa.float64())})
+    pq.write_table(narrow, data / "a.parquet", row_group_size=100)
+    pq.write_table(wide, data / "b.parquet", row_group_size=100)
+    index = str(tmp_path / "index")
+    shardfeed.index(str(data), index)
+    schema = {f["name"]: f["data_type"] for f in json.loads(Path(index, "manifest.json").read_text())["schema"]["fields"]}
+    assert schema == {"id": "Int64", "x": "Float64"}
+    got = {}
+    with shardfeed.Loader(index, 64, drop_last=False, seed=2) as loader:
+        for batch in loader:
+            assert batch["id"].dtype == np.int64 and batch["x"].dtype == np.float64
+            got.update(zip(batch["id"].tolist(), batch["x"].tolist()))
+    assert got == {i: i / 4 for i in range(900)}
+    pq.write_table(pa.table({"id": pa.array([1], pa.uint32()), "x": pa.array([1.0])}), data / "c.parquet")
+    with pytest.raises(shardfeed.ShardfeedError, match=r"c\.parquet.*column `id` is UInt32"):
+        shardfeed.index(str(data), str(tmp_path / "other"))
