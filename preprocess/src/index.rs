@@ -34,6 +34,8 @@ use crate::{PreprocessError, Result};
 pub const FOOTER_GUESS: u64 = 64 << 10;
 /// The largest footer accepted (a forged length must not size a read).
 pub const MAX_FOOTER: u64 = 256 << 20;
+/// Files read at once with `checksums` (each streams 8 MiB pieces).
+pub const CHECKSUM_FILES: usize = 8;
 
 /// How [`index`] runs.
 #[derive(Clone, Debug)]
@@ -839,7 +841,12 @@ async fn index_async(
             let place = places[b as usize].clone().expect("a place for every base");
             async move { index_file(f, b, &place, checksums).await }
         })
-        .buffered(options.concurrency.max(1))
+        // Checksumming streams whole files through 8 MiB pieces: at most
+        // 8 files at once bounds that to 64 MiB.
+        .buffered(match checksums {
+            true => options.concurrency.clamp(1, CHECKSUM_FILES),
+            false => options.concurrency.max(1),
+        })
         .try_collect()
         .await?;
     let added = indexed.len();
