@@ -836,7 +836,7 @@ async fn index_async(
         jobs.push((f, b));
     }
     let places: Vec<Option<Location>> = places;
-    let indexed: Vec<Indexed> = futures::stream::iter(jobs)
+    let indexed = futures::stream::iter(jobs)
         .map(|(f, b)| {
             let place = places[b as usize].clone().expect("a place for every base");
             async move { index_file(f, b, &place, checksums).await }
@@ -846,12 +846,12 @@ async fn index_async(
         .buffered(match checksums {
             true => options.concurrency.clamp(1, CHECKSUM_FILES),
             false => options.concurrency.max(1),
-        })
-        .try_collect()
-        .await?;
-    let added = indexed.len();
+        });
+    let mut indexed = std::pin::pin!(indexed);
 
-    let (mut schema, first, mut shards, mut input_bytes, mut codecs) = match existing {
+    // The index so far (an existing one's, or empty); each file is folded
+    // in as it comes, so only its entry stays in memory.
+    let (mut schema, mut first, mut shards, mut input_bytes, mut codecs) = match existing {
         Some(m) => {
             let first = m
                 .shards
@@ -865,29 +865,31 @@ async fn index_async(
                 .filter(|c| !c.is_empty())
                 .map(str::to_string)
                 .collect();
-            (m.schema, first, m.shards, m.input_bytes, codecs)
+            (Some(m.schema), first, m.shards, m.input_bytes, codecs)
         }
-        None => match indexed.first() {
-            Some(first) => (
-                Schema::new(first.schema.fields().clone()),
-                first.url.clone(),
-                Vec::new(),
-                0,
-                Vec::new(),
-            ),
-            None => {
-                return Err(PreprocessError::NoRows {
-                    inputs: inputs.join(", "),
-                });
-            }
-        },
+        None => (None, String::new(), Vec::new(), 0, Vec::new()),
     };
-    for file in indexed {
-        widen(&mut schema, &first, &file.schema, &file.url)?;
+    let mut added = 0usize;
+    while let Some(file) = indexed.try_next().await? {
+        let schema = schema.get_or_insert_with(|| {
+            first = file.url.clone();
+            Schema::new(file.schema.fields().clone())
+        });
+        widen(schema, &first, &file.schema, &file.url)?;
         input_bytes = input_bytes.saturating_add(file.input_bytes);
-        codecs.extend(file.codecs);
+        for codec in file.codecs {
+            if !codecs.contains(&codec) {
+                codecs.push(codec);
+            }
+        }
         shards.push(file.entry);
+        added += 1;
     }
+    let Some(schema) = schema else {
+        return Err(PreprocessError::NoRows {
+            inputs: inputs.join(", "),
+        });
+    };
     if let Some(name) = shardfeed_format::duplicate_column(&schema) {
         return Err(index_error(
             first,
