@@ -128,6 +128,13 @@ impl Columns {
                 false => widened(c, f.data_type()).unwrap_or_else(|| c.clone()),
             })
             .collect::<Vec<ArrayRef>>();
+        self.batch_of(columns, "widening columns")
+    }
+
+    /// A batch of `columns` under the schema's names, each field typed as
+    /// its column is (the decoders may hand a column on as a dictionary of
+    /// the file's type: the batch says so).
+    fn batch_of(&self, columns: Vec<ArrayRef>, doing: &str) -> Result<RecordBatch> {
         let fields: Vec<Field> = self
             .schema
             .fields()
@@ -140,7 +147,7 @@ impl Columns {
                 crate::error::Stage::Decode,
                 None,
                 None,
-                format!("widening columns: {e}"),
+                format!("{doing}: {e}"),
             )
         })
     }
@@ -155,23 +162,7 @@ impl Columns {
             .iter()
             .map(|s| field_of(batch.column(s.root), &s.path))
             .collect::<Result<Vec<ArrayRef>>>()?;
-        // The decoders may hand a column on as a dictionary of the file's
-        // type (fixed-width values kept as keys): the batch says so.
-        let fields: Vec<Field> = self
-            .schema
-            .fields()
-            .iter()
-            .zip(&columns)
-            .map(|(f, c)| f.as_ref().clone().with_data_type(c.data_type().clone()))
-            .collect();
-        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| {
-            LoaderError::stage(
-                crate::error::Stage::Decode,
-                None,
-                None,
-                format!("selecting struct fields: {e}"),
-            )
-        })
+        self.batch_of(columns, "selecting struct fields")
     }
 }
 
