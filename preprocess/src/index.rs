@@ -361,7 +361,13 @@ async fn find_hf(input: &str, storage: &[(String, String)]) -> Result<Vec<Found>
     });
     let base = repo.url_at(&sha, folder);
     let mut found = Vec::new();
+    // Pages already asked for: a server that links a page again would
+    // otherwise be listed forever.
+    let mut asked = std::collections::HashSet::new();
     while let Some(url) = next.take() {
+        if !asked.insert(url.clone()) {
+            return Err(index_error(&name, "the Hub's file list links a page twice"));
+        }
         let response = get(url)
             .await
             .map_err(|e| index_error(&name, e.without_url().to_string()))?;
