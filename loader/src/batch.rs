@@ -194,6 +194,8 @@ pub struct Batch {
     pub(crate) columns: Vec<Column>,
     pub(crate) index: u64,
     pub(crate) held: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    /// Rows a user's filter dropped from it (counted when delivered).
+    pub(crate) filtered: u64,
 }
 
 impl std::fmt::Debug for Batch {
@@ -266,6 +268,7 @@ impl Batch {
             columns,
             index,
             held: None,
+            filtered: 0,
         })
     }
 

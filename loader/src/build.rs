@@ -323,7 +323,7 @@ impl LoaderBuilder {
             failpoints,
             slow_warning: self.slow_warning.filter(|&(f, n)| f > 0.0 && n > 0),
             images: images.cloned(),
-            map_batch: self.map_batch.clone(),
+            steps: self.steps.clone(),
         };
         Ok(Loader::from_parts(
             config, manifest, fetch, runtime, pool, counters, self.epoch,

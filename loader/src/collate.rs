@@ -651,6 +651,9 @@ pub(crate) struct Collator {
     /// Checks the mapped shards a batch's bytes came from before it is
     /// handed on ([`crate::mapfile`]).
     pub mapped: crate::fetch::MappedCheck,
+    /// The last batch's rows (shard, row group, row), when `map_rows` seeds
+    /// each row's generator from them.
+    pub row_ids: Vec<RowId>,
 }
 
 impl Collator {
@@ -774,22 +777,44 @@ impl Collator {
         }
     }
 
-    /// The batch through [`crate::LoaderBuilder::map_batch`]'s closure, if any.
-    fn map(&self, mut batch: Batch) -> Result<Batch> {
-        let Some(map) = &self.config.map_batch else {
+    /// The batch through the user's steps ([`crate::LoaderBuilder::filter`],
+    /// `map_rows`, `map_batch`), if any.
+    fn map(&mut self, mut batch: Batch) -> Result<Batch> {
+        let steps = &self.config.steps;
+        if steps.is_empty() {
             return Ok(batch);
-        };
+        }
         let index = batch.index();
-        let mut rng =
-            crate::BatchRng::new(self.config.seed, self.plan.epoch(), self.config.rank, index);
-        (map.0)(&mut crate::BatchMut::new(&mut batch), &mut rng).map_err(|e| {
-            LoaderError::stage(
-                Stage::Collate,
-                None,
-                None,
-                format!("map_batch failed on batch {index}: {e}"),
-            )
-        })?;
+        let ids = std::mem::take(&mut self.row_ids);
+        let mut keys: Vec<[u64; 3]> = ids
+            .iter()
+            .map(|id| [id.shard as u64, id.row_group as u64, id.row as u64])
+            .collect();
+        let (seed, epoch, rank) = (self.config.seed, self.plan.epoch(), self.config.rank);
+        let dropped = steps
+            .apply(&mut batch, seed, epoch, rank, &mut keys)
+            .map_err(|e| {
+                let row = match e.row {
+                    None => String::new(),
+                    Some(r) => match keys.get(r) {
+                        Some(&[shard, row_group, row]) => format!(
+                            ", row {r} ({}, row group {row_group}, row {row})",
+                            self.manifest
+                                .shards
+                                .get(shard as usize)
+                                .map_or("?", |s| s.path.as_str())
+                        ),
+                        None => format!(", row {r}"),
+                    },
+                };
+                LoaderError::stage(
+                    Stage::Collate,
+                    None,
+                    None,
+                    format!("{} failed on batch {index}{row}: {}", e.step, e.detail),
+                )
+            })?;
+        batch.filtered = dropped;
         Ok(batch)
     }
 
@@ -803,6 +828,8 @@ impl Collator {
         // With image columns, where each row comes from (its crop is a
         // function of it, and errors name it).
         let images = self.config.images.is_some();
+        // With `map_rows` too: each row's generator is seeded from it.
+        let need_ids = images || self.config.steps.wants_row_keys();
         let mut ids: Vec<RowId> = Vec::new();
         let first_window = self.plan.window_of(start);
         // Windows before the batch's first one are done: release them.
@@ -827,7 +854,7 @@ impl Collator {
             // which segment a row comes from, for the mixing measure and
             // for image rows' identities.
             let mut segment_starts = Vec::new();
-            if measure || images {
+            if measure || need_ids {
                 segment_starts.reserve(window.segments.len() + 1);
                 segment_starts.push(0u64);
                 for seg in window.segments {
@@ -841,7 +868,7 @@ impl Collator {
                 }
             }
             let skips = loaded.has_skipped();
-            if loaded.permuted && !skips && !images {
+            if loaded.permuted && !skips && !need_ids {
                 // One batch already in the window's order: the rows are the
                 // positions (a search per row here cost 3.6% of the tabular
                 // set's CPU time, 4,096-row batches).
@@ -865,7 +892,7 @@ impl Collator {
                     (base + segment) as u32,
                     (row - loaded.prefix[segment]) as u32,
                 ));
-                if images {
+                if need_ids {
                     let at = window.row_at(p - window.start);
                     let k = segment_starts.partition_point(|&x| x <= at) - 1;
                     let seg = &window.segments[k];
@@ -939,7 +966,7 @@ impl Collator {
                 return Err(LoaderError::Closed);
             }
             if !failures.is_empty() {
-                columns = self.leave_out(&collation, &mut rows, &ids, failures, &mut lease)?;
+                columns = self.leave_out(&collation, &mut rows, &mut ids, failures, &mut lease)?;
             }
         }
         let truncated = collation
@@ -959,6 +986,9 @@ impl Collator {
         );
         self.counters
             .span("collate batch", started, crate::trace::Args::Index(index));
+        if self.config.steps.wants_row_keys() {
+            self.row_ids = ids;
+        }
         // Counted as held once the consumer receives it (see `Loader`).
         let held = None;
         Ok(Batch {
@@ -967,6 +997,7 @@ impl Collator {
             columns,
             index,
             held,
+            filtered: 0,
         })
     }
 }
@@ -981,7 +1012,7 @@ impl Collator {
         &self,
         collation: &Collation<'_>,
         rows: &mut Vec<(u32, u32)>,
-        ids: &[RowId],
+        ids: &mut Vec<RowId>,
         failures: Vec<(usize, usize, String)>,
         lease: &mut crate::pinned::SlabLease,
     ) -> Result<Vec<Column>> {
@@ -1038,6 +1069,7 @@ impl Collator {
             }
         }
         *rows = keep.iter().map(|&i| rows[i]).collect();
+        *ids = keep.iter().map(|&i| ids[i]).collect();
         let (columns, _) = collation.layout(rows);
         let mut saved = saved.into_iter();
         for (plan, column) in self.config.plans.iter().zip(&columns) {

@@ -146,8 +146,9 @@ pub struct LoaderBuilder {
     pub(crate) failpoints: Option<String>,
     pub(crate) trace: Option<std::path::PathBuf>,
     pub(crate) slow_warning: Option<(f64, u64)>,
+    /// [`LoaderBuilder::filter`], [`LoaderBuilder::map_rows`],
     /// [`LoaderBuilder::map_batch`].
-    pub(crate) map_batch: Option<crate::map::MapBatch>,
+    pub(crate) steps: crate::map::Steps,
     /// A mixture's source: keep the final partial batch (see
     /// [`crate::plan::PlanOptions::keep_partial`]).
     pub(crate) keep_partial: bool,
@@ -230,7 +231,7 @@ impl LoaderBuilder {
             failpoints: None,
             trace: None,
             slow_warning: Some(DEFAULT_SLOW_WARNING),
-            map_batch: None,
+            steps: Default::default(),
             keep_partial: false,
             images: ImageOptions::default(),
         }
@@ -266,8 +267,8 @@ impl LoaderBuilder {
     /// ([`crate::BatchMut::values_mut`]), with a [`crate::BatchRng`] seeded
     /// from (seed, epoch, rank, batch index), so its draws are the same for
     /// any number of threads and after a resume. An error (or a panic) ends
-    /// the epoch with an error from `next()` naming the batch. A mixture's
-    /// sources refuse it.
+    /// the epoch with an error from `next()` naming the batch. A mixture
+    /// runs it on its own batches, after blending and packing.
     ///
     /// ```no_run
     /// # use shardfeed_loader::Loader;
@@ -290,7 +291,65 @@ impl LoaderBuilder {
             + Sync
             + 'static,
     {
-        self.map_batch = Some(crate::map::MapBatch(std::sync::Arc::new(f)));
+        self.steps.batch = Some(std::sync::Arc::new(f));
+        self
+    }
+
+    /// Run `f` on each row of each batch after the filter (if any) and
+    /// before [`LoaderBuilder::map_batch`], on the collate thread, in
+    /// place ([`crate::RowMut::values_mut`]), with a [`crate::BatchRng`]
+    /// seeded from (seed, epoch, the row's shard, row group and row): a
+    /// row's draws are the same for any number of threads, after a resume
+    /// and after an elastic resume onto another number of ranks. An error
+    /// (or a panic) ends the epoch with an error from `next()` naming the
+    /// batch and the row. A mixture runs it on its own batches, each row's
+    /// generator then seeded from (rank, batch index, position).
+    ///
+    /// ```no_run
+    /// # use shardfeed_loader::Loader;
+    /// let loader = Loader::builder("/data/ds")
+    ///     .map_rows(|row, rng| {
+    ///         // Mask one token in ten of each row, drawn for that row.
+    ///         for id in row.values_mut::<i32>("input_ids").ok_or("no input_ids")? {
+    ///             if rng.below(10) == 0 {
+    ///                 *id = 0;
+    ///             }
+    ///         }
+    ///         Ok(())
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), shardfeed_loader::LoaderError>(())
+    /// ```
+    pub fn map_rows<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&mut crate::RowMut<'_>, &mut crate::BatchRng) -> Result<(), crate::MapError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.steps.rows = Some(std::sync::Arc::new(f));
+        self
+    }
+
+    /// Keep only the rows for which `f` is true, before
+    /// [`LoaderBuilder::map_rows`] and [`LoaderBuilder::map_batch`], on the
+    /// collate thread. Rows dropped leave their batch smaller: every rank
+    /// keeps its number of batches per epoch (so ranks stay in step), no
+    /// row is read twice, and the dropped rows are counted
+    /// ([`crate::Stats::filtered_rows`]).
+    ///
+    /// ```no_run
+    /// # use shardfeed_loader::Loader;
+    /// let loader = Loader::builder("/data/ds")
+    ///     .filter(|row| row.values::<i32>("input_ids").is_some_and(|ids| ids.len() >= 16))
+    ///     .build()?;
+    /// # Ok::<(), shardfeed_loader::LoaderError>(())
+    /// ```
+    pub fn filter<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&crate::Row<'_>) -> bool + Send + Sync + 'static,
+    {
+        self.steps.filter = Some(std::sync::Arc::new(f));
         self
     }
 
@@ -651,6 +710,7 @@ pub(crate) struct Config {
     pub failpoints: Failpoints,
     /// Image decoding, when some columns hold images.
     pub images: Option<ImageOptions>,
+    /// [`LoaderBuilder::filter`], [`LoaderBuilder::map_rows`],
     /// [`LoaderBuilder::map_batch`].
-    pub map_batch: Option<crate::map::MapBatch>,
+    pub steps: crate::map::Steps,
 }

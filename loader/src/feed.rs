@@ -69,10 +69,8 @@ pub trait Feed: Send {
     fn pinning(&self) -> Pinning;
 
     /// A free slab of the pool for a batch made outside the pipeline, if one
-    /// is spare ([`Loader::spare_slab`]); `None` for a mixture.
-    fn spare_slab(&self) -> Result<Option<crate::SlabLease>> {
-        Ok(None)
-    }
+    /// is spare ([`Loader::spare_slab`], [`Mixture::spare_slab`]).
+    fn spare_slab(&self) -> Result<Option<crate::SlabLease>>;
 
     /// With a trace file: how its writing goes (see [`Loader::trace_outcome`]).
     fn trace_outcome(&self) -> Option<crate::trace::TraceOutcome> {
@@ -266,6 +264,10 @@ impl Feed for Loader {
 }
 
 impl Feed for Mixture {
+    fn spare_slab(&self) -> Result<Option<crate::SlabLease>> {
+        Mixture::spare_slab(self)
+    }
+
     fn next_batch(&mut self, interrupted: &mut dyn FnMut() -> bool) -> Option<Result<Batch>> {
         self.next_interruptible(interrupted)
     }

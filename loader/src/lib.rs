@@ -105,7 +105,7 @@ pub use image::{
 };
 pub use inspect::{ImageColumnSummary, image_summary};
 pub use loader::Loader;
-pub use map::{BatchMut, BatchRng, BoxError as MapError};
+pub use map::{BatchMut, BatchRng, BoxError as MapError, Row, RowMut};
 pub use mix::{
     DrawState, MixStop, Mixture, MixtureBuilder, MixtureState, MixtureStats, SourceState,
 };

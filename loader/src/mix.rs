@@ -289,12 +289,6 @@ impl MixtureBuilder {
         if self.template.batch_size == 0 {
             return bad("batch_size", "must be greater than 0".into());
         }
-        if self.template.map_batch.is_some() {
-            return bad(
-                "map_batch",
-                "runs on a plain loader's batches; a mixture's sources refuse it".into(),
-            );
-        }
         if self.read_batch == 0 {
             return bad("read_batch", "must be greater than 0".into());
         }
@@ -317,6 +311,9 @@ impl MixtureBuilder {
         };
         let source_builder = |i: usize, columns: Option<Vec<String>>| {
             let mut b = self.template.clone();
+            // The user's steps run on the mixture's batches, not the sources'.
+            b.steps = Default::default();
+            b.transform_slabs = 0;
             b.runtime = Some(runtime.clone());
             b.url = self.sources[i].0.clone();
             b.batch_size = self.read_batch;
@@ -536,6 +533,16 @@ impl MixtureBuilder {
                 ),
             );
         }
+        // Slabs for a Python transform's outputs, as many as the budget
+        // allows (as a loader's pool grows for them).
+        let mut pool_slabs = pool_slabs;
+        for extra in (1..=self.template.transform_slabs).rev() {
+            let slabs = pool_slabs.saturating_add(extra);
+            if crate::budget::pool_fits(slab_bytes, slabs, self.template.byte_budget) {
+                pool_slabs = slabs;
+                break;
+            }
+        }
         let pool = Arc::new(Pool::new(pool_slabs, slab_bytes, self.template.pinning)?);
         let rank = sources[0].loader.rank();
         let world_size = sources[0].loader.world_size();
@@ -588,6 +595,7 @@ impl MixtureBuilder {
             dropped_batches: 0,
             source_states,
             staging: Vec::new(),
+            steps: self.template.steps.clone(),
         };
         Ok(Mixture::new(core, slow_warning))
     }
@@ -991,6 +999,8 @@ pub(crate) struct Core {
     /// Unpacked batches: each column's rows, copied out of the sources'
     /// batches (buffers reused from batch to batch).
     staging: Vec<Staged>,
+    /// The user's steps, on each batch made.
+    steps: crate::map::Steps,
 }
 
 impl std::fmt::Debug for Core {
@@ -1029,6 +1039,8 @@ pub struct MixtureStats {
     pub padding_tokens: u64,
     /// Final partial batches dropped (`drop_last`).
     pub dropped_batches: u64,
+    /// Rows the user's filter dropped ([`crate::LoaderBuilder::filter`]).
+    pub filtered_rows: u64,
     /// Seconds the consumer waited in `next()`.
     pub wait_s: f64,
     /// Seconds from the first `next()` to the first batch.

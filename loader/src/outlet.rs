@@ -140,6 +140,7 @@ impl Outlet {
         }
         Counters::add(&counters.batches, 1);
         Counters::add(&counters.rows, batch.rows() as u64);
+        Counters::add(&counters.filtered_rows, batch.filtered);
         let bytes: usize = batch
             .columns()
             .iter()

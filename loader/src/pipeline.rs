@@ -264,6 +264,7 @@ impl Pipeline {
                 cancel: cancel.clone(),
                 manifest: self.manifest.clone(),
                 mapped: self.fetch.mapped_check(),
+                row_ids: Vec::new(),
                 scratch: if self.config.images.is_some() {
                     (0..self.config.decode_threads.max(1))
                         .map(|_| Default::default())

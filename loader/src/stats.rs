@@ -36,6 +36,8 @@ pub(crate) struct Counters {
     pub decode_queue: AtomicU64,
     pub oversize_batches: AtomicU64,
     pub truncated_rows: AtomicU64,
+    /// Rows a [`crate::LoaderBuilder::filter`] dropped.
+    pub filtered_rows: AtomicU64,
     pub decode_paths: Mutex<DecodePaths>,
     /// Batches measured for mixing, and the row groups they drew from in all.
     pub mixing_batches: AtomicU64,
@@ -349,6 +351,9 @@ pub struct Stats {
     pub oversize_batches: u64,
     /// List rows truncated to `pad_to`.
     pub truncated_rows: u64,
+    /// Rows a [`crate::LoaderBuilder::filter`] dropped.
+    #[serde(default)]
+    pub filtered_rows: u64,
     /// `"cuda"` or `"page-aligned"`.
     pub pinning: String,
     /// The most slabs the pool holds.
@@ -452,6 +457,7 @@ impl Counters {
             output_queue: 0,
             oversize_batches: self.oversize_batches.load(Ordering::Relaxed),
             truncated_rows: self.truncated_rows.load(Ordering::Relaxed),
+            filtered_rows: self.filtered_rows.load(Ordering::Relaxed),
             pinning: String::new(),
             slabs: 0,
             slabs_made: 0,

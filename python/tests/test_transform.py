@@ -235,7 +235,7 @@ def test_the_example_augments_images_and_masks_chat_tokens(tmp_path):
 
 def test_a_mixtures_batches_go_through_the_transform(dataset, tmp_path):
     """The transform sees the mixture's blended batches (with their `source` column); the
-    same for any number of threads."""
+    same for any number of threads; its outputs are pinned like a loader's."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -258,6 +258,12 @@ def test_a_mixtures_batches_go_through_the_transform(dataset, tmp_path):
     assert same(runs[0], runs[1])
     sources = np.concatenate([b["source"] for b in runs[0]])
     assert set(sources.tolist()) == {0, 1}
+    # Outputs land in the mixture's slab pool, as a loader's do.
+    with shardfeed.Loader({dataset: 0.5, other: 0.5}, 32, columns=["id"], seed=4,
+                          transform=tag) as mix:
+        first = next(iter(mix))
+        assert isinstance(first["r"].base, shardfeed.SlabView)
+        assert mix.stats()["transform"]["pinned_batches"] == 1
     ids = np.concatenate([b["id"] for b in runs[0]])
     assert ((ids >= 10_000) == (sources == 1)).all()
 

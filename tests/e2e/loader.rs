@@ -1429,7 +1429,7 @@ fn columns_named_like_another_columns_buffers_are_refused() {
 
 /// A `map_batch` closure changes batches in place on the collate thread,
 /// with draws the same for any number of decode threads and after a resume;
-/// its error ends the epoch naming the batch; a mixture refuses it.
+/// its error ends the epoch naming the batch.
 #[test]
 fn map_batch_runs_in_place_deterministically_and_its_errors_name_the_batch() {
     let tmp = tempdir();
@@ -1490,10 +1490,254 @@ fn map_batch_runs_in_place_deterministically_and_its_errors_name_the_batch() {
             .contains("map_batch failed on batch 5: no good at 5"),
         "{err}"
     );
-    // A mixture's sources refuse it.
-    let err = Loader::builder_mixture([(url.clone(), 1.0)])
-        .configure(|b| b.map_batch(|_, _| Ok(())))
+}
+
+/// Each batch's rows as (id, the row's tokens if all equal: its draw).
+fn drawn_rows(loader: &mut Loader) -> Vec<Vec<(i64, Option<i32>)>> {
+    loader
+        .map(|b| {
+            let b = b.unwrap();
+            let ids = b.values::<i64>("id").unwrap().to_vec();
+            let (tokens, offsets) = (
+                b.values::<i32>("input_ids").unwrap(),
+                b.offsets("input_ids").unwrap(),
+            );
+            ids.iter()
+                .enumerate()
+                .map(|(i, &id)| {
+                    let row = &tokens[offsets[i] as usize..offsets[i + 1] as usize];
+                    assert!(row.iter().all(|t| Some(t) == row.first()), "{row:?}");
+                    (id, row.first().copied())
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `filter` drops rows (counted) and leaves every rank its batches;
+/// `map_rows` draws follow the row: the same for any thread count, world
+/// size and after an elastic resume; their errors name the batch and the
+/// row; rows compact right in every layout; a mixture runs the steps on its
+/// own batches.
+#[test]
+fn filter_and_map_rows_follow_the_rows_and_keep_ranks_in_step() {
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Tokens, 2000, 70, 64 << 10);
+    let build = |rank: u64, world: u64, threads: usize| {
+        Loader::builder(&url)
+            .batch_size(32)
+            .seed(9)
+            .rank(rank)
+            .world_size(world)
+            .decode_threads(threads)
+            .filter(|row| row.values::<i64>("id").is_some_and(|id| id[0] % 3 != 0))
+            .map_rows(|row, rng| {
+                let id = row.as_row().values::<i64>("id").ok_or("no id")?[0];
+                if id == 1_000_001 {
+                    return Err("never".into());
+                }
+                let draw = rng.below(1000) as i32;
+                for t in row.values_mut::<i32>("input_ids").ok_or("no input_ids")? {
+                    *t = draw;
+                }
+                Ok(())
+            })
+            .build()
+            .unwrap()
+    };
+    let mut whole = build(0, 1, 1);
+    let one = drawn_rows(&mut whole);
+    assert_eq!(one, drawn_rows(&mut build(0, 1, 3)));
+    let plain = id_batches(
+        &mut Loader::builder(&url)
+            .batch_size(32)
+            .seed(9)
+            .build()
+            .unwrap(),
+    );
+    let thirds = plain.iter().flatten().filter(|id| *id % 3 == 0).count() as u64;
+    assert!(thirds > 600, "{thirds}");
+    assert_eq!(whole.stats().filtered_rows, thirds);
+    assert_eq!(one.len(), plain.len(), "the same number of batches");
+    for (got, rows) in one.iter().zip(&plain) {
+        let want: Vec<i64> = rows.iter().copied().filter(|id| id % 3 != 0).collect();
+        assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), want);
+    }
+    let draws: std::collections::HashMap<i64, Option<i32>> =
+        one.iter().flatten().copied().collect();
+    let distinct: std::collections::HashSet<_> = draws.values().collect();
+    assert!(distinct.len() > 500, "{}", distinct.len());
+    // Rows (id, draw) read once each, none filtered out, each with the
+    // draw world size 1 gave it (the tail each world size drops differs).
+    let check = |seen: Vec<(i64, Option<i32>)>| {
+        let n = seen.len();
+        let unique: std::collections::HashMap<i64, Option<i32>> = seen.into_iter().collect();
+        assert_eq!(unique.len(), n, "a row read twice");
+        assert!(n + 64 >= draws.len(), "{n} of {}", draws.len());
+        let wrong = unique
+            .iter()
+            .filter(|(id, d)| *id % 3 == 0 || draws.get(id).is_some_and(|w| w != *d))
+            .count();
+        assert_eq!(wrong, 0, "rows filtered in, or with another draw");
+    };
+    // Two ranks: equal batch counts.
+    let ranks: Vec<_> = (0..2).map(|r| drawn_rows(&mut build(r, 2, 2))).collect();
+    assert_eq!(ranks[0].len(), ranks[1].len());
+    check(ranks.into_iter().flatten().flatten().collect());
+    // Elastic 2 -> 3 after 5 batches each.
+    let mut seen = Vec::new();
+    let mut states = Vec::new();
+    for rank in 0..2 {
+        let mut l = build(rank, 2, 1);
+        for _ in 0..5 {
+            seen.extend(drawn_rows_of(l.next().unwrap().unwrap()));
+        }
+        states.push(l.state());
+    }
+    for rank in 0..3 {
+        let mut l = build(rank, 3, 2);
+        l.resume_elastic(&states).unwrap();
+        seen.extend(drawn_rows(&mut l).into_iter().flatten());
+    }
+    check(seen);
+    // A failing row names its batch, its place in it and its shard.
+    let mut failing = Loader::builder(&url)
+        .batch_size(32)
+        .map_rows(|row, _| match row.as_row().values::<i64>("id") {
+            Some([77]) => Err("no good at 77".into()),
+            _ => Ok(()),
+        })
         .build()
-        .unwrap_err();
-    assert!(err.to_string().contains("map_batch"), "{err}");
+        .unwrap();
+    let err = failing
+        .find_map(|b| b.err())
+        .expect("an error in the epoch");
+    let text = err.to_string();
+    assert!(
+        text.contains("map_rows failed on batch ")
+            && text.contains(".parquet, row group ")
+            && text.contains("no good at 77"),
+        "{text}"
+    );
+    // A mixture runs the steps on its batches, after blending.
+    let mut mixture = Loader::builder_mixture([(url.clone(), 1.0)])
+        .batch_size(40)
+        .configure(|b| {
+            b.filter(|row| row.values::<i64>("id").is_some_and(|id| id[0] % 2 == 0))
+                .map_batch(|batch, _| {
+                    for id in batch.values_mut::<i64>("id").ok_or("no id")? {
+                        *id += 1;
+                    }
+                    Ok(())
+                })
+        })
+        .build()
+        .unwrap();
+    let mut ids = Vec::new();
+    for b in mixture.by_ref() {
+        ids.extend_from_slice(b.unwrap().values::<i64>("id").unwrap());
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (0..1000).map(|i| 2 * i + 1).collect::<Vec<i64>>());
+    assert_eq!(mixture.stats().filtered_rows, 1000);
+}
+
+fn drawn_rows_of(b: shardfeed_loader::Batch) -> Vec<(i64, Option<i32>)> {
+    let ids = b.values::<i64>("id").unwrap();
+    let (tokens, offsets) = (
+        b.values::<i32>("input_ids").unwrap(),
+        b.offsets("input_ids").unwrap(),
+    );
+    ids.iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            (
+                id,
+                tokens[offsets[i] as usize..offsets[i + 1] as usize]
+                    .first()
+                    .copied(),
+            )
+        })
+        .collect()
+}
+
+/// A filter's rows compact right in every layout: strings, nullable
+/// values, padded lists, alike to the rows of the batch unfiltered.
+#[test]
+fn filter_compacts_bytes_validity_and_padded_lists() {
+    let tmp = tempdir();
+    let text = dataset(tmp.path(), Kind::Text, 700, 60, 16 << 10);
+    let keep = |id: i64| id % 4 == 1 || id % 7 == 0;
+    type TextRow = (i64, Option<String>, Option<f64>);
+    let rows = |l: &mut Loader| -> Vec<Vec<TextRow>> {
+        l.map(|b| {
+            let b = b.unwrap();
+            let names: Vec<&[u8]> = b.binary("name").unwrap().collect();
+            let (nv, sv) = (b.validity("name"), b.validity("score"));
+            let scores = b.values::<f64>("score").unwrap();
+            b.values::<i64>("id")
+                .unwrap()
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| {
+                    let name = nv
+                        .is_none_or(|v| v[i] == 1)
+                        .then(|| String::from_utf8(names[i].to_vec()).unwrap());
+                    let score = sv.is_none_or(|v| v[i] == 1).then_some(scores[i]);
+                    (id, name, score)
+                })
+                .collect()
+        })
+        .collect()
+    };
+    let plain = rows(
+        &mut Loader::builder(&text)
+            .batch_size(25)
+            .seed(3)
+            .build()
+            .unwrap(),
+    );
+    let filtered = rows(
+        &mut Loader::builder(&text)
+            .batch_size(25)
+            .seed(3)
+            .filter(move |row| keep(row.values::<i64>("id").unwrap()[0]))
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(plain.len(), filtered.len());
+    assert!(
+        plain.iter().flatten().any(|r| r.1.is_none())
+            && plain.iter().flatten().any(|r| r.2.is_none())
+    );
+    for (p, f) in plain.iter().zip(&filtered) {
+        let want: Vec<_> = p.iter().filter(|r| keep(r.0)).cloned().collect();
+        assert_eq!(*f, want);
+    }
+    // Padded lists: values and lengths move with their rows.
+    let tokens = dataset(&tmp.path().join("t"), Kind::Tokens, 500, 50, 16 << 10);
+    let padded = |filter: bool| {
+        let mut b = Loader::builder(&tokens)
+            .batch_size(20)
+            .seed(1)
+            .pad_to(8, 0.0);
+        if filter {
+            b = b.filter(|row| row.values::<i64>("id").unwrap()[0] % 2 == 0);
+        }
+        let mut out = Vec::new();
+        for batch in b.build().unwrap() {
+            let batch = batch.unwrap();
+            let (ids, values, lengths) = (
+                batch.values::<i64>("id").unwrap(),
+                batch.values::<i32>("input_ids").unwrap(),
+                batch.lengths("input_ids").unwrap(),
+            );
+            for (i, &id) in ids.iter().enumerate() {
+                out.push((id, values[i * 8..i * 8 + 8].to_vec(), lengths[i]));
+            }
+        }
+        out
+    };
+    let want: Vec<_> = padded(false).into_iter().filter(|r| r.0 % 2 == 0).collect();
+    assert_eq!(padded(true), want);
 }

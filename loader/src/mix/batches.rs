@@ -23,7 +23,7 @@ impl Core {
         } else {
             self.next_rows()
         };
-        match result {
+        match result.and_then(|made| made.map(|b| self.steps(b)).transpose()) {
             Ok(Some(batch)) => {
                 self.index += 1;
                 Some(Ok(batch))
@@ -52,6 +52,35 @@ impl Core {
             }
             Err(e) => Some(Err(e)),
         }
+    }
+
+    /// The batch through the user's steps ([`crate::LoaderBuilder::filter`],
+    /// `map_rows`, `map_batch`), if any: each row's generator follows
+    /// (rank, batch index, position).
+    fn steps(&mut self, mut batch: Batch) -> Result<Batch> {
+        if self.steps.is_empty() {
+            return Ok(batch);
+        }
+        let index = batch.index();
+        batch.filtered = self
+            .steps
+            .apply(
+                &mut batch,
+                self.seed,
+                self.epoch,
+                self.rank,
+                &mut Vec::new(),
+            )
+            .map_err(|e| {
+                let row = e.row.map_or(String::new(), |r| format!(", row {r}"));
+                LoaderError::stage(
+                    Stage::Mix,
+                    None,
+                    None,
+                    format!("{} failed on batch {index}{row}: {}", e.step, e.detail),
+                )
+            })?;
+        Ok(batch)
     }
 
     /// A partial batch at the epoch's end: kept, or dropped with `drop_last`.
@@ -123,6 +152,7 @@ impl Core {
             columns,
             index: self.index,
             held: None,
+            filtered: 0,
         }
     }
 

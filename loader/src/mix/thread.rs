@@ -318,6 +318,13 @@ impl Mixture {
         self.pool.pinning()
     }
 
+    /// A slab of the mixture's pool for a batch made outside it (see
+    /// [`crate::Batch::from_buffers`]), if one is free without taking the
+    /// mixture's last: `None` otherwise (never waits).
+    pub fn spare_slab(&self) -> Result<Option<crate::SlabLease>> {
+        self.pool.try_spare()
+    }
+
     /// Counters, with each source loader's.
     pub fn stats(&self) -> MixtureStats {
         let p = &self.progress;
@@ -331,6 +338,7 @@ impl Mixture {
             tokens: p.tokens,
             padding_tokens: p.padding_tokens,
             dropped_batches: p.dropped_batches,
+            filtered_rows: c.filtered_rows.load(Ordering::Relaxed),
             wait_s: ns(&c.wait_ns),
             first_batch_s: ns(&c.first_batch_ns),
             sources: self.sources.iter().map(|h| h.stats()).collect(),
