@@ -9,15 +9,15 @@ Functions (each sees the rows as an [n, 224, 224, 3] uint8 array):
   * identity: the batch as it is (the stage's own cost, against no transform).
 Runs: `transform_threads=1`, `=2`, `transform_processes=2`, and DataLoader(num_workers=2,
 persistent_workers=True) over an IterableDataset that reads the shards' row groups with
-pyarrow (split over the workers), batches 64 rows and applies the function. Rows/s of the
-second epoch (workers and pools started), medians of `--repeat` runs, each in a fresh process;
+pyarrow (split over the workers), batches 64 rows and applies the function. Rows/s of
+epochs 2 to 4 (workers and pools started in the first), medians of `--repeat` runs, each in a fresh process;
 each run also prints its peak RSS, and its worker processes' (the sum of their peaks).
 
     pip install ./python && python3 benches/transform_peers.py --work /tmp/sf-transform
 """
 import argparse, json, os, statistics, subprocess, sys, time
 
-ROWS, SIDE, BATCH = 2400, 224, 64
+ROWS, SIDE, BATCH, EPOCHS = 2400, 224, 64, 3
 
 RUN = r'''
 import json, sys, time
@@ -140,12 +140,14 @@ def epoch_rate(ds, fn, mode):
                    "processes2": dict(transform=fn, transform_processes=2)}[mode]
         loader = shardfeed.Loader(ds, BATCH, columns=["pixels", "label"], threads=2, seed=1,
                                   **options)
-    rate = 0.0
-    for _ in range(2):
-        started, rows = time.perf_counter(), 0
+    # The first epoch starts workers and pools; the next EPOCHS are the steady rate.
+    for batch in loader:
+        pass
+    started, rows = time.perf_counter(), 0
+    for _ in range(EPOCHS):
         for batch in loader:
             rows += len(batch["label"])
-        rate = rows / (time.perf_counter() - started)
+    rate = rows / (time.perf_counter() - started)
     workers = [p.pid for p in getattr(getattr(loader, "_runner", None), "procs", [])]
     if mode == "dataloader":
         workers = [w.pid for w in getattr(loader, "_iterator", None)._workers] if getattr(
@@ -177,7 +179,7 @@ def main():
                               "workers_peak_rss_mib": round(got["workers_peak_rss_mib"])}),
                   flush=True)
     med = {k: statistics.median(v) for k, v in results.items()}
-    print(f"\nrows/s, second epoch, medians of {args.repeat}")
+    print(f"\nrows/s, epochs 2-{EPOCHS + 1}, medians of {args.repeat}")
     print("| function | run | rows/s | vs transform_threads=1 | vs DataLoader(num_workers=2) |")
     print("|---|---|---|---|---|")
     for fn, mode in plan:

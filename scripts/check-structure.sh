@@ -139,23 +139,41 @@ if [ -n "$missing" ]; then
   echo "ARCHITECTURE.md names paths that do not exist:"; echo "$missing"
   status=1
 fi
-# 7. Every relative link in the README, the top-level documents and docs/ resolves.
+# 7. Every relative link in the README, the top-level documents and docs/ resolves, and so
+#    does its anchor (`file.md#heading`, `#heading`): a heading of the target, as GitHub and
+#    mdBook make ids (lower case, spaces to dashes, punctuation dropped, repeats numbered).
 broken=$(python3 - <<'PY'
 import os, re
 files = ["README.md", "ARCHITECTURE.md", "CHANGELOG.md", "BENCHMARKS.md"]
 files += [os.path.join(d, f) for d, _, fs in os.walk("docs") for f in fs if f.endswith(".md")]
+anchors = {}
+def ids(path):
+    if path not in anchors:
+        seen, out = {}, set()
+        text = re.sub(r"```.*?```", "", open(path, encoding="utf-8").read(), flags=re.S)
+        for m in re.finditer(r"^#{1,6}\s+(.*?)\s*#*\s*$", text, re.M):
+            title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1))
+            slug = "".join(c for c in title.lower().replace(" ", "-") if c.isalnum() or c in "-_")
+            n = seen.get(slug, 0)
+            seen[slug] = n + 1
+            out.add(slug if n == 0 else f"{slug}-{n}")
+        anchors[path] = out
+    return anchors[path]
 for path in files:
-    text = open(path, encoding="utf-8").read()
-    for m in re.finditer(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
-        target = m.group(1)
+    text = re.sub(r"```.*?```", "", open(path, encoding="utf-8").read(), flags=re.S)
+    for m in re.finditer(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+        target, anchor = m.group(1), m.group(2)
         if re.match(r"[a-z]+:", target):
             continue
-        if not os.path.exists(os.path.normpath(os.path.join(os.path.dirname(path), target))):
+        resolved = os.path.normpath(os.path.join(os.path.dirname(path), target)) if target else path
+        if not os.path.exists(resolved):
             print(f"{path}: {target}")
+        elif anchor and resolved.endswith(".md") and anchor not in ids(resolved):
+            print(f"{path}: {target}#{anchor} (no such heading)")
 PY
 )
 if [ -n "$broken" ]; then
-  echo "links to files that do not exist:"; echo "$broken"
+  echo "links that do not resolve:"; echo "$broken"
   status=1
 fi
 # 8. The guide's Python API reference is the one the stubs and sources make.

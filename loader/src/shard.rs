@@ -1,7 +1,6 @@
 //! Reading one shard safely: footers and column chunks checked against the
 //! checksums anchored in the manifest before any byte is decoded.
 
-use bytes::Bytes;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use shardfeed_format::{ChunkChecksums, ChunkHash, ChunkSum, Crc32, ShardEntry};
 
@@ -220,54 +219,6 @@ pub(crate) fn check_chunk_sum(
             Some(row_group),
             format!("column `{name}` checksum {found} does not match {expected}"),
         ));
-    }
-    Ok(())
-}
-
-/// Check a whole shard file held in memory: size, file and footer checksums,
-/// footer contents, and every column chunk.
-pub(crate) fn check_file(entry: &ShardEntry, file: &Bytes) -> Result<ShardFooter> {
-    if file.len() as u64 != entry.bytes {
-        return Err(corrupt(
-            entry,
-            None,
-            format!(
-                "file is {} bytes, the manifest says {}",
-                file.len(),
-                entry.bytes
-            ),
-        ));
-    }
-    let crc = Crc32::of(file);
-    if let Some(expected) = entry.crc32
-        && crc != expected
-    {
-        // Locate the damage for the message: footer first, then each chunk.
-        let footer_start = file.len() - entry.footer_len as usize;
-        let footer = decode_footer(entry, &file[footer_start..])?;
-        check_chunks(entry, &footer, file)?;
-        return Err(corrupt(
-            entry,
-            None,
-            format!("file checksum {crc} does not match the manifest's {expected}"),
-        ));
-    }
-    let footer_start = file.len() - entry.footer_len as usize;
-    let footer = decode_footer(entry, &file[footer_start..])?;
-    check_chunks(entry, &footer, file)?;
-    Ok(footer)
-}
-
-fn check_chunks(entry: &ShardEntry, footer: &ShardFooter, file: &Bytes) -> Result<()> {
-    for (i, rg) in footer.metadata.row_groups().iter().enumerate() {
-        for (j, column) in rg.columns().iter().enumerate() {
-            let (start, len) = column.byte_range();
-            let range = start as usize..(start + len) as usize;
-            let bytes = file.get(range).ok_or_else(|| {
-                corrupt(entry, Some(i), format!("column {j} lies outside the file"))
-            })?;
-            check_chunk(entry, footer, i, j, bytes)?;
-        }
     }
     Ok(())
 }

@@ -8,7 +8,14 @@ use serde::Serialize;
 use shardfeed_format::{Location, Manifest, ShardEntry};
 
 use crate::error::{LoaderError, Result};
-use crate::shard::{check_file, check_schema};
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes};
+use futures::StreamExt;
+use parquet::file::reader::{ChunkReader, Length};
+use shardfeed_format::Crc32;
+
+use crate::shard::{check_chunk, check_schema, decode_footer};
 
 /// One shard that failed verification.
 #[derive(Clone, Debug, Serialize)]
@@ -43,7 +50,8 @@ impl VerifyReport {
 
 /// Read every shard of the dataset at `url` fully: check its size, whole-file,
 /// footer and column chunk checksums against the manifest, decode every row
-/// and compare row counts. Uses `threads` threads (0: all cores).
+/// and compare row counts. Uses `threads` threads (0: all cores). Each file
+/// is read once, in order, holding one row group's bytes at a time.
 pub fn verify_dataset(location: &Location, threads: usize) -> Result<VerifyReport> {
     verify_dataset_with(location, &[], threads)
 }
@@ -157,6 +165,59 @@ fn check_fingerprint(
     Ok(())
 }
 
+/// A file's bytes `start..start + bytes.len()` as a [`ChunkReader`] over a
+/// file of `len` bytes: parquet's reader decodes one row group from it,
+/// and any read outside it is an error.
+struct Piece {
+    start: u64,
+    len: u64,
+    bytes: Bytes,
+}
+
+impl Length for Piece {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl Piece {
+    fn slice(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        let outside = || {
+            parquet::errors::ParquetError::General(format!(
+                "{length} bytes at {start} lie outside the row group's bytes {}..{}",
+                self.start,
+                self.start + self.bytes.len() as u64
+            ))
+        };
+        let from = usize::try_from(start.checked_sub(self.start).ok_or_else(outside)?)
+            .map_err(|_| outside())?;
+        let to = from.checked_add(length).ok_or_else(outside)?;
+        if to > self.bytes.len() {
+            return Err(outside());
+        }
+        Ok(self.bytes.slice(from..to))
+    }
+}
+
+impl ChunkReader for Piece {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        let end = self.start + self.bytes.len() as u64;
+        let rest = usize::try_from(end.saturating_sub(start)).unwrap_or(0);
+        Ok(self.slice(start, rest)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.slice(start, length)
+    }
+}
+
+/// Check one file: its footer (one range read), then every byte once as a
+/// stream, in order: the file's CRC-32 (when the manifest has one), each
+/// column chunk's checksum, and each row group decoded as soon as its bytes
+/// have passed, holding at most one row group's bytes (whatever the file's
+/// size). Returns its rows.
 fn verify_shard(
     location: &Location,
     manifest: &Manifest,
@@ -166,60 +227,330 @@ fn verify_shard(
     let url = location.url_of(&entry.path);
     let path = location.child(&entry.path);
     let store = location.store().clone();
-    let (meta, bytes) = runtime
-        .block_on(async move {
-            let got = store.get(&path).await?;
-            let meta = got.meta.clone();
-            Ok((meta, got.bytes().await?))
-        })
-        .map_err(|source| match source {
-            object_store::Error::NotFound { .. } => LoaderError::MissingShard {
-                url: url.clone(),
-                error: source.into(),
-            },
-            source => LoaderError::Store {
-                url: url.clone(),
-                error: source.into(),
-            },
-        })?;
+    let store_error = |source: object_store::Error| match source {
+        object_store::Error::NotFound { .. } => LoaderError::MissingShard {
+            url: url.clone(),
+            error: source.into(),
+        },
+        source => LoaderError::Store {
+            url: url.clone(),
+            error: source.into(),
+        },
+    };
+    let got = runtime.block_on(store.get(&path)).map_err(store_error)?;
+    let meta = got.meta.clone();
     if let Some(expected) = &entry.fingerprint {
         check_fingerprint(location, entry, expected, &meta)?;
     }
-    check_file(entry, &bytes)?;
+    let corrupt = |row_group: Option<usize>, detail: String| LoaderError::Corrupt {
+        shard: entry.path.clone(),
+        row_group,
+        detail,
+    };
+    if meta.size != entry.bytes {
+        return Err(corrupt(
+            None,
+            format!(
+                "file is {} bytes, the manifest says {}",
+                meta.size, entry.bytes
+            ),
+        ));
+    }
+    let footer_start = entry
+        .bytes
+        .checked_sub(entry.footer_len)
+        .ok_or_else(|| corrupt(None, "the footer is longer than the file".into()))?;
+    let footer_bytes = runtime
+        .block_on(store.get_range(&path, footer_start..entry.bytes))
+        .map_err(store_error)?;
+    let footer = decode_footer(entry, &footer_bytes)?;
     let decode_err = |row_group, source| LoaderError::Decode {
         shard: entry.path.clone(),
         row_group,
         source,
     };
     let metadata =
-        ArrowReaderMetadata::load(&bytes, Default::default()).map_err(|e| decode_err(None, e))?;
+        ArrowReaderMetadata::try_new(Arc::new(footer.metadata.clone()), Default::default())
+            .map_err(|e| decode_err(None, e))?;
     check_schema(entry, &manifest.schema, metadata.schema())?;
+    // Each row group's bytes (from its first column chunk to the end of its
+    // last), in file order; row groups whose bytes overlap read as one span.
+    let mut groups = Vec::with_capacity(footer.metadata.num_row_groups());
+    for (i, rg) in footer.metadata.row_groups().iter().enumerate() {
+        let (mut start, mut end) = (u64::MAX, 0u64);
+        for (j, column) in rg.columns().iter().enumerate() {
+            let (at, len) = column.byte_range();
+            let to = at
+                .checked_add(len)
+                .filter(|&to| to <= footer_start)
+                .ok_or_else(|| corrupt(Some(i), format!("column {j} lies outside the file")))?;
+            start = start.min(at);
+            end = end.max(to);
+        }
+        if start <= end {
+            groups.push((start, end, i));
+        }
+    }
+    groups.sort_unstable();
+    let mut spans: Vec<(u64, u64, Vec<usize>)> = Vec::new();
+    for (start, end, i) in groups {
+        match spans.last_mut() {
+            Some(last) if start < last.1 => {
+                last.1 = last.1.max(end);
+                last.2.push(i);
+            }
+            _ => spans.push((start, end, vec![i])),
+        }
+    }
+    let mut source = Source::new(location, entry, got, runtime)?;
     let mut rows = 0u64;
-    for (i, &expected) in entry.row_groups.iter().enumerate() {
-        let reader =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(bytes.clone(), metadata.clone())
-                .with_row_groups(vec![i])
-                .with_batch_size(8192)
-                .build()
-                .map_err(|e| decode_err(Some(i), e))?;
-        let mut group_rows = 0u64;
-        for batch in reader {
-            group_rows += batch.map_err(|e| decode_err(Some(i), e.into()))?.num_rows() as u64;
+    for (start, end, members) in spans {
+        source.skip(start - source.position)?;
+        let bytes = source.take(end - start)?;
+        let piece = Piece {
+            start,
+            len: entry.bytes,
+            bytes,
+        };
+        for i in members {
+            for (j, column) in footer.metadata.row_group(i).columns().iter().enumerate() {
+                let (at, len) = column.byte_range();
+                let chunk = piece
+                    .slice(at, len as usize)
+                    .map_err(|e| corrupt(Some(i), format!("column {j}: {e}")))?;
+                check_chunk(entry, &footer, i, j, &chunk)?;
+            }
+            rows += decode_group(entry, &piece, &metadata, i)?;
         }
-        if group_rows != expected {
-            return Err(LoaderError::Corrupt {
-                shard: entry.path.clone(),
-                row_group: Some(i),
-                detail: format!("decoded {group_rows} rows, the manifest says {expected}"),
-            });
-        }
-        rows += group_rows;
+    }
+    source.skip(entry.bytes - source.position)?;
+    let position = source.position + source.rest()?;
+    if position != entry.bytes {
+        return Err(corrupt(
+            None,
+            format!("read {position} bytes, the manifest says {}", entry.bytes),
+        ));
+    }
+    let found = Crc32(source.crc.finalize());
+    if let Some(expected) = entry.crc32
+        && found != expected
+    {
+        return Err(corrupt(
+            None,
+            format!("file checksum {found} does not match the manifest's {expected}"),
+        ));
     }
     if rows != entry.rows {
+        return Err(corrupt(
+            None,
+            format!("decoded {rows} rows, the manifest says {}", entry.rows),
+        ));
+    }
+    Ok(rows)
+}
+
+/// A file's bytes in order, each passed once, with their CRC-32: a local
+/// file read straight into buffers of the sizes asked for, else the GET's
+/// stream.
+struct Source<'a> {
+    position: u64,
+    crc: crc32fast::Hasher,
+    shard: String,
+    url: String,
+    kind: SourceKind<'a>,
+}
+
+enum SourceKind<'a> {
+    Local(std::fs::File),
+    Remote {
+        stream: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
+        pending: Bytes,
+        runtime: &'a tokio::runtime::Handle,
+    },
+}
+
+/// The most bytes passed at once when skipping.
+const SKIP_PIECE: u64 = 8 << 20;
+
+impl<'a> Source<'a> {
+    fn new(
+        location: &Location,
+        entry: &ShardEntry,
+        got: object_store::GetResult,
+        runtime: &'a tokio::runtime::Handle,
+    ) -> Result<Self> {
+        let url = location.url_of(&entry.path);
+        let kind =
+            match location.local_root().map(|root| root.join(&entry.path)) {
+                Some(file) => SourceKind::Local(std::fs::File::open(&file).map_err(|source| {
+                    LoaderError::Io {
+                        op: format!("open {}", file.display()),
+                        source,
+                    }
+                })?),
+                None => SourceKind::Remote {
+                    stream: got.into_stream(),
+                    pending: Bytes::new(),
+                    runtime,
+                },
+            };
+        Ok(Source {
+            position: 0,
+            crc: crc32fast::Hasher::new(),
+            shard: entry.path.clone(),
+            url,
+            kind,
+        })
+    }
+
+    fn ended(&self, wanted: u64) -> LoaderError {
+        LoaderError::Corrupt {
+            shard: self.shard.clone(),
+            row_group: None,
+            detail: format!(
+                "the file ends before byte {}: it changed while being read",
+                self.position + wanted
+            ),
+        }
+    }
+
+    /// The next piece of a remote file's stream (`None` at its end).
+    fn pull(&mut self) -> Result<Option<Bytes>> {
+        let SourceKind::Remote {
+            stream, runtime, ..
+        } = &mut self.kind
+        else {
+            return Ok(None);
+        };
+        runtime
+            .block_on(stream.next())
+            .transpose()
+            .map_err(|e| LoaderError::Store {
+                url: self.url.clone(),
+                error: e.into(),
+            })
+    }
+
+    /// The next `n` bytes.
+    fn take(&mut self, n: u64) -> Result<Bytes> {
+        let wanted = usize::try_from(n).map_err(|_| self.ended(n))?;
+        let bytes = match &mut self.kind {
+            SourceKind::Local(file) => {
+                let mut buffer = vec![0u8; wanted];
+                std::io::Read::read_exact(file, &mut buffer).map_err(|source| {
+                    match source.kind() {
+                        std::io::ErrorKind::UnexpectedEof => self.ended(n),
+                        _ => LoaderError::Io {
+                            op: format!("read {}", self.url),
+                            source,
+                        },
+                    }
+                })?;
+                Bytes::from(buffer)
+            }
+            SourceKind::Remote { pending, .. } if pending.len() >= wanted => {
+                pending.split_to(wanted)
+            }
+            SourceKind::Remote { pending, .. } => {
+                let mut out = bytes::BytesMut::with_capacity(wanted);
+                out.extend_from_slice(&std::mem::take(pending));
+                while out.len() < wanted {
+                    let Some(mut piece) = self.pull()? else {
+                        return Err(self.ended(n));
+                    };
+                    let used = piece.split_to((wanted - out.len()).min(piece.len()));
+                    out.extend_from_slice(&used);
+                    if let SourceKind::Remote { pending, .. } = &mut self.kind {
+                        *pending = piece;
+                    }
+                }
+                out.freeze()
+            }
+        };
+        self.crc.update(&bytes);
+        self.position += n;
+        Ok(bytes)
+    }
+
+    /// Pass the next `n` bytes (checksummed, not kept).
+    fn skip(&mut self, mut n: u64) -> Result<()> {
+        while n > 0 {
+            let piece = n.min(SKIP_PIECE);
+            self.take(piece)?;
+            n -= piece;
+        }
+        Ok(())
+    }
+
+    /// Bytes the file still has past what was read (0 for a file that ends
+    /// where the manifest says).
+    fn rest(&mut self) -> Result<u64> {
+        let mut extra = 0u64;
+        match &mut self.kind {
+            SourceKind::Local(file) => {
+                let mut buffer = [0u8; 4096];
+                loop {
+                    let n = std::io::Read::read(file, &mut buffer).map_err(|source| {
+                        LoaderError::Io {
+                            op: format!("read {}", self.url),
+                            source,
+                        }
+                    })?;
+                    if n == 0 {
+                        break;
+                    }
+                    extra += n as u64;
+                }
+            }
+            SourceKind::Remote { pending, .. } => {
+                extra += std::mem::take(pending).len() as u64;
+                while let Some(piece) = self.pull()? {
+                    extra += piece.len() as u64;
+                }
+            }
+        }
+        Ok(extra)
+    }
+}
+
+/// Decode row group `i` from `piece`, checking its rows against the
+/// manifest's count.
+fn decode_group(
+    entry: &ShardEntry,
+    piece: &Piece,
+    metadata: &ArrowReaderMetadata,
+    i: usize,
+) -> Result<u64> {
+    let decode_err = |source| LoaderError::Decode {
+        shard: entry.path.clone(),
+        row_group: Some(i),
+        source,
+    };
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
+        Piece {
+            start: piece.start,
+            len: piece.len,
+            bytes: piece.bytes.clone(),
+        },
+        metadata.clone(),
+    )
+    .with_row_groups(vec![i])
+    .with_batch_size(8192)
+    .build()
+    .map_err(decode_err)?;
+    let mut rows = 0u64;
+    for batch in reader {
+        rows += batch.map_err(|e| decode_err(e.into()))?.num_rows() as u64;
+    }
+    let expected = entry.row_groups.get(i).copied();
+    if Some(rows) != expected {
         return Err(LoaderError::Corrupt {
             shard: entry.path.clone(),
-            row_group: None,
-            detail: format!("decoded {rows} rows, the manifest says {}", entry.rows),
+            row_group: Some(i),
+            detail: format!(
+                "decoded {rows} rows, the manifest says {}",
+                expected.map_or("none".into(), |e| e.to_string())
+            ),
         });
     }
     Ok(rows)

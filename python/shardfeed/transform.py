@@ -527,13 +527,21 @@ class _TransformLoader(Loader):
     def _pin(self, out: dict, index: int, copy: bool = True) -> dict:
         """`out` copied once into a spare slab of the loader's pool (pinned when the pool is),
         so `torch.from_numpy(...).cuda(non_blocking=True)` stays an asynchronous copy; `out`
-        itself when no slab is spare or a slab cannot hold it (counted)."""
+        itself when no slab is spare or a slab cannot hold it (counted). Arrays that already
+        lie in a slab (the input's columns handed back, or contiguous slices of them) stay
+        where they are: an identity transform copies nothing."""
         del copy
-        items = [(k, np.ascontiguousarray(v)) for k, v in out.items()]
+        in_slab = {k for k, v in out.items()
+                   if isinstance(getattr(v, "base", None), _native.SlabView) and v.flags.c_contiguous}
+        items = [(k, np.ascontiguousarray(v)) for k, v in out.items() if k not in in_slab]
         pinned = None
-        if items and all(v.dtype.kind in "biuf" for _, v in items):
+        if not items:
+            pinned = out
+        elif all(v.dtype.kind in "biuf" for _, v in items):
             try:
-                pinned = _native.Loader._pin(self, items, index)
+                copied = _native.Loader._pin(self, items, index)
+                if copied is not None:
+                    pinned = {k: out[k] if k in in_slab else copied[k] for k in out}
             except ShardfeedError:
                 pinned = None
         with self._stage.lock:

@@ -1741,3 +1741,59 @@ fn filter_compacts_bytes_validity_and_padded_lists() {
     let want: Vec<_> = padded(false).into_iter().filter(|r| r.0 % 2 == 0).collect();
     assert_eq!(padded(true), want);
 }
+
+/// The README's Rust quickstart is `loader/examples/quickstart.rs` word for
+/// word, and that example (built by `cargo test`) runs over a generated
+/// dataset `ds`, reading three epochs of full batches.
+#[test]
+fn the_readme_rust_quickstart_runs_as_written() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let words = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let at = readme
+        .find("## Quickstart: Rust\n")
+        .expect("the README's Rust quickstart");
+    let block = readme[at..]
+        .split_once("```rust\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("a rust block")
+        .0;
+    let example = std::fs::read_to_string(root.join("loader/examples/quickstart.rs")).unwrap();
+    let body = example
+        .split_once("// README begins\n")
+        .and_then(|(_, rest)| rest.split_once("// README ends"))
+        .expect("the README's lines in the example")
+        .0;
+    assert_eq!(
+        words(block),
+        words(body),
+        "README.md and loader/examples/quickstart.rs differ"
+    );
+    // target/debug/deps/e2e-* -> target/debug/examples/quickstart
+    let exe = std::env::current_exe().unwrap();
+    let binary = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("examples")
+        .join(format!("quickstart{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.exists(),
+        "{} is missing: `cargo test --workspace` builds the examples",
+        binary.display()
+    );
+    let tmp = tempdir();
+    let ds = dataset(tmp.path(), Kind::Tokens, 1000, 100, 64 << 10);
+    assert!(ds.ends_with("/ds"), "{ds}");
+    let out = std::process::Command::new(&binary)
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Batches of 256 with the last partial one dropped: 3 x 768 rows.
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "rows 2304");
+}

@@ -663,6 +663,16 @@ fn verify_and_inspect_report_and_catch_corruption() {
     assert!(run.stderr.contains(&victim.path), "{}", run.stderr);
     assert!(run.stderr.contains("row group"), "{}", run.stderr);
     assert!(!run.stderr.contains(&m.shards[0].path), "{}", run.stderr);
+    // Verify streams each file: damage past the last row group's bytes (in
+    // the page indexes, before the footer) is the file's checksum error.
+    bytes[middle] ^= 0x5a;
+    let last = bytes.len() - victim.footer_len as usize - 1;
+    bytes[last] ^= 0x5a;
+    std::fs::write(&path, &bytes).unwrap();
+    let run = shardfeed(&["verify", &s(&out)]);
+    assert!(!run.ok);
+    assert!(run.stderr.contains(&victim.path), "{}", run.stderr);
+    assert!(run.stderr.contains("checksum"), "{}", run.stderr);
 
     // A missing shard is named too.
     std::fs::remove_file(out.join(&m.shards[0].path)).unwrap();
