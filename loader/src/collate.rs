@@ -77,6 +77,9 @@ pub(crate) struct Collation<'a> {
     /// Threads (this one included) fixed-width columns may be shared out
     /// among (see [`Collation::write`]).
     workers: usize,
+    /// Threads (this one included) a large binary column's bytes may be
+    /// copied by (see [`Collation::write`]).
+    copy_workers: usize,
 }
 
 impl<'a> Collation<'a> {
@@ -98,6 +101,7 @@ impl<'a> Collation<'a> {
             images,
             sources,
             workers: 1,
+            copy_workers: 1,
         }
     }
 
@@ -119,12 +123,21 @@ impl<'a> Collation<'a> {
                 .map(std::borrow::Cow::Borrowed)
                 .collect(),
             workers: 1,
+            copy_workers: 1,
         }
     }
 
     /// Share fixed-width columns out among up to `workers` threads.
     pub(crate) fn with_workers(mut self, workers: usize) -> Self {
         self.workers = workers.max(1);
+        self
+    }
+
+    /// Copy a binary column's bytes with up to `workers` threads when a
+    /// batch holds many of them (images, audio: the copy into the slab is
+    /// then the collator's whole work, and one thread's copy its limit).
+    pub(crate) fn with_copy_workers(mut self, workers: usize) -> Self {
+        self.copy_workers = workers.max(1);
         self
     }
 
@@ -330,6 +343,8 @@ impl<'a> Collation<'a> {
                 plan.is_fixed_width() && matches!(column.layout, ColumnLayout::Dense { .. })
             })
             .collect();
+        // A thread copies at least this many bytes of a binary column.
+        const MIN_COPY_SHARE: usize = 1 << 20;
         // Fixed-width columns are independent slab regions: with many values
         // to write, they are shared out among threads (the collate stage is
         // one thread, and would otherwise cap a loader given many cores).
@@ -426,16 +441,49 @@ impl<'a> Collation<'a> {
                         values, offsets, ..
                     },
                 ) => {
-                    let mut at = 0usize;
                     let mut offs = Vec::with_capacity(rows.len() + 1);
-                    offs.push(0i64);
+                    offs.push(0usize);
                     for (s, r) in rows {
                         let value = cols[*s as usize].value_bytes(*large, *r as usize);
-                        let dst = values.offset + at;
-                        stream_copy(&mut slab[dst..dst + value.len()], value);
-                        at += value.len();
-                        offs.push(at as i64);
+                        offs.push(offs.last().expect("non-empty") + value.len());
                     }
+                    let total = *offs.last().expect("non-empty");
+                    let region = slab
+                        .get_mut(values.offset..values.offset + total)
+                        .filter(|_| total <= values.len())
+                        .ok_or_else(|| {
+                            format!("{total} bytes of `{}` pass their region", plan.name)
+                        })?;
+                    // Rows in runs of about equal bytes, one per thread.
+                    let workers = self.copy_workers.min(total / MIN_COPY_SHARE).max(1);
+                    let mut runs: Vec<(std::ops::Range<usize>, &mut [u8])> = Vec::new();
+                    let (mut rest, mut first) = (region, 0usize);
+                    for w in 1..=workers {
+                        let last = match w == workers {
+                            true => rows.len(),
+                            false => offs
+                                .partition_point(|&o| o < total * w / workers)
+                                .clamp(first, rows.len()),
+                        };
+                        let (run, tail) = rest.split_at_mut(offs[last] - offs[first]);
+                        runs.push((first..last, run));
+                        (rest, first) = (tail, last);
+                    }
+                    crate::share::share_out(
+                        runs,
+                        workers,
+                        "shardfeed-collate",
+                        &|(range, out): (std::ops::Range<usize>, &mut [u8])| {
+                            let base = offs[range.start];
+                            for i in range {
+                                let (s, r) = rows[i];
+                                let value = cols[s as usize].value_bytes(*large, r as usize);
+                                stream_copy(&mut out[offs[i] - base..offs[i + 1] - base], value);
+                            }
+                        },
+                        &fence_streamed,
+                    );
+                    let offs: Vec<i64> = offs.iter().map(|&o| o as i64).collect();
                     write_i64(slab, offsets, &offs);
                 }
                 // Filled by the collator's image stage (see `Collation::images`).
@@ -937,7 +985,8 @@ impl Collator {
                 .iter()
                 .flat_map(|w| w.sources.iter().map(Vec::as_slice)),
         )
-        .with_workers(self.config.stage_workers());
+        .with_workers(self.config.stage_workers())
+        .with_copy_workers(self.config.decode_threads);
         let (mut columns, bytes) = collation.layout(&rows);
         let mut blocked = std::time::Duration::ZERO;
         let mut lease = if bytes <= self.pool.slab_bytes() {

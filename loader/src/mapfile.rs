@@ -249,6 +249,11 @@ pub(crate) struct MappedShard {
     seen: AtomicU64,
     /// Where a shard that changed reports it when it goes unchecked.
     set: Weak<MapSet>,
+    /// Each chunk's checksum, computed at its first read: the file is
+    /// checked unchanged (device, inode, size, modification time) before
+    /// every batch made of its bytes, so later reads of the chunk (later
+    /// epochs) reuse the sum instead of reading every byte again.
+    sums: std::sync::Mutex<std::collections::HashMap<(usize, usize), ChunkSum>>,
 }
 
 // SAFETY: the mapping is read-only and lives until drop; the rest is
@@ -312,12 +317,14 @@ impl MappedShard {
             made: AtomicU64::new(0),
             seen: AtomicU64::new(0),
             set: Arc::downgrade(set),
+            sums: Default::default(),
         })
     }
 
     /// The bytes of `range` as a chunk that references the mapping, with
-    /// its checksum by `hash`. An error when the range lies outside the
-    /// mapping or the file was truncated under it.
+    /// its checksum by `hash` (computed at the chunk's first read, then
+    /// remembered: see [`MappedShard::sums`]). An error when the range lies
+    /// outside the mapping or the file was truncated under it.
     pub(crate) fn chunk(
         self: &Arc<Self>,
         range: Range<u64>,
@@ -335,10 +342,16 @@ impl MappedShard {
             start,
             end,
         };
+        let sums = || self.sums.lock().unwrap_or_else(|p| p.into_inner());
         let sum = hash.map(|h| {
-            let mut hasher = h.hasher();
-            hasher.update(chunk.as_ref());
-            hasher.finish()
+            let known = sums().get(&(start, end)).copied().filter(|s| s.hash == h);
+            known.unwrap_or_else(|| {
+                let mut hasher = h.hasher();
+                hasher.update(chunk.as_ref());
+                let sum = hasher.finish();
+                sums().insert((start, end), sum);
+                sum
+            })
         });
         if self.faulted() {
             return Err(Changed::Truncated);

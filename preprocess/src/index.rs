@@ -34,7 +34,7 @@ use crate::{PreprocessError, Result};
 pub const FOOTER_GUESS: u64 = 64 << 10;
 /// The largest footer accepted (a forged length must not size a read).
 pub const MAX_FOOTER: u64 = 256 << 20;
-/// Files read at once with `checksums` (each streams 8 MiB pieces).
+/// Files read at once with `checksums` (each streams two 4 MiB pieces at a time).
 pub const CHECKSUM_FILES: usize = 8;
 
 /// How [`index`] runs.
@@ -518,47 +518,29 @@ async fn read_footer(reader: &Reader, size: u64) -> Result<(Bytes, ParquetMetaDa
     Ok((footer, metadata))
 }
 
-/// Every byte of a file read once: its CRC-32 and each column chunk's
-/// XXH3-64 (over the chunk's byte range, as the loader checks it).
-async fn read_checksums(
-    reader: &Reader,
-    size: u64,
-    metadata: &ParquetMetaData,
-) -> Result<(Crc32, ChunkChecksums)> {
-    // (start, end, row group, column), by start.
-    let mut chunks: Vec<(u64, u64, usize, usize)> = Vec::new();
-    for (i, rg) in metadata.row_groups().iter().enumerate() {
-        for (j, c) in rg.columns().iter().enumerate() {
-            let (start, len) = c.byte_range();
-            chunks.push((start, start.saturating_add(len), i, j));
-        }
-    }
-    chunks.sort();
-    let mut sums: Vec<Vec<u64>> = metadata
-        .row_groups()
-        .iter()
-        .map(|rg| vec![0; rg.num_columns()])
-        .collect();
-    let mut hashers: Vec<Option<shardfeed_format::checksum::ChunkHasher>> = chunks
-        .iter()
-        .map(|_| Some(ChunkHash::Xxh3.hasher()))
-        .collect();
-    let mut crc = crc32fast::Hasher::new();
-    let (mut at, mut next) = (0u64, 0usize);
-    let mut active: Vec<usize> = Vec::new();
-    const PIECE: u64 = 8 << 20;
-    while at < size {
-        let piece = reader.range(at..size.min(at + PIECE)).await?;
-        if piece.is_empty() {
-            return Err(index_error(&reader.url, "it was shorter than listed"));
-        }
+/// What [`read_checksums`] keeps between pieces of a file.
+struct Hashing {
+    /// (start, end, row group, column) of every column chunk, by start.
+    chunks: Vec<(u64, u64, usize, usize)>,
+    hashers: Vec<Option<shardfeed_format::checksum::ChunkHasher>>,
+    sums: Vec<Vec<u64>>,
+    crc: crc32fast::Hasher,
+    /// Chunks begun and not yet ended, and the next to begin.
+    active: Vec<usize>,
+    next: usize,
+}
+
+impl Hashing {
+    /// Hash `piece`, the file's bytes from `at`.
+    fn feed(&mut self, at: u64, piece: &[u8]) {
         let end = at + piece.len() as u64;
-        crc.update(&piece);
-        while next < chunks.len() && chunks[next].0 < end {
-            active.push(next);
-            next += 1;
+        self.crc.update(piece);
+        while self.next < self.chunks.len() && self.chunks[self.next].0 < end {
+            self.active.push(self.next);
+            self.next += 1;
         }
-        active.retain(|&k| {
+        let (chunks, hashers, sums) = (&self.chunks, &mut self.hashers, &mut self.sums);
+        self.active.retain(|&k| {
             let (start, stop, i, j) = chunks[k];
             let (from, to) = (start.max(at), stop.min(end));
             if from < to {
@@ -571,8 +553,79 @@ async fn read_checksums(
             }
             true
         });
+    }
+}
+
+/// Every byte of a file read once: its CRC-32 and each column chunk's
+/// XXH3-64 (over the chunk's byte range, as the loader checks it). Pieces
+/// are hashed on the blocking pool (not the runtime's threads, which go on
+/// reading), the next piece read while one is hashed.
+async fn read_checksums(
+    reader: &Reader,
+    size: u64,
+    metadata: &ParquetMetaData,
+) -> Result<(Crc32, ChunkChecksums)> {
+    let mut chunks: Vec<(u64, u64, usize, usize)> = Vec::new();
+    for (i, rg) in metadata.row_groups().iter().enumerate() {
+        for (j, c) in rg.columns().iter().enumerate() {
+            let (start, len) = c.byte_range();
+            chunks.push((start, start.saturating_add(len), i, j));
+        }
+    }
+    chunks.sort();
+    let mut hashing = Hashing {
+        hashers: chunks
+            .iter()
+            .map(|_| Some(ChunkHash::Xxh3.hasher()))
+            .collect(),
+        chunks,
+        sums: metadata
+            .row_groups()
+            .iter()
+            .map(|rg| vec![0; rg.num_columns()])
+            .collect(),
+        crc: crc32fast::Hasher::new(),
+        active: Vec::new(),
+        next: 0,
+    };
+    // Two pieces of a file in flight: one read while the other is hashed.
+    const PIECE: u64 = 4 << 20;
+    let read = |at: u64| async move {
+        let piece = reader.range(at..size.min(at + PIECE)).await?;
+        if piece.is_empty() {
+            return Err(index_error(&reader.url, "it was shorter than listed"));
+        }
+        Ok(piece)
+    };
+    let mut at = 0u64;
+    let mut piece = match size {
+        0 => None,
+        _ => Some(read(0).await?),
+    };
+    while let Some(bytes) = piece.take() {
+        let end = at + bytes.len() as u64;
+        let hashed = tokio::task::spawn_blocking(move || {
+            hashing.feed(at, &bytes);
+            hashing
+        });
+        let (hashed, next) = tokio::join!(hashed, async {
+            match end < size {
+                true => read(end).await.map(Some),
+                false => Ok(None),
+            }
+        });
+        hashing = hashed.map_err(|e| index_error(&reader.url, format!("hashing failed: {e}")))?;
+        piece = next?;
         at = end;
     }
+    let Hashing {
+        chunks,
+        sums,
+        crc,
+        active,
+        next,
+        ..
+    } = hashing;
     if let Some(&k) = active.first().or(chunks.get(next).map(|_| &next)) {
         let (start, stop, i, j) = chunks[k];
         return Err(index_error(
@@ -847,8 +900,8 @@ async fn index_async(
             let place = places[b as usize].clone().expect("a place for every base");
             async move { index_file(f, b, &place, checksums).await }
         })
-        // Checksumming streams whole files through 8 MiB pieces: at most
-        // 8 files at once bounds that to 64 MiB.
+        // Checksumming streams whole files, two 4 MiB pieces each at a
+        // time: at most 8 files at once bounds that to 64 MiB.
         .buffered(match checksums {
             true => options.concurrency.clamp(1, CHECKSUM_FILES),
             false => options.concurrency.max(1),

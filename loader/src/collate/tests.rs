@@ -515,3 +515,47 @@ fn keys_outside_their_dictionary_are_refused_when_gathered() {
     );
     assert_eq!(KeySlice::U16(&[]).max_index(0..0), None);
 }
+
+#[test]
+fn large_binary_columns_copied_by_several_threads_land_whole_and_in_order() {
+    use arrow_array::BinaryArray;
+    // Values of 0 to ~300 KiB: several MiB per batch, so the copy is shared.
+    let values: Vec<Vec<u8>> = (0..40u32)
+        .map(|i| (0..(i * 7919 % 300_000)).map(|b| (b ^ i) as u8).collect())
+        .collect();
+    let schema = Schema::new(vec![Field::new("b", DataType::Binary, false)]);
+    let plans = plan_columns(&schema, &["b".into()], None).unwrap();
+    let batch = RecordBatch::try_from_iter_with_nullable([(
+        "b",
+        Arc::new(BinaryArray::from_iter_values(&values)) as ArrayRef,
+        false,
+    )])
+    .unwrap();
+    let rows: Vec<(u32, u32)> = (0..40u32).map(|i| (0, (i * 13) % 40)).collect();
+    for workers in [1, 2, 3, 8] {
+        let collation =
+            Collation::new(&plans, ListMode::Ragged, None, &[&batch]).with_copy_workers(workers);
+        let (columns, bytes) = collation.layout(&rows);
+        let mut storage = vec![0u64; bytes.div_ceil(8)];
+        // SAFETY: plain integers reinterpreted as bytes.
+        let slab = unsafe { storage.align_to_mut::<u8>().1 };
+        collation.write(&rows, &columns, slab).unwrap();
+        let ColumnLayout::Bytes {
+            values: v, offsets, ..
+        } = &columns[0].layout
+        else {
+            panic!("bytes")
+        };
+        let offs: Vec<usize> = slab[offsets.offset..offsets.offset + offsets.bytes()]
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as usize)
+            .collect();
+        for (i, w) in offs.windows(2).enumerate() {
+            let want = &values[rows[i].1 as usize];
+            assert!(
+                &slab[v.offset + w[0]..v.offset + w[1]] == want.as_slice(),
+                "row {i}, {workers} workers"
+            );
+        }
+    }
+}
