@@ -1494,22 +1494,22 @@ fn map_batch_runs_in_place_deterministically_and_its_errors_name_the_batch() {
 
 /// Each batch's rows as (id, the row's tokens if all equal: its draw).
 fn drawn_rows(loader: &mut Loader) -> Vec<Vec<(i64, Option<i32>)>> {
-    loader
-        .map(|b| {
-            let b = b.unwrap();
-            let ids = b.values::<i64>("id").unwrap().to_vec();
-            let (tokens, offsets) = (
-                b.values::<i32>("input_ids").unwrap(),
-                b.offsets("input_ids").unwrap(),
-            );
-            ids.iter()
-                .enumerate()
-                .map(|(i, &id)| {
-                    let row = &tokens[offsets[i] as usize..offsets[i + 1] as usize];
-                    assert!(row.iter().all(|t| Some(t) == row.first()), "{row:?}");
-                    (id, row.first().copied())
-                })
-                .collect()
+    loader.map(|b| drawn_rows_of(b.unwrap())).collect()
+}
+
+/// One batch's rows as (id, the row's tokens, all equal: its draw).
+fn drawn_rows_of(b: shardfeed_loader::Batch) -> Vec<(i64, Option<i32>)> {
+    let ids = b.values::<i64>("id").unwrap();
+    let (tokens, offsets) = (
+        b.values::<i32>("input_ids").unwrap(),
+        b.offsets("input_ids").unwrap(),
+    );
+    ids.iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            let row = &tokens[offsets[i] as usize..offsets[i + 1] as usize];
+            assert!(row.iter().all(|t| Some(t) == row.first()), "{row:?}");
+            (id, row.first().copied())
         })
         .collect()
 }
@@ -1640,25 +1640,6 @@ fn filter_and_map_rows_follow_the_rows_and_keep_ranks_in_step() {
     ids.sort_unstable();
     assert_eq!(ids, (0..1000).map(|i| 2 * i + 1).collect::<Vec<i64>>());
     assert_eq!(mixture.stats().filtered_rows, 1000);
-}
-
-fn drawn_rows_of(b: shardfeed_loader::Batch) -> Vec<(i64, Option<i32>)> {
-    let ids = b.values::<i64>("id").unwrap();
-    let (tokens, offsets) = (
-        b.values::<i32>("input_ids").unwrap(),
-        b.offsets("input_ids").unwrap(),
-    );
-    ids.iter()
-        .enumerate()
-        .map(|(i, &id)| {
-            (
-                id,
-                tokens[offsets[i] as usize..offsets[i + 1] as usize]
-                    .first()
-                    .copied(),
-            )
-        })
-        .collect()
 }
 
 /// A filter's rows compact right in every layout: strings, nullable

@@ -444,26 +444,9 @@ fn view_sources_collate_like_offset_sources() {
     let rows: Vec<(u32, u32)> = (0..50u32).map(|i| (i % 2, (i * 7) % 50)).collect();
     let read = |sources: &[&RecordBatch]| -> Vec<String> {
         let collation = Collation::new(&plans, ListMode::Ragged, None, sources);
-        let (columns, bytes) = collation.layout(&rows);
-        let mut storage = vec![0u64; bytes.div_ceil(8)];
-        // SAFETY: plain integers reinterpreted as bytes.
-        let slab = unsafe { storage.align_to_mut::<u8>().1 };
-        collation.write(&rows, &columns, slab).unwrap();
-        let ColumnLayout::Bytes {
-            values, offsets, ..
-        } = &columns[0].layout
-        else {
-            panic!("bytes")
-        };
-        let offs: Vec<usize> = slab[offsets.offset..offsets.offset + offsets.bytes()]
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as usize)
-            .collect();
-        offs.windows(2)
-            .map(|w| {
-                String::from_utf8(slab[values.offset + w[0]..values.offset + w[1]].to_vec())
-                    .unwrap()
-            })
+        collated_bytes(&collation, &rows)
+            .into_iter()
+            .map(|v| String::from_utf8(v).unwrap())
             .collect()
     };
     let batch_of =
@@ -535,27 +518,31 @@ fn large_binary_columns_copied_by_several_threads_land_whole_and_in_order() {
     for workers in [1, 2, 3, 8] {
         let collation =
             Collation::new(&plans, ListMode::Ragged, None, &[&batch]).with_copy_workers(workers);
-        let (columns, bytes) = collation.layout(&rows);
-        let mut storage = vec![0u64; bytes.div_ceil(8)];
-        // SAFETY: plain integers reinterpreted as bytes.
-        let slab = unsafe { storage.align_to_mut::<u8>().1 };
-        collation.write(&rows, &columns, slab).unwrap();
-        let ColumnLayout::Bytes {
-            values: v, offsets, ..
-        } = &columns[0].layout
-        else {
-            panic!("bytes")
-        };
-        let offs: Vec<usize> = slab[offsets.offset..offsets.offset + offsets.bytes()]
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as usize)
-            .collect();
-        for (i, w) in offs.windows(2).enumerate() {
+        for (i, got) in collated_bytes(&collation, &rows).iter().enumerate() {
             let want = &values[rows[i].1 as usize];
-            assert!(
-                &slab[v.offset + w[0]..v.offset + w[1]] == want.as_slice(),
-                "row {i}, {workers} workers"
-            );
+            assert!(got == want, "row {i}, {workers} workers");
         }
     }
+}
+
+/// `rows` collated into a slab: each row's bytes of the (binary) first column.
+fn collated_bytes(collation: &Collation<'_>, rows: &[(u32, u32)]) -> Vec<Vec<u8>> {
+    let (columns, bytes) = collation.layout(rows);
+    let mut storage = vec![0u64; bytes.div_ceil(8)];
+    // SAFETY: plain integers reinterpreted as bytes.
+    let slab = unsafe { storage.align_to_mut::<u8>().1 };
+    collation.write(rows, &columns, slab).unwrap();
+    let ColumnLayout::Bytes {
+        values, offsets, ..
+    } = &columns[0].layout
+    else {
+        panic!("bytes")
+    };
+    let offs: Vec<usize> = slab[offsets.offset..offsets.offset + offsets.bytes()]
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as usize)
+        .collect();
+    offs.windows(2)
+        .map(|w| slab[values.offset + w[0]..values.offset + w[1]].to_vec())
+        .collect()
 }
