@@ -45,12 +45,14 @@ pub const DEFAULT_BYTE_BUDGET: u64 = 1 << 30;
 /// `1/FIRST_SLICES` of its row groups, then the rest.
 pub const FIRST_SLICES: u32 = 8;
 /// The first window is sliced only when a rank's epoch holds at least this
-/// many windows: a slice's decode usually decodes the whole first page of
-/// each column, which the rest of the row group decodes again, so slicing
-/// costs up to a window's worth of decoding per epoch (1/8 of a small
-/// epoch's at most; measured on a 9-window token epoch: 2-3% of the steady
-/// rate) for a first batch up to 8x sooner (there 30-39 ms against 67-78).
-pub const MIN_WINDOWS_TO_SLICE: u64 = 8;
+/// many windows (an epoch of one window has nothing to start sooner for). A
+/// slice's decode usually decodes the whole first page of each column, which
+/// the rest of its row group decodes again: only the few row groups sliced
+/// for the first two batches. Measured on a 4.5-window token epoch (Intel
+/// Xeon, 2 vCPUs): first batch 7-16 ms against 93-126, steady rows/s within
+/// 1% (noise); from 8 windows on (as before) it left 300 MB datasets
+/// waiting 60-110 ms for a whole first window.
+pub const MIN_WINDOWS_TO_SLICE: u64 = 2;
 /// Default of [`LoaderBuilder::decode_niceness`]. Measured on the 40-column
 /// tabular set of docs/performance-notes.md with 2 decode threads on 2 cores: nice 0 /
 /// 3 / 6 gave 1.76 / 1.86 / 1.90 cores busy and 6 epochs in 5.9 / 5.7 /

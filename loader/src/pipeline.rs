@@ -119,8 +119,8 @@ impl Pipeline {
             drop_last: c.drop_last,
             // Slices of row groups are random samples only when the
             // dataset was shuffled at shard time; in a dataset written in
-            // order a slice is one class or domain. A small epoch reads
-            // its first window whole (slicing would cost it too much).
+            // order a slice is one class or domain. An epoch of one
+            // window reads it whole.
             first_slices: if self.manifest.options.shuffle_seed.is_some()
                 && self.manifest.row_group_count() as u64 / world_size.max(1)
                     >= crate::config::MIN_WINDOWS_TO_SLICE * c.window as u64

@@ -263,7 +263,7 @@ def test_a_mixtures_batches_go_through_the_transform(dataset, tmp_path):
                           transform=tag) as mix:
         first = next(iter(mix))
         assert isinstance(first["r"].base, shardfeed.SlabView)
-        assert mix.stats()["transform"]["pinned_batches"] == 1
+        assert mix.stats()["transform"]["pinned_batches"] >= 1
     ids = np.concatenate([b["id"] for b in runs[0]])
     assert ((ids >= 10_000) == (sources == 1)).all()
 
