@@ -32,4 +32,11 @@ MATURIN_PEP517_ARGS="--profile dev" "$fresh/venv/bin/pip" install --quiet --disa
 "$fresh/venv/bin/shardfeed" --help >/dev/null
 "$fresh/venv/bin/shardfeed" demo --rows 2000 --dir "$fresh/demo" >/dev/null
 (cd "$fresh" && "$fresh/venv/bin/python" -c "import shardfeed, sys; assert shardfeed.__version__; print('fresh venv: shardfeed', shardfeed.__version__)")
+# The README's other install, `cargo install --path cli` (here in the dev profile, sharing the
+# test build's crates): the same command at the same version.
+cargo install --quiet --path cli --debug --locked --root "$fresh/cargo" --target-dir "${CARGO_TARGET_DIR:-target}"
+want="shardfeed $("$fresh/venv/bin/python" -c "import shardfeed; print(shardfeed.__version__)")"
+got="$("$fresh/cargo/bin/shardfeed" --version)"
+[ "$got" = "$want" ] || { echo "cargo install gave '$got', pip gave '$want'"; exit 1; }
+echo "cargo install: $got"
 rm -rf "$fresh"
