@@ -196,6 +196,9 @@ pub struct Batch {
     pub(crate) held: Option<Arc<std::sync::atomic::AtomicUsize>>,
     /// Rows a user's filter dropped from it (counted when delivered).
     pub(crate) filtered: u64,
+    /// Where each row comes from, when asked for
+    /// ([`crate::LoaderBuilder::row_ids`]).
+    pub(crate) row_ids: Option<Vec<crate::RowId>>,
 }
 
 impl std::fmt::Debug for Batch {
@@ -269,6 +272,7 @@ impl Batch {
             index,
             held: None,
             filtered: 0,
+            row_ids: None,
         })
     }
 
@@ -280,6 +284,13 @@ impl Batch {
     /// The batch's index in its epoch (for this rank).
     pub fn index(&self) -> u64 {
         self.index
+    }
+
+    /// Where each row comes from (shard, row group, row), in row order, for
+    /// a loader built with [`crate::LoaderBuilder::row_ids`]; `None`
+    /// otherwise (and for a mixture's batches).
+    pub fn row_ids(&self) -> Option<&[crate::RowId]> {
+        self.row_ids.as_deref()
     }
 
     /// The columns, in projection order.

@@ -324,6 +324,7 @@ impl LoaderBuilder {
             slow_warning: self.slow_warning.filter(|&(f, n)| f > 0.0 && n > 0),
             images: images.cloned(),
             steps: self.steps.clone(),
+            row_ids: self.row_ids,
         };
         Ok(Loader::from_parts(
             config, manifest, fetch, runtime, pool, counters, self.epoch,

@@ -825,15 +825,24 @@ impl Collator {
         }
     }
 
+    /// Whether each batch's row identities are kept: for `map_rows`'s
+    /// generators, or asked for ([`crate::LoaderBuilder::row_ids`]).
+    fn wants_row_ids(&self) -> bool {
+        self.config.row_ids || self.config.steps.wants_row_keys()
+    }
+
     /// The batch through the user's steps ([`crate::LoaderBuilder::filter`],
     /// `map_rows`, `map_batch`), if any.
     fn map(&mut self, mut batch: Batch) -> Result<Batch> {
         let steps = &self.config.steps;
+        let ids = std::mem::take(&mut self.row_ids);
         if steps.is_empty() {
+            if self.config.row_ids {
+                batch.row_ids = Some(ids);
+            }
             return Ok(batch);
         }
         let index = batch.index();
-        let ids = std::mem::take(&mut self.row_ids);
         let mut keys: Vec<[u64; 3]> = ids
             .iter()
             .map(|id| [id.shard as u64, id.row_group as u64, id.row as u64])
@@ -863,6 +872,17 @@ impl Collator {
                 )
             })?;
         batch.filtered = dropped;
+        if self.config.row_ids {
+            batch.row_ids = Some(
+                keys.iter()
+                    .map(|&[shard, row_group, row]| RowId {
+                        shard: shard as u32,
+                        row_group: row_group as u32,
+                        row: row as u32,
+                    })
+                    .collect(),
+            );
+        }
         Ok(batch)
     }
 
@@ -877,7 +897,7 @@ impl Collator {
         // function of it, and errors name it).
         let images = self.config.images.is_some();
         // With `map_rows` too: each row's generator is seeded from it.
-        let need_ids = images || self.config.steps.wants_row_keys();
+        let need_ids = images || self.wants_row_ids();
         let mut ids: Vec<RowId> = Vec::new();
         let first_window = self.plan.window_of(start);
         // Windows before the batch's first one are done: release them.
@@ -1035,7 +1055,7 @@ impl Collator {
         );
         self.counters
             .span("collate batch", started, crate::trace::Args::Index(index));
-        if self.config.steps.wants_row_keys() {
+        if self.wants_row_ids() {
             self.row_ids = ids;
         }
         // Counted as held once the consumer receives it (see `Loader`).
@@ -1047,6 +1067,7 @@ impl Collator {
             index,
             held,
             filtered: 0,
+            row_ids: None,
         })
     }
 }

@@ -151,6 +151,8 @@ pub struct LoaderBuilder {
     /// [`LoaderBuilder::filter`], [`LoaderBuilder::map_rows`],
     /// [`LoaderBuilder::map_batch`].
     pub(crate) steps: crate::map::Steps,
+    /// [`LoaderBuilder::row_ids`].
+    pub(crate) row_ids: bool,
     /// A mixture's source: keep the final partial batch (see
     /// [`crate::plan::PlanOptions::keep_partial`]).
     pub(crate) keep_partial: bool,
@@ -234,6 +236,7 @@ impl LoaderBuilder {
             trace: None,
             slow_warning: Some(DEFAULT_SLOW_WARNING),
             steps: Default::default(),
+            row_ids: false,
             keep_partial: false,
             images: ImageOptions::default(),
         }
@@ -352,6 +355,16 @@ impl LoaderBuilder {
         F: Fn(&crate::Row<'_>) -> bool + Send + Sync + 'static,
     {
         self.steps.filter = Some(std::sync::Arc::new(f));
+        self
+    }
+
+    /// Give each batch its rows' origin ([`crate::Batch::row_ids`]: shard,
+    /// row group, row), for provenance or per-row randomness that follows
+    /// the row across ranks and resumes (the Python package seeds a
+    /// `row_transform`'s generators from it). Off by default: it costs a
+    /// lookup per row.
+    pub fn row_ids(mut self, on: bool) -> Self {
+        self.row_ids = on;
         self
     }
 
@@ -715,4 +728,6 @@ pub(crate) struct Config {
     /// [`LoaderBuilder::filter`], [`LoaderBuilder::map_rows`],
     /// [`LoaderBuilder::map_batch`].
     pub steps: crate::map::Steps,
+    /// [`LoaderBuilder::row_ids`].
+    pub row_ids: bool,
 }

@@ -145,12 +145,15 @@ impl ImageOptions {
     }
 }
 
-/// Where a row comes from: what its crop is a function of, and what an
-/// error names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct RowId {
+/// Where a row comes from (its crop is a function of it, and errors name
+/// it): see [`crate::LoaderBuilder::row_ids`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RowId {
+    /// The shard's index in the manifest.
     pub shard: u32,
+    /// The row group within the shard.
     pub row_group: u32,
+    /// The row within the row group.
     pub row: u32,
 }
 

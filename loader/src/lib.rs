@@ -100,6 +100,7 @@ pub use config::{
 };
 pub use error::{LoaderError, Result, Stage};
 pub use feed::{Feed, FeedBuilder, FeedState, FeedStats};
+pub use image::RowId;
 pub use image::{
     Crop, DEFAULT_MAX_IMAGE_PIXELS, ImageDecoder, ImageHeader, ImageOptions, probe as probe_image,
 };

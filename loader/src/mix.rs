@@ -314,6 +314,7 @@ impl MixtureBuilder {
             // The user's steps run on the mixture's batches, not the sources'.
             b.steps = Default::default();
             b.transform_slabs = 0;
+            b.row_ids = false;
             b.runtime = Some(runtime.clone());
             b.url = self.sources[i].0.clone();
             b.batch_size = self.read_batch;

@@ -36,6 +36,10 @@ DEFAULT_TRANSFORM_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
 _POSITIONAL = ["url", "batch_size", "columns", "shuffle", "seed", "epoch", "rank"]
 
 
+# Mixed into a row's seed words (keeps them apart from a batch's).
+_ROW_TAG = 0x5F7B
+
+
 def rng_words(seed: int, epoch: int, rank: int, batch_index: int) -> list[int]:
     """What the generator a transform gets for one batch is seeded with."""
     return [seed & (2**64 - 1), epoch, rank, batch_index, 0x5F7A]
@@ -108,6 +112,8 @@ class Loader(_native.Loader):
         # Slabs for the outputs: those in flight (one more than the workers), the caller's,
         # and the pipeline's next.
         kwargs.setdefault("transform_slabs", 2 * (workers + 1))
+        # A row transform's generators follow each row's origin (shard, row group, row).
+        kwargs["_row_ids"] = row_transform is not None
         obj = super().__new__(_TransformLoader, *args, **kwargs)
         named = dict(zip(_POSITIONAL, args)) | kwargs
         rank = named.get("rank")
@@ -174,27 +180,36 @@ def _collate(rows: list[dict], index: int) -> dict:
 
 
 class _Rows:
-    """`filter`, then `row_transform` on each row kept (with its own generator, spawned from
-    the batch's), then `transform` on the batch they make. Picklable when its functions are."""
+    """`filter`, then `row_transform` on each row kept (with its own generator, seeded from
+    (seed, epoch, the row's shard, row group and row) when the batch carries them as
+    `_row_keys`, else spawned from the batch's), then `transform` on the batch they make.
+    Picklable when its functions are."""
 
     def __init__(self, transform, row_transform, keep):
         self.transform, self.row_transform, self.keep = transform, row_transform, keep
 
     def __call__(self, batch: dict, rng: np.random.Generator) -> dict:
+        keys = batch.pop("_row_keys", None)
         index = _batch_index(batch) if _has_slab(batch) else -1
         rows = _split(batch)
         total = len(rows)
+        positions = range(total)
         if self.keep is not None:
-            kept = []
+            kept, positions = [], []
             for i, row in enumerate(rows):
                 try:
                     if self.keep(row):
                         kept.append(row)
+                        positions.append(i)
                 except Exception as e:
                     raise ShardfeedError(f"filter failed on row {i} of the batch: {e!r}") from e
             rows = kept
         if self.row_transform is not None:
-            rngs = rng.spawn(len(rows))
+            if keys is not None:
+                rngs = [np.random.default_rng([int(w) for w in keys[i]] + [_ROW_TAG])
+                        for i in positions]
+            else:
+                rngs = rng.spawn(len(rows))
             done = []
             for i, (row, row_rng) in enumerate(zip(rows, rngs)):
                 try:
@@ -513,6 +528,7 @@ class _TransformLoader(Loader):
 
     def _transform_setup(self, fn, threads, processes, seed, rank) -> None:
         self._fn = fn
+        self._row_keys = isinstance(fn, _Rows) and fn.row_transform is not None
         self._seed = seed
         self._rank = rank
         workers = processes or threads or DEFAULT_TRANSFORM_THREADS
@@ -565,6 +581,13 @@ class _TransformLoader(Loader):
                 self._end_state = _native.Loader.state_dict(self)
                 break
             index = _batch_index(batch)
+            if self._row_keys:
+                ids = _native.Loader._row_ids(self)
+                if ids is not None:
+                    n = len(ids)
+                    batch["_row_keys"] = np.column_stack([
+                        np.full(n, self._seed & (2**64 - 1), np.uint64),
+                        np.full(n, self.epoch, np.uint64), ids.astype(np.uint64)])
             state = _native.Loader.state_dict(self)
             words = rng_words(self._seed, self.epoch, self._rank, index)
             self._pending.append((self._runner.submit(batch, index, words), index, state))

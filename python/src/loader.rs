@@ -41,6 +41,9 @@ pub(crate) struct PyLoader {
     /// forked child whose copy of the loader has no threads.
     pid: AtomicU32,
     inner: Mutex<Inner>,
+    /// The origin (shard, row group, row) of each row of the batch last
+    /// yielded, when built with `_row_ids` (see `_row_ids()`).
+    row_ids: Mutex<Option<Vec<u32>>>,
 }
 
 impl PyLoader {
@@ -107,7 +110,7 @@ impl PyLoader {
         crop="random_resized", scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip=false,
         channels_first=false, max_image_pixels=None, decode_niceness=None, mapped_reads=true,
         transform=None, transform_threads=None, transform_processes=None, row_transform=None,
-        filter=None, transform_slabs=0,
+        filter=None, transform_slabs=0, _row_ids=false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -163,6 +166,7 @@ impl PyLoader {
         row_transform: Option<&Bound<'_, PyAny>>,
         filter: Option<&Bound<'_, PyAny>>,
         transform_slabs: usize,
+        _row_ids: bool,
     ) -> PyResult<Self> {
         // Transforms run in `shardfeed.Loader` (python/shardfeed/transform.py),
         // which takes these three before it builds this class.
@@ -272,10 +276,15 @@ impl PyLoader {
             pack_window,
             max_segments,
         };
-        let builder = options.feed_builder().map_err(loader_error)?;
+        let builder = match options.feed_builder().map_err(loader_error)? {
+            // A row transform's generators follow each row's origin.
+            FeedBuilder::Loader(b) if _row_ids => FeedBuilder::Loader(b.row_ids(true)),
+            other => other,
+        };
         let loader = py.detach(|| builder.build()).map_err(loader_error)?;
         Ok(PyLoader {
             builder,
+            row_ids: Mutex::new(None),
             pid: AtomicU32::new(std::process::id()),
             inner: Mutex::new(Inner {
                 loader: Some(loader),
@@ -305,7 +314,15 @@ impl PyLoader {
         })?;
         match next {
             None => Ok(None),
-            Some(Ok(batch)) => batch_dict(py, batch).map(Some),
+            Some(Ok(batch)) => {
+                let ids = batch.row_ids().map(|ids| {
+                    ids.iter()
+                        .flat_map(|r| [r.shard, r.row_group, r.row])
+                        .collect()
+                });
+                *self.row_ids.lock().unwrap_or_else(|p| p.into_inner()) = ids;
+                batch_dict(py, batch).map(Some)
+            }
             Some(Err(LoaderError::Interrupted)) => {
                 Err(signal.unwrap_or_else(|| ShardfeedError::new_err("interrupted while waiting")))
             }
@@ -355,6 +372,24 @@ impl PyLoader {
     /// pipeline's last, when the arrays do not fit one, when the loader is
     /// a mixture, or for a type a slab does not hold (then they stay as
     /// they are).
+    /// The origin of each row of the batch last yielded, as a `[rows, 3]`
+    /// uint32 array of (shard, row group, row); `None` unless built with
+    /// `_row_ids=True` (and for a mixture).
+    fn _row_ids<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(flat) = self
+            .row_ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return Ok(None);
+        };
+        let rows = flat.len() / 3;
+        use numpy::PyArrayMethods;
+        let array = numpy::PyArray1::from_vec(py, flat);
+        Ok(Some(array.reshape([rows, 3])?.into_any()))
+    }
+
     fn _pin<'py>(
         &self,
         py: Python<'py>,

@@ -304,6 +304,42 @@ def test_filter_and_row_transform(dataset, mode):
         assert all(same(a, b) for a, b in zip(runs, reference))
 
 
+def row_draws(loader, batches=None) -> dict:
+    """id -> the row transform's draw, over `batches` batches (all when None)."""
+    out = {}
+    for k, b in enumerate(loader):
+        out.update(zip(b["id"].tolist(), b["y"].tolist()))
+        if batches is not None and k + 1 == batches:
+            break
+    return out
+
+
+@pytest.mark.parametrize("mode", [dict(transform_threads=2), dict(transform_processes=2)])
+def test_a_rows_draws_follow_the_row_across_world_sizes_and_an_elastic_resume(dataset, mode):
+    """Each row's generator is seeded from its origin (shard, row group, row): the same draw
+    for a row at world size 1, 2 and 3, and after an elastic resume 2 -> 3."""
+    with shardfeed.Loader(dataset, 50, seed=3, row_transform=jitter_row, **mode) as loader:
+        whole = row_draws(loader)
+    assert len(whole) == ROWS - ROWS % 50 and len(set(whole.values())) > ROWS * 0.9
+    seen, states = {}, []
+    for rank in range(2):
+        with shardfeed.Loader(dataset, 50, seed=3, rank=rank, world_size=2,
+                              row_transform=jitter_row, **mode) as loader:
+            seen.update(row_draws(loader, 7))
+            states.append(loader.state_dict())
+    for rank in range(3):
+        with shardfeed.Loader(dataset, 50, seed=3, rank=rank, world_size=3,
+                              row_transform=jitter_row, **mode) as loader:
+            loader.load_state_dict(states)
+            part = row_draws(loader)
+            assert not set(part) & set(seen)
+            seen.update(part)
+    assert len(seen) > ROWS * 0.9
+    assert all(whole[i] == y for i, y in seen.items() if i in whole)
+    assert sum(i in whole for i in seen) > ROWS * 0.9
+    assert shm_left() == []
+
+
 def test_row_errors_name_the_row(dataset):
     def bad(row, rng):
         if int(row["id"]) == 777:

@@ -1600,6 +1600,37 @@ fn filter_and_map_rows_follow_the_rows_and_keep_ranks_in_step() {
         seen.extend(drawn_rows(&mut l).into_iter().flatten());
     }
     check(seen);
+    // Row origins, kept in step with the rows a filter keeps: one origin per
+    // id, whatever the order.
+    let mut origin: HashMap<i64, shardfeed_loader::RowId> = HashMap::new();
+    for seed in [1, 2] {
+        let loader = Loader::builder(&url)
+            .batch_size(32)
+            .seed(seed)
+            .row_ids(true)
+            .filter(|row| row.values::<i64>("id").is_some_and(|id| id[0] % 3 != 0))
+            .build()
+            .unwrap();
+        for b in loader {
+            let b = b.unwrap();
+            let ids = b.row_ids().expect("row ids asked for");
+            assert_eq!(ids.len(), b.rows());
+            for (&id, &at) in b.values::<i64>("id").unwrap().iter().zip(ids) {
+                assert_eq!(*origin.entry(id).or_insert(at), at, "row {id}");
+            }
+        }
+    }
+    assert!(origin.len() > 1300, "{}", origin.len());
+    assert!(
+        Loader::builder(&url)
+            .build()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .row_ids()
+            .is_none()
+    );
     // A failing row names its batch, its place in it and its shard.
     let mut failing = Loader::builder(&url)
         .batch_size(32)

@@ -153,6 +153,7 @@ impl Core {
             index: self.index,
             held: None,
             filtered: 0,
+            row_ids: None,
         }
     }
 
