@@ -104,28 +104,84 @@ pub(crate) fn fence_streamed() {
 }
 
 /// Copy `src` into `dst` (a slab), streaming copies of 256 bytes or more
-/// past the caches (see [`lookup`]).
+/// past the caches (see [`lookup`]), with the widest stores the CPU has
+/// (checked at run time): single-thread copies of 115 KB rows from a 342 MB
+/// source on an Intel Xeon (2 vCPUs, AVX-512) ran at 6.0 GB/s with 16-byte
+/// stores, 7.5 with 32-byte and 9.0 with 64-byte (`memcpy`: 8.0).
 pub(crate) fn stream_copy(dst: &mut [u8], src: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     if src.len() >= 256 {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
         assert_eq!(dst.len(), src.len());
-        let head = dst.as_ptr().align_offset(16).min(dst.len());
-        dst[..head].copy_from_slice(&src[..head]);
-        let body = (dst.len() - head) / 16 * 16;
-        // SAFETY: `dst[head..head + body]` is 16-byte aligned and both ranges
-        // lie inside their slices; unaligned loads read `src` within bounds.
+        // SAFETY: each runs only where the CPU has its instructions; the
+        // lengths are equal (checked above).
         unsafe {
-            let d = dst.as_mut_ptr().add(head) as *mut __m128i;
-            let s = src.as_ptr().add(head) as *const __m128i;
-            for i in 0..body / 16 {
-                _mm_stream_si128(d.add(i), _mm_loadu_si128(s.add(i)));
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                streamed::copy_avx512(dst, src);
+            } else if std::arch::is_x86_feature_detected!("avx2") {
+                streamed::copy_avx2(dst, src);
+            } else {
+                streamed::copy_sse2(dst, src);
             }
         }
-        dst[head + body..].copy_from_slice(&src[head + body..]);
         return;
     }
     dst.copy_from_slice(src);
+}
+
+/// Streaming copies by store width: the head up to the first aligned
+/// store, then whole vectors, then the tail.
+#[cfg(target_arch = "x86_64")]
+mod streamed {
+    use std::arch::x86_64::*;
+
+    macro_rules! streamed_copy {
+        ($name:ident, $feature:literal, $width:literal, $vector:ty, $load:ident, $store:ident) => {
+            /// # Safety
+            /// The CPU has the feature; `dst` and `src` are of equal length.
+            #[target_feature(enable = $feature)]
+            pub(super) unsafe fn $name(dst: &mut [u8], src: &[u8]) {
+                let head = dst.as_ptr().align_offset($width).min(dst.len());
+                dst[..head].copy_from_slice(&src[..head]);
+                let body = (dst.len() - head) / $width * $width;
+                // SAFETY: `dst[head..head + body]` is aligned to the store and
+                // both ranges lie inside their slices; unaligned loads read
+                // `src` within bounds.
+                unsafe {
+                    let d = dst.as_mut_ptr().add(head) as *mut $vector;
+                    let s = src.as_ptr().add(head) as *const $vector;
+                    for i in 0..body / $width {
+                        $store(d.add(i), $load(s.add(i)));
+                    }
+                }
+                dst[head + body..].copy_from_slice(&src[head + body..]);
+            }
+        };
+    }
+
+    streamed_copy!(
+        copy_sse2,
+        "sse2",
+        16,
+        __m128i,
+        _mm_loadu_si128,
+        _mm_stream_si128
+    );
+    streamed_copy!(
+        copy_avx2,
+        "avx2",
+        32,
+        __m256i,
+        _mm256_loadu_si256,
+        _mm256_stream_si256
+    );
+    streamed_copy!(
+        copy_avx512,
+        "avx512f",
+        64,
+        __m512i,
+        _mm512_loadu_si512,
+        _mm512_stream_si512
+    );
 }
 
 pub(crate) fn write_i64(slab: &mut [u8], buffer: &Buffer, values: &[i64]) {
@@ -544,5 +600,53 @@ pub(crate) unsafe fn stream_lookup_u64<K: ArrowNativeType>(
     for i in i..n {
         // SAFETY: `i < n <= out.len()`.
         unsafe { _mm_stream_si64(p.add(i) as *mut i64, get(i)) };
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    /// Every store width this CPU has copies every byte, at any alignment
+    /// of either side, and nothing around them.
+    #[test]
+    fn each_streamed_copy_copies_every_byte_at_any_alignment() {
+        type Copy = unsafe fn(&mut [u8], &[u8]);
+        let variants: [(&str, bool, Copy); 3] = [
+            ("sse2", true, super::streamed::copy_sse2),
+            (
+                "avx2",
+                std::arch::is_x86_feature_detected!("avx2"),
+                super::streamed::copy_avx2,
+            ),
+            (
+                "avx512f",
+                std::arch::is_x86_feature_detected!("avx512f"),
+                super::streamed::copy_avx512,
+            ),
+        ];
+        let src: Vec<u8> = (0..9000u32).map(|i| (i * 31 % 251) as u8).collect();
+        for (name, present, copy) in variants {
+            if !present {
+                continue;
+            }
+            for len in [0, 1, 63, 64, 65, 255, 256, 1000, 4099, 8191] {
+                for shift in [0, 1, 15, 31, 33, 63] {
+                    let from = &src[shift % 7..shift % 7 + len];
+                    let mut dst = vec![0xeeu8; len + 130];
+                    // SAFETY: the CPU has the feature; the lengths are equal.
+                    unsafe { copy(&mut dst[shift..shift + len], from) };
+                    assert_eq!(
+                        &dst[shift..shift + len],
+                        from,
+                        "{name}, len {len}, shift {shift}"
+                    );
+                    assert!(
+                        dst[..shift]
+                            .iter()
+                            .chain(&dst[shift + len..])
+                            .all(|&b| b == 0xee)
+                    );
+                }
+            }
+        }
     }
 }
