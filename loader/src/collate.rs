@@ -441,13 +441,15 @@ impl<'a> Collation<'a> {
                         values, offsets, ..
                     },
                 ) => {
-                    let mut offs = Vec::with_capacity(rows.len() + 1);
-                    offs.push(0usize);
+                    // Row boundaries as the slab holds them (never negative).
+                    let mut offs: Vec<i64> = Vec::with_capacity(rows.len() + 1);
+                    offs.push(0);
                     for (s, r) in rows {
                         let value = cols[*s as usize].value_bytes(*large, *r as usize);
-                        offs.push(offs.last().expect("non-empty") + value.len());
+                        offs.push(offs.last().expect("non-empty") + value.len() as i64);
                     }
-                    let total = *offs.last().expect("non-empty");
+                    let at = |i: usize| offs[i] as usize;
+                    let total = at(rows.len());
                     let region = slab
                         .get_mut(values.offset..values.offset + total)
                         .filter(|_| total <= values.len())
@@ -462,10 +464,10 @@ impl<'a> Collation<'a> {
                         let last = match w == workers {
                             true => rows.len(),
                             false => offs
-                                .partition_point(|&o| o < total * w / workers)
+                                .partition_point(|&o| (o as usize) < total * w / workers)
                                 .clamp(first, rows.len()),
                         };
-                        let (run, tail) = rest.split_at_mut(offs[last] - offs[first]);
+                        let (run, tail) = rest.split_at_mut(at(last) - at(first));
                         runs.push((first..last, run));
                         (rest, first) = (tail, last);
                     }
@@ -474,16 +476,15 @@ impl<'a> Collation<'a> {
                         workers,
                         "shardfeed-collate",
                         &|(range, out): (std::ops::Range<usize>, &mut [u8])| {
-                            let base = offs[range.start];
+                            let base = at(range.start);
                             for i in range {
                                 let (s, r) = rows[i];
                                 let value = cols[s as usize].value_bytes(*large, r as usize);
-                                stream_copy(&mut out[offs[i] - base..offs[i + 1] - base], value);
+                                stream_copy(&mut out[at(i) - base..at(i + 1) - base], value);
                             }
                         },
                         &fence_streamed,
                     );
-                    let offs: Vec<i64> = offs.iter().map(|&o| o as i64).collect();
                     write_i64(slab, offsets, &offs);
                 }
                 // Filled by the collator's image stage (see `Collation::images`).

@@ -264,6 +264,12 @@ fn compact(batch: &mut Batch, keep: &[bool]) -> Result<(), String> {
     let slab = lease.slab_mut().as_mut_slice();
     // Rows of `width` bytes each at `buffer`: kept ones moved down.
     let dense = |slab: &mut [u8], buffer: &mut Buffer| -> Result<(), String> {
+        if buffer.shape.first() != Some(&rows) {
+            return Err(format!(
+                "a buffer of shape {:?} for {rows} rows",
+                buffer.shape
+            ));
+        }
         let width = buffer.bytes() / rows.max(1);
         let mut to = buffer.offset;
         for (row, _) in keep.iter().enumerate().filter(|(_, k)| **k) {
@@ -271,15 +277,7 @@ fn compact(batch: &mut Batch, keep: &[bool]) -> Result<(), String> {
             slab.copy_within(from..from + width, to);
             to += width;
         }
-        match buffer.shape.first_mut() {
-            Some(first) if *first == rows => *first = kept,
-            _ => {
-                return Err(format!(
-                    "a buffer of shape {:?} for {rows} rows",
-                    buffer.shape
-                ));
-            }
-        }
+        buffer.shape[0] = kept;
         Ok(())
     };
     for column in &mut columns {

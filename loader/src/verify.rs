@@ -10,11 +10,12 @@ use shardfeed_format::{Location, Manifest, ShardEntry};
 use crate::error::{LoaderError, Result};
 use std::sync::Arc;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use futures::StreamExt;
-use parquet::file::reader::{ChunkReader, Length};
+use parquet::file::reader::ChunkReader;
 use shardfeed_format::Crc32;
 
+use crate::parquet::SparseFile;
 use crate::shard::{check_chunk, check_schema, decode_footer};
 
 /// One shard that failed verification.
@@ -165,54 +166,6 @@ fn check_fingerprint(
     Ok(())
 }
 
-/// A file's bytes `start..start + bytes.len()` as a [`ChunkReader`] over a
-/// file of `len` bytes: parquet's reader decodes one row group from it,
-/// and any read outside it is an error.
-struct Piece {
-    start: u64,
-    len: u64,
-    bytes: Bytes,
-}
-
-impl Length for Piece {
-    fn len(&self) -> u64 {
-        self.len
-    }
-}
-
-impl Piece {
-    fn slice(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
-        let outside = || {
-            parquet::errors::ParquetError::General(format!(
-                "{length} bytes at {start} lie outside the row group's bytes {}..{}",
-                self.start,
-                self.start + self.bytes.len() as u64
-            ))
-        };
-        let from = usize::try_from(start.checked_sub(self.start).ok_or_else(outside)?)
-            .map_err(|_| outside())?;
-        let to = from.checked_add(length).ok_or_else(outside)?;
-        if to > self.bytes.len() {
-            return Err(outside());
-        }
-        Ok(self.bytes.slice(from..to))
-    }
-}
-
-impl ChunkReader for Piece {
-    type T = bytes::buf::Reader<Bytes>;
-
-    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        let end = self.start + self.bytes.len() as u64;
-        let rest = usize::try_from(end.saturating_sub(start)).unwrap_or(0);
-        Ok(self.slice(start, rest)?.reader())
-    }
-
-    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
-        self.slice(start, length)
-    }
-}
-
 /// Check one file: its footer (one range read), then every byte once as a
 /// stream, in order: the file's CRC-32 (when the manifest has one), each
 /// column chunk's checksum, and each row group decoded as soon as its bytes
@@ -306,21 +259,17 @@ fn verify_shard(
     let mut rows = 0u64;
     for (start, end, members) in spans {
         source.skip(start - source.position)?;
-        let bytes = source.take(end - start)?;
-        let piece = Piece {
-            start,
-            len: entry.bytes,
-            bytes,
-        };
+        let span = SparseFile::new(entry.bytes, vec![(start, source.take(end - start)?)]);
         for i in members {
             for (j, column) in footer.metadata.row_group(i).columns().iter().enumerate() {
                 let (at, len) = column.byte_range();
-                let chunk = piece
-                    .slice(at, len as usize)
+                let chunk = usize::try_from(len)
+                    .map_err(|e| e.to_string())
+                    .and_then(|len| span.get_bytes(at, len).map_err(|e| e.to_string()))
                     .map_err(|e| corrupt(Some(i), format!("column {j}: {e}")))?;
                 check_chunk(entry, &footer, i, j, &chunk)?;
             }
-            rows += decode_group(entry, &piece, &metadata, i)?;
+            rows += decode_group(entry, &span, &metadata, i)?;
         }
     }
     source.skip(entry.bytes - source.position)?;
@@ -513,11 +462,11 @@ impl<'a> Source<'a> {
     }
 }
 
-/// Decode row group `i` from `piece`, checking its rows against the
-/// manifest's count.
+/// Decode row group `i` from `span` (the bytes read of its file), checking
+/// its rows against the manifest's count.
 fn decode_group(
     entry: &ShardEntry,
-    piece: &Piece,
+    span: &SparseFile,
     metadata: &ArrowReaderMetadata,
     i: usize,
 ) -> Result<u64> {
@@ -526,18 +475,11 @@ fn decode_group(
         row_group: Some(i),
         source,
     };
-    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
-        Piece {
-            start: piece.start,
-            len: piece.len,
-            bytes: piece.bytes.clone(),
-        },
-        metadata.clone(),
-    )
-    .with_row_groups(vec![i])
-    .with_batch_size(8192)
-    .build()
-    .map_err(decode_err)?;
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(span.clone(), metadata.clone())
+        .with_row_groups(vec![i])
+        .with_batch_size(8192)
+        .build()
+        .map_err(decode_err)?;
     let mut rows = 0u64;
     for batch in reader {
         rows += batch.map_err(|e| decode_err(e.into()))?.num_rows() as u64;
