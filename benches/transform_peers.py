@@ -14,6 +14,7 @@ epochs 2 to 4 (workers and pools started in the first), medians of `--repeat` ru
 each run also prints its peak RSS, and its worker processes' (the sum of their peaks).
 
     pip install ./python && python3 benches/transform_peers.py --work /tmp/sf-transform
+    python3 benches/transform_peers.py --alone   # the function alone, 1 and 2 threads
 """
 import argparse, json, os, statistics, subprocess, sys, time
 
@@ -156,11 +157,41 @@ def epoch_rate(ds, fn, mode):
             "workers_peak_rss_mib": sum(peak_mib(pid) for pid in workers)}
 
 
+def alone(repeat):
+    """The numpy function with no loader: rows/s on 1 and 2 Python threads over one in-memory
+    batch (how far a second thread can take it on this machine at best)."""
+    import threading
+    x = np.random.default_rng(0).integers(0, 256, size=(BATCH, SIDE * SIDE * 3), dtype=np.uint8)
+    batch = {"pixels": x, "label": np.zeros(BATCH, np.int32)}
+
+    def work(n):
+        rng = np.random.default_rng(1)
+        for _ in range(n):
+            crop_normalize(batch, rng)
+
+    for _ in range(repeat):
+        rates = {}
+        for threads in (1, 2):
+            ts = [threading.Thread(target=work, args=(40,)) for _ in range(threads)]
+            t = time.perf_counter()
+            for th in ts:
+                th.start()
+            for th in ts:
+                th.join()
+            rates[threads] = threads * 40 * BATCH / (time.perf_counter() - t)
+        print(f"numpy function alone: 1 thread {rates[1]:,.0f} rows/s, 2 threads {rates[2]:,.0f} "
+              f"({rates[2] / rates[1]:.2f}x)")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--work", default="/tmp/sf-transform")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--alone", action="store_true",
+                   help="only time the numpy function with no loader, on 1 and 2 threads")
     args = p.parse_args()
+    if args.alone:
+        return alone(args.repeat)
     ds = make(args.work)
     here = os.path.dirname(os.path.abspath(__file__))
     plan = [("numpy", m) for m in ("none", "threads1", "threads2", "dataloader")]

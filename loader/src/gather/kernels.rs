@@ -106,8 +106,9 @@ pub(crate) fn fence_streamed() {
 /// Copy `src` into `dst` (a slab), streaming copies of 256 bytes or more
 /// past the caches (see [`lookup`]), with the widest stores the CPU has
 /// (checked at run time): single-thread copies of 115 KB rows from a 342 MB
-/// source on an Intel Xeon (2 vCPUs, AVX-512) ran at 6.0 GB/s with 16-byte
-/// stores, 7.5 with 32-byte and 9.0 with 64-byte (`memcpy`: 8.0).
+/// source on an Intel Xeon (2 vCPUs, AVX-512; `benches/stream_copy.rs`, five
+/// runs) ran at 5.9-8.2 GB/s with 16-byte stores, 7.4-9.8 with 32-byte and
+/// 8.9-10.6 with 64-byte (`memcpy`: 8.0-10.3), in that order in every run.
 pub(crate) fn stream_copy(dst: &mut [u8], src: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     if src.len() >= 256 {
