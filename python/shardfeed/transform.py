@@ -367,9 +367,10 @@ class _Blocks:
 
 
 def _worker_main(fn_bytes: bytes, tasks, results) -> None:
-    """A transform process: reads each task's batch from its slot's input block, runs the
-    function, writes the output into the slot's output block (a new, larger one when it does
-    not fit, named for the task), and says where."""
+    """A transform process: takes each task from the shared `tasks` queue, reads its batch from
+    its slot's input block, runs the function, writes the output into the slot's output block
+    (a new, larger one when it does not fit, named for the task), and says where on its own
+    `results` pipe."""
     try:
         fn, unloadable = pickle.loads(fn_bytes), None
     except BaseException as e:  # noqa: BLE001 - every task reports it
@@ -381,8 +382,8 @@ def _worker_main(fn_bytes: bytes, tasks, results) -> None:
             return
         task_id, index, rng_words, in_name, layout, out_name, out_size, new_name = task
         if unloadable is not None:
-            results.put((task_id, None, None, "the worker process cannot load the function (is "
-                         f"its module importable there?): {unloadable}"))
+            results.send((task_id, None, None, "the worker process cannot load the function (is "
+                          f"its module importable there?): {unloadable}"))
             continue
         try:
             batch = _from_shared(blocks.get(in_name), layout)
@@ -395,9 +396,9 @@ def _worker_main(fn_bytes: bytes, tasks, results) -> None:
                 out_name = new_name
                 blocks.get(out_name, create_size=size)
             _write(blocks.get(out_name), out_layout, out)
-            results.put((task_id, out_name, out_layout, None))
+            results.send((task_id, out_name, out_layout, None))
         except BaseException as e:  # noqa: BLE001 - reported to the parent with its traceback
-            results.put((task_id, None, None, f"{e!r}\n{traceback.format_exc()}"))
+            results.send((task_id, None, None, f"{e!r}\n{traceback.format_exc()}"))
         # Replaced blocks are unlinked by the parent; a worker's handle on them goes when
         # it has as many as there are slots.
         if len(blocks.open) > 64:
@@ -431,13 +432,21 @@ class _Processes:
             ) from e
         ctx = multiprocessing.get_context("spawn")
         self.stage = stage
-        self.tasks = ctx.Queue()
-        self.results = ctx.Queue()
-        self.procs = [ctx.Process(target=_worker_main, args=(fn_bytes, self.tasks, self.results),
-                                  daemon=True, name=f"shardfeed-transform-{i}")
-                      for i in range(processes)]
-        for p in self.procs:
-            p.start()
+        # Tasks go on one queue the workers share (a SimpleQueue writes to its pipe on the
+        # caller's thread: no feeder thread to contend for the GIL with on every batch), and
+        # each worker answers on a pipe of its own, waited on with the workers' sentinels (a
+        # worker that dies is seen at once).
+        self.tasks = ctx.SimpleQueue()
+        self.readers, self.procs = [], []
+        for i in range(processes):
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_worker_main, args=(fn_bytes, self.tasks, writer),
+                               daemon=True, name=f"shardfeed-transform-{i}")
+            proc.start()
+            # The worker holds the only writing end: its death reads as the end of the pipe.
+            writer.close()
+            self.readers.append(reader)
+            self.procs.append(proc)
         self.depth = processes + 1
         self.prefix = f"sf{os.getpid()}x{id(self) & 0xFFFFFF:x}"
         self.blocks = _Blocks()
@@ -469,19 +478,27 @@ class _Processes:
         self.free.append(slot_id)
 
     def result(self, task_id: int, index: int) -> dict:
-        import queue
+        from multiprocessing.connection import wait as wait_for
 
         while task_id not in self.done:
-            try:
-                got = self.results.get(timeout=0.05)
-                self.done[got[0]] = got
-            except queue.Empty:
-                dead = [p for p in self.procs if p.exitcode is not None]
-                if dead:
-                    raise ShardfeedError(
-                        f"transform process {dead[0].name} ended (exit code {dead[0].exitcode}) "
-                        f"while batch {index} was being transformed"
-                    ) from None
+            # A bounded wait, so that Ctrl-C is seen between waits whatever the platform.
+            ready = wait_for(self.readers + [p.sentinel for p in self.procs], timeout=0.1)
+            answered = False
+            for reader in self.readers:
+                if reader in ready:
+                    try:
+                        got = reader.recv()
+                    except (EOFError, OSError):
+                        continue  # the worker is gone: its sentinel says so
+                    self.done[got[0]] = got
+                    answered = True
+            dead = [p for p in self.procs if p.sentinel in ready]
+            if dead and not answered and task_id not in self.done:
+                dead[0].join(timeout=1)
+                raise ShardfeedError(
+                    f"transform process {dead[0].name} ended (exit code {dead[0].exitcode}) "
+                    f"while batch {index} was being transformed"
+                )
         _, out_name, layout, error = self.done.pop(task_id)
         slot = self.slots[self.running[task_id][0]]
         self.stage.ran(time.perf_counter() - self.running[task_id][1])
@@ -518,9 +535,9 @@ class _Processes:
             self.blocks.close(f"{self.prefix}o{task_id}", unlink=True)
         for name in list(self.blocks.open):
             self.blocks.close(name, unlink=True)
-        for q in (self.tasks, self.results):
-            q.close()
-            q.join_thread()
+        self.tasks.close()
+        for reader in self.readers:
+            reader.close()
 
 
 class _TransformLoader(Loader):
