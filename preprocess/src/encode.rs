@@ -117,8 +117,9 @@ pub(crate) fn has_binary_leaf(schema: &Schema) -> bool {
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct BinaryColumns {
     /// Binary columns whose sampled values are all images of a compressed
-    /// format, told by their first bytes (JPEG, PNG, WebP or GIF): stored
-    /// as they are.
+    /// format, told by their first bytes (JPEG, PNG, WebP or GIF), and
+    /// columns of large distinct values that zstd cannot shrink by the
+    /// [`UNCOMPRESSED_BELOW`] rule: stored as they are.
     pub stored: Vec<ColumnPath>,
     /// Other columns whose sampled values are all distinct and average at
     /// least [`NO_DICTIONARY_FROM`] bytes (documents, audio, serialised
@@ -168,7 +169,11 @@ impl BinaryColumns {
                 .collect::<std::collections::HashSet<_>>()
                 .len();
             if distinct == values.len() && total / values.len() >= NO_DICTIONARY_FROM {
-                found.no_dictionary.push(ColumnPath::new(path));
+                if incompressible(&values) {
+                    found.stored.push(ColumnPath::new(path));
+                } else {
+                    found.no_dictionary.push(ColumnPath::new(path));
+                }
             }
         }
         let mut found = BinaryColumns::default();
@@ -176,6 +181,29 @@ impl BinaryColumns {
             visit(vec![field.name().clone()], column, &mut found);
         }
         found
+    }
+}
+
+/// Bytes of sampled values [`incompressible`] tries zstd on.
+const TRIAL_BYTES: usize = 256 << 10;
+
+/// Whether zstd (level 1, on the first [`TRIAL_BYTES`] of `values`) saves
+/// less than the [`UNCOMPRESSED_BELOW`] rule asks of a page: large distinct
+/// values that are compressed or encrypted already, in a format not told by
+/// its first bytes (audio, video, archives, random bytes). Each of their
+/// pages would be compressed by zstd only to be stored as it was.
+fn incompressible(values: &[&[u8]]) -> bool {
+    let mut trial = Vec::with_capacity(TRIAL_BYTES);
+    for v in values {
+        let room = TRIAL_BYTES - trial.len();
+        trial.extend_from_slice(&v[..v.len().min(room)]);
+        if trial.len() == TRIAL_BYTES {
+            break;
+        }
+    }
+    match zstd::bulk::compress(&trial, 1) {
+        Ok(packed) => packed.len() as f64 >= UNCOMPRESSED_BELOW * trial.len() as f64,
+        Err(_) => false,
     }
 }
 
@@ -439,14 +467,11 @@ pub(crate) mod tests {
         }
     }
 
-    /// Every fixed-width type, nullable or not, with NaNs, both zeros, one
-    /// value, runs and many values, over several pages: the same values back,
-    /// and the chunk metadata parquet's writer gives (statistics, encodings,
-    /// page kinds, level histograms), at most 3% over its size.
     /// Binary and string columns of every offset width, at the top level
-    /// and in a struct: images (by signature) are stored as they are; large
-    /// distinct values lose the dictionary; short values, repeated large
-    /// values and all-null columns keep it; nulls are not sampled.
+    /// and in a struct: images (by signature) and large distinct values
+    /// zstd cannot shrink are stored as they are; other large distinct
+    /// values lose the dictionary; short values, repeated large values and
+    /// all-null columns keep it; nulls are not sampled.
     #[test]
     fn binary_columns_are_classified_by_their_first_values() {
         use arrow_array::{BinaryArray, LargeBinaryArray, LargeStringArray, StructArray};
@@ -455,6 +480,18 @@ pub(crate) mod tests {
         let long = |i: usize| format!("{i:04} {}", "text ".repeat(300));
         let jpeg = |i: usize| [&[0xFF, 0xD8, 0xFF, 0xE0][..], &[i as u8; 2000][..]].concat();
         let blob = |i: usize| vec![i as u8; 1500];
+        // Distinct values zstd cannot shrink (xorshift bytes).
+        let noise = |i: usize| {
+            let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (i as u64 + 1);
+            (0..1500)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect::<Vec<u8>>()
+        };
         let docs: ArrayRef = Arc::new(StringArray::from_iter_values((0..n).map(long)));
         let nested = StructArray::from(vec![
             (
@@ -479,6 +516,10 @@ pub(crate) mod tests {
             (
                 "photo",
                 Arc::new(BinaryArray::from_iter_values((0..n).map(jpeg))) as ArrayRef,
+            ),
+            (
+                "noise",
+                Arc::new(BinaryArray::from_iter_values((0..n).map(noise))) as ArrayRef,
             ),
             ("image", Arc::new(nested) as ArrayRef),
             (
@@ -511,13 +552,17 @@ pub(crate) mod tests {
         let found = BinaryColumns::of(&batch);
         let names =
             |paths: &[ColumnPath]| -> Vec<String> { paths.iter().map(|p| p.string()).collect() };
-        assert_eq!(names(&found.stored), ["photo", "image.bytes"]);
+        assert_eq!(names(&found.stored), ["photo", "noise", "image.bytes"]);
         assert_eq!(
             names(&found.no_dictionary),
             ["doc", "large_doc", "large_blob", "image.text", "sparse"]
         );
     }
 
+    /// Every fixed-width type, nullable or not, with NaNs, both zeros, one
+    /// value, runs and many values, over several pages: the same values back,
+    /// and the chunk metadata parquet's writer gives (statistics, encodings,
+    /// page kinds, level histograms), at most 3% over its size.
     #[test]
     fn chunks_read_back_as_parquets_own() {
         let rows = 50_000usize;
