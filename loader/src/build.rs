@@ -286,7 +286,12 @@ impl LoaderBuilder {
                 break;
             }
         }
-        let pool = Arc::new(Pool::new(slabs, slab_bytes, self.pinning)?);
+        let pool = Arc::new(Pool::new(
+            slabs,
+            slab_bytes,
+            self.pinning,
+            self.shared_slabs,
+        )?);
         let config = Config {
             batch_size: self.batch_size,
             shuffle: self.shuffle,

@@ -134,6 +134,8 @@ pub struct LoaderBuilder {
     pub(crate) runtime: Option<std::sync::Arc<tokio::runtime::Runtime>>,
     pub(crate) prefetch_batches: Option<usize>,
     pub(crate) transform_slabs: usize,
+    /// [`LoaderBuilder::shared_slabs`].
+    pub(crate) shared_slabs: bool,
     pub(crate) byte_budget: u64,
     pub(crate) pinning: PinningMode,
     pub(crate) list_mode: ListMode,
@@ -221,6 +223,7 @@ impl LoaderBuilder {
             runtime: None,
             prefetch_batches: None,
             transform_slabs: 0,
+            shared_slabs: false,
             byte_budget: DEFAULT_BYTE_BUDGET,
             pinning: PinningMode::Auto,
             list_mode: ListMode::Ragged,
@@ -464,6 +467,15 @@ impl LoaderBuilder {
     /// outputs); fewer when the pool would pass 4x the byte budget.
     pub fn transform_slabs(mut self, slabs: usize) -> Self {
         self.transform_slabs = slabs;
+        self
+    }
+    /// Make the slab pool in memory other processes of the same user can
+    /// map (a memfd per slab, Linux; [`crate::SlabLease::shared`]),
+    /// so worker processes read a batch where it lies instead of from a
+    /// copy (the Python package's `transform_processes`). Not with
+    /// page-locked CUDA slabs, which stay as they are. Off by default.
+    pub fn shared_slabs(mut self, on: bool) -> Self {
+        self.shared_slabs = on;
         self
     }
     /// Bytes of fetched and decoded row groups held at once, counted over

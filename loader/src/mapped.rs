@@ -44,10 +44,59 @@ pub(crate) fn map(len: usize) -> std::io::Result<(NonNull<u8>, usize)> {
     Ok((ptr, cap))
 }
 
-/// Unmap a buffer [`map`] made.
+/// A new mapping of at least `len` bytes (whole pages), zeroed, that other
+/// processes of the same user can map too: the pages of a new memfd, mapped
+/// shared. Its address, size, and the memfd (closed on exec; another
+/// process opens it as `/proc/<pid>/fd/<fd>`). The memory goes when the
+/// mapping is unmapped and the memfd closed here and in every process that
+/// mapped it. Unmap it with [`unmap`].
+#[cfg(target_os = "linux")]
+pub(crate) fn map_shared(
+    len: usize,
+) -> std::io::Result<(NonNull<u8>, usize, std::os::fd::OwnedFd)> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    const PAGE: usize = 4096;
+    let cap = len
+        .max(1)
+        .checked_next_multiple_of(PAGE)
+        .ok_or_else(|| std::io::Error::other(format!("a buffer of {len} bytes")))?;
+    let size = libc::off_t::try_from(cap)
+        .map_err(|_| std::io::Error::other(format!("a buffer of {len} bytes")))?;
+    // SAFETY: a NUL-terminated name and known flags; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"shardfeed-slab".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just made and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `fd` is an open memfd; the size is not negative.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new shared mapping of the memfd's `cap` bytes (no fixed
+    // address); the result is checked before use.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            cap,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let ptr = NonNull::new(ptr.cast::<u8>())
+        .ok_or_else(|| std::io::Error::other("mmap gave a null address"))?;
+    Ok((ptr, cap, fd))
+}
+
+/// Unmap a buffer [`map`] or [`map_shared`] made.
 ///
 /// # Safety
-/// `ptr` and `cap` are what one call of [`map`] gave, and nothing uses the
+/// `ptr` and `cap` are what one call of [`map`] (or [`map_shared`]) gave, and nothing uses the
 /// buffer after this (nor unmaps it again).
 pub(crate) unsafe fn unmap(ptr: NonNull<u8>, cap: usize) {
     // SAFETY: the caller's promise: a live mapping of `cap` bytes at `ptr`.
@@ -88,6 +137,28 @@ mod tests {
         assert!(bytes.iter().all(|&b| b == 0));
         bytes.fill(1);
         // SAFETY: what `map` gave; `bytes` is not used after this.
+        unsafe { super::unmap(ptr, cap) };
+    }
+
+    /// A shared mapping is zeroed, writable, and the same memory as what
+    /// another mapping of its memfd (through `/proc/self/fd`, as a worker
+    /// process opens it) sees.
+    #[test]
+    fn shared_mappings_are_seen_through_their_memfd() {
+        use std::io::{Read, Seek, SeekFrom};
+        use std::os::fd::AsRawFd;
+        let (ptr, cap, fd) = super::map_shared(10_000).unwrap();
+        assert_eq!(cap, 12_288);
+        // SAFETY: the mapping just made, `cap` bytes long, unmapped below.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), cap) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        bytes[5_000..5_004].copy_from_slice(b"slab");
+        let mut other = std::fs::File::open(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        other.seek(SeekFrom::Start(5_000)).unwrap();
+        let mut seen = [0u8; 4];
+        other.read_exact(&mut seen).unwrap();
+        assert_eq!(&seen, b"slab");
+        // SAFETY: what `map_shared` gave; `bytes` is not used after this.
         unsafe { super::unmap(ptr, cap) };
     }
 }

@@ -314,6 +314,7 @@ impl MixtureBuilder {
             // The user's steps run on the mixture's batches, not the sources'.
             b.steps = Default::default();
             b.transform_slabs = 0;
+            b.shared_slabs = false;
             b.row_ids = false;
             b.runtime = Some(runtime.clone());
             b.url = self.sources[i].0.clone();
@@ -544,7 +545,12 @@ impl MixtureBuilder {
                 break;
             }
         }
-        let pool = Arc::new(Pool::new(pool_slabs, slab_bytes, self.template.pinning)?);
+        let pool = Arc::new(Pool::new(
+            pool_slabs,
+            slab_bytes,
+            self.template.pinning,
+            self.template.shared_slabs,
+        )?);
         let rank = sources[0].loader.rank();
         let world_size = sources[0].loader.world_size();
         let tie = Blend::tie_order(seed, n);

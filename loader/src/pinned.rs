@@ -73,6 +73,14 @@ enum Backing {
     Host(Layout),
     /// Anonymous memory mapped for this slab alone, `cap` bytes.
     Mapped(usize),
+    /// A memfd's pages mapped shared, `cap` bytes, that other processes can
+    /// map ([`Pool::new`]'s `share`); `id` is unique in this process.
+    #[cfg(target_os = "linux")]
+    Shared {
+        cap: usize,
+        fd: std::os::fd::OwnedFd,
+        id: u64,
+    },
     #[cfg(feature = "cuda")]
     Cuda(Arc<cudarc::driver::CudaContext>),
 }
@@ -125,6 +133,25 @@ impl Slab {
             ptr,
             len,
             backing: Backing::Mapped(cap),
+        })
+    }
+
+    /// A slab of its own memfd, mapped shared ([`crate::mapped::map_shared`]).
+    #[cfg(target_os = "linux")]
+    fn shared(len: usize) -> Result<Slab> {
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let (ptr, cap, fd) = crate::mapped::map_shared(len).map_err(|source| LoaderError::Io {
+            op: format!("allocate a {len}-byte shared slab"),
+            source,
+        })?;
+        Ok(Slab {
+            ptr,
+            len,
+            backing: Backing::Shared {
+                cap,
+                fd,
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            },
         })
     }
 
@@ -181,6 +208,10 @@ impl Drop for Slab {
             // SAFETY: the mapping of `cap` bytes made in `Slab::mapped`,
             // unmapped once, here.
             Backing::Mapped(cap) => unsafe { crate::mapped::unmap(self.ptr, *cap) },
+            // SAFETY: the mapping of `cap` bytes made in `Slab::shared`,
+            // unmapped once, here (its memfd is closed after).
+            #[cfg(target_os = "linux")]
+            Backing::Shared { cap, .. } => unsafe { crate::mapped::unmap(self.ptr, *cap) },
             #[cfg(feature = "cuda")]
             Backing::Cuda(ctx) => {
                 if ctx.bind_to_thread().is_ok() {
@@ -200,6 +231,8 @@ pub(crate) struct Pool {
     pinning: Pinning,
     /// Whether [`Pool::warm_first`] has run.
     warmed: AtomicBool,
+    /// Whether slabs are made in memory other processes can map.
+    share: bool,
     #[cfg(feature = "cuda")]
     ctx: Option<Arc<cudarc::driver::CudaContext>>,
 }
@@ -240,8 +273,15 @@ fn cuda_context() -> Option<Arc<cudarc::driver::CudaContext>> {
 impl Pool {
     /// A pool of up to `size` slabs of `slab_bytes` each. One is made now
     /// (so a failure to allocate or page-lock shows here); the others the
-    /// first time every slab made is leased.
-    pub(crate) fn new(size: usize, slab_bytes: usize, mode: PinningMode) -> Result<Pool> {
+    /// first time every slab made is leased. With `share`, slabs that are
+    /// not page-locked are made in memory other processes can map
+    /// ([`SlabLease::shared`]; Linux).
+    pub(crate) fn new(
+        size: usize,
+        slab_bytes: usize,
+        mode: PinningMode,
+        share: bool,
+    ) -> Result<Pool> {
         #[cfg(feature = "cuda")]
         let ctx = match mode {
             PinningMode::Off => None,
@@ -273,6 +313,7 @@ impl Pool {
             slab_bytes,
             pinning,
             warmed: AtomicBool::new(false),
+            share: share && pinning == Pinning::PageAligned && cfg!(target_os = "linux"),
             #[cfg(feature = "cuda")]
             ctx,
         };
@@ -290,6 +331,10 @@ impl Pool {
         #[cfg(feature = "cuda")]
         if let Some(ctx) = &self.ctx {
             return Slab::cuda(ctx, self.slab_bytes);
+        }
+        #[cfg(target_os = "linux")]
+        if self.share {
+            return Slab::shared(self.slab_bytes);
         }
         Slab::host(self.slab_bytes)
     }
@@ -456,6 +501,22 @@ impl SlabLease {
     pub fn capacity(&self) -> usize {
         self.slab().len()
     }
+
+    /// For a slab other processes can map
+    /// ([`crate::LoaderBuilder::shared_slabs`]):
+    /// its memfd (open in this process; another process of the same user
+    /// maps `/proc/<pid>/fd/<fd>`) and an id no other slab of this process
+    /// has had. `None` for other slabs.
+    pub fn shared(&self) -> Option<(i32, u64)> {
+        match &self.slab().backing {
+            #[cfg(target_os = "linux")]
+            Backing::Shared { fd, id, .. } => {
+                use std::os::fd::AsRawFd;
+                Some((fd.as_raw_fd(), *id))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl Drop for SlabLease {
@@ -474,7 +535,7 @@ mod tests {
 
     #[test]
     fn slabs_are_made_on_first_need_and_the_last_returned_comes_back_first() {
-        let pool = Pool::new(3, 10_000, PinningMode::Off).unwrap();
+        let pool = Pool::new(3, 10_000, PinningMode::Off, false).unwrap();
         assert_eq!(pool.pinning(), Pinning::PageAligned);
         assert_eq!(pool.made(), 1, "one slab is made with the pool");
         let cancel = AtomicBool::new(false);
@@ -515,7 +576,7 @@ mod tests {
     /// warms nothing.
     #[test]
     fn the_first_slab_is_warmed_once_while_waiting_and_comes_back_first() {
-        let pool = Pool::new(2, 4 << 20, PinningMode::Off).unwrap();
+        let pool = Pool::new(2, 4 << 20, PinningMode::Off, false).unwrap();
         let mut calls = 0;
         let touched = pool.warm_first(usize::MAX, || {
             calls += 1;
@@ -529,7 +590,7 @@ mod tests {
         assert!(lease.slab().as_slice().iter().all(|&b| b == 0));
         assert_eq!(pool.made(), 1, "the warmed slab is the one leased");
 
-        let busy = Pool::new(1, 4 << 20, PinningMode::Off).unwrap();
+        let busy = Pool::new(1, 4 << 20, PinningMode::Off, false).unwrap();
         let _held = busy.acquire(&cancel).unwrap().unwrap();
         assert_eq!(
             busy.warm_first(usize::MAX, || true),
@@ -537,9 +598,9 @@ mod tests {
             "no free slab: nothing warmed"
         );
         // Never past the slab's end, nor past the bytes asked for.
-        let whole = Pool::new(1, (4 << 20) + 100, PinningMode::Off).unwrap();
+        let whole = Pool::new(1, (4 << 20) + 100, PinningMode::Off, false).unwrap();
         assert_eq!(whole.warm_first(usize::MAX, || true), (4 << 20) + 100);
-        let part = Pool::new(1, 4 << 20, PinningMode::Off).unwrap();
+        let part = Pool::new(1, 4 << 20, PinningMode::Off, false).unwrap();
         assert_eq!(part.warm_first(1_500_000, || true), 1_500_000);
     }
 
@@ -564,7 +625,7 @@ mod tests {
 
     #[test]
     fn a_waiting_acquire_gets_the_slab_dropped_by_another_thread() {
-        let pool = Pool::new(1, 4096, PinningMode::Off).unwrap();
+        let pool = Pool::new(1, 4096, PinningMode::Off, false).unwrap();
         let cancel = AtomicBool::new(false);
         let a = pool.acquire(&cancel).unwrap().unwrap();
         let first = a.as_ptr() as usize;
@@ -575,5 +636,37 @@ mod tests {
         });
         assert_eq!(got, first);
         assert_eq!(pool.made(), 1);
+    }
+
+    /// A sharing pool's slabs each have their memfd and an id of their own
+    /// (what another process maps), oversize buffers and other pools' slabs
+    /// none; what the slab holds is what its memfd reads.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_sharing_pool_makes_slabs_other_processes_can_map() {
+        use std::io::Read;
+        let pool = Pool::new(2, 8192, PinningMode::Off, true).unwrap();
+        let cancel = AtomicBool::new(false);
+        let mut a = pool.acquire(&cancel).unwrap().unwrap();
+        let b = pool.acquire(&cancel).unwrap().unwrap();
+        let (fd, id) = a.shared().unwrap();
+        assert_ne!(id, b.shared().unwrap().1);
+        a.slab_mut().as_mut_slice()[..5].copy_from_slice(b"batch");
+        let mut seen = [0u8; 5];
+        std::fs::File::open(format!("/proc/self/fd/{fd}"))
+            .unwrap()
+            .read_exact(&mut seen)
+            .unwrap();
+        assert_eq!(&seen, b"batch");
+        assert!(pool.oversize(100_000).unwrap().shared().is_none());
+        let private = Pool::new(1, 8192, PinningMode::Off, false).unwrap();
+        assert!(
+            private
+                .acquire(&cancel)
+                .unwrap()
+                .unwrap()
+                .shared()
+                .is_none()
+        );
     }
 }

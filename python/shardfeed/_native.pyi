@@ -207,6 +207,11 @@ class SlabView:
     @property
     def batch_index(self) -> int:
         """The batch's index in its epoch for this rank."""
+    @property
+    def shared(self) -> tuple[int, int, int, int] | None:
+        """``(pid, fd, slab id, slab bytes)`` when the slab lies in memory other processes of
+        this user can map (``/proc/<pid>/fd/<fd>``; the slabs of ``transform_processes``),
+        else ``None``."""
 
 def shard(
     inputs: str | Sequence[str],

@@ -114,6 +114,8 @@ class Loader(_native.Loader):
         kwargs.setdefault("transform_slabs", 2 * (workers + 1))
         # A row transform's generators follow each row's origin (shard, row group, row).
         kwargs["_row_ids"] = row_transform is not None
+        # Worker processes read the batches where they lie (slabs they can map).
+        kwargs["_shared_slabs"] = transform_processes is not None
         obj = super().__new__(_TransformLoader, *args, **kwargs)
         named = dict(zip(_POSITIONAL, args)) | kwargs
         rank = named.get("rank")
@@ -314,23 +316,72 @@ class _Threads:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _layout(batch: dict) -> tuple[list, int]:
-    """Where `batch`'s arrays go in one block: [(key, dtype, shape, offset)], and its size."""
+def _slab_of(value) -> tuple | None:
+    """`(SlabView.shared, offset)` for an array lying whole in a slab other processes can
+    map, else None."""
+    base = getattr(value, "base", None)
+    if isinstance(base, _native.SlabView) and value.flags.c_contiguous:
+        shared = base.shared
+        if shared is not None:
+            return shared, value.ctypes.data - base.slab_address
+    return None
+
+
+def _layout(batch: dict, slab: tuple | None = None) -> tuple[list, int]:
+    """Where `batch`'s arrays are read: [(key, dtype, shape, offset, in_slab)], and the bytes
+    of the block those not in `slab` (a `SlabView.shared`) are copied into (0: none)."""
     layout, offset = [], 0
     for key, value in batch.items():
-        layout.append((key, value.dtype.str, value.shape, offset))
-        offset += (value.nbytes + 63) // 64 * 64
-    return layout, max(offset, 1)
+        placed = _slab_of(value) if slab is not None else None
+        if placed is not None and placed[0] == slab:
+            layout.append((key, value.dtype.str, value.shape, placed[1], True))
+        else:
+            layout.append((key, value.dtype.str, value.shape, offset, False))
+            offset += (value.nbytes + 63) // 64 * 64
+    return layout, offset
 
 
 def _write(block, layout: list, batch: dict) -> None:
-    for (key, dtype, shape, at), value in zip(layout, batch.values()):
-        np.ndarray(shape, dtype=dtype, buffer=block.buf, offset=at)[...] = value
+    for (key, dtype, shape, at, in_slab), value in zip(layout, batch.values()):
+        if not in_slab:
+            np.ndarray(shape, dtype=dtype, buffer=block.buf, offset=at)[...] = value
 
 
-def _from_shared(block, layout) -> dict:
-    return {key: np.ndarray(shape, dtype=dtype, buffer=block.buf, offset=at)
-            for key, dtype, shape, at in layout}
+def _from_shared(block, layout, slab=None) -> dict:
+    """The arrays `layout` places in `block` (a shared memory block) and in `slab` (a mapping
+    of the loader's slab)."""
+    return {key: np.ndarray(shape, dtype=dtype, buffer=slab if in_slab else block.buf,
+                            offset=at)
+            for key, dtype, shape, at, in_slab in layout}
+
+
+# A worker's answer when it cannot map the loader's slabs (the parent copies instead).
+_UNMAPPABLE = "\0unmappable: "
+
+
+class _Slabs:
+    """The loader's slabs as a worker maps them (`/proc/<pid>/fd/<fd>`), kept mapped by id
+    (a pool's slabs live as long as it does); at most 64, the oldest let go first."""
+
+    def __init__(self):
+        self.open: dict[tuple, Any] = {}
+
+    def get(self, shared: tuple):
+        import mmap
+
+        pid, fd, slab_id, size = shared
+        mapped = self.open.get((pid, slab_id))
+        if mapped is None:
+            with open(f"/proc/{pid}/fd/{fd}", "r+b") as f:
+                mapped = mmap.mmap(f.fileno(), size)
+            self.open[(pid, slab_id)] = mapped
+            while len(self.open) > 64:
+                oldest = next(iter(self.open))
+                try:
+                    self.open.pop(oldest).close()
+                except BufferError:  # an array the function kept still views it
+                    pass
+        return mapped
 
 
 class _Blocks:
@@ -375,21 +426,28 @@ def _worker_main(fn_bytes: bytes, tasks, results) -> None:
         fn, unloadable = pickle.loads(fn_bytes), None
     except BaseException as e:  # noqa: BLE001 - every task reports it
         fn, unloadable = None, f"{e!r}\n{traceback.format_exc()}"
-    blocks = _Blocks()
+    blocks, slabs = _Blocks(), _Slabs()
     while True:
         task = tasks.get()
         if task is None:
             return
-        task_id, index, rng_words, in_name, layout, out_name, out_size, new_name = task
+        task_id, index, rng_words, slab, in_name, layout, out_name, out_size, new_name = task
         if unloadable is not None:
             results.send((task_id, None, None, "the worker process cannot load the function (is "
                           f"its module importable there?): {unloadable}"))
             continue
         try:
-            batch = _from_shared(blocks.get(in_name), layout)
+            mapped = slabs.get(slab) if slab is not None else None
+        except OSError as e:
+            results.send((task_id, None, None, f"{_UNMAPPABLE}{e!r}"))
+            continue
+        try:
+            block = blocks.get(in_name) if in_name is not None else None
+            batch = _from_shared(block, layout, mapped)
             out = _check_output(fn(batch, np.random.default_rng(rng_words)), index)
             del batch
             out_layout, size = _layout(out)
+            size = max(size, 1)
             if out_name is None or size > out_size:
                 # Blocks are the parent's to unlink (the resource tracker is shared with
                 # spawned workers: nothing leaks if the parent dies).
@@ -417,9 +475,11 @@ class _Slot:
 
 
 class _Processes:
-    """Transforms in spawned worker processes, batches through shared memory (one copy in,
-    one copy out; no array is pickled). Each batch in flight has a slot whose blocks are
-    reused from batch to batch."""
+    """Transforms in spawned worker processes, batches through shared memory (no array is
+    pickled): the workers map the loader's slabs and read each batch where it lies (the batch
+    is held until its result comes), arrays outside them are copied into a block; the output
+    comes back in a block and is copied once into a slab. Each batch in flight has a slot whose
+    blocks are reused from batch to batch."""
 
     def __init__(self, fn: Transform, processes: int, stage: _Stage, pin):
         self.pin = pin
@@ -448,6 +508,8 @@ class _Processes:
             self.readers.append(reader)
             self.procs.append(proc)
         self.depth = processes + 1
+        # Whether the workers can map the loader's slabs (until one says it cannot).
+        self.share = True
         self.prefix = f"sf{os.getpid()}x{id(self) & 0xFFFFFF:x}"
         self.blocks = _Blocks()
         self.slots = [_Slot() for _ in range(self.depth + 1)]
@@ -460,21 +522,37 @@ class _Processes:
         task_id = self.next_id
         self.next_id += 1
         slot_id = self.free.pop()
-        slot = self.slots[slot_id]
-        layout, size = _layout(batch)
-        if size > slot.in_size:
-            if slot.in_name is not None:
-                self.blocks.close(slot.in_name, unlink=True)
-            slot.in_name, slot.in_size = f"{self.prefix}i{task_id}", size
-            self.blocks.get(slot.in_name, create_size=size)
-        _write(self.blocks.get(slot.in_name), layout, batch)
-        self.running[task_id] = (slot_id, time.perf_counter())
-        self.tasks.put((task_id, index, words, slot.in_name, layout, slot.out_name,
-                        slot.out_size, f"{self.prefix}o{task_id}"))
+        self.running[task_id] = (slot_id, time.perf_counter(), batch, index, words)
+        self._send(task_id)
         return task_id
 
+    def _send(self, task_id: int) -> None:
+        """Put task `task_id` on the queue: its batch read in place where it lies in a slab
+        the workers can map, the rest copied into its slot's input block."""
+        slot_id, _, batch, index, words = self.running[task_id]
+        slot = self.slots[slot_id]
+        slab = None
+        if self.share:
+            placed = next((p for p in map(_slab_of, batch.values()) if p is not None), None)
+            slab = placed[0] if placed is not None else None
+        layout, size = _layout(batch, slab)
+        in_name = None
+        if size:
+            if size > slot.in_size:
+                if slot.in_name is not None:
+                    self.blocks.close(slot.in_name, unlink=True)
+                slot.in_name, slot.in_size = f"{self.prefix}i{task_id}", size
+                self.blocks.get(slot.in_name, create_size=size)
+            in_name = slot.in_name
+            _write(self.blocks.get(in_name), layout, batch)
+        if slab is None:
+            # Nothing read in place: the batch need not be held.
+            self.running[task_id] = (slot_id, self.running[task_id][1], None, index, words)
+        self.tasks.put((task_id, index, words, slab, in_name, layout, slot.out_name,
+                        slot.out_size, f"{self.prefix}o{task_id}"))
+
     def _release(self, task_id: int) -> None:
-        slot_id, _ = self.running.pop(task_id)
+        slot_id = self.running.pop(task_id)[0]
         self.free.append(slot_id)
 
     def result(self, task_id: int, index: int) -> dict:
@@ -500,6 +578,11 @@ class _Processes:
                     f"while batch {index} was being transformed"
                 )
         _, out_name, layout, error = self.done.pop(task_id)
+        if error is not None and error.startswith(_UNMAPPABLE):
+            # This worker cannot map the loader's slabs: copy this batch and the next.
+            self.share = False
+            self._send(task_id)
+            return self.result(task_id, index)
         slot = self.slots[self.running[task_id][0]]
         self.stage.ran(time.perf_counter() - self.running[task_id][1])
         if out_name is not None and out_name != slot.out_name:

@@ -48,6 +48,17 @@ impl SlabView {
         self.owner.bind(py).get().batch.slab().capacity()
     }
 
+    /// Where another process of this user can map the slab, for a loader
+    /// built with `_shared_slabs=True`: `(pid, fd, slab id, slab bytes)`,
+    /// the file being `/proc/<pid>/fd/<fd>` and the id unique to the slab in
+    /// this process; `None` for other slabs.
+    #[getter]
+    fn shared(&self, py: Python<'_>) -> Option<(u32, i32, u64, usize)> {
+        let slab = self.owner.bind(py).get().batch.slab();
+        slab.shared()
+            .map(|(fd, id)| (std::process::id(), fd, id, slab.capacity()))
+    }
+
     /// The batch's index in its epoch.
     #[getter]
     fn batch_index(&self, py: Python<'_>) -> u64 {

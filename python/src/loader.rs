@@ -110,7 +110,7 @@ impl PyLoader {
         crop="random_resized", scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), flip=false,
         channels_first=false, max_image_pixels=None, decode_niceness=None, mapped_reads=true,
         transform=None, transform_threads=None, transform_processes=None, row_transform=None,
-        filter=None, transform_slabs=0, _row_ids=false,
+        filter=None, transform_slabs=0, _row_ids=false, _shared_slabs=false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -167,6 +167,7 @@ impl PyLoader {
         filter: Option<&Bound<'_, PyAny>>,
         transform_slabs: usize,
         _row_ids: bool,
+        _shared_slabs: bool,
     ) -> PyResult<Self> {
         // Transforms run in `shardfeed.Loader` (python/shardfeed/transform.py),
         // which takes these three before it builds this class.
@@ -277,8 +278,14 @@ impl PyLoader {
             max_segments,
         };
         let builder = match options.feed_builder().map_err(loader_error)? {
-            // A row transform's generators follow each row's origin.
-            FeedBuilder::Loader(b) if _row_ids => FeedBuilder::Loader(b.row_ids(true)),
+            // A row transform's generators follow each row's origin; worker
+            // processes read batches from slabs they can map.
+            FeedBuilder::Loader(b) => {
+                FeedBuilder::Loader(b.row_ids(_row_ids).shared_slabs(_shared_slabs))
+            }
+            FeedBuilder::Mixture(m) if _shared_slabs => {
+                FeedBuilder::Mixture(m.configure(|b| b.shared_slabs(true)))
+            }
             other => other,
         };
         let loader = py.detach(|| builder.build()).map_err(loader_error)?;

@@ -51,6 +51,28 @@ def kills_itself(batch, rng):
     return {"id": batch["id"].copy()}
 
 
+def where_read(batch, rng):
+    """The ids, and whether the batch was read where it lies (a mapping of one of the loader's
+    slabs, a memfd) rather than from a copy (a block in /dev/shm)."""
+    address, mapping = batch["id"].ctypes.data, ""
+    for line in open("/proc/self/maps"):
+        fields = line.split()
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= address < hi:
+            mapping = " ".join(fields[5:])
+    return {"id": batch["id"].copy(),
+            "in_place": np.array(["memfd:shardfeed-slab" in mapping])}
+
+
+# Set by a test (inherited by the workers it spawns, which import this module to load its
+# functions): workers cannot map the loader's slabs, as where /proc/<pid>/fd is closed to them.
+if os.environ.get("SHARDFEED_TEST_NO_SLAB_MAPS"):
+    def _refuse(self, shared):
+        raise PermissionError("mapping refused by the test")
+
+    shardfeed.transform._Slabs.get = _refuse
+
+
 def wrong_output(batch, rng):
     return [batch["id"]]
 
@@ -430,3 +452,24 @@ def test_arrays_handed_back_stay_in_their_slab(dataset):
         stats = loader.stats()["transform"]
     assert len(got) == ROWS // 64 and got == seen and in_slab
     assert stats["pinned_batches"] == len(got) and stats["unpinned_batches"] == 0
+
+
+def test_worker_processes_read_batches_where_they_lie(dataset, monkeypatch):
+    """With transform_processes the workers map the loader's slabs and read each batch in place
+    (no copy into shared memory); where they cannot, the batch is copied and the results are
+    the same."""
+    with shardfeed.Loader(dataset, 64, seed=3, transform=where_read, transform_threads=1) as loader:
+        expected = [b["id"].copy() for b in loader]
+    with shardfeed.Loader(dataset, 64, seed=3, transform=where_read,
+                          transform_processes=2) as loader:
+        got = epoch(loader)
+    assert [b["id"].tolist() for b in got] == [ids.tolist() for ids in expected]
+    assert all(b["in_place"][0] for b in got)
+    monkeypatch.setenv("SHARDFEED_TEST_NO_SLAB_MAPS", "1")
+    with shardfeed.Loader(dataset, 64, seed=3, transform=where_read,
+                          transform_processes=2) as loader:
+        got = epoch(loader)
+        assert loader._runner.share is False
+    assert [b["id"].tolist() for b in got] == [ids.tolist() for ids in expected]
+    assert not any(b["in_place"][0] for b in got)
+    assert shm_left() == []
