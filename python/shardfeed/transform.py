@@ -418,9 +418,10 @@ class _Blocks:
 
 
 def _worker_main(fn_bytes: bytes, tasks, results) -> None:
-    """A transform process: takes each task from the shared `tasks` queue, reads its batch from
-    its slot's input block, runs the function, writes the output into the slot's output block
-    (a new, larger one when it does not fit, named for the task), and says where on its own
+    """A transform process: takes each task from the shared `tasks` queue, reads its batch where
+    it lies in one of the loader's slabs (mapped once) and, for arrays outside it, from its
+    slot's input block, runs the function, writes the output into the slot's output block (a
+    new, larger one when it does not fit, named for the task), and says where on its own
     `results` pipe."""
     try:
         fn, unloadable = pickle.loads(fn_bytes), None
@@ -621,6 +622,8 @@ class _Processes:
         self.tasks.close()
         for reader in self.readers:
             reader.close()
+        # The batches held for tasks that never finished go back to the pool.
+        self.running.clear()
 
 
 class _TransformLoader(Loader):

@@ -297,10 +297,11 @@ fn assert_codecs(dataset: &Path, expected: &[(&str, bool)]) {
 
 /// A Parquet input's binary columns that hold compressed images (JPEG, PNG,
 /// WebP, GIF by their first bytes; top level, or in a struct as Hugging
-/// Face stores `image: {bytes, path}`) are stored uncompressed; other
-/// binary columns keep zstd; large distinct values (binary or text) get no
-/// dictionary page, short repeated strings keep theirs; every row comes
-/// back byte for byte.
+/// Face stores `image: {bytes, path}`) are stored uncompressed, as are
+/// large distinct values zstd cannot shrink (noise without a signature);
+/// other binary columns keep zstd; large distinct values (binary or text)
+/// get no dictionary page, short repeated strings keep theirs; every row
+/// comes back byte for byte.
 #[test]
 fn image_columns_of_a_parquet_input_are_stored_as_they_are() {
     use arrow_array::{ArrayRef, BinaryArray, Int64Array, StringArray, StructArray};
@@ -334,6 +335,10 @@ fn image_columns_of_a_parquet_input_are_stored_as_they_are() {
     let nested: Vec<Vec<u8>> = (1..=n).map(&mut image).collect();
     // Not images: the same noise without a signature.
     let blobs: Vec<Vec<u8>> = (0..n).map(|i| image(i)[12..].to_vec()).collect();
+    // Not images either, and compressible: serialised records.
+    let records: Vec<Vec<u8>> = (0..n)
+        .map(|i| format!("record {i}: {}", "field=value; ".repeat(100 + i % 9)).into_bytes())
+        .collect();
     let bin = |v: &[Vec<u8>]| -> ArrayRef {
         Arc::new(BinaryArray::from_iter_values(
             v.iter().map(|b| b.as_slice()),
@@ -357,6 +362,7 @@ fn image_columns_of_a_parquet_input_are_stored_as_they_are() {
         ("photo", bin(&images)),
         ("image", Arc::new(hf) as ArrayRef),
         ("blob", bin(&blobs)),
+        ("record", bin(&records)),
         (
             "doc",
             Arc::new(StringArray::from_iter_values((0..n).map(|i| {
@@ -383,7 +389,8 @@ fn image_columns_of_a_parquet_input_are_stored_as_they_are() {
             ("photo", false),
             ("image.bytes", false),
             ("image.path", true),
-            ("blob", true),
+            ("blob", false),
+            ("record", true),
             ("doc", true),
             ("tag", true),
         ],
@@ -394,7 +401,7 @@ fn image_columns_of_a_parquet_input_are_stored_as_they_are() {
             .map(|c| c.dictionary_page_offset().is_some())
             .collect()
     };
-    for name in ["blob", "doc"] {
+    for name in ["blob", "record", "doc"] {
         assert!(
             dictionary(name).iter().all(|d| !d),
             "{name} has a dictionary page"
