@@ -362,13 +362,16 @@ pub fn keep_c_heap() {
 }
 
 /// mimalloc's `purge_delay` option (milliseconds before freed memory goes back to the OS).
+#[cfg(feature = "mimalloc")]
 pub const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 fn run_shard(args: &ShardArgs) -> Result<()> {
     let mut options = shard_options(args)?;
+    // A tight budget was asked for: hand freed memory back at once, at some
+    // cost in speed, so the process stays near the budget (the binary's
+    // allocator; the Python package's has its own decay).
+    #[cfg(feature = "mimalloc")]
     if options.memory_budget < shardfeed_preprocess::DEFAULT_MEMORY_BUDGET {
-        // A tight budget was asked for: hand freed memory back at once, at
-        // some cost in speed, so the process stays near the budget.
         // SAFETY: sets an allocator option; valid at any time.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
     }

@@ -6,10 +6,12 @@ use std::process::ExitCode;
 /// mimalloc reuses them without page faults and returns freed memory to the
 /// OS, so the process stays near its configured budget (glibc's allocator
 /// kept ~100 MB of freed heap mapped in the shuffle test).
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 // No huge page advice for mimalloc's arenas (why: the macro's docs).
+#[cfg(feature = "mimalloc")]
 shardfeed_format::mimalloc_without_huge_page_advice!();
 
 fn main() -> ExitCode {
@@ -23,7 +25,10 @@ fn main() -> ExitCode {
     // instead of page-faulted (and zeroed) in again. Memory stays bounded by
     // the configured budgets; `shard` under a small budget purges at once.
     // SAFETY: sets an allocator option; valid at any time.
-    unsafe { libmimalloc_sys::mi_option_set(shardfeed_cli::MI_OPTION_PURGE_DELAY, -1) };
+    #[cfg(feature = "mimalloc")]
+    unsafe {
+        libmimalloc_sys::mi_option_set(shardfeed_cli::MI_OPTION_PURGE_DELAY, -1)
+    };
     shardfeed_cli::keep_c_heap();
     ExitCode::from(shardfeed_cli::run(std::env::args_os()))
 }

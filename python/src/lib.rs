@@ -29,31 +29,29 @@ use crate::dataset::{commit, index, inspect, shard, verify};
 use crate::errors::ShardfeedError;
 use crate::loader::PyLoader;
 
-/// The extension's own allocations (decoded row groups, slabs) use mimalloc,
-/// keeping freed memory for reuse instead of page-faulting it in again each
-/// row group; Python's objects keep Python's allocator.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// mimalloc's `purge_delay` option.
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-// No huge page advice for mimalloc's arenas (why: the macro's docs).
-shardfeed_format::mimalloc_without_huge_page_advice!();
+// The extension's allocations go to the system allocator, not to mimalloc as
+// the `shardfeed` binary's do: a Python trainer forks (a DataLoader's
+// workers, multiprocessing) while the loader's threads run, and glibc's malloc
+// takes its locks around `fork`, while mimalloc has no fork handlers: a child
+// forked while one of the loader's threads held one of mimalloc's locks (a
+// thread starting or exiting) hung at its first allocation (1 fork in 3,000
+// with loaders coming and going; none in 2,000 with glibc's malloc). jemalloc,
+// fork-safe too, read token lists and tables 20-25% slower here
+// (docs/performance-notes.md).
 
 /// Run the `shardfeed` command with `argv` (the program's name first) and
 /// return its exit code: the package's `shardfeed` console command. The GIL
 /// is released while it runs.
 #[pyfunction]
 fn cli_main(py: Python<'_>, argv: Vec<String>) -> i32 {
+    // The command's own process: the C heap kept between uses, as the binary
+    // keeps it (with the system allocator, Rust's allocations too).
+    shardfeed_cli::keep_c_heap();
     py.detach(|| i32::from(shardfeed_cli::run(argv)))
 }
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    // Freed memory is reused, never returned: the loader's budgets bound it.
-    // SAFETY: sets an allocator option; valid at any time.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
     // Log records go to Python's `logging` (loggers named after the Rust
     // modules, e.g. `shardfeed_loader.loader`).
     pyo3_log::init();
