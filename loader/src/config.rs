@@ -40,19 +40,17 @@ pub const DEFAULT_PREFETCH_BYTES: u64 = 128 << 20;
 pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 30;
 /// Default bytes of fetched and decoded row groups held at once.
 pub const DEFAULT_BYTE_BUDGET: u64 = 1 << 30;
-/// An epoch's first window of a dataset shuffled at shard time (and large
-/// enough, see `MIN_WINDOWS_TO_SLICE`) is served as the first
-/// `1/FIRST_SLICES` of its row groups, then the rest.
+/// An epoch's first window of a dataset shuffled at shard time (with more
+/// row groups per rank than its heads take) is served as the first
+/// `1/FIRST_SLICES` of a few of its row groups, then the rest. A slice's
+/// decode usually decodes the whole first page of each column, which the
+/// rest of its row group decodes again: only the few row groups sliced for
+/// the first two batches. Measured on a 4.5-window token epoch (Intel Xeon,
+/// 2 vCPUs): first batch 7-16 ms against 93-126, steady rows/s within 1%
+/// (noise); on epochs of one window or less (4 and 12 row groups) 7-10 ms
+/// against 34-104, and a three-source mixture's first batch 34-41 ms
+/// against 211-259 (docs/performance-notes.md).
 pub const FIRST_SLICES: u32 = 8;
-/// The first window is sliced only when a rank's epoch holds at least this
-/// many windows (an epoch of one window has nothing to start sooner for). A
-/// slice's decode usually decodes the whole first page of each column, which
-/// the rest of its row group decodes again: only the few row groups sliced
-/// for the first two batches. Measured on a 4.5-window token epoch (Intel
-/// Xeon, 2 vCPUs): first batch 7-16 ms against 93-126, steady rows/s within
-/// 1% (noise); from 8 windows on (as before) it left 300 MB datasets
-/// waiting 60-110 ms for a whole first window.
-pub const MIN_WINDOWS_TO_SLICE: u64 = 2;
 /// Default of [`LoaderBuilder::decode_niceness`]. Measured on the 40-column
 /// tabular set of docs/performance-notes.md with 2 decode threads on 2 cores: nice 0 /
 /// 3 / 6 gave 1.76 / 1.86 / 1.90 cores busy and 6 epochs in 5.9 / 5.7 /

@@ -117,14 +117,11 @@ impl Pipeline {
             window: c.window,
             batch_size: c.batch_size,
             drop_last: c.drop_last,
-            // Slices of row groups are random samples only when the
-            // dataset was shuffled at shard time; in a dataset written in
-            // order a slice is one class or domain. An epoch of one
-            // window reads it whole.
-            first_slices: if self.manifest.options.shuffle_seed.is_some()
-                && self.manifest.row_group_count() as u64 / world_size.max(1)
-                    >= crate::config::MIN_WINDOWS_TO_SLICE * c.window as u64
-            {
+            first_slices: if crate::plan::slices_first_window(
+                self.manifest.options.shuffle_seed.is_some(),
+                self.manifest.row_group_count() as u64,
+                world_size,
+            ) {
                 crate::config::FIRST_SLICES
             } else {
                 0

@@ -113,6 +113,22 @@ impl Piece {
 /// Fewest segments of a first window whose first slices serve an epoch's
 /// first batches: below this the heads would be a one-row-group window.
 pub(crate) const MIN_FIRST_HEADS: usize = 2;
+
+/// Whether an epoch's first window is sliced (see the module's
+/// documentation): for a dataset shuffled at shard time (its slices are
+/// random samples; in a dataset written in order a slice is one class or
+/// domain), when a rank's epoch holds more row groups than the heads take,
+/// so that there is a rest to serve after them. Without slicing, the first
+/// batch waits for the whole first window: in a mixture, for every
+/// source's, on cores the sources share. Part of the order: a change here
+/// bumps [`crate::PLAN_VERSION`].
+pub(crate) fn slices_first_window(
+    shuffled_at_shard: bool,
+    row_groups: u64,
+    world_size: u64,
+) -> bool {
+    shuffled_at_shard && row_groups / world_size.max(1) > MIN_FIRST_HEADS as u64
+}
 /// Batches the first slices must hold (unless every segment of the first
 /// window is sliced): a batch that straddles the heads and the rest waits
 /// for the whole rest.
@@ -1019,9 +1035,25 @@ mod golden {
     fn orders_for_fixed_seeds_are_pinned() {
         assert_eq!(
             crate::state::PLAN_VERSION,
-            3,
+            4,
             "update the pinned orders with the version"
         );
+        // Which epochs slice their first window (version 4: every one of a
+        // dataset shuffled at shard time with more row groups per rank than
+        // the heads; version 3 asked for two windows per rank).
+        for (shuffled, groups, world, sliced) in [
+            (true, 3, 1, true),
+            (true, 2, 1, false),
+            (true, 8, 3, false),
+            (true, 9, 3, true),
+            (false, 1000, 1, false),
+        ] {
+            assert_eq!(
+                slices_first_window(shuffled, groups, world),
+                sliced,
+                "{groups} row groups, {world} ranks, shuffled at shard time: {shuffled}"
+            );
+        }
         // (seed, epoch, rank, world size) -> the rank's rows, in order.
         type Case = ((u64, u64, u64, u64), &'static [u64]);
         let pinned: [Case; 4] = [

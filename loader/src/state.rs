@@ -20,7 +20,7 @@ use crate::error::{LoaderError, Result};
 /// The state format this build writes and reads.
 pub const STATE_VERSION: u32 = 2;
 /// The order algorithm (the loader's `plan` module) this build implements.
-pub const PLAN_VERSION: u32 = 3;
+pub const PLAN_VERSION: u32 = 4;
 
 /// Where a loader is: enough to continue exactly there in a new process.
 /// Serialized as JSON it is well under 1 KB.
