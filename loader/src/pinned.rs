@@ -232,6 +232,7 @@ pub(crate) struct Pool {
     /// Whether [`Pool::warm_first`] has run.
     warmed: AtomicBool,
     /// Whether slabs are made in memory other processes can map.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     share: bool,
     #[cfg(feature = "cuda")]
     ctx: Option<Arc<cudarc::driver::CudaContext>>,
