@@ -8,7 +8,7 @@ the first batch and the process's peak RSS above its baseline after `import shar
 
     pip install ./python && python3 benches/manifest_scale.py --shards 100000
 """
-import argparse, json, os, subprocess, sys, tempfile, time
+import argparse, json, os, shutil, subprocess, sys, tempfile, time
 
 ROWS = 64
 
@@ -35,10 +35,19 @@ def main():
     p.add_argument("--shards", type=int, default=100_000)
     p.add_argument("--work", default=None)
     args = p.parse_args()
+    work = args.work or tempfile.mkdtemp(prefix="shardfeed-manifest-scale-")
+    try:
+        measure(args, work)
+    finally:
+        # A folder of its own is removed (100,000 links and a 13 MB manifest); --work is kept.
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(args, work):
     import numpy as np, pyarrow as pa, pyarrow.parquet as pq
     import shardfeed
 
-    work = args.work or tempfile.mkdtemp(prefix="shardfeed-manifest-scale-")
     pq.write_table(pa.table({"id": np.arange(ROWS, dtype=np.int64), "x": np.ones(ROWS, np.float32)}),
                    os.path.join(work, "one.parquet"))
     seed = os.path.join(work, "seed")
