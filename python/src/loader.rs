@@ -3,7 +3,12 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
+
+/// How long a transform thread waits for the loader to pin its outputs
+/// before it leaves them where the function made them (counted as unpinned).
+const PIN_PATIENCE: Duration = Duration::from_millis(20);
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -72,6 +77,30 @@ impl PyLoader {
         self.inner
             .lock()
             .map_err(|_| ShardfeedError::new_err("the loader is unusable after a panic"))
+    }
+
+    /// [`PyLoader::lock`], waiting at most `patience` for another thread's
+    /// hold to end: `None` past it. For a transform thread pinning its
+    /// outputs: the caller's thread holds the loader while its `next()`
+    /// waits for a batch, which may wait for a slab that this very
+    /// transform's input holds until the transform returns.
+    fn lock_within(&self, patience: Duration) -> PyResult<Option<MutexGuard<'_, Inner>>> {
+        if self.pid.load(Ordering::SeqCst) != std::process::id() {
+            return self.lock().map(Some);
+        }
+        let until = Instant::now() + patience;
+        loop {
+            match self.inner.try_lock() {
+                Ok(inner) => return Ok(Some(inner)),
+                Err(TryLockError::Poisoned(_)) => {
+                    return Err(ShardfeedError::new_err(
+                        "the loader is unusable after a panic",
+                    ));
+                }
+                Err(TryLockError::WouldBlock) if Instant::now() >= until => return Ok(None),
+                Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_micros(200)),
+            }
+        }
     }
 
     fn with_any<T>(&self, f: impl FnOnce(&mut dyn Feed) -> PyResult<T>) -> PyResult<T> {
@@ -372,13 +401,6 @@ impl PyLoader {
         py.detach(|| self.with_any(|l| Ok(l.pinning().name().to_string())))
     }
 
-    /// A transform's outputs copied into a spare slab of the pool (pinned
-    /// when the pool is), as a batch of index `index`: `arrays` is a list of
-    /// (key, C-contiguous numeric numpy array) sharing their first
-    /// dimension. `None` when no slab is spare without taking the
-    /// pipeline's last, when the arrays do not fit one, when the loader is
-    /// a mixture, or for a type a slab does not hold (then they stay as
-    /// they are).
     /// The origin of each row of the batch last yielded, as a `[rows, 3]`
     /// uint32 array of (shard, row group, row); `None` unless built with
     /// `_row_ids=True` (and for a mixture).
@@ -397,6 +419,13 @@ impl PyLoader {
         Ok(Some(array.reshape([rows, 3])?.into_any()))
     }
 
+    /// A transform's outputs copied into a spare slab of the pool (pinned
+    /// when the pool is), as a batch of index `index`: `arrays` is a list of
+    /// (key, C-contiguous numeric numpy array) sharing their first
+    /// dimension. `None` when no slab is spare without taking the
+    /// pipeline's last, when the arrays do not fit one, when the loader is
+    /// a mixture, for a type a slab does not hold, or when the loader stays
+    /// busy past [`PIN_PATIENCE`] (then they stay as they are).
     fn _pin<'py>(
         &self,
         py: Python<'py>,
@@ -435,7 +464,16 @@ impl PyLoader {
             let nbytes: usize = array.getattr("nbytes")?.extract()?;
             parts.push((key.clone(), dtype, shape, address, nbytes));
         }
-        let lease = py.detach(|| self.with_any(|l| l.spare_slab().map_err(loader_error)))?;
+        let lease = py.detach(|| {
+            let Some(mut inner) = self.lock_within(PIN_PATIENCE)? else {
+                return Ok(None);
+            };
+            if inner.closed {
+                return Err(ShardfeedError::new_err("the loader is closed"));
+            }
+            let loader = inner.loader.as_mut().expect("open loaders hold one");
+            loader.spare_slab().map_err(loader_error)
+        })?;
         let Some(lease) = lease else {
             return Ok(None);
         };
