@@ -24,24 +24,33 @@ pub(crate) fn map(len: usize) -> std::io::Result<(NonNull<u8>, usize)> {
     let cap = len
         .checked_next_multiple_of(MAPPED_FROM)
         .ok_or_else(|| std::io::Error::other(format!("a buffer of {len} bytes")))?;
-    // SAFETY: a new private anonymous mapping of `cap` bytes (no file, no
-    // fixed address); the result is checked before use.
+    Ok((
+        mmap_rw(cap, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1)?,
+        cap,
+    ))
+}
+
+/// A new readable and writable mapping of `cap` bytes with `flags`, of
+/// `fd` from its start (`-1` for anonymous memory), at an address the
+/// system picks.
+fn mmap_rw(cap: usize, flags: libc::c_int, fd: libc::c_int) -> std::io::Result<NonNull<u8>> {
+    // SAFETY: a new mapping (no fixed address) of `cap` bytes of anonymous
+    // memory or of an open file the caller owns; the result is checked
+    // before use.
     let ptr = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             cap,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
+            flags,
+            fd,
             0,
         )
     };
     if ptr == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error());
     }
-    let ptr = NonNull::new(ptr.cast::<u8>())
-        .ok_or_else(|| std::io::Error::other("mmap gave a null address"))?;
-    Ok((ptr, cap))
+    NonNull::new(ptr.cast::<u8>()).ok_or_else(|| std::io::Error::other("mmap gave a null address"))
 }
 
 /// A new mapping of at least `len` bytes (whole pages), zeroed, that other
@@ -73,24 +82,7 @@ pub(crate) fn map_shared(
     if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // SAFETY: a new shared mapping of the memfd's `cap` bytes (no fixed
-    // address); the result is checked before use.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            cap,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    let ptr = NonNull::new(ptr.cast::<u8>())
-        .ok_or_else(|| std::io::Error::other("mmap gave a null address"))?;
-    Ok((ptr, cap, fd))
+    Ok((mmap_rw(cap, libc::MAP_SHARED, fd.as_raw_fd())?, cap, fd))
 }
 
 /// Unmap a buffer [`map`] or [`map_shared`] made.

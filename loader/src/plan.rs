@@ -129,6 +129,7 @@ pub(crate) fn slices_first_window(
 ) -> bool {
     shuffled_at_shard && row_groups / world_size.max(1) > MIN_FIRST_HEADS as u64
 }
+
 /// Batches the first slices must hold (unless every segment of the first
 /// window is sliced): a batch that straddles the heads and the rest waits
 /// for the whole rest.

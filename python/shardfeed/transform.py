@@ -327,18 +327,22 @@ def _slab_of(value) -> tuple | None:
     return None
 
 
-def _layout(batch: dict, slab: tuple | None = None) -> tuple[list, int]:
-    """Where `batch`'s arrays are read: [(key, dtype, shape, offset, in_slab)], and the bytes
-    of the block those not in `slab` (a `SlabView.shared`) are copied into (0: none)."""
-    layout, offset = [], 0
+def _layout(batch: dict, share: bool = False) -> tuple[list, int, tuple | None]:
+    """Where `batch`'s arrays are read: [(key, dtype, shape, offset, in_slab)], the bytes of
+    the block those not read in place are copied into (0: none), and, with `share`, the slab
+    (a `SlabView.shared`) the arrays read in place lie in: that of the first array lying in
+    one."""
+    layout, offset, slab = [], 0, None
     for key, value in batch.items():
-        placed = _slab_of(value) if slab is not None else None
+        placed = _slab_of(value) if share else None
+        if placed is not None and slab is None:
+            slab = placed[0]
         if placed is not None and placed[0] == slab:
             layout.append((key, value.dtype.str, value.shape, placed[1], True))
         else:
             layout.append((key, value.dtype.str, value.shape, offset, False))
             offset += (value.nbytes + 63) // 64 * 64
-    return layout, offset
+    return layout, offset, slab
 
 
 def _write(block, layout: list, batch: dict) -> None:
@@ -439,15 +443,18 @@ def _worker_main(fn_bytes: bytes, tasks, results) -> None:
             continue
         try:
             mapped = slabs.get(slab) if slab is not None else None
-        except OSError as e:
+        except OSError as e:  # /proc/<pid>/fd closed to this process: the parent copies
             results.send((task_id, None, None, f"{_UNMAPPABLE}{e!r}"))
+            continue
+        except BaseException as e:  # noqa: BLE001 - reported, the worker goes on
+            results.send((task_id, None, None, f"cannot map the loader's slab: {e!r}"))
             continue
         try:
             block = blocks.get(in_name) if in_name is not None else None
             batch = _from_shared(block, layout, mapped)
             out = _check_output(fn(batch, np.random.default_rng(rng_words)), index)
             del batch
-            out_layout, size = _layout(out)
+            out_layout, size, _ = _layout(out)
             size = max(size, 1)
             if out_name is None or size > out_size:
                 # Blocks are the parent's to unlink (the resource tracker is shared with
@@ -532,11 +539,7 @@ class _Processes:
         the workers can map, the rest copied into its slot's input block."""
         slot_id, _, batch, index, words = self.running[task_id]
         slot = self.slots[slot_id]
-        slab = None
-        if self.share:
-            placed = next((p for p in map(_slab_of, batch.values()) if p is not None), None)
-            slab = placed[0] if placed is not None else None
-        layout, size = _layout(batch, slab)
+        layout, size, slab = _layout(batch, self.share)
         in_name = None
         if size:
             if size > slot.in_size:

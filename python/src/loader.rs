@@ -104,13 +104,20 @@ impl PyLoader {
     }
 
     fn with_any<T>(&self, f: impl FnOnce(&mut dyn Feed) -> PyResult<T>) -> PyResult<T> {
-        let mut inner = self.lock()?;
-        if inner.closed {
-            return Err(ShardfeedError::new_err("the loader is closed"));
-        }
-        let loader = inner.loader.as_mut().expect("open loaders hold one");
-        f(loader.as_mut())
+        open_loader(self.lock()?, f)
     }
+}
+
+/// `f` on the loader `inner` holds, unless it was closed.
+fn open_loader<T>(
+    mut inner: MutexGuard<'_, Inner>,
+    f: impl FnOnce(&mut dyn Feed) -> PyResult<T>,
+) -> PyResult<T> {
+    if inner.closed {
+        return Err(ShardfeedError::new_err("the loader is closed"));
+    }
+    let loader = inner.loader.as_mut().expect("open loaders hold one");
+    f(loader.as_mut())
 }
 
 impl Drop for PyLoader {
@@ -464,15 +471,9 @@ impl PyLoader {
             let nbytes: usize = array.getattr("nbytes")?.extract()?;
             parts.push((key.clone(), dtype, shape, address, nbytes));
         }
-        let lease = py.detach(|| {
-            let Some(mut inner) = self.lock_within(PIN_PATIENCE)? else {
-                return Ok(None);
-            };
-            if inner.closed {
-                return Err(ShardfeedError::new_err("the loader is closed"));
-            }
-            let loader = inner.loader.as_mut().expect("open loaders hold one");
-            loader.spare_slab().map_err(loader_error)
+        let lease = py.detach(|| match self.lock_within(PIN_PATIENCE)? {
+            Some(inner) => open_loader(inner, |l| l.spare_slab().map_err(loader_error)),
+            None => Ok(None),
         })?;
         let Some(lease) = lease else {
             return Ok(None);
