@@ -90,6 +90,44 @@ impl Shape {
     }
 }
 
+/// The most parts a row group is cut into.
+pub(crate) const MAX_PARTS: u64 = 1 << 12;
+
+/// Parts of at most how many rows the row groups of `shape` (of `rows`
+/// rows on average) are read in so that what `window_of` windows touch fits
+/// the budget: the fewest parts (doubling) that fit, each costing its share
+/// of the row group and `overhead` more; with the shape of those parts.
+/// `None` when even parts of one row, or [`MAX_PARTS`] parts, do not fit.
+pub(crate) fn parts(
+    shape: &Shape,
+    rows: u64,
+    overhead: u64,
+    batch_size: usize,
+    window_of: impl Fn(&Shape) -> usize,
+) -> Option<(u64, Shape)> {
+    let mut k = 2u64;
+    while k <= MAX_PARTS {
+        let part = rows.div_ceil(k).max(1);
+        let cut = Shape {
+            unit_bytes: (shape.unit_bytes / k)
+                .saturating_add(overhead)
+                .min(shape.unit_bytes),
+            units: shape.units.saturating_mul(k),
+            // A row group's parts hold at least half `part` rows each.
+            batch_groups: batch_groups(batch_size, (part / 2).max(1)),
+            ..*shape
+        };
+        if cut.fits(window_of(&cut)) {
+            return Some((part, cut));
+        }
+        if part == 1 {
+            return None;
+        }
+        k = k.saturating_mul(2);
+    }
+    None
+}
+
 /// Batches collated ahead by default: as many as [`DEFAULT_PREFETCH_BYTES`]
 /// hold, 2 to [`DEFAULT_PREFETCH_BATCHES`].
 pub(crate) fn default_prefetch(batch_bytes: u64) -> usize {

@@ -170,12 +170,39 @@ impl LoaderBuilder {
             .filter(|&r| r > 0)
             .min()
             .unwrap_or(1);
-        let shape = budget::Shape {
+        let mut shape = budget::Shape {
             byte_budget: self.byte_budget,
             unit_bytes: sizes.unit_bytes,
             units,
             batch_groups: budget::batch_groups(self.batch_size, min_group_rows),
         };
+        let fitted = shuffled_at_shard_time || !self.shuffle;
+        // An index's row groups are its writers' (hundreds of MB from
+        // pyarrow, Spark, DuckDB): where the budget cannot hold what two
+        // windows of them touch, they are read in parts, each a unit.
+        // Parts get the window that mixes best and fits, down to the
+        // smallest fitted one.
+        let part_window = |s: &budget::Shape| {
+            self.window.unwrap_or_else(|| {
+                let w = s.auto_window(fitted);
+                if s.fits(w) { w } else { s.auto_window(true) }
+            })
+        };
+        let mut part_rows = 0;
+        let whole_window = self.window.unwrap_or_else(|| shape.auto_window(fitted));
+        if manifest.index.is_some()
+            && !shape.fits(whole_window)
+            && let Some((rows, cut)) = budget::parts(
+                &shape,
+                sizes.unit_rows,
+                sizes.part_overhead,
+                self.batch_size,
+                part_window,
+            )
+        {
+            part_rows = rows;
+            shape = cut;
+        }
         let window = match self.window {
             Some(w) => w,
             // A dataset shuffled at shard time: windows of the default size,
@@ -183,7 +210,8 @@ impl LoaderBuilder {
             // share one budget: eight sources of 8 MB row groups get 128 MiB
             // each, which holds two windows of 7), down to 2; below that the
             // budget is refused by name.
-            None => shape.auto_window(shuffled_at_shard_time || !self.shuffle),
+            None if part_rows > 0 => part_window(&shape),
+            None => shape.auto_window(fitted),
         };
         if self.window.is_none() && window < DEFAULT_WINDOW {
             tracing::info!(
@@ -322,6 +350,7 @@ impl LoaderBuilder {
             byte_budget: self.byte_budget,
             in_flight_bytes: in_flight,
             needed_units: needed,
+            part_rows,
             batch_bytes: sizes.batch_bytes,
             on_error: self.on_error,
             max_skipped: self.max_skipped,
@@ -341,6 +370,11 @@ impl LoaderBuilder {
 struct Sizes {
     /// Projected bytes (fetched + decoded) of an average row group.
     unit_bytes: u64,
+    /// Rows of an average row group.
+    unit_rows: u64,
+    /// Bytes a part of a row group reads beyond its share
+    /// ([`part_overhead_of`], the largest of a row group's sum).
+    part_overhead: u64,
     /// Bytes of one collated batch.
     batch_bytes: u64,
     /// Bytes per slab: twice a batch's (decoded images: once).
@@ -359,6 +393,8 @@ fn estimate_sizes(
     let Some(first) = manifest.shards.iter().position(|s| s.rows > 0) else {
         return Ok(Sizes {
             unit_bytes: 1,
+            unit_rows: 1,
+            part_overhead: 0,
             batch_bytes: 0,
             slab_bytes: 64 << 10,
         });
@@ -380,8 +416,16 @@ fn estimate_sizes(
     };
     let meta = &footer.footer.metadata;
     let (mut projected, mut all, mut cost) = (0u64, 0u64, 0u64);
+    let (mut group_rows, mut part_overhead) = (0u64, 0u64);
     for g in meta.row_groups() {
         cost = cost.saturating_add(fetch.row_group_cost(&footer.arrow, g));
+        group_rows = group_rows.saturating_add(g.num_rows().max(0) as u64);
+        part_overhead = part_overhead.max(
+            leaves
+                .iter()
+                .map(|&leaf| part_overhead_of(g.column(leaf)))
+                .fold(0, u64::saturating_add),
+        );
         for (i, c) in g.columns().iter().enumerate() {
             let size = crate::fetch::decoded_bytes(c);
             all = all.saturating_add(size);
@@ -391,6 +435,7 @@ fn estimate_sizes(
         }
     }
     let unit_bytes = cost / meta.num_row_groups().max(1) as u64;
+    let unit_rows = group_rows / meta.num_row_groups().max(1) as u64;
     // Parquet's uncompressed sizes are of encoded pages (dictionaries, bit
     // packing); scale the dataset's Arrow bytes per row by the projected share.
     let arrow_per_row = manifest.input_bytes as f64 / manifest.total_rows.max(1) as f64;
@@ -425,9 +470,42 @@ fn estimate_sizes(
     let slab_bytes = budget::slab_bytes(batch_bytes, images, fixed_bytes);
     Ok(Sizes {
         unit_bytes,
+        unit_rows,
+        part_overhead,
         batch_bytes,
         slab_bytes,
     })
+}
+
+/// What a part of a row group reads of `chunk` beyond its share of the
+/// rows: the dictionary page, and a data page at each end (the pages that
+/// cover its first and last rows also hold rows of other parts). Page sizes
+/// come from the chunk's page counts where the footer's reading kept them,
+/// else a sixteenth of the chunk, at most pyarrow's default of 1 MiB. An
+/// estimate, for the plan: what a part takes of the budget when it is read
+/// comes from its pages' map.
+fn part_overhead_of(chunk: &parquet::file::metadata::ColumnChunkMetaData) -> u64 {
+    let size = chunk.compressed_size().max(0) as u64;
+    let dict = chunk.dictionary_page_offset().map_or(0, |d| {
+        chunk.data_page_offset().saturating_sub(d).max(0) as u64
+    });
+    let pages: u64 = chunk.page_encoding_stats().map_or(0, |stats| {
+        stats
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.page_type,
+                    parquet::basic::PageType::DATA_PAGE | parquet::basic::PageType::DATA_PAGE_V2
+                )
+            })
+            .map(|s| s.count.max(0) as u64)
+            .sum()
+    });
+    let page = match pages {
+        0 => (size / 16).min(1 << 20),
+        n => size.saturating_sub(dict) / n,
+    };
+    dict.saturating_add(page.saturating_mul(2)).min(size)
 }
 
 /// A loader's I/O runtime, with `threads` workers.

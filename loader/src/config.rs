@@ -725,6 +725,9 @@ pub(crate) struct Config {
     pub in_flight_bytes: u64,
     /// Row groups that must fit the budget at once (two windows and a batch).
     pub needed_units: u64,
+    /// Row groups of more rows are read in parts of at most this many (0:
+    /// whole); see [`crate::plan::PlanOptions::part_rows`].
+    pub part_rows: u64,
     /// Estimated bytes of one collated batch.
     pub batch_bytes: u64,
     pub on_error: OnError,

@@ -48,10 +48,19 @@ pub(crate) fn decode(
         segment,
         footer,
         chunks,
+        parts,
         ..
     } = fetched;
     let footer = footer?;
     let rg = segment.row_group as usize;
+    let limits = Limits {
+        max_bytes: usize::try_from(byte_budget).unwrap_or(usize::MAX),
+    };
+    if !parts.is_empty() {
+        return decode_part(
+            segment, footer, chunks, parts, entry, roots, &limits, counters,
+        );
+    }
     for (leaf, _, bytes, sum) in &chunks {
         match sum {
             Some(sum) => check_chunk_sum(entry, &footer.footer, rg, *leaf, *sum)?,
@@ -65,9 +74,6 @@ pub(crate) fn decode(
             .map(|(_, start, b, _)| (start, b))
             .collect(),
     );
-    let limits = Limits {
-        max_bytes: usize::try_from(byte_budget).unwrap_or(usize::MAX),
-    };
     // Rows past the segment's end are not needed: a prefix of the row
     // group (the own decoders stop after the pages that cover it).
     let rows = footer.footer.metadata.row_group(rg).num_rows() as usize;
@@ -118,6 +124,58 @@ pub(crate) fn decode(
     Ok(DecodedRows {
         rows: out,
         beyond: (!beyond.is_empty()).then_some((segment.end, beyond)),
+    })
+}
+
+/// Check and decode a part of a large row group (see
+/// [`crate::fetch`]'s parts): the chunks fetched whole are checked against
+/// their checksums where the index has them; pages fetched for the part
+/// are checked by the decoders' bounds (a chunk's checksum covers the whole
+/// chunk).
+#[allow(clippy::too_many_arguments)]
+fn decode_part(
+    segment: Segment,
+    footer: Arc<crate::stage::FooterInfo>,
+    chunks: Vec<(usize, u64, bytes::Bytes, Option<shardfeed_format::ChunkSum>)>,
+    parts: Vec<crate::parquet::LeafPart>,
+    entry: &ShardEntry,
+    roots: &[usize],
+    limits: &Limits,
+    counters: &Counters,
+) -> Result<DecodedRows> {
+    let rg = segment.row_group as usize;
+    let meta = footer.footer.metadata.row_group(rg);
+    for (leaf, start, bytes, _) in &chunks {
+        if meta.column(*leaf).byte_range() == (*start, bytes.len() as u64) {
+            check_chunk(entry, &footer.footer, rg, *leaf, bytes)?;
+        }
+    }
+    let file = SparseFile::new(
+        entry.bytes,
+        chunks
+            .into_iter()
+            .map(|(_, start, b, _)| (start, b))
+            .collect(),
+    );
+    let want = segment.start as usize..segment.end as usize;
+    let (batch, paths) = crate::parquet::decode_part(
+        Arc::new(file),
+        &footer.arrow,
+        rg,
+        roots,
+        &parts,
+        want,
+        limits,
+    )
+    .map_err(|source| LoaderError::Decode {
+        shard: entry.path.clone(),
+        row_group: Some(rg),
+        source,
+    })?;
+    counters.add_paths(&paths);
+    Ok(DecodedRows {
+        rows: vec![batch],
+        beyond: None,
     })
 }
 

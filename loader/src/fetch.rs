@@ -11,6 +11,7 @@
 //! it, not SIGBUS).
 
 mod local;
+mod parts;
 pub(crate) mod stage;
 
 pub(crate) use local::LocalReads;
@@ -108,6 +109,8 @@ pub(crate) struct FetchContext {
     readers: std::sync::OnceLock<Readers>,
     /// How many: [`LocalReads::threads`].
     reader_threads: usize,
+    /// Page maps of the row groups read in parts ([`parts`]).
+    maps_kept: parts::MapCache,
 }
 
 impl FetchContext {
@@ -127,6 +130,7 @@ impl FetchContext {
             map_reads: local.mapped,
             readers: std::sync::OnceLock::new(),
             reader_threads: local.threads,
+            maps_kept: parts::MapCache::default(),
             cache,
             downloads: Mutex::new(HashMap::new()),
             location,
@@ -655,6 +659,7 @@ impl FetchContext {
             segment,
             footer: Ok(footer),
             chunks,
+            parts: Vec::new(),
         })
     }
 

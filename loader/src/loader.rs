@@ -308,6 +308,7 @@ impl Loader {
             batch_size: c.batch_size,
             shuffle: c.shuffle,
             window: c.window,
+            part_rows: c.part_rows,
             drop_last: c.drop_last,
             dataset: self.dataset.clone(),
             pending: self

@@ -127,6 +127,7 @@ impl Pipeline {
                 0
             },
             keep_partial: c.keep_partial,
+            part_rows: c.part_rows,
         }
     }
 
@@ -154,8 +155,17 @@ impl Pipeline {
             .skip(first_seq as usize)
             .map(|(i, s)| (i as u64, *s))
             .collect();
-        let stash = Arc::new(Stash::new(&segments));
-        let shares = shared_fetches(&segments, 2 * config.window.max(1));
+        // Parts of large row groups are read as their own pages: nothing
+        // of one serves the next.
+        let (stash, shares) = if config.part_rows > 0 {
+            let none: Vec<_> = segments.iter().map(|_| Default::default()).collect();
+            (Arc::new(Stash::new(&[])), none)
+        } else {
+            (
+                Arc::new(Stash::new(&segments)),
+                shared_fetches(&segments, 2 * config.window.max(1)),
+            )
+        };
 
         let (fetched_tx, fetched_rx) = tokio::sync::mpsc::channel::<
             Result<(Fetched, OwnedSemaphorePermit)>,

@@ -86,6 +86,10 @@ pub(crate) struct PlanOptions {
     /// cross-rank remainder is dropped): a mixture's sources read every row
     /// of their rank's block this way.
     pub keep_partial: bool,
+    /// Row groups of more rows than this are cut into parts of at most
+    /// this many rows, each a unit of its own (read as the page ranges that
+    /// cover it); 0: row groups are units whole.
+    pub part_rows: u64,
 }
 
 /// A position range `[start, end)` of the sequence rank `rank` of
@@ -108,6 +112,21 @@ impl Piece {
     pub fn rows(&self) -> u64 {
         self.end.saturating_sub(self.start)
     }
+}
+
+/// The parts `[start, end)` a row group of `rows` rows is cut into: near
+/// equal, of at most `part_rows` rows each (the whole row group when
+/// `part_rows` is 0 or not less than `rows`).
+pub(crate) fn parts(rows: u64, part_rows: u64) -> impl Iterator<Item = (u32, u64)> {
+    let count = if part_rows == 0 {
+        1
+    } else {
+        rows.div_ceil(part_rows).max(1)
+    };
+    (0..count).map(move |i| {
+        let start = rows * i / count;
+        (start as u32, rows * (i + 1) / count)
+    })
 }
 
 /// Fewest segments of a first window whose first slices serve an epoch's
@@ -348,7 +367,8 @@ impl EpochPlan {
 
     /// Plan rank `options.rank`'s epoch over `manifest`.
     pub fn new(manifest: &Manifest, options: PlanOptions) -> Self {
-        let units: Vec<(u32, u32, u64)> = manifest
+        let part_rows = options.part_rows;
+        let units: Vec<(u32, u32, u32, u64)> = manifest
             .shards
             .iter()
             .enumerate()
@@ -358,7 +378,11 @@ impl EpochPlan {
                     .iter()
                     .enumerate()
                     .filter(|(_, rows)| **rows > 0)
-                    .map(move |(g, rows)| (s as u32, g as u32, *rows))
+                    .flat_map(move |(g, &rows)| {
+                        parts(rows, part_rows).map(move |(start, end)| {
+                            (s as u32, g as u32, start, end - start as u64)
+                        })
+                    })
             })
             .collect();
         let n_units = units.len() as u64;
@@ -369,7 +393,7 @@ impl EpochPlan {
             )
         });
         let unit_at = |i: u64| units[order.as_ref().map_or(i, |p| p.apply(i)) as usize];
-        let total: u64 = units.iter().map(|u| u.2).sum();
+        let total: u64 = units.iter().map(|u| u.3).sum();
         let world = options.world_size.max(1);
         let per_rank = if options.drop_last {
             total / world
@@ -387,7 +411,7 @@ impl EpochPlan {
             // Skip whole units before the block; cycles when wrapping.
             let mut remaining_start = start;
             while pos < end {
-                let (shard, row_group, rows) = unit_at(i % n_units);
+                let (shard, row_group, first, rows) = unit_at(i % n_units);
                 let (lo, hi) = (pos, pos + rows);
                 if hi > remaining_start {
                     let a = remaining_start.max(lo) - lo;
@@ -395,8 +419,8 @@ impl EpochPlan {
                     segments.push(Segment {
                         shard,
                         row_group,
-                        start: a as u32,
-                        end: b as u32,
+                        start: first + a as u32,
+                        end: first + b as u32,
                     });
                     remaining_start = hi;
                 }
@@ -730,6 +754,15 @@ mod tests {
             .collect()
     }
 
+    #[test]
+    fn row_groups_are_cut_into_near_equal_parts() {
+        let cut = |rows, part| super::parts(rows, part).collect::<Vec<_>>();
+        assert_eq!(cut(10, 0), [(0, 10)]);
+        assert_eq!(cut(10, 10), [(0, 10)]);
+        assert_eq!(cut(10, 4), [(0, 3), (3, 6), (6, 10)]);
+        assert_eq!(cut(7, 1).len(), 7);
+    }
+
     proptest! {
         #[test]
         fn ranks_partition_each_epoch_exactly(
@@ -741,13 +774,14 @@ mod tests {
             drop_last: bool,
             seed in 0u64..1000,
             first_slices in 0u32..10,
+            part_rows in 0u64..12,
         ) {
             let m = manifest(&layout);
             let total = m.total_rows;
             let mut seen = vec![0u32; total as usize];
             let mut batches = None;
             for rank in 0..world {
-                let plan = EpochPlan::new(&m, PlanOptions { seed, epoch: 1, rank, world_size: world, shuffle, window, batch_size: batch, drop_last, first_slices, keep_partial: false });
+                let plan = EpochPlan::new(&m, PlanOptions { seed, epoch: 1, rank, world_size: world, shuffle, window, batch_size: batch, drop_last, first_slices, keep_partial: false, part_rows });
                 // Every rank yields the same number of batches.
                 prop_assert_eq!(*batches.get_or_insert(plan.batches()), plan.batches());
                 for id in row_ids(&m, &plan) {
@@ -776,7 +810,7 @@ mod tests {
             seed in 0u64..100,
         ) {
             let m = manifest(&layout);
-            let opts = PlanOptions { seed, epoch: 3, rank: 0, world_size: 1, shuffle: true, window: 2, batch_size: 4, drop_last: false, first_slices: 4, keep_partial: false };
+            let opts = PlanOptions { seed, epoch: 3, rank: 0, world_size: 1, shuffle: true, window: 2, batch_size: 4, drop_last: false, first_slices: 4, keep_partial: false, part_rows: 0 };
             let a = row_ids(&m, &EpochPlan::new(&m, opts.clone()));
             let b = row_ids(&m, &EpochPlan::new(&m, opts));
             prop_assert_eq!(a, b);
@@ -797,7 +831,7 @@ mod tests {
             first_slices in 0u32..9,
         ) {
             let m = manifest(&layout);
-            let opts = |rank, world| PlanOptions { seed: 3, epoch: 2, rank, world_size: world, shuffle: true, window, batch_size: 4, drop_last: true, first_slices, keep_partial: true };
+            let opts = |rank, world| PlanOptions { seed: 3, epoch: 2, rank, world_size: world, shuffle: true, window, batch_size: 4, drop_last: true, first_slices, keep_partial: true, part_rows: 0 };
             let plan_of = |rank, world| EpochPlan::new(&m, opts(rank, world));
             let pieces: Vec<Piece> = cuts.iter().enumerate().map(|(i, &(a, b))| {
                 let rank = i as u64 % world;
@@ -836,6 +870,7 @@ mod tests {
                 drop_last: false,
                 first_slices: 8,
                 keep_partial: false,
+                part_rows: 0,
             },
         );
         let windows: Vec<Window> = (0..plan.window_count()).map(|w| plan.window(w)).collect();
@@ -887,6 +922,7 @@ mod tests {
             drop_last: false,
             first_slices: 8,
             keep_partial: false,
+            part_rows: 0,
         };
         // Slices of 10 rows: batches of 7 need two row groups (14 rows),
         // of 15 three (30 rows), of 50 all eight.
@@ -926,6 +962,7 @@ mod tests {
             drop_last: false,
             first_slices: 8,
             keep_partial: false,
+            part_rows: 0,
         };
         let e0 = row_ids(&m, &EpochPlan::new(&m, opts(0, true)));
         let e1 = row_ids(&m, &EpochPlan::new(&m, opts(1, true)));
@@ -1005,6 +1042,7 @@ mod golden {
                 drop_last: true,
                 first_slices: 8,
                 keep_partial: false,
+                part_rows: 0,
             },
         );
         let mut base = Vec::new();

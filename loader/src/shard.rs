@@ -50,14 +50,19 @@ pub(crate) fn decode_footer(entry: &ShardEntry, footer: &[u8]) -> Result<ShardFo
             ),
         ));
     }
-    let metadata =
-        ParquetMetaDataReader::decode_metadata(&footer[..footer.len() - 8]).map_err(|source| {
-            LoaderError::Decode {
-                shard: entry.path.clone(),
-                row_group: None,
-                source,
-            }
-        })?;
+    // Page counts kept (a few bytes per column chunk): they size the parts
+    // large row groups are read in (`crate::fetch`'s parts).
+    let options =
+        parquet::file::metadata::ParquetMetaDataOptions::new().with_encoding_stats_as_mask(false);
+    let metadata = ParquetMetaDataReader::decode_metadata_with_options(
+        &footer[..footer.len() - 8],
+        Some(&options),
+    )
+    .map_err(|source| LoaderError::Decode {
+        shard: entry.path.clone(),
+        row_group: None,
+        source,
+    })?;
     let groups: Vec<u64> = metadata
         .row_groups()
         .iter()

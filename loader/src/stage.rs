@@ -40,6 +40,10 @@ pub(crate) struct Fetched {
     /// column chunk: owned bytes, read from the store or a local file; the
     /// checksum when it was computed as the bytes were read.
     pub chunks: Vec<(usize, u64, Bytes, Option<ChunkSum>)>,
+    /// For a part of a large row group, what its leaves' fetched pages
+    /// hold ([`crate::parquet::LeafPart`]); empty when the row group's
+    /// chunks were fetched whole.
+    pub parts: Vec<crate::parquet::LeafPart>,
 }
 
 /// A decoded segment's rows, or the mark of a skipped one.

@@ -48,6 +48,10 @@ pub struct LoaderState {
     pub shuffle: bool,
     /// Row groups per shuffle window.
     pub window: usize,
+    /// Row groups of more rows were read in parts of at most this many (0:
+    /// whole; states saved before parts existed have none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub part_rows: u64,
     /// Whether remainders are dropped.
     #[serde(default = "default_true")]
     pub drop_last: bool,
@@ -61,6 +65,10 @@ pub struct LoaderState {
 
 fn default_true() -> bool {
     true
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 impl LoaderState {
@@ -107,6 +115,7 @@ impl LoaderState {
                 current.batch_size as u64,
             ),
             ("window", self.window as u64, current.window as u64),
+            ("part_rows", self.part_rows, current.part_rows),
             ("shuffle", self.shuffle as u64, current.shuffle as u64),
             ("drop_last", self.drop_last as u64, current.drop_last as u64),
         ])?;

@@ -100,16 +100,16 @@ def resumed_ids(index: str, batches: int, **options) -> list[int]:
     return head + [i for b in resumed for i in b["id"].tolist()]
 
 
-def check_every_row_once(index: str, table: pa.Table) -> None:
+def check_every_row_once(index: str, table: pa.Table, **options) -> None:
     expected = expected_rows(table)
     n = len(expected)
-    got = read_rows(index)
+    got = read_rows(index, **options)
     assert sorted(r[0] for r in got) == sorted(expected)
     for i, *values in got:
         assert tuple(values) == expected[i], f"row {i}"
     # World size 3: ranks split the epoch; padded to a multiple of 3 by
     # wrapping around, as PyTorch's DistributedSampler does.
-    ranks = [read_rows(index, world=3, rank=r) for r in range(3)]
+    ranks = [read_rows(index, world=3, rank=r, **options) for r in range(3)]
     per_rank = -(-n // 3)
     assert [len(r) for r in ranks] == [per_rank] * 3
     ids = [row[0] for r in ranks for row in r]
@@ -155,6 +155,53 @@ def test_every_row_once_with_pyarrows_values(tmp_path, writer, rows, files, opti
     # Only the index was written: no byte of data copied.
     assert sorted(p.name for p in Path(index).iterdir()) == ["manifest.json"]
     check_every_row_once(index, table)
+
+
+LARGE_GROUPS = [
+    pytest.param(dict(compression="snappy", use_dictionary=["tokens"]), id="snappy-v1-dict"),
+    pytest.param(dict(compression="zstd", use_dictionary=False), id="zstd-v1-plain"),
+    pytest.param(
+        dict(compression="lz4", data_page_version="2.0", use_dictionary=["tokens"]), id="lz4-v2"
+    ),
+    pytest.param(
+        dict(compression="none", write_page_index=True, use_dictionary=["tokens"]),
+        id="offset-index",
+    ),
+]
+
+
+@pytest.mark.parametrize("options", LARGE_GROUPS)
+def test_row_groups_larger_than_the_budget_are_read_in_parts(tmp_path, options):
+    """Files of one large row group each, of many small pages: a budget that cannot hold
+    two windows of whole row groups reads them in parts (the pages that cover each part),
+    every row once with pyarrow's values, at world sizes 1 and 3, resumable."""
+    data = tmp_path / "data"
+    table = write_files(
+        data, "pyarrow", 40_000, 2, row_group_size=40_000, data_page_size=4096, **options
+    )
+    index = str(tmp_path / "index")
+    shardfeed.index(str(data), index)
+    group = max(
+        pq.ParquetFile(p).metadata.row_group(0).total_byte_size for p in sorted(data.iterdir())
+    )
+    budget = 1 << 20
+    assert group > budget // 4
+    with shardfeed.Loader(index, 97, byte_budget=budget) as loader:
+        part_rows = loader.state_dict()["part_rows"]
+    assert 0 < part_rows < 40_000
+    check_every_row_once(index, table, byte_budget=budget)
+    whole = [r[0] for r in read_rows(index, byte_budget=budget)]
+    assert resumed_ids(index, 9, byte_budget=budget) == whole
+    # Parts are fetched as the pages that cover them: a few times the files' bytes in an
+    # epoch at this tiny budget (parts of ~300 rows, pages of ~1,000), not a row group per
+    # part (over 100 times).
+    with shardfeed.Loader(index, 97, byte_budget=budget, seed=5) as loader:
+        for _ in loader:
+            pass
+        fetched = loader.stats()["fetched_bytes"]
+    files = sum(p.stat().st_size for p in data.iterdir())
+    assert fetched < 10 * files
+    assert 40_000 // part_rows > 10
 
 
 def test_globs_update_and_checksums(tmp_path):

@@ -113,9 +113,27 @@ impl FetchStage {
                             Err(e) if skip => Err(fetch.lost(segment, e)?),
                             Err(e) => return Err(e),
                         };
-                        let cost = match &footer {
-                            Ok(footer) => fetch.segment_cost(footer, segment, max_unit),
-                            Err(_) => 1,
+                        // A part of a large row group: its pages' maps (made
+                        // at the row group's first part) say what it reads.
+                        let limits = crate::parquet::Limits {
+                            max_bytes: usize::try_from(config.byte_budget).unwrap_or(usize::MAX),
+                        };
+                        let (footer, maps) = match footer {
+                            Ok(footer) if fetch.is_part(segment, config.part_rows) => {
+                                match fetch.page_maps(segment, &footer, limits).await {
+                                    Ok(maps) => (Ok(footer), Some(maps)),
+                                    Err(e) if skip => (Err(fetch.lost(segment, e)?), None),
+                                    Err(e) => return Err(e),
+                                }
+                            }
+                            other => (other, None),
+                        };
+                        let cost = match (&footer, &maps) {
+                            (Ok(footer), Some(maps)) => {
+                                fetch.part_cost(footer, segment, maps, max_unit)
+                            }
+                            (Ok(footer), None) => fetch.segment_cost(footer, segment, max_unit),
+                            (Err(_), _) => 1,
                         };
                         let permit = semaphore
                             .clone()
@@ -127,7 +145,7 @@ impl FetchStage {
                                 (total as u64).saturating_sub(semaphore.available_permits() as u64);
                             t.counter("bytes_in_flight", held << 10);
                         }
-                        Ok((seq, segment, footer, permit, share))
+                        Ok((seq, segment, footer, permit, share, maps))
                     }
                 },
             );
@@ -138,7 +156,19 @@ impl FetchStage {
                         let config = config.clone();
                         let cancel = cancel.clone();
                         async move {
-                            let (seq, segment, footer, permit, share) = admitted?;
+                            let (seq, segment, footer, permit, share, maps) = admitted?;
+                            let read = |footer| {
+                                let fetch = fetch.clone();
+                                let maps = maps.clone();
+                                async move {
+                                    match &maps {
+                                        Some(maps) => {
+                                            fetch.fetch_part(seq, segment, footer, maps).await
+                                        }
+                                        None => fetch.fetch(seq, segment, footer).await,
+                                    }
+                                }
+                            };
                             let footer = match footer {
                                 Ok(footer) => footer,
                                 Err(lost) => {
@@ -150,6 +180,7 @@ impl FetchStage {
                                             segment,
                                             footer,
                                             chunks,
+                                            parts: Vec::new(),
                                         },
                                         permit,
                                     ));
@@ -166,6 +197,7 @@ impl FetchStage {
                                     segment,
                                     footer: Ok(footer),
                                     chunks,
+                                    parts: Vec::new(),
                                 }),
                                 None => match config.failpoints.hit("read", seq) {
                                     // The segment's own read (not one it
@@ -176,9 +208,9 @@ impl FetchStage {
                                     }
                                     Some(Action::Slow(ms)) => {
                                         tokio::time::sleep(Duration::from_millis(ms)).await;
-                                        fetch.fetch(seq, segment, footer).await
+                                        read(footer).await
                                     }
-                                    _ => fetch.fetch(seq, segment, footer).await,
+                                    _ => read(footer).await,
                                 },
                             };
                             let fetched = match fetched {
@@ -187,6 +219,7 @@ impl FetchStage {
                                     segment,
                                     footer: Err(lost),
                                     chunks: Vec::new(),
+                                    parts: Vec::new(),
                                 }),
                                 other => other,
                             };

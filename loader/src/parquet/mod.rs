@@ -13,9 +13,11 @@
 //! | [`levels`] | definition levels of flat nullable columns |
 //! | [`fixed`], [`list`], [`binary`] | value decoders into Arrow arrays |
 //! | [`sparse`] | the fetched byte ranges of a shard, as parquet's `ChunkReader` |
+//! | [`pagemap`] | where a chunk's pages start and which rows they hold, to read a part of a large row group |
 //! | [`error`] | what was wrong and where ([`error::DecodeError`]) |
 //!
-//! [`decode_row_group_at_least`] is the one entry point (tests also use
+//! [`decode_row_group_at_least`] is the entry point for row groups read
+//! whole, [`decode_part`] for parts of large ones (tests also use
 //! [`decode_row_group`], which keeps exactly the rows asked). Which path decodes a column
 //! chunk is decided by [`column_path`] from this table alone:
 //!
@@ -41,6 +43,7 @@ mod fixed;
 mod levels;
 mod list;
 mod page;
+pub(crate) mod pagemap;
 mod rle;
 mod sparse;
 #[cfg(test)]
@@ -393,6 +396,159 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
         vec![RecordBatch::try_new_with_options(
             schema, columns, &options,
         )?],
+        paths,
+    ))
+}
+
+/// One leaf column chunk of a part of a large row group, as the part's
+/// fetched bytes present it: `chunk` is the chunk's metadata with its
+/// dictionary page where it was and the data pages that cover the part
+/// right after it (or the chunk itself, fetched whole), holding the row
+/// group's rows `first..first + rows`.
+pub(crate) struct LeafPart {
+    /// The leaf column.
+    pub leaf: usize,
+    /// Its chunk, as fetched.
+    pub chunk: ColumnChunkMetaData,
+    /// The row group row of the first row its pages hold.
+    pub first: usize,
+    /// The rows its pages hold.
+    pub rows: usize,
+}
+
+/// Rows `want` of row group `rg` from the pages `parts` describe (one per
+/// projected leaf): each column decoded by the path [`column_path`] gives,
+/// from the rows its pages hold, then cut to `want`.
+pub(crate) fn decode_part<R: ChunkReader + 'static>(
+    file: Arc<R>,
+    arrow: &ArrowReaderMetadata,
+    rg: usize,
+    roots: &[usize],
+    parts: &[LeafPart],
+    want: std::ops::Range<usize>,
+    limits: &Limits,
+) -> Result<(RecordBatch, DecodePaths)> {
+    let metadata = arrow.metadata();
+    let meta = metadata.row_group(rg);
+    let mut paths = DecodePaths::default();
+    let mut columns = Vec::with_capacity(roots.len());
+    for &root in roots {
+        let (leaves, mask) = projection(arrow, &[root]);
+        let mine: Vec<&LeafPart> = parts.iter().filter(|p| leaves.contains(&p.leaf)).collect();
+        if mine.len() != leaves.len() {
+            return Err(DecodeError::RowGroup {
+                row_group: rg,
+                what: format!(
+                    "{} of the {} leaves of a column fetched",
+                    mine.len(),
+                    leaves.len()
+                ),
+            }
+            .into());
+        }
+        let first = mine[0].first;
+        let rows = mine[0].rows;
+        if mine.iter().any(|p| p.first != first || p.rows != rows)
+            || want.start < first
+            || want.end > first.saturating_add(rows)
+        {
+            return Err(DecodeError::RowGroup {
+                row_group: rg,
+                what: format!("pages of rows {first}+{rows} for rows {want:?}"),
+            }
+            .into());
+        }
+        let data_type = arrow.schema().field(root).data_type();
+        let path = column_path(arrow, meta, root);
+        let own = match path {
+            ColumnPath::List(_) => list::decode_list(
+                file.clone(),
+                &mine[0].chunk,
+                (rows, rows),
+                data_type,
+                limits,
+            )
+            .map(|a| (a, &mut paths.own_list)),
+            ColumnPath::Bytes(_, utf8) => {
+                binary::decode_bytes(file.clone(), &mine[0].chunk, (rows, rows), utf8, limits)
+                    .map(|a| (a, &mut paths.own_bytes))
+            }
+            ColumnPath::Fixed(leaf) => fixed::decode_fixed(
+                file.clone(),
+                &mine[0].chunk,
+                &leaf,
+                rows,
+                rows,
+                data_type,
+                limits,
+            )
+            .map(|a| (a, &mut paths.own_fixed)),
+            ColumnPath::Arrow => Err(DecodeError::Unsupported {
+                column: arrow.schema().field(root).name().clone(),
+                what: "this shape".into(),
+            }
+            .into()),
+        };
+        let array = match own {
+            Ok((array, count)) => {
+                *count += 1;
+                array
+            }
+            Err(e) if error::is_unsupported(&e) => {
+                paths.parquet += 1;
+                // The row group as the part's pages present it: this root's
+                // chunks as fetched, `rows` rows.
+                let mut chunks = meta.columns().to_vec();
+                for p in &mine {
+                    chunks[p.leaf] = p.chunk.clone();
+                }
+                let part_rg = meta
+                    .clone()
+                    .into_builder()
+                    .set_num_rows(rows as i64)
+                    .set_column_metadata(chunks)
+                    .build()?;
+                let part_meta = parquet::file::metadata::ParquetMetaData::new(
+                    metadata.file_metadata().clone(),
+                    vec![part_rg],
+                );
+                let part_arrow = ArrowReaderMetadata::try_new(
+                    Arc::new(part_meta),
+                    parquet::arrow::arrow_reader::ArrowReaderOptions::new(),
+                )?;
+                let batches = arrow_batches(file.clone(), &part_arrow, mask, 0, rows.max(1))?;
+                let schema = Arc::new(arrow.schema().project(&[root])?);
+                arrow_select::concat::concat_batches(&schema, &batches)?
+                    .column(0)
+                    .clone()
+            }
+            Err(e) => return Err(e),
+        };
+        if array.len() != rows {
+            return Err(DecodeError::Rows {
+                column: Some(arrow.schema().field(root).name().clone()),
+                decoded: array.len(),
+                footer: rows,
+            }
+            .into());
+        }
+        columns.push(array.slice(want.start - first, want.len()));
+    }
+    let fields: Vec<arrow_schema::Field> = roots
+        .iter()
+        .zip(&columns)
+        .map(|(&root, c)| {
+            arrow
+                .schema()
+                .field(root)
+                .clone()
+                .with_data_type(c.data_type().clone())
+        })
+        .collect();
+    let schema = Arc::new(arrow_schema::Schema::new(fields));
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(want.len()));
+    Ok((
+        RecordBatch::try_new_with_options(schema, columns, &options)?,
         paths,
     ))
 }

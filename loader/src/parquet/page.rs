@@ -62,8 +62,33 @@ impl<R: ChunkReader + 'static> Pages<R> {
                 format!("a column chunk of {len} bytes"),
             )
         })?;
+        // A part of a large row group was fetched as two pieces: the
+        // dictionary page, and the data pages that cover the part right
+        // after it (`super::pagemap`).
+        let data = match file.get_bytes(start, len) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                let data_at = chunk.data_page_offset() as u64;
+                let dict = data_at
+                    .checked_sub(start)
+                    .and_then(|d| usize::try_from(d).ok());
+                match dict.filter(|&d| d > 0 && d < len) {
+                    Some(d) => {
+                        let mut pages = ChunkPages::new(
+                            file.get_bytes(data_at, len - d)?,
+                            zstd,
+                            chunk.column_path().string(),
+                            limits.max_bytes,
+                        );
+                        pages.first = Some(file.get_bytes(start, d)?);
+                        return Ok(Pages::Own(pages));
+                    }
+                    None => return Err(e),
+                }
+            }
+        };
         Ok(Pages::Own(ChunkPages::new(
-            file.get_bytes(start, len)?,
+            data,
             zstd,
             chunk.column_path().string(),
             limits.max_bytes,
@@ -81,6 +106,8 @@ impl<R: ChunkReader + 'static> Pages<R> {
 
 /// The pages in a column chunk's bytes.
 pub(super) struct ChunkPages {
+    /// A dictionary page fetched apart from the data pages, read first.
+    first: Option<Bytes>,
     data: Bytes,
     at: usize,
     zstd: bool,
@@ -117,6 +144,7 @@ impl ChunkPages {
     /// than `max_bytes`.
     pub(super) fn new(data: Bytes, zstd: bool, path: String, max_bytes: usize) -> Self {
         ChunkPages {
+            first: None,
             data,
             at: 0,
             zstd,
@@ -127,6 +155,15 @@ impl ChunkPages {
 
     /// The next page, or `None` after the last.
     pub(super) fn next_page(&mut self) -> Result<Option<Page>> {
+        if let Some(first) = self.first.take() {
+            // The dictionary page's bytes, read as a chunk of their own.
+            let data = std::mem::replace(&mut self.data, first);
+            let at = std::mem::replace(&mut self.at, 0);
+            let page = self.next_page();
+            self.data = data;
+            self.at = at;
+            return page;
+        }
         loop {
             if self.at >= self.data.len() {
                 return Ok(None);
