@@ -306,13 +306,8 @@ mod tests {
     #[test]
     fn a_part_reads_the_pages_that_begin_its_rows_to_the_cut_after_them() {
         // Pages at bytes 10, 20 (continues a row: no cut), 30, 40; rows 0, 5, 9.
-        let map = ChunkMap::checked(
-            Some(0..10),
-            vec![(10, 0), (30, 5), (40, 9)],
-            0..50,
-            12,
-        )
-        .unwrap();
+        let map =
+            ChunkMap::checked(Some(0..10), vec![(10, 0), (30, 5), (40, 9)], 0..50, 12).unwrap();
         assert_eq!(map.cover(0, 5), (10..30, 0..5));
         assert_eq!(map.cover(4, 6), (10..40, 0..9));
         assert_eq!(map.cover(5, 9), (30..40, 5..9));
@@ -324,10 +319,25 @@ mod tests {
     fn maps_that_contradict_their_chunk_are_refused() {
         let check = |dict, cuts: Vec<(u64, u64)>| ChunkMap::checked(dict, cuts, 0..50, 12);
         assert!(check(None, vec![]).is_err());
-        assert!(check(None, vec![(0, 1)]).is_err(), "first page not at row 0");
-        assert!(check(None, vec![(0, 0), (20, 5), (10, 7)]).is_err(), "out of order");
-        assert!(check(None, vec![(0, 0), (20, 12)]).is_err(), "a row past the row group");
-        assert!(check(None, vec![(0, 0), (60, 3)]).is_err(), "a page past the chunk");
-        assert!(check(Some(0..20), vec![(10, 0)]).is_err(), "dictionary over a data page");
+        assert!(
+            check(None, vec![(0, 1)]).is_err(),
+            "first page not at row 0"
+        );
+        assert!(
+            check(None, vec![(0, 0), (20, 5), (10, 7)]).is_err(),
+            "out of order"
+        );
+        assert!(
+            check(None, vec![(0, 0), (20, 12)]).is_err(),
+            "a row past the row group"
+        );
+        assert!(
+            check(None, vec![(0, 0), (60, 3)]).is_err(),
+            "a page past the chunk"
+        );
+        assert!(
+            check(Some(0..20), vec![(10, 0)]).is_err(),
+            "dictionary over a data page"
+        );
     }
 }
