@@ -67,13 +67,7 @@ pub(crate) fn decode(
             None => check_chunk(entry, &footer.footer, rg, *leaf, bytes)?,
         }
     }
-    let file = SparseFile::new(
-        entry.bytes,
-        chunks
-            .into_iter()
-            .map(|(_, start, b, _)| (start, b))
-            .collect(),
-    );
+    let file = sparse(entry, chunks);
     // Rows past the segment's end are not needed: a prefix of the row
     // group (the own decoders stop after the pages that cover it).
     let rows = footer.footer.metadata.row_group(rg).num_rows() as usize;
@@ -136,7 +130,7 @@ pub(crate) fn decode(
 fn decode_part(
     segment: Segment,
     footer: Arc<crate::stage::FooterInfo>,
-    chunks: Vec<(usize, u64, bytes::Bytes, Option<shardfeed_format::ChunkSum>)>,
+    chunks: Vec<crate::stage::FetchedChunk>,
     parts: Vec<crate::parquet::LeafPart>,
     entry: &ShardEntry,
     roots: &[usize],
@@ -150,13 +144,7 @@ fn decode_part(
             check_chunk(entry, &footer.footer, rg, *leaf, bytes)?;
         }
     }
-    let file = SparseFile::new(
-        entry.bytes,
-        chunks
-            .into_iter()
-            .map(|(_, start, b, _)| (start, b))
-            .collect(),
-    );
+    let file = sparse(entry, chunks);
     let want = segment.start as usize..segment.end as usize;
     let (batch, paths) = crate::parquet::decode_part(
         Arc::new(file),
@@ -177,6 +165,17 @@ fn decode_part(
         rows: vec![batch],
         beyond: None,
     })
+}
+
+/// The fetched chunks of `entry`'s file, as a file.
+fn sparse(entry: &ShardEntry, chunks: Vec<crate::stage::FetchedChunk>) -> SparseFile {
+    SparseFile::new(
+        entry.bytes,
+        chunks
+            .into_iter()
+            .map(|(_, start, b, _)| (start, b))
+            .collect(),
+    )
 }
 
 /// The decode threads' shared end of the fetch stage's channel.

@@ -595,10 +595,7 @@ impl FetchContext {
     /// one, at most `max_unit`.
     pub(crate) fn segment_cost(&self, footer: &FooterInfo, segment: Segment, max_unit: u32) -> u32 {
         let meta = footer.footer.metadata.row_group(segment.row_group as usize);
-        let kib = self.row_group_cost(&footer.arrow, meta).div_ceil(1024);
-        u32::try_from(kib)
-            .unwrap_or(u32::MAX)
-            .clamp(1, max_unit.max(1))
+        permits(self.row_group_cost(&footer.arrow, meta), max_unit)
     }
 
     /// Fetch the projected column chunks of `segment`'s row group.
@@ -619,14 +616,7 @@ impl FetchContext {
         // pages when those are stored uncompressed, which is faster in a
         // read buffer (its own pages, huge ones where the system allows)
         // than in the page cache's 4 KiB pages (docs/performance-notes.md).
-        let mappable: Vec<bool> = leaves
-            .iter()
-            .map(|&leaf| {
-                let column = rg.column(leaf).column_descr();
-                column.physical_type() == parquet::basic::Type::BYTE_ARRAY
-                    || column.max_rep_level() > 0
-            })
-            .collect();
+        let mappable: Vec<bool> = leaves.iter().map(|&leaf| mapped_read(rg, leaf)).collect();
         for &leaf in &leaves {
             let (start, len) = rg.column(leaf).byte_range();
             // Offsets come from the (checksummed) footer: still checked
@@ -695,6 +685,20 @@ impl FetchContext {
             other => Err(other),
         }
     }
+}
+
+/// Whether column `leaf` of `rg` is read through the shard's mapping
+/// (when mapped reads are on): see [`FetchContext::fetch`].
+fn mapped_read(rg: &RowGroupMetaData, leaf: usize) -> bool {
+    let column = rg.column(leaf).column_descr();
+    column.physical_type() == parquet::basic::Type::BYTE_ARRAY || column.max_rep_level() > 0
+}
+
+/// Budget permits (KiB) of `bytes`: at least one, at most `max_unit`.
+fn permits(bytes: u64, max_unit: u32) -> u32 {
+    u32::try_from(bytes.div_ceil(1024))
+        .unwrap_or(u32::MAX)
+        .clamp(1, max_unit.max(1))
 }
 
 /// Read `ranges` of `path` (coalesced as `get_ranges` does) only from the

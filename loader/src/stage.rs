@@ -28,6 +28,10 @@ pub(crate) struct FooterInfo {
     pub arrow: ArrowReaderMetadata,
 }
 
+/// `(leaf column, file offset, bytes, checksum)` of a fetched column chunk
+/// (or of pages of one).
+pub(crate) type FetchedChunk = (usize, u64, Bytes, Option<ChunkSum>);
+
 /// The fetched column chunks of one segment's row group.
 pub(crate) struct Fetched {
     pub seq: u64,
@@ -39,7 +43,7 @@ pub(crate) struct Fetched {
     /// `(leaf column, file offset, bytes, checksum)`, one per projected
     /// column chunk: owned bytes, read from the store or a local file; the
     /// checksum when it was computed as the bytes were read.
-    pub chunks: Vec<(usize, u64, Bytes, Option<ChunkSum>)>,
+    pub chunks: Vec<FetchedChunk>,
     /// For a part of a large row group, what its leaves' fetched pages
     /// hold ([`crate::parquet::LeafPart`]); empty when the row group's
     /// chunks were fetched whole.

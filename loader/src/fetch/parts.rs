@@ -21,7 +21,7 @@ use crate::parquet::{LeafPart, Limits, projection};
 use crate::plan::Segment;
 use crate::stage::{Fetched, FooterInfo};
 
-use super::{FetchContext, decoded_bytes};
+use super::{FetchContext, decoded_bytes, mapped_read, permits};
 
 /// The page maps of a row group's projected leaves: `None` for a leaf read
 /// whole (a column of several leaves, or one whose pages cannot be cut).
@@ -190,9 +190,7 @@ impl FetchContext {
                 fetched.max(decoded)
             })
             .fold(0, u64::saturating_add);
-        u32::try_from(bytes.div_ceil(1024))
-            .unwrap_or(u32::MAX)
-            .clamp(1, max_unit.max(1))
+        permits(bytes, max_unit)
     }
 
     /// Fetch the pages of a part: per leaf, its dictionary page and the data
@@ -276,11 +274,7 @@ impl FetchContext {
         }
         let mappable: Vec<bool> = reads
             .iter()
-            .map(|(leaf, _, _)| {
-                let column = rg.column(*leaf).column_descr();
-                column.physical_type() == parquet::basic::Type::BYTE_ARRAY
-                    || column.max_rep_level() > 0
-            })
+            .map(|(leaf, _, _)| mapped_read(rg, *leaf))
             .collect();
         let ranges = reads.iter().map(|(_, _, r)| r.clone()).collect();
         let bytes = self

@@ -297,7 +297,7 @@ impl FetchStage {
 
 /// A fetched row group's column chunks, handed from one segment to a later
 /// one of the same row group.
-type SharedChunks = Vec<(usize, u64, bytes::Bytes, Option<shardfeed_format::ChunkSum>)>;
+type SharedChunks = Vec<crate::stage::FetchedChunk>;
 
 /// How one segment's fetch is shared: `to` hands its chunks on to a later
 /// segment of the same row group, `from` receives them from an earlier one.

@@ -378,26 +378,7 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
         .into_iter()
         .map(|c| c.expect("every column decoded"))
         .collect();
-    // Dictionary-kept columns differ in type from the file's schema.
-    let fields: Vec<arrow_schema::Field> = roots
-        .iter()
-        .zip(&columns)
-        .map(|(&root, c)| {
-            arrow
-                .schema()
-                .field(root)
-                .clone()
-                .with_data_type(c.data_type().clone())
-        })
-        .collect();
-    let schema = Arc::new(arrow_schema::Schema::new(fields));
-    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(have));
-    Ok((
-        vec![RecordBatch::try_new_with_options(
-            schema, columns, &options,
-        )?],
-        paths,
-    ))
+    Ok((vec![batch_of(arrow, roots, columns, have)?], paths))
 }
 
 /// One leaf column chunk of a part of a large row group, as the part's
@@ -534,6 +515,18 @@ pub(crate) fn decode_part<R: ChunkReader + 'static>(
         }
         columns.push(array.slice(want.start - first, want.len()));
     }
+    Ok((batch_of(arrow, roots, columns, want.len())?, paths))
+}
+
+/// A batch of `rows` rows of `columns`, decoded from `roots`: fields named
+/// as in the file's schema, typed as decoded (columns whose own decoder
+/// kept a dictionary differ in type from the file's schema).
+fn batch_of(
+    arrow: &ArrowReaderMetadata,
+    roots: &[usize],
+    columns: Vec<ArrayRef>,
+    rows: usize,
+) -> Result<RecordBatch> {
     let fields: Vec<arrow_schema::Field> = roots
         .iter()
         .zip(&columns)
@@ -546,11 +539,10 @@ pub(crate) fn decode_part<R: ChunkReader + 'static>(
         })
         .collect();
     let schema = Arc::new(arrow_schema::Schema::new(fields));
-    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(want.len()));
-    Ok((
-        RecordBatch::try_new_with_options(schema, columns, &options)?,
-        paths,
-    ))
+    let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(rows));
+    Ok(RecordBatch::try_new_with_options(
+        schema, columns, &options,
+    )?)
 }
 
 /// The first `want` rows of `batches` (all of them when they hold fewer).
