@@ -123,10 +123,9 @@ pub(crate) fn parts(rows: u64, part_rows: u64) -> impl Iterator<Item = (u32, u64
     } else {
         rows.div_ceil(part_rows).max(1)
     };
-    (0..count).map(move |i| {
-        let start = rows * i / count;
-        (start as u32, rows * (i + 1) / count)
-    })
+    // In u128: `rows` comes from a manifest (a plan's rows are u32).
+    let at = move |i: u64| (rows as u128 * i as u128 / count as u128) as u64;
+    (0..count).map(move |i| (at(i) as u32, at(i + 1)))
 }
 
 /// Fewest segments of a first window whose first slices serve an epoch's

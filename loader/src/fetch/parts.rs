@@ -27,36 +27,68 @@ use super::{FetchContext, decoded_bytes, mapped_read, permits};
 /// whole (a column of several leaves, or one whose pages cannot be cut).
 pub(crate) type RowGroupMaps = Arc<Vec<(usize, Option<ChunkMap>)>>;
 
-/// Row groups whose page maps are kept (a map is 16 bytes per page).
-const KEPT_MAPS: usize = 1024;
+/// The page maps kept take at most this share of the byte budget (a cut
+/// is 16 bytes: a 1 GB row group of 40 columns of 1 MiB pages has 40,000).
+const KEPT_MAPS_BUDGET_SHARE: u64 = 64;
 
-/// Page maps by (shard, row group), made once each, and their insertion
-/// order for eviction.
+/// The longest offset index read (16 to 30 bytes per page: 64 MiB is
+/// millions of pages).
+const MAX_OFFSET_INDEX: u64 = 64 << 20;
+
+/// The least page maps' bytes kept, whatever the budget.
+const MIN_KEPT_MAPS: u64 = 1 << 20;
+
+/// Page maps by (shard, row group), made once each, kept within a share of
+/// the byte budget (oldest dropped first; a dropped map is made again when
+/// a later part needs it).
 #[derive(Default)]
 pub(crate) struct MapCache {
     cells: Mutex<MapCells>,
 }
 
-type MapCells = (
-    HashMap<(u32, u32), Arc<tokio::sync::OnceCell<RowGroupMaps>>>,
-    VecDeque<(u32, u32)>,
-);
+#[derive(Default)]
+struct MapCells {
+    cells: HashMap<(u32, u32), Arc<tokio::sync::OnceCell<RowGroupMaps>>>,
+    /// Keys in insertion order, with their maps' bytes once made.
+    order: VecDeque<((u32, u32), u64)>,
+    bytes: u64,
+}
 
 impl MapCache {
     fn cell(&self, key: (u32, u32)) -> Arc<tokio::sync::OnceCell<RowGroupMaps>> {
-        let mut cells = self.cells.lock().expect("map cache lock");
-        if let Some(cell) = cells.0.get(&key) {
+        let mut kept = self.cells.lock().expect("map cache lock");
+        if let Some(cell) = kept.cells.get(&key) {
             return cell.clone();
         }
         let cell = Arc::new(tokio::sync::OnceCell::new());
-        cells.0.insert(key, cell.clone());
-        cells.1.push_back(key);
-        if cells.1.len() > KEPT_MAPS
-            && let Some(old) = cells.1.pop_front()
-        {
-            cells.0.remove(&old);
-        }
+        kept.cells.insert(key, cell.clone());
+        kept.order.push_back((key, 0));
         cell
+    }
+
+    /// Count `maps`, made for `key`, and drop the oldest maps while the
+    /// kept ones pass `limit` bytes (never the one just made).
+    fn made(&self, key: (u32, u32), maps: &RowGroupMaps, limit: u64) {
+        let size: u64 = maps
+            .iter()
+            .filter_map(|(_, m)| m.as_ref())
+            .map(|m| (m.cuts.len() as u64).saturating_mul(16))
+            .fold(64, u64::saturating_add);
+        let mut kept = self.cells.lock().expect("map cache lock");
+        let MapCells {
+            cells,
+            order,
+            bytes,
+        } = &mut *kept;
+        if let Some(entry) = order.iter_mut().find(|(k, s)| *k == key && *s == 0) {
+            entry.1 = size;
+            *bytes = bytes.saturating_add(size);
+        }
+        while *bytes > limit && order.front().is_some_and(|(k, _)| *k != key) {
+            let (old, size) = order.pop_front().expect("a front entry");
+            cells.remove(&old);
+            *bytes = bytes.saturating_sub(size);
+        }
     }
 }
 
@@ -79,17 +111,23 @@ impl FetchContext {
         footer: &Arc<FooterInfo>,
         limits: Limits,
     ) -> Result<RowGroupMaps> {
-        let cell = self.maps_kept.cell((segment.shard, segment.row_group));
+        let key = (segment.shard, segment.row_group);
+        let cell = self.maps_kept.cell(key);
         cell.get_or_try_init(|| async {
             let this = self.clone();
             let footer = footer.clone();
             let handle = tokio::runtime::Handle::current();
-            tokio::task::spawn_blocking(move || this.make_maps(&handle, segment, &footer, limits))
-                .await
-                .map_err(|e| LoaderError::Io {
-                    op: format!("map the pages of {}", self.entry(segment.shard).path),
-                    source: std::io::Error::other(e.to_string()),
-                })?
+            let maps = tokio::task::spawn_blocking(move || {
+                this.make_maps(&handle, segment, &footer, limits)
+            })
+            .await
+            .map_err(|e| LoaderError::Io {
+                op: format!("map the pages of {}", self.entry(segment.shard).path),
+                source: std::io::Error::other(e.to_string()),
+            })??;
+            let limit = (limits.max_bytes as u64 / KEPT_MAPS_BUDGET_SHARE).max(MIN_KEPT_MAPS);
+            self.maps_kept.made(key, &maps, limit);
+            Ok(maps)
         })
         .await
         .cloned()
@@ -145,8 +183,11 @@ impl FetchContext {
             let range = chunk_range(chunk, data_end).ok_or_else(|| {
                 corrupt(format!("column chunk {leaf} lies outside the file's data"))
             })?;
+            // An offset index longer than its chunk or than
+            // `MAX_OFFSET_INDEX` is not read (the page headers are).
+            let index_bound = (range.end - range.start).min(MAX_OFFSET_INDEX);
             let from_index = match (chunk.offset_index_offset(), chunk.offset_index_length()) {
-                (Some(at), Some(len)) if at >= 0 && len > 0 => {
+                (Some(at), Some(len)) if at >= 0 && len > 0 && len as u64 <= index_bound => {
                     read(at as u64, len as u64).ok().and_then(|bytes| {
                         pagemap::from_offset_index(chunk, range.clone(), rows, &bytes).ok()
                     })

@@ -211,6 +211,16 @@ pub(crate) fn walk<E: From<String>>(
                 row = row.saturating_add(count(header.num_values)?);
             }
             DATA_PAGE => {
+                if page_end - at > limits.max_bytes as u64 {
+                    return Err(at_page(
+                        at,
+                        format!(
+                            "a page of {} bytes, more than the byte budget",
+                            page_end - at
+                        ),
+                    )
+                    .into());
+                }
                 let page = if page_end - at <= bytes.len() as u64 {
                     bytes.slice(..(page_end - at) as usize)
                 } else {
