@@ -81,7 +81,52 @@ impl FetchStage {
         // a window waiting for its last member.
         let total = (config.in_flight_bytes >> 10).clamp(1, u32::MAX as u64) as u32;
         let max_unit = (total as u64 / config.needed_units.max(1)).max(1) as u32;
-        let work = async move {
+        // Parts of large row groups: the page maps of the row groups the
+        // first two windows read are made side by side (the admission below
+        // waits for them one by one, in plan order).
+        let warm = {
+            let mut groups: Vec<(u32, u32)> = Vec::new();
+            for (_, s) in segments.iter().take(2 * config.window.max(1)) {
+                if fetch.is_part(*s, config.part_rows) && !groups.contains(&(s.shard, s.row_group))
+                {
+                    groups.push((s.shard, s.row_group));
+                }
+            }
+            let first: Vec<Segment> = groups
+                .iter()
+                .filter_map(|g| {
+                    segments
+                        .iter()
+                        .map(|(_, s)| *s)
+                        .find(|s| (s.shard, s.row_group) == *g)
+                })
+                .collect();
+            let fetch = fetch.clone();
+            let limits = crate::parquet::Limits {
+                max_bytes: usize::try_from(config.byte_budget).unwrap_or(usize::MAX),
+            };
+            let cancel = cancel.clone();
+            let threads = config.decode_threads.max(1);
+            async move {
+                futures::stream::iter(first)
+                    .for_each_concurrent(threads, |segment| {
+                        let fetch = fetch.clone();
+                        let cancel = cancel.clone();
+                        async move {
+                            if cancel.load(Ordering::SeqCst) {
+                                return;
+                            }
+                            // Errors are met again, and reported, by the
+                            // segment's own admission.
+                            if let Ok(footer) = fetch.footer(segment.shard).await {
+                                let _ = fetch.page_maps(segment, &footer, limits).await;
+                            }
+                        }
+                    })
+                    .await
+            }
+        };
+        let main = async move {
             // Admission is sequential, in plan order: each segment takes
             // its share of the budget before any later one can, so the
             // segments a window waits for are never starved by later ones.
@@ -275,6 +320,9 @@ impl FetchStage {
                 }
             }
             fetched_all_by_work.store(true, Ordering::SeqCst);
+        };
+        let work = async move {
+            futures::future::join(warm, main).await;
         };
         let panicked = fetched_all.clone();
         runtime.spawn(async move {
