@@ -1,7 +1,8 @@
 """Parquet files of a few row groups of hundreds of MB each (as pyarrow writes by default:
 up to 1 Mi rows per row group), read in place through an index: shardfeed with the default
 byte budget (the row groups are read in parts) and with a budget that holds them whole
-(window=1), against pyarrow's iter_batches over the same files. Each run is a fresh process;
+(window=1), and the same files rewritten with an offset index (`write_page_index=True`,
+read in parts), against pyarrow's iter_batches over the same files. Each run is a fresh process;
 runs are interleaved; medians.
 
     python3 benches/large_row_groups.py --work /tmp/sf-large --mb 300 --files 2 --repeat 3
@@ -31,7 +32,7 @@ if tool == "pyarrow":
                 first = time.perf_counter() - t0
 else:
     import shardfeed
-    options = {} if tool == "parts" else {"byte_budget": 6 << 30, "window": 1}
+    options = {"byte_budget": 6 << 30, "window": 1} if tool == "whole" else {}
     with shardfeed.Loader(index, 256, columns=["tokens"], seed=1, drop_last=False, **options) as loader:
         parts = loader.state_dict().get("part_rows", 0)
         for b in loader:
@@ -83,19 +84,29 @@ def main() -> None:
     index = work / "index"
     if not (index / "manifest.json").exists():
         shardfeed.index(str(work / "src"), str(index))
+    # The same rows with an offset index: page maps without reading the pages.
+    with_index = work / "index_pi"
+    if not (with_index / "manifest.json").exists():
+        (work / "src_pi").mkdir(exist_ok=True)
+        for f in files:
+            pq.write_table(pq.read_table(f), work / "src_pi" / f.name, write_page_index=True)
+        shardfeed.index(str(work / "src_pi"), str(with_index))
     groups = [pq.ParquetFile(f).metadata.row_group(0) for f in files]
     print(
         f"{len(files)} files, row groups of {groups[0].num_rows} rows, "
         f"{groups[0].total_byte_size / 2**20:.0f} MiB uncompressed, "
         f"{sum(f.stat().st_size for f in files) / 2**20:.0f} MiB on disk"
     )
-    results: dict[str, list[dict]] = {"parts": [], "whole": [], "pyarrow": []}
+    results: dict[str, list[dict]] = {"parts": [], "parts_pi": [], "whole": [], "pyarrow": []}
     for _ in range(args.repeat):
         for tool in results:
             for f in files:  # the page cache holds every file alike
                 f.read_bytes()
             out = subprocess.run(
-                [sys.executable, "-c", RUN, tool, str(index), *map(str, files)],
+                [
+                    sys.executable, "-c", RUN, tool,
+                    str(with_index if tool == "parts_pi" else index), *map(str, files),
+                ],
                 capture_output=True, text=True, check=True,
             ).stdout
             results[tool].append(json.loads(out.strip().splitlines()[-1]))
@@ -109,6 +120,7 @@ def main() -> None:
         rss = statistics.median(r["rss_mib"] for r in runs)
         name = {
             "parts": "shardfeed, default budget (parts)",
+            "parts_pi": "shardfeed, default budget (parts), files with an offset index",
             "whole": "shardfeed, 6 GiB budget, window=1 (whole row groups)",
             "pyarrow": "pyarrow iter_batches",
         }[tool]
