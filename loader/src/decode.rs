@@ -53,9 +53,7 @@ pub(crate) fn decode(
     } = fetched;
     let footer = footer?;
     let rg = segment.row_group as usize;
-    let limits = Limits {
-        max_bytes: usize::try_from(byte_budget).unwrap_or(usize::MAX),
-    };
+    let limits = Limits::of_budget(byte_budget);
     if !parts.is_empty() {
         return decode_part(
             segment, footer, chunks, parts, entry, roots, &limits, counters,

@@ -85,26 +85,19 @@ impl FetchStage {
         // first two windows read are made side by side (the admission below
         // waits for them one by one, in plan order).
         let warm = {
-            let mut groups: Vec<(u32, u32)> = Vec::new();
+            // The first part of each such row group, in plan order.
+            let mut first: Vec<Segment> = Vec::new();
             for (_, s) in segments.iter().take(2 * config.window.max(1)) {
-                if fetch.is_part(*s, config.part_rows) && !groups.contains(&(s.shard, s.row_group))
+                if fetch.is_part(*s, config.part_rows)
+                    && !first
+                        .iter()
+                        .any(|f| (f.shard, f.row_group) == (s.shard, s.row_group))
                 {
-                    groups.push((s.shard, s.row_group));
+                    first.push(*s);
                 }
             }
-            let first: Vec<Segment> = groups
-                .iter()
-                .filter_map(|g| {
-                    segments
-                        .iter()
-                        .map(|(_, s)| *s)
-                        .find(|s| (s.shard, s.row_group) == *g)
-                })
-                .collect();
             let fetch = fetch.clone();
-            let limits = crate::parquet::Limits {
-                max_bytes: usize::try_from(config.byte_budget).unwrap_or(usize::MAX),
-            };
+            let limits = crate::parquet::Limits::of_budget(config.byte_budget);
             let cancel = cancel.clone();
             let threads = config.decode_threads.max(1);
             async move {
@@ -160,9 +153,7 @@ impl FetchStage {
                         };
                         // A part of a large row group: its pages' maps (made
                         // at the row group's first part) say what it reads.
-                        let limits = crate::parquet::Limits {
-                            max_bytes: usize::try_from(config.byte_budget).unwrap_or(usize::MAX),
-                        };
+                        let limits = crate::parquet::Limits::of_budget(config.byte_budget);
                         let (footer, maps) = match footer {
                             Ok(footer) if fetch.is_part(segment, config.part_rows) => {
                                 match fetch.page_maps(segment, &footer, limits).await {

@@ -74,6 +74,13 @@ pub(crate) struct Limits {
 }
 
 impl Limits {
+    /// The limits of a loader whose byte budget is `byte_budget`.
+    pub(crate) fn of_budget(byte_budget: u64) -> Self {
+        Limits {
+            max_bytes: usize::try_from(byte_budget).unwrap_or(usize::MAX),
+        }
+    }
+
     /// Check that `count` items of `width` bytes fit [`Limits::max_bytes`].
     fn check(&self, count: usize, width: usize, column: &str) -> Result<()> {
         match count.checked_mul(width) {
