@@ -231,26 +231,66 @@ impl Batch {
         buffers: &[(&str, DType, &[usize], &[u8])],
     ) -> std::result::Result<Batch, String> {
         let mut lease = lease;
-        let capacity = lease.capacity();
+        let specs: Vec<(&str, DType, &[usize])> = buffers
+            .iter()
+            .map(|&(name, dtype, shape, _)| (name, dtype, shape))
+            .collect();
+        let (columns, rows) = Batch::lay_out(lease.capacity(), &specs)?;
+        for (column, &(name, _, shape, bytes)) in columns.iter().zip(buffers) {
+            let ColumnLayout::Dense { values } = &column.layout else {
+                unreachable!("laid out dense");
+            };
+            if values.bytes() != bytes.len() {
+                return Err(format!(
+                    "`{name}`: {} bytes for shape {shape:?} of {:?}",
+                    bytes.len(),
+                    values.dtype
+                ));
+            }
+            // Streamed past the caches: a transform's output (tens of MB
+            // a batch) is read next by the copy to the device, not by
+            // this thread.
+            crate::gather::kernels::stream_copy(
+                &mut lease.slab_mut().as_mut_slice()[values.offset..values.offset + bytes.len()],
+                bytes,
+            );
+        }
+        crate::gather::kernels::fence_streamed();
+        Ok(Batch::of_lease(lease, index, rows, columns))
+    }
+
+    /// A batch of dense buffers laid out in `lease` as
+    /// [`Batch::from_buffers`] lays them out, `(name, dtype, shape)` each,
+    /// holding whatever the slab held: for a caller that writes them (a
+    /// transform filling its outputs where they will be delivered).
+    pub fn uninit(
+        lease: SlabLease,
+        index: u64,
+        buffers: &[(&str, DType, &[usize])],
+    ) -> std::result::Result<Batch, String> {
+        let (columns, rows) = Batch::lay_out(lease.capacity(), buffers)?;
+        Ok(Batch::of_lease(lease, index, rows, columns))
+    }
+
+    /// Dense columns for `buffers` in a slab of `capacity` bytes, each at a
+    /// 64-byte aligned offset, and the rows (the first buffer's first
+    /// dimension); an error when a shape overflows or they do not fit.
+    fn lay_out(
+        capacity: usize,
+        buffers: &[(&str, DType, &[usize])],
+    ) -> std::result::Result<(Vec<Column>, usize), String> {
         let mut columns = Vec::with_capacity(buffers.len());
         let mut at = 0usize;
         let mut rows = None;
-        for &(name, dtype, shape, bytes) in buffers {
+        for &(name, dtype, shape) in buffers {
             let want = shape
                 .iter()
                 .try_fold(dtype.size(), |n, &d| n.checked_mul(d))
                 .ok_or_else(|| format!("`{name}`: shape {shape:?} overflows"))?;
-            if want != bytes.len() {
-                return Err(format!(
-                    "`{name}`: {} bytes for shape {shape:?} of {dtype:?}",
-                    bytes.len()
-                ));
-            }
             let end = at
                 .checked_add(want)
                 .filter(|&end| end <= capacity)
                 .ok_or_else(|| format!("the buffers pass the slab's {capacity} bytes"))?;
-            lease.slab_mut().as_mut_slice()[at..end].copy_from_slice(bytes);
             columns.push(Column {
                 name: name.to_string(),
                 layout: ColumnLayout::Dense {
@@ -265,15 +305,20 @@ impl Batch {
             rows.get_or_insert(shape.first().copied().unwrap_or(1));
             at = end.div_ceil(64) * 64;
         }
-        Ok(Batch {
+        Ok((columns, rows.unwrap_or(0)))
+    }
+
+    /// A batch made outside the pipeline, holding `lease`.
+    fn of_lease(lease: SlabLease, index: u64, rows: usize, columns: Vec<Column>) -> Batch {
+        Batch {
             lease: Arc::new(lease),
-            rows: rows.unwrap_or(0),
+            rows,
             columns,
             index,
             held: None,
             filtered: 0,
             row_ids: None,
-        })
+        }
     }
 
     /// Rows in the batch.

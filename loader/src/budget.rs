@@ -141,6 +141,21 @@ pub(crate) fn slabs(prefetch: usize) -> usize {
     prefetch.saturating_add(SPARE_SLABS)
 }
 
+/// `slabs` and as many of `transform_slabs` more (slabs for a user
+/// transform's outputs) as stay within the budget ([`pool_fits`]).
+pub(crate) fn with_transform_slabs(
+    slabs: usize,
+    slab_bytes: usize,
+    transform_slabs: usize,
+    byte_budget: u64,
+) -> usize {
+    (1..=transform_slabs)
+        .rev()
+        .map(|extra| slabs.saturating_add(extra))
+        .find(|&all| pool_fits(slab_bytes, all, byte_budget))
+        .unwrap_or(slabs)
+}
+
 /// Whether `slabs` slabs of `slab_bytes` stay within [`POOL_BUDGETS`] times
 /// the budget.
 pub(crate) fn pool_fits(slab_bytes: usize, slabs: usize, byte_budget: u64) -> bool {

@@ -306,20 +306,14 @@ impl LoaderBuilder {
             window as u64
         };
         let in_flight = shape.in_flight(needed, extra_window, decode_threads);
-        // Slabs for a transform's outputs, as many as the budget allows.
-        let mut slabs = slabs;
-        for extra in (1..=self.transform_slabs).rev() {
-            if budget::pool_fits(slab_bytes, slabs.saturating_add(extra), self.byte_budget) {
-                slabs = slabs.saturating_add(extra);
-                break;
-            }
-        }
-        let pool = Arc::new(Pool::new(
-            slabs,
-            slab_bytes,
-            self.pinning,
-            self.shared_slabs,
-        )?);
+        // Slabs for a transform's outputs, as many as the budget allows (and
+        // larger ones for outputs larger than batches, within the budget).
+        let slabs =
+            budget::with_transform_slabs(slabs, slab_bytes, self.transform_slabs, self.byte_budget);
+        let pool = Arc::new(
+            Pool::new(slabs, slab_bytes, self.pinning, self.shared_slabs)?
+                .with_large(self.transform_slabs, self.byte_budget),
+        );
         let config = Config {
             batch_size: self.batch_size,
             shuffle: self.shuffle,

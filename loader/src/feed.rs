@@ -72,6 +72,10 @@ pub trait Feed: Send {
     /// is spare ([`Loader::spare_slab`], [`Mixture::spare_slab`]).
     fn spare_slab(&self) -> Result<Option<crate::SlabLease>>;
 
+    /// A spare slab for a batch of `bytes` ([`Loader::spare_slab_for`],
+    /// [`Mixture::spare_slab_for`]).
+    fn spare_slab_for(&self, bytes: usize) -> Result<Option<crate::SlabLease>>;
+
     /// With a trace file: how its writing goes (see [`Loader::trace_outcome`]).
     fn trace_outcome(&self) -> Option<crate::trace::TraceOutcome> {
         None
@@ -254,6 +258,10 @@ impl Feed for Loader {
         Loader::spare_slab(self)
     }
 
+    fn spare_slab_for(&self, bytes: usize) -> Result<Option<crate::SlabLease>> {
+        Loader::spare_slab_for(self, bytes)
+    }
+
     fn trace_outcome(&self) -> Option<crate::trace::TraceOutcome> {
         Loader::trace_outcome(self)
     }
@@ -266,6 +274,10 @@ impl Feed for Loader {
 impl Feed for Mixture {
     fn spare_slab(&self) -> Result<Option<crate::SlabLease>> {
         Mixture::spare_slab(self)
+    }
+
+    fn spare_slab_for(&self, bytes: usize) -> Result<Option<crate::SlabLease>> {
+        Mixture::spare_slab_for(self, bytes)
     }
 
     fn next_batch(&mut self, interrupted: &mut dyn FnMut() -> bool) -> Option<Result<Batch>> {

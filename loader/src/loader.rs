@@ -262,6 +262,15 @@ impl Loader {
         self.pipeline.pool.try_spare()
     }
 
+    /// [`Loader::spare_slab`] for a batch of `bytes`: a slab of the pool
+    /// when its slabs hold them; otherwise, for a loader built with
+    /// [`crate::LoaderBuilder::transform_slabs`], a slab of a second pool of
+    /// larger slabs (pinned alike), up to that many at once and the byte
+    /// budget in all; `None` when none is spare (never waits).
+    pub fn spare_slab_for(&self, bytes: usize) -> Result<Option<crate::SlabLease>> {
+        self.pipeline.pool.try_spare_for(bytes)
+    }
+
     /// How the pool's slabs were allocated.
     pub fn pinning(&self) -> Pinning {
         self.pipeline.pool.pinning()

@@ -535,22 +535,23 @@ impl MixtureBuilder {
                 ),
             );
         }
-        // Slabs for a Python transform's outputs, as many as the budget
-        // allows (as a loader's pool grows for them).
-        let mut pool_slabs = pool_slabs;
-        for extra in (1..=self.template.transform_slabs).rev() {
-            let slabs = pool_slabs.saturating_add(extra);
-            if crate::budget::pool_fits(slab_bytes, slabs, self.template.byte_budget) {
-                pool_slabs = slabs;
-                break;
-            }
-        }
-        let pool = Arc::new(Pool::new(
+        // Slabs for a Python transform's outputs, as a loader's pool holds
+        // them.
+        let pool_slabs = crate::budget::with_transform_slabs(
             pool_slabs,
             slab_bytes,
-            self.template.pinning,
-            self.template.shared_slabs,
-        )?);
+            self.template.transform_slabs,
+            self.template.byte_budget,
+        );
+        let pool = Arc::new(
+            Pool::new(
+                pool_slabs,
+                slab_bytes,
+                self.template.pinning,
+                self.template.shared_slabs,
+            )?
+            .with_large(self.template.transform_slabs, self.template.byte_budget),
+        );
         let rank = sources[0].loader.rank();
         let world_size = sources[0].loader.world_size();
         let tie = Blend::tie_order(seed, n);

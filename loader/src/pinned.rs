@@ -236,6 +236,16 @@ pub(crate) struct Pool {
     share: bool,
     #[cfg(feature = "cuda")]
     ctx: Option<Arc<cudarc::driver::CudaContext>>,
+    /// Slabs for batches made outside the pipeline that its slabs cannot
+    /// hold ([`Pool::try_spare_for`]: a transform's outputs larger than its
+    /// input, such as float32 images made from uint8 pixels): a second pool,
+    /// made when first needed, remade with larger slabs when a larger
+    /// output comes.
+    large: Mutex<Option<Arc<Pool>>>,
+    /// The most slabs that pool leases at once (0: no such pool).
+    large_slabs: usize,
+    /// The most bytes its slabs may take in all.
+    large_bytes: u64,
 }
 
 /// What leases and the pool share: the free slabs and how many exist.
@@ -317,6 +327,9 @@ impl Pool {
             share: share && pinning == Pinning::PageAligned && cfg!(target_os = "linux"),
             #[cfg(feature = "cuda")]
             ctx,
+            large: Mutex::new(None),
+            large_slabs: 0,
+            large_bytes: 0,
         };
         if size > 0 {
             let slab = pool.make()?;
@@ -325,6 +338,15 @@ impl Pool {
             free.made = 1;
         }
         Ok(pool)
+    }
+
+    /// The pool, allowed up to `slabs` slabs larger than its own for
+    /// batches made outside the pipeline, taking at most `bytes` in all
+    /// ([`Pool::try_spare_for`]).
+    pub(crate) fn with_large(mut self, slabs: usize, bytes: u64) -> Pool {
+        self.large_slabs = slabs;
+        self.large_bytes = bytes;
+        self
     }
 
     /// A new slab, pinned if the pool's slabs are.
@@ -442,6 +464,43 @@ impl Pool {
             touched = end;
         }
         touched
+    }
+
+    /// [`Pool::try_spare`] for a batch of `bytes`: from the pool when its
+    /// slabs hold them, else from the pool of larger slabs
+    /// ([`Pool::with_large`]), made (or remade larger) now, its slabs
+    /// `bytes` rounded up to a mebibyte, pinned as this pool's are; `None`
+    /// when none is spare or its slabs would pass their bytes in all.
+    pub(crate) fn try_spare_for(&self, bytes: usize) -> Result<Option<SlabLease>> {
+        if bytes <= self.slab_bytes {
+            return self.try_spare();
+        }
+        let Some(want) = bytes.checked_next_multiple_of(1 << 20) else {
+            return Ok(None);
+        };
+        // One more slab than it leases: `try_spare` keeps one back.
+        let slabs = self.large_slabs.saturating_add(1);
+        if self.large_slabs == 0 || (want as u64).saturating_mul(slabs as u64) > self.large_bytes {
+            return Ok(None);
+        }
+        let pool = {
+            let mut large = self.large.lock().unwrap_or_else(|e| e.into_inner());
+            match &*large {
+                Some(pool) if pool.slab_bytes >= want => pool.clone(),
+                _ => {
+                    // The slabs of a pool replaced here are freed as their
+                    // leases end.
+                    let mode = match self.pinning {
+                        Pinning::Cuda => PinningMode::Cuda,
+                        Pinning::PageAligned => PinningMode::Off,
+                    };
+                    let pool = Arc::new(Pool::new(slabs, want, mode, self.share)?);
+                    *large = Some(pool.clone());
+                    pool
+                }
+            }
+        };
+        pool.try_spare()
     }
 
     /// A one-off buffer for a batch larger than a slab; freed when dropped.
@@ -575,6 +634,53 @@ mod tests {
     /// The first slab is warmed while the caller is waiting, once per pool,
     /// left zeroed, and comes back first; a pool whose slabs are all leased
     /// warms nothing.
+    #[test]
+    fn outputs_larger_than_the_slabs_get_larger_slabs_within_their_bounds() {
+        let pool = Pool::new(4, 64 << 10, PinningMode::Off, false).unwrap();
+        assert!(
+            pool.try_spare_for(1 << 20).unwrap().is_none(),
+            "no larger slabs without `with_large`"
+        );
+        let pool = Pool::new(4, 64 << 10, PinningMode::Off, false)
+            .unwrap()
+            .with_large(2, 8 << 20);
+        let small = pool.try_spare_for(1000).unwrap().unwrap();
+        assert_eq!(
+            small.capacity(),
+            64 << 10,
+            "from the pool when it holds them"
+        );
+        let a = pool.try_spare_for(100 << 10).unwrap().unwrap();
+        assert_eq!(a.capacity(), 1 << 20, "rounded up to a mebibyte");
+        let b = pool.try_spare_for(10).unwrap().unwrap();
+        assert_eq!(b.capacity(), 64 << 10);
+        let c = pool.try_spare_for(200 << 10).unwrap().unwrap();
+        assert!(
+            pool.try_spare_for(200 << 10).unwrap().is_none(),
+            "two larger slabs at once"
+        );
+        drop(c);
+        let bigger = pool.try_spare_for(3 << 20).unwrap();
+        assert!(
+            bigger.is_none(),
+            "three slabs of 3 MiB (one kept back) pass the 8 MiB"
+        );
+        let two = pool.try_spare_for((2 << 20) - 1).unwrap().unwrap();
+        assert_eq!(
+            two.capacity(),
+            2 << 20,
+            "a larger output remakes them larger"
+        );
+        drop(a);
+        let again = pool.try_spare_for(100 << 10).unwrap().unwrap();
+        assert_eq!(
+            again.capacity(),
+            2 << 20,
+            "later outputs take the larger slabs"
+        );
+        drop((small, b, two, again));
+    }
+
     #[test]
     fn the_first_slab_is_warmed_once_while_waiting_and_comes_back_first() {
         let pool = Pool::new(2, 4 << 20, PinningMode::Off, false).unwrap();

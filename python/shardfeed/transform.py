@@ -45,6 +45,32 @@ def rng_words(seed: int, epoch: int, rank: int, batch_index: int) -> list[int]:
     return [seed & (2**64 - 1), epoch, rank, batch_index, 0x5F7A]
 
 
+# The loader and batch a transform thread is running the function for (see `empty`).
+_running = threading.local()
+
+
+def empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+    """An uninitialised array for a transform's output, like ``numpy.empty``.
+
+    Called by a function running on the loader's transform threads, the array lies in a
+    spare slab of the loader's pool (pinned when the pool is, and of a pool of larger slabs
+    when it is larger than the loader's batches): returned by the function as it is, it
+    reaches the caller with no copy. Each call takes a slab of its own: make the few large
+    outputs this way. Elsewhere (outside a transform, in ``transform_processes`` workers),
+    or when no slab is spare, it is ``numpy.empty``'s array, copied into a slab after the
+    function returns as any other array it returns.
+    """
+    shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+    dtype = np.dtype(dtype)
+    running = getattr(_running, "batch", None)
+    if running is not None and all(d >= 0 for d in shape):
+        loader, index = running
+        array = _native.Loader._empty(loader, list(shape), dtype.str, index)
+        if array is not None:
+            return array.reshape(shape) if array.shape != shape else array
+    return np.empty(shape, dtype)
+
+
 def _batch_index(batch: dict) -> int:
     for array in batch.values():
         base = getattr(array, "base", None)
@@ -281,17 +307,22 @@ class _Stage:
 class _Threads:
     """Transforms on a pool of threads (numpy and most C extensions release the GIL)."""
 
-    def __init__(self, fn: Transform, threads: int, stage: _Stage, pin):
+    def __init__(self, fn: Transform, threads: int, stage: _Stage, pin, loader):
         self.fn = fn
         self.stage = stage
         self.pin = pin
+        self.loader = loader
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="shardfeed-transform")
         self.depth = threads + 1
 
     def submit(self, batch: dict, index: int, words: list[int]) -> Future:
         def run():
             started = time.perf_counter()
-            out = self.fn(batch, np.random.default_rng(words))
+            _running.batch = (self.loader, index)
+            try:
+                out = self.fn(batch, np.random.default_rng(words))
+            finally:
+                _running.batch = None
             self.stage.ran(time.perf_counter() - started)
             return self.pin(_check_output(out, index), index)
 
@@ -640,7 +671,7 @@ class _TransformLoader(Loader):
         workers = processes or threads or DEFAULT_TRANSFORM_THREADS
         self._stage = _Stage(workers)
         self._runner = (_Processes(fn, processes, self._stage, self._pin) if processes
-                        else _Threads(fn, workers, self._stage, self._pin))
+                        else _Threads(fn, workers, self._stage, self._pin, self))
         self._pending: collections.deque = collections.deque()
         self._exhausted = False
         self._delivered_state = _native.Loader.state_dict(self)

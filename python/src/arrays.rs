@@ -66,6 +66,27 @@ impl SlabView {
     }
 }
 
+/// The dtype a batch's buffer has for numpy's type string `typestr` (as
+/// `__array_interface__` gives it, such as `"<f4"`); `None` for the others.
+pub(crate) fn dtype_of(typestr: &str) -> Option<shardfeed_loader::DType> {
+    use shardfeed_loader::DType;
+    const DTYPES: [DType; 12] = [
+        DType::Bool,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::U16,
+        DType::U32,
+        DType::U64,
+        DType::F16,
+        DType::F32,
+        DType::F64,
+    ];
+    DTYPES.into_iter().find(|d| d.numpy() == typestr)
+}
+
 pub(crate) fn batch_dict(py: Python<'_>, batch: Batch) -> PyResult<Bound<'_, PyDict>> {
     static ASARRAY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let asarray = ASARRAY

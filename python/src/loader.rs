@@ -439,21 +439,6 @@ impl PyLoader {
         arrays: Vec<(String, Bound<'py, PyAny>)>,
         index: u64,
     ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
-        use shardfeed_loader::DType;
-        const DTYPES: [DType; 12] = [
-            DType::Bool,
-            DType::I8,
-            DType::I16,
-            DType::I32,
-            DType::I64,
-            DType::U8,
-            DType::U16,
-            DType::U32,
-            DType::U64,
-            DType::F16,
-            DType::F32,
-            DType::F64,
-        ];
         // (key, dtype, shape, address, bytes) of each array, from numpy's
         // array interface; the arrays stay referenced by `arrays` meanwhile.
         let mut parts = Vec::with_capacity(arrays.len());
@@ -463,7 +448,7 @@ impl PyLoader {
                 return Ok(None);
             }
             let typestr: String = interface.get_item("typestr")?.extract()?;
-            let Some(dtype) = DTYPES.into_iter().find(|d| d.numpy() == typestr) else {
+            let Some(dtype) = crate::arrays::dtype_of(&typestr) else {
                 return Ok(None);
             };
             let shape: Vec<usize> = interface.get_item("shape")?.extract()?;
@@ -471,31 +456,79 @@ impl PyLoader {
             let nbytes: usize = array.getattr("nbytes")?.extract()?;
             parts.push((key.clone(), dtype, shape, address, nbytes));
         }
-        let lease = py.detach(|| match self.lock_within(PIN_PATIENCE)? {
-            Some(inner) => open_loader(inner, |l| l.spare_slab().map_err(loader_error)),
-            None => Ok(None),
-        })?;
-        let Some(lease) = lease else {
-            return Ok(None);
-        };
-        let batch = {
-            let buffers: Vec<(&str, DType, &[usize], &[u8])> = parts
+        // The slab the arrays need, each at a 64-byte aligned offset.
+        let needed = parts
+            .iter()
+            .try_fold(0usize, |at, part| {
+                at.checked_next_multiple_of(64)?.checked_add(part.4)
+            })
+            .unwrap_or(usize::MAX);
+        // The copy runs without the GIL: a transform's output is tens of MB a
+        // batch, and the other transform threads' Python code would wait
+        // for it.
+        let batch = py.detach(|| -> PyResult<Option<shardfeed_loader::Batch>> {
+            let lease = match self.lock_within(PIN_PATIENCE)? {
+                Some(inner) => {
+                    open_loader(inner, |l| l.spare_slab_for(needed).map_err(loader_error))?
+                }
+                None => None,
+            };
+            let Some(lease) = lease else {
+                return Ok(None);
+            };
+            let buffers: Vec<(&str, shardfeed_loader::DType, &[usize], &[u8])> = parts
                 .iter()
                 .map(|(key, dtype, shape, address, nbytes)| {
                     // SAFETY: `nbytes` bytes at `address` are the data of a
                     // C-contiguous array (no strides) held alive by `arrays`
-                    // for this call; they are only read.
+                    // for this call (its references keep numpy from resizing
+                    // it); they are only read.
                     let bytes =
                         unsafe { std::slice::from_raw_parts(*address as *const u8, *nbytes) };
                     (key.as_str(), *dtype, shape.as_slice(), bytes)
                 })
                 .collect();
-            match shardfeed_loader::Batch::from_buffers(lease, index, &buffers) {
-                Ok(batch) => batch,
-                Err(_) => return Ok(None),
-            }
+            Ok(shardfeed_loader::Batch::from_buffers(lease, index, &buffers).ok())
+        })?;
+        let Some(batch) = batch else {
+            return Ok(None);
         };
         crate::arrays::batch_dict(py, batch).map(Some)
+    }
+
+    /// An array of `shape` and numpy type string `typestr` (such as
+    /// `"<f4"`) for batch `index`'s transform to fill, lying alone in a
+    /// spare slab of the pool (of the pool of larger slabs when it is larger
+    /// than the batches'), its contents whatever the slab held; `None` when
+    /// no slab is spare or the type is not one a batch can hold.
+    fn _empty<'py>(
+        &self,
+        py: Python<'py>,
+        shape: Vec<usize>,
+        typestr: &str,
+        index: u64,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(dtype) = crate::arrays::dtype_of(typestr) else {
+            return Ok(None);
+        };
+        let Some(bytes) = shape
+            .iter()
+            .try_fold(dtype.size(), |n, &d| n.checked_mul(d))
+        else {
+            return Ok(None);
+        };
+        let lease = py.detach(|| match self.lock_within(PIN_PATIENCE)? {
+            Some(inner) => open_loader(inner, |l| l.spare_slab_for(bytes).map_err(loader_error)),
+            None => Ok(None),
+        })?;
+        let Some(lease) = lease else {
+            return Ok(None);
+        };
+        let Ok(batch) = shardfeed_loader::Batch::uninit(lease, index, &[("out", dtype, &shape)])
+        else {
+            return Ok(None);
+        };
+        crate::arrays::batch_dict(py, batch)?.get_item("out")
     }
 
     /// Where the loader is: a small dict for `load_state_dict` (under 1 KB as

@@ -454,6 +454,68 @@ def test_arrays_handed_back_stay_in_their_slab(dataset):
     assert stats["pinned_batches"] == len(got) and stats["unpinned_batches"] == 0
 
 
+def widen(batch, rng):
+    """Outputs of 128 KiB a batch: larger than the slabs of these batches of 64 rows (the
+    smallest, 64 KiB), as float32 images made from uint8 pixels are 4x their input."""
+    return {"id": batch["id"].copy(),
+            "wide": np.repeat(batch["x"][:, None], 256, axis=1).astype(np.float64)}
+
+
+def widen_in_place(batch, rng):
+    """`widen`, writing its output where `shardfeed.transform.empty` placed it (the ids
+    handed back as they came: no copy at all)."""
+    wide = shardfeed.transform.empty((len(batch["x"]), 256), np.float64)
+    wide[:] = batch["x"][:, None]
+    return {"id": batch["id"], "wide": wide}
+
+
+def test_outputs_larger_than_the_batches_land_in_larger_slabs(dataset):
+    """Outputs larger than the pool's slabs go to slabs of a second pool sized to them,
+    pinned as the pool is (every batch here: the caller drops each in turn)."""
+    with shardfeed.Loader(dataset, 64, seed=3, transform=widen, transform_threads=2) as loader:
+        got = []
+        for b in loader:
+            base = b["wide"].base
+            assert isinstance(base, shardfeed.SlabView)
+            assert base.slab_bytes >= b["wide"].nbytes > 64 << 10
+            got.append((b["id"].copy(), base.batch_index))
+            assert np.array_equal(b["wide"][:, 5], b["id"] % 97)
+        stats = loader.stats()["transform"]
+    assert stats["pinned_batches"] == len(got) == ROWS // 64
+    assert [i for _, i in got] == list(range(len(got)))
+    ids = np.concatenate([ids for ids, _ in got])
+    assert len(np.unique(ids)) == len(ids) == len(got) * 64 and ids.max() < ROWS
+
+
+@pytest.mark.parametrize("mode", [dict(transform_threads=1), dict(transform_threads=2),
+                                  dict(transform_processes=1)])
+def test_empty_places_an_output_where_it_is_delivered(dataset, mode):
+    """`shardfeed.transform.empty` in a transform on the loader's threads gives an array in a
+    spare slab: delivered with no copy (the address the function wrote is the caller's). In
+    worker processes and outside a transform it is numpy.empty's; the values are the same."""
+    written = {}
+
+    def record(batch, rng):
+        out = widen_in_place(batch, rng)
+        written[int(batch["id"][0])] = out["wide"].__array_interface__["data"][0]
+        return out
+
+    fn = widen_in_place if "transform_processes" in mode else record
+    with shardfeed.Loader(dataset, 64, seed=3, transform=fn, **mode) as loader:
+        got = epoch(loader)
+        addresses = []
+        for b in loader:
+            addresses.append((int(b["id"][0]), b["wide"].__array_interface__["data"][0]))
+        stats = loader.stats()["transform"]
+    with shardfeed.Loader(dataset, 64, seed=3, transform=widen, transform_threads=1) as loader:
+        assert same(got, epoch(loader))
+    assert stats["pinned_batches"] == 2 * (ROWS // 64)
+    if "transform_threads" in mode:
+        assert all(written[first] == address for first, address in addresses)
+    plain = shardfeed.transform.empty((3, 2), np.int32)
+    assert plain.shape == (3, 2) and plain.dtype == np.int32 and plain.base is None
+
+
 def test_worker_processes_read_batches_where_they_lie(dataset, monkeypatch):
     """With transform_processes the workers map the loader's slabs and read each batch in place
     (no copy into shared memory); where they cannot, the batch is copied and the results are

@@ -325,6 +325,12 @@ impl Mixture {
         self.pool.try_spare()
     }
 
+    /// [`Mixture::spare_slab`] for a batch of `bytes`, as
+    /// [`crate::Loader::spare_slab_for`].
+    pub fn spare_slab_for(&self, bytes: usize) -> Result<Option<crate::SlabLease>> {
+        self.pool.try_spare_for(bytes)
+    }
+
     /// Counters, with each source loader's.
     pub fn stats(&self) -> MixtureStats {
         let p = &self.progress;
