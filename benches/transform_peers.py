@@ -4,13 +4,16 @@ function over the same rows, 2 cores.
 
 Data: 224x224x3 uint8 images as raw pixel bytes in a binary column (no decoding), sharded.
 Functions (each sees the rows as an [n, 224, 224, 3] uint8 array):
-  * numpy (releases the GIL): a random 192x192 crop per row, then float32 normalisation;
+  * numpy (releases the GIL): a random 192x192 crop per row, then float32 normalisation
+    (its output, 28 MB a batch, copied into a pinned slab after it returns);
+  * numpy-empty: the same, writing its output into `shardfeed.transform.empty`'s array
+    (in a pinned slab already: no copy);
   * python (holds the GIL): a pure-Python loop over 3,000 values per row;
   * identity: the batch as it is (the stage's own cost, against no transform).
 Runs: `transform_threads=1`, `=2`, `transform_processes=2`, and DataLoader(num_workers=2,
 persistent_workers=True) over an IterableDataset that reads the shards' row groups with
 pyarrow (split over the workers), batches 64 rows and applies the function. Rows/s of
-epochs 2 to 4 (workers and pools started in the first), medians of `--repeat` runs, each in a fresh process;
+epochs 2 on (workers and pools started in the first; at least 3 epochs and 2 s), medians of `--repeat` runs, each in a fresh process;
 each run also prints its peak RSS, and its worker processes' (the sum of their peaks).
 
     pip install ./python && python3 benches/transform_peers.py --work /tmp/sf-transform
@@ -19,6 +22,10 @@ each run also prints its peak RSS, and its worker processes' (the sum of their p
 import argparse, json, os, statistics, subprocess, sys, time
 
 ROWS, SIDE, BATCH, EPOCHS = 2400, 224, 64, 3
+# Each run's steady rate is measured over at least EPOCHS epochs and at least this many
+# seconds (a fast run's 3 epochs of 37 batches took ~0.15 s: too short to time on a shared
+# machine).
+MIN_SECONDS = 2.0
 
 RUN = r'''
 import json, sys, time
@@ -48,6 +55,20 @@ def crop_normalize(batch, rng):
     return {"image": out, "label": batch["label"]}
 
 
+def crop_normalize_in_place(batch, rng):
+    """`crop_normalize` writing its output where `shardfeed.transform.empty` places it: in a
+    pinned slab, delivered with no copy (in DataLoader's workers, numpy.empty's array)."""
+    import shardfeed.transform
+    x = pixels(batch)
+    n, c = len(x), 192
+    out = shardfeed.transform.empty((n, c, c, 3), np.float32)
+    offsets = rng.integers(0, SIDE - c, size=(n, 2))
+    for i, (dy, dx) in enumerate(offsets):
+        np.subtract(x[i, dy:dy + c, dx:dx + c], 120.0, out=out[i], casting="unsafe")
+        out[i] *= 1 / 58.0
+    return {"image": out, "label": batch["label"]}
+
+
 def python_loop(batch, rng):
     x = pixels(batch).reshape(len(batch["label"]), -1)
     sums = np.empty(len(x), dtype=np.int64)
@@ -65,7 +86,8 @@ def identity(batch, rng):
 
 import numpy as np  # noqa: E402
 
-FUNCTIONS = {"numpy": crop_normalize, "python": python_loop, "identity": identity}
+FUNCTIONS = {"numpy": crop_normalize, "numpy-empty": crop_normalize_in_place,
+             "python": python_loop, "identity": identity}
 
 
 def make(work):
@@ -144,10 +166,11 @@ def epoch_rate(ds, fn, mode):
     # The first epoch starts workers and pools; the next EPOCHS are the steady rate.
     for batch in loader:
         pass
-    started, rows = time.perf_counter(), 0
-    for _ in range(EPOCHS):
+    started, rows, epochs = time.perf_counter(), 0, 0
+    while epochs < EPOCHS or time.perf_counter() - started < MIN_SECONDS:
         for batch in loader:
             rows += len(batch["label"])
+        epochs += 1
     rate = rows / (time.perf_counter() - started)
     workers = [p.pid for p in getattr(getattr(loader, "_runner", None), "procs", [])]
     if mode == "dataloader":
@@ -195,6 +218,7 @@ def main():
     ds = make(args.work)
     here = os.path.dirname(os.path.abspath(__file__))
     plan = [("numpy", m) for m in ("none", "threads1", "threads2", "dataloader")]
+    plan += [("numpy-empty", m) for m in ("threads1", "threads2")]
     plan += [("python", m) for m in ("threads1", "processes2", "dataloader")]
     plan += [("identity", "threads2")]
     results = {}
@@ -210,13 +234,14 @@ def main():
                               "workers_peak_rss_mib": round(got["workers_peak_rss_mib"])}),
                   flush=True)
     med = {k: statistics.median(v) for k, v in results.items()}
-    print(f"\nrows/s, epochs 2-{EPOCHS + 1}, medians of {args.repeat}")
+    print(f"\nrows/s from epoch 2 on (at least {EPOCHS} epochs and {MIN_SECONDS:g} s), "
+          f"medians of {args.repeat}")
     print("| function | run | rows/s | vs transform_threads=1 | vs DataLoader(num_workers=2) |")
     print("|---|---|---|---|---|")
     for fn, mode in plan:
         rate = med[(fn, mode)]
         base = med.get((fn, "threads1"))
-        peer = med.get((fn, "dataloader"))
+        peer = med.get((fn.split("-")[0], "dataloader"))
         print(f"| {fn} | {mode} | {rate:,.0f} | {rate / base:.2f}x |" if base else f"| {fn} | {mode} | {rate:,.0f} | |",
               f" {rate / peer:.2f}x |" if peer else " |")
     print(f"| identity | threads2 vs no transform (numpy none) | {med[('identity', 'threads2')] / med[('numpy', 'none')]:.2f}x | | |")

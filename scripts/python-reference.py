@@ -18,6 +18,7 @@ MODULES = [
     ("shardfeed", PACKAGE / "__init__.py", ["shard_task", "strings", "rows"]),
     ("shardfeed.torch", PACKAGE / "torch.py", None),
     ("shardfeed.metrics", PACKAGE / "metrics.py", None),
+    ("shardfeed.transform", PACKAGE / "transform.py", ["empty"]),
 ]
 
 
