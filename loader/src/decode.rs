@@ -70,20 +70,19 @@ pub(crate) fn decode(
     // group (the own decoders stop after the pages that cover it).
     let rows = footer.footer.metadata.row_group(rg).num_rows() as usize;
     let want = (segment.end as usize).min(rows);
-    let (decoded, paths) = decode_row_group_at_least(
-        Arc::new(file),
-        &footer.arrow,
+    let decoded = counted(
+        entry,
         rg,
-        roots,
-        Some(want),
-        &limits,
-    )
-    .map_err(|source| LoaderError::Decode {
-        shard: entry.path.clone(),
-        row_group: Some(rg),
-        source,
-    })?;
-    counters.add_paths(&paths);
+        counters,
+        decode_row_group_at_least(
+            Arc::new(file),
+            &footer.arrow,
+            rg,
+            roots,
+            Some(want),
+            &limits,
+        ),
+    )?;
     // Keep the segment's rows [start, end) of the row group; the rows
     // decoded past `end` go back separately.
     let (start, end) = (segment.start as usize, segment.end as usize);
@@ -144,25 +143,41 @@ fn decode_part(
     }
     let file = sparse(entry, chunks);
     let want = segment.start as usize..segment.end as usize;
-    let (batch, paths) = crate::parquet::decode_part(
-        Arc::new(file),
-        &footer.arrow,
+    let batch = counted(
+        entry,
         rg,
-        roots,
-        &parts,
-        want,
-        limits,
-    )
-    .map_err(|source| LoaderError::Decode {
+        counters,
+        crate::parquet::decode_part(
+            Arc::new(file),
+            &footer.arrow,
+            rg,
+            roots,
+            &parts,
+            want,
+            limits,
+        ),
+    )?;
+    Ok(DecodedRows {
+        rows: vec![batch],
+        beyond: None,
+    })
+}
+
+/// A decode's result, its error naming the shard and row group, the
+/// decode paths it took counted.
+fn counted<T>(
+    entry: &ShardEntry,
+    rg: usize,
+    counters: &Counters,
+    decoded: parquet::errors::Result<(T, crate::parquet::DecodePaths)>,
+) -> Result<T> {
+    let (decoded, paths) = decoded.map_err(|source| LoaderError::Decode {
         shard: entry.path.clone(),
         row_group: Some(rg),
         source,
     })?;
     counters.add_paths(&paths);
-    Ok(DecodedRows {
-        rows: vec![batch],
-        beyond: None,
-    })
+    Ok(decoded)
 }
 
 /// The fetched chunks of `entry`'s file, as a file.

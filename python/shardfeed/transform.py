@@ -67,7 +67,7 @@ def empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         loader, index = running
         array = _native.Loader._empty(loader, list(shape), dtype.str, index)
         if array is not None:
-            return array.reshape(shape) if array.shape != shape else array
+            return array
     return np.empty(shape, dtype)
 
 
