@@ -13,7 +13,8 @@
 //!
 //! Modules: `loader` (the `Loader` class), `arrays` (batches as numpy
 //! arrays over their slab), `dataset` (`shard`, `commit`, `inspect`,
-//! `verify`), `args` (arguments converted with the option's name in every
+//! `verify`), `seeds` (numpy's seeding of a transform's
+//! generator, without numpy), `args` (arguments converted with the option's name in every
 //! error), `errors` (Rust errors as Python exceptions).
 
 mod args;
@@ -21,6 +22,7 @@ mod arrays;
 mod dataset;
 mod errors;
 mod loader;
+mod seeds;
 
 use pyo3::prelude::*;
 
@@ -63,6 +65,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(seeds::_seed_state, m)?)?;
+    m.add_class::<loader::SavedState>()?;
     m.add("ShardfeedError", m.py().get_type::<ShardfeedError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -27,6 +27,18 @@ fn resume(feed: &mut dyn Feed, texts: &[String], allow_changed: bool) -> Result<
     feed.restore(&states, allow_changed)
 }
 
+/// A loader's state as `Loader._saved()` took it.
+#[pyclass(name = "_SavedState", module = "shardfeed._native", frozen)]
+pub(crate) struct SavedState(shardfeed_loader::FeedState);
+
+#[pymethods]
+impl SavedState {
+    /// The state as `Loader.state_dict()` gives it.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_python(py, &self.0)
+    }
+}
+
 pub(crate) struct Inner {
     loader: Option<Box<dyn Feed>>,
     closed: bool,
@@ -536,6 +548,13 @@ impl PyLoader {
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let state = py.detach(|| self.with_any(|l| Ok(l.save())))?;
         to_python(py, &state)
+    }
+
+    /// Where the loader is, kept as it is until asked for as a dict
+    /// (`SavedState.to_dict()`): the transform stage takes one per batch and
+    /// converts only the one `state_dict()` is asked for.
+    fn _saved(&self, py: Python<'_>) -> PyResult<SavedState> {
+        Ok(SavedState(py.detach(|| self.with_any(|l| Ok(l.save())))?))
     }
 
     /// Continue exactly where `state_dict()` was taken. `state` may also be

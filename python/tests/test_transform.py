@@ -535,3 +535,50 @@ def test_worker_processes_read_batches_where_they_lie(dataset, monkeypatch):
     assert [b["id"].tolist() for b in got] == [ids.tolist() for ids in expected]
     assert not any(b["in_place"][0] for b in got)
     assert shm_left() == []
+
+
+def test_a_batch_generator_is_numpys_default_rng_of_its_words():
+    from shardfeed.transform import generator
+
+    r = np.random.default_rng(3)
+    edges = [0, 1, 2**32 - 1, 2**32, 2**63, 2**64 - 1]
+    for case in range(400):
+        words = [int(w) for w in r.integers(0, 2**63, size=int(r.integers(0, 9)), dtype=np.uint64)]
+        words = [edges[int(r.integers(0, len(edges)))] if r.random() < 0.3 else w for w in words]
+        ours, numpys = generator(words), np.random.default_rng(words)
+        assert (ours.integers(0, 2**62, 16) == numpys.integers(0, 2**62, 16)).all(), words
+        # What is asked of the seed sequence beyond a PCG64's state is numpy's own.
+        assert [g.random() for g in ours.spawn(3)] == [g.random() for g in numpys.spawn(3)]
+        assert [g.random() for g in ours.spawn(2)] == [g.random() for g in numpys.spawn(2)]
+        seq = ours.bit_generator.seed_seq
+        assert (seq.generate_state(3) == np.random.SeedSequence(words).generate_state(3)).all()
+        assert seq.entropy == np.random.SeedSequence(words).entropy
+
+
+def test_fast_functions_run_on_the_callers_thread_with_the_same_results(dataset, monkeypatch):
+    import threading
+
+    from shardfeed import transform as T
+
+    ran_on = []
+
+    def jitter(batch, rng):
+        ran_on.append(threading.get_ident())
+        return {"id": batch["id"], "noise": rng.random(len(batch["id"]))}
+
+    def run(inline_s):
+        monkeypatch.setattr(T._Threads, "INLINE_S", inline_s)
+        ran_on.clear()
+        with shardfeed.Loader(dataset, 32, seed=5, transform=jitter, transform_threads=2) as loader:
+            out = [(b["id"].copy(), b["noise"].copy()) for b in loader]
+        return out, list(ran_on)
+
+    me = threading.get_ident()
+    threaded, threads = run(0.0)  # never on the caller's thread
+    inline, callers = run(3600.0)  # on it once a run has been timed
+    assert me not in threads
+    # The batches handed to the threads before the first run ended: at most the threads + 1.
+    assert callers.count(me) >= len(callers) - 3 and callers[-1] == me
+    assert len(threaded) == len(inline) > 2
+    for (a_id, a_noise), (b_id, b_noise) in zip(threaded, inline):
+        assert (a_id == b_id).all() and (a_noise == b_noise).all()
