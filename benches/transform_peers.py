@@ -9,6 +9,9 @@ Functions (each sees the rows as an [n, 224, 224, 3] uint8 array):
   * numpy-empty: the same, writing its output into `shardfeed.transform.empty`'s array
     (in a pinned slab already: no copy);
   * python (holds the GIL): a pure-Python loop over 3,000 values per row;
+  * python-tokens (holds the GIL): masked-language-model masking in pure Python over rows of
+    256 to 768 int32 tokens (a second set, `list<int32>`: 3.2% of the image rows' bytes, so
+    the loader's own work is a small part of each batch's);
   * identity: the batch as it is (the stage's own cost, against no transform).
 Runs: `transform_threads=1`, `=2`, `transform_processes=2`, and DataLoader(num_workers=2,
 persistent_workers=True) over an IterableDataset that reads the shards' row groups with
@@ -80,6 +83,25 @@ def python_loop(batch, rng):
     return {"sums": sums, "label": batch["label"]}
 
 
+def python_mask(batch, rng):
+    """15% of the tokens chosen; of those, 80% become the mask token, the rest stay; labels
+    are the chosen tokens (-100 elsewhere), as a BERT-style collator makes them."""
+    draws = rng.random(len(batch["tokens"])).tolist()
+    masked, labels = [], []
+    for token, draw in zip(batch["tokens"].tolist(), draws):
+        if draw < 0.15:
+            masked.append(MASK if draw < 0.12 else token)
+            labels.append(token)
+        else:
+            masked.append(token)
+            labels.append(-100)
+    return {"input_ids": np.array(masked, np.int32), "labels": np.array(labels, np.int32),
+            "offsets": batch["tokens.offsets"], "label": batch["label"]}
+
+
+MASK = 103
+
+
 def identity(batch, rng):
     return batch
 
@@ -87,7 +109,10 @@ def identity(batch, rng):
 import numpy as np  # noqa: E402
 
 FUNCTIONS = {"numpy": crop_normalize, "numpy-empty": crop_normalize_in_place,
-             "python": python_loop, "identity": identity}
+             "python": python_loop, "python-tokens": python_mask, "identity": identity}
+# The set each function reads, and its columns.
+SETS = {"python-tokens": "tokens"}
+COLUMNS = {"ds": ["pixels", "label"], "tokens": ["tokens", "label"]}
 
 
 def make(work):
@@ -103,6 +128,24 @@ def make(work):
                       "label": pa.array(np.arange(ROWS) % 10, pa.int32())})
     pq.write_table(table, os.path.join(raw, "images.parquet"), row_group_size=100)
     shardfeed.shard(raw, ds, row_group_rows=100)
+    return ds
+
+
+def make_tokens(work):
+    """Rows of 256 to 768 int32 tokens (`list<int32>`), 2,400 rows."""
+    import pyarrow as pa, pyarrow.parquet as pq
+    import shardfeed
+    raw, ds = os.path.join(work, "raw-tokens"), os.path.join(work, "tokens")
+    if os.path.exists(os.path.join(ds, "manifest.json")):
+        return ds
+    os.makedirs(raw, exist_ok=True)
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(256, 769, size=ROWS)
+    tokens = [rng.integers(1000, 30000, size=n, dtype=np.int32) for n in lengths]
+    table = pa.table({"tokens": pa.array(tokens, pa.list_(pa.int32())),
+                      "label": pa.array(np.arange(ROWS) % 10, pa.int32())})
+    pq.write_table(table, os.path.join(raw, "tokens.parquet"), row_group_size=400)
+    shardfeed.shard(raw, ds, row_group_rows=400)
     return ds
 
 
@@ -123,11 +166,21 @@ class Peer:
         groups = [(s["path"], g) for s in manifest["shards"] for g in range(len(s["row_groups"]))]
         for k, (path, g) in enumerate(groups[wid::workers]):  # noqa: B007
             table = pq.ParquetFile(os.path.join(self.ds, path)).read_row_group(g)
+            label = table.column("label").to_numpy()
+            if "tokens" in table.column_names:
+                col = table.column("tokens").combine_chunks()
+                offsets = col.offsets.to_numpy().astype(np.int64)
+                values = col.values.to_numpy()
+                for at in range(0, len(table) - BATCH + 1, BATCH):
+                    ends = offsets[at:at + BATCH + 1]
+                    batch = {"tokens": values[ends[0]:ends[-1]], "tokens.offsets": ends - ends[0],
+                             "label": label[at:at + BATCH]}
+                    yield self.fn(batch, np.random.default_rng([wid, k, at]))
+                continue
             col = table.column("pixels").combine_chunks()
             offsets = np.frombuffer(col.buffers()[1], np.int32)[col.offset:col.offset + len(col) + 1]
             flat = np.frombuffer(col.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
             flat = flat.reshape(len(table), -1)
-            label = table.column("label").to_numpy()
             for at in range(0, len(table) - BATCH + 1, BATCH):
                 batch = {"pixels": flat[at:at + BATCH], "label": label[at:at + BATCH]}
                 yield self.fn(batch, np.random.default_rng([wid, k, at]))
@@ -161,7 +214,7 @@ def epoch_rate(ds, fn, mode):
         options = {"none": {}, "threads1": dict(transform=fn, transform_threads=1),
                    "threads2": dict(transform=fn, transform_threads=2),
                    "processes2": dict(transform=fn, transform_processes=2)}[mode]
-        loader = shardfeed.Loader(ds, BATCH, columns=["pixels", "label"], threads=2, seed=1,
+        loader = shardfeed.Loader(ds, BATCH, columns=COLUMNS[os.path.basename(ds)], threads=2, seed=1,
                                   **options)
     # The first epoch starts workers and pools; the next EPOCHS are the steady rate.
     for batch in loader:
@@ -215,16 +268,17 @@ def main():
     args = p.parse_args()
     if args.alone:
         return alone(args.repeat)
-    ds = make(args.work)
+    sets = {"ds": make(args.work), "tokens": make_tokens(args.work)}
     here = os.path.dirname(os.path.abspath(__file__))
     plan = [("numpy", m) for m in ("none", "threads1", "threads2", "dataloader")]
     plan += [("numpy-empty", m) for m in ("threads1", "threads2")]
     plan += [("python", m) for m in ("threads1", "processes2", "dataloader")]
+    plan += [("python-tokens", m) for m in ("threads1", "processes2", "dataloader")]
     plan += [("identity", "threads2")]
     results = {}
     for _ in range(args.repeat):
         for fn, mode in plan:
-            out = subprocess.run([sys.executable, "-c", RUN, here, ds, fn, mode], check=True,
+            out = subprocess.run([sys.executable, "-c", RUN, here, sets[SETS.get(fn, "ds")], fn, mode], check=True,
                                  capture_output=True, text=True)
             got = json.loads(out.stdout.strip().splitlines()[-1])
             rate = got["rows_per_s"]
@@ -241,7 +295,7 @@ def main():
     for fn, mode in plan:
         rate = med[(fn, mode)]
         base = med.get((fn, "threads1"))
-        peer = med.get((fn.split("-")[0], "dataloader"))
+        peer = med.get((fn, "dataloader")) or med.get((fn.split("-")[0], "dataloader"))
         print(f"| {fn} | {mode} | {rate:,.0f} | {rate / base:.2f}x |" if base else f"| {fn} | {mode} | {rate:,.0f} | |",
               f" {rate / peer:.2f}x |" if peer else " |")
     print(f"| identity | threads2 vs no transform (numpy none) | {med[('identity', 'threads2')] / med[('numpy', 'none')]:.2f}x | | |")
