@@ -77,6 +77,8 @@ impl LoaderBuilder {
             Some(c) => c.clone(),
             None => schema.fields().iter().map(|f| f.name().clone()).collect(),
         };
+        // A struct named (or every column's, by default) loads as its fields.
+        let names = crate::select::expand_structs(schema, &names)?;
         // Top-level columns, or fields of structs (`image.bytes`).
         let columns = crate::select::Columns::resolve(schema, &names)?;
         let sorted_roots = columns.roots.clone();

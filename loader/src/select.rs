@@ -201,6 +201,29 @@ fn widened(array: &ArrayRef, to: &DataType) -> Option<ArrayRef> {
 
 /// `name` as a top-level column, or a path of fields through structs (not
 /// lists: a list of structs has no one value per row).
+/// `names` with every struct among them (a top-level column or a field
+/// inside one) replaced by its fields' paths, depth first, in the struct's
+/// order: `image` loads as `image.bytes` and `image.path`. A batch holds
+/// arrays, and a struct is its fields side by side.
+pub(crate) fn expand_structs(schema: &Schema, names: &[String]) -> Result<Vec<String>> {
+    fn expand(name: String, field: &Field, out: &mut Vec<String>) {
+        match field.data_type() {
+            DataType::Struct(children) if !children.is_empty() => {
+                for child in children {
+                    expand(format!("{name}.{}", child.name()), child, out);
+                }
+            }
+            _ => out.push(name),
+        }
+    }
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let (_, _, field) = resolve_one(schema, name)?;
+        expand(name.clone(), &field, &mut out);
+    }
+    Ok(out)
+}
+
 fn resolve_one(schema: &Schema, name: &str) -> Result<(usize, Vec<usize>, Field)> {
     if let Ok(i) = schema.index_of(name) {
         return Ok((i, Vec::new(), schema.field(i).clone()));
@@ -294,6 +317,44 @@ mod tests {
             Field::new("id", DataType::Int64, false),
             Field::new("image", image, true),
         ])
+    }
+
+    #[test]
+    fn a_struct_named_loads_as_its_fields() {
+        let inner = DataType::Struct(vec![Field::new("url", DataType::Utf8, true)].into());
+        let meta = DataType::Struct(
+            vec![
+                Field::new("source", inner, true),
+                Field::new("score", DataType::Float32, true),
+            ]
+            .into(),
+        );
+        let mut fields: Vec<Field> = image_schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.push(Field::new("meta", meta, true));
+        let schema = Schema::new(fields);
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let got = expand_structs(&schema, &names(&["id", "image", "meta"])).unwrap();
+        assert_eq!(
+            got,
+            names(&[
+                "id",
+                "image.bytes",
+                "image.path",
+                "meta.source.url",
+                "meta.score"
+            ])
+        );
+        // A field inside a struct expands the same way; plain paths stay.
+        let got = expand_structs(&schema, &names(&["meta.source", "image.path"])).unwrap();
+        assert_eq!(got, names(&["meta.source.url", "image.path"]));
+        // The expanded names resolve.
+        let got = expand_structs(&schema, &names(&["image", "meta"])).unwrap();
+        assert!(Columns::resolve(&schema, &got).is_ok());
+        assert!(expand_structs(&schema, &names(&["nope"])).is_err());
     }
 
     #[test]

@@ -96,7 +96,8 @@ class Loader:
 
         ``url`` is a dataset or an index (``shardfeed.index``). ``columns``: the columns to
         read (default all); a field of a struct column is named by its path
-        (``"image.bytes"``) and comes as a column of its own.
+        (``"image.bytes"``) and comes as a column of its own, and a struct named whole
+        comes as all its fields.
 
         ``url`` may be a dict of datasets to weights (shares of rows): a
         mixture, blended exactly and deterministically (each next row from the

@@ -602,6 +602,15 @@ def test_struct_fields_of_hugging_face_images_as_columns(tmp_path):
             for i, p, b in zip(batch["id"].tolist(), paths, blobs):
                 seen[i] = (p, b)
     assert seen == {i: (im["path"], im["bytes"]) if im else (None, None) for i, im in enumerate(images)}
+    # Naming the struct loads its fields, the same values.
+    with shardfeed.Loader(index, 8, columns=["id", "image"], drop_last=False) as loader:
+        whole = {}
+        for batch in loader:
+            assert "image" not in batch and {"image.bytes", "image.path"} <= set(batch)
+            for i, p, b in zip(batch["id"].tolist(), shardfeed.strings(batch, "image.path"),
+                               shardfeed.strings(batch, "image.bytes", encoding=None)):
+                whole[i] = (p, b)
+    assert whole == seen
     # Decoded in the loader, straight from the struct's field.
     with shardfeed.Loader(index, 8, columns=["id", "image.bytes"], decode_images="image.bytes",
                           image_size=24, crop="center", on_error="skip", drop_last=False) as loader:
