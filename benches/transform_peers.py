@@ -115,38 +115,41 @@ SETS = {"python-tokens": "tokens"}
 COLUMNS = {"ds": ["pixels", "label"], "tokens": ["tokens", "label"]}
 
 
-def make(work):
-    import pyarrow as pa, pyarrow.parquet as pq
+def sharded(work, name, rows_per_group, table):
+    """`work/name`: the table `table()` makes, written with pyarrow and sharded (made once)."""
+    import pyarrow.parquet as pq
     import shardfeed
-    raw, ds = os.path.join(work, "raw"), os.path.join(work, "ds")
+    raw, ds = os.path.join(work, f"raw-{name}"), os.path.join(work, name)
     if os.path.exists(os.path.join(ds, "manifest.json")):
         return ds
     os.makedirs(raw, exist_ok=True)
-    rng = np.random.default_rng(0)
-    rows = rng.integers(0, 256, size=(ROWS, SIDE * SIDE * 3), dtype=np.uint8)
-    table = pa.table({"pixels": pa.array([r.tobytes() for r in rows], pa.binary()),
-                      "label": pa.array(np.arange(ROWS) % 10, pa.int32())})
-    pq.write_table(table, os.path.join(raw, "images.parquet"), row_group_size=100)
-    shardfeed.shard(raw, ds, row_group_rows=100)
+    pq.write_table(table(), os.path.join(raw, f"{name}.parquet"), row_group_size=rows_per_group)
+    shardfeed.shard(raw, ds, row_group_rows=rows_per_group)
     return ds
+
+
+def make(work):
+    """224x224x3 uint8 pixels as raw bytes, 2,400 rows."""
+    import pyarrow as pa
+
+    def table():
+        rows = np.random.default_rng(0).integers(0, 256, size=(ROWS, SIDE * SIDE * 3), dtype=np.uint8)
+        return pa.table({"pixels": pa.array([r.tobytes() for r in rows], pa.binary()),
+                         "label": pa.array(np.arange(ROWS) % 10, pa.int32())})
+    return sharded(work, "ds", 100, table)
 
 
 def make_tokens(work):
     """Rows of 256 to 768 int32 tokens (`list<int32>`), 2,400 rows."""
-    import pyarrow as pa, pyarrow.parquet as pq
-    import shardfeed
-    raw, ds = os.path.join(work, "raw-tokens"), os.path.join(work, "tokens")
-    if os.path.exists(os.path.join(ds, "manifest.json")):
-        return ds
-    os.makedirs(raw, exist_ok=True)
-    rng = np.random.default_rng(1)
-    lengths = rng.integers(256, 769, size=ROWS)
-    tokens = [rng.integers(1000, 30000, size=n, dtype=np.int32) for n in lengths]
-    table = pa.table({"tokens": pa.array(tokens, pa.list_(pa.int32())),
-                      "label": pa.array(np.arange(ROWS) % 10, pa.int32())})
-    pq.write_table(table, os.path.join(raw, "tokens.parquet"), row_group_size=400)
-    shardfeed.shard(raw, ds, row_group_rows=400)
-    return ds
+    import pyarrow as pa
+
+    def table():
+        rng = np.random.default_rng(1)
+        tokens = [rng.integers(1000, 30000, size=n, dtype=np.int32)
+                  for n in rng.integers(256, 769, size=ROWS)]
+        return pa.table({"tokens": pa.array(tokens, pa.list_(pa.int32())),
+                         "label": pa.array(np.arange(ROWS) % 10, pa.int32())})
+    return sharded(work, "tokens", 400, table)
 
 
 class Peer:

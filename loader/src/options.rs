@@ -35,7 +35,8 @@ pub struct LoaderOptions {
     pub mixture: bool,
     /// Rows per batch.
     pub batch_size: usize,
-    /// Columns to read (default: all).
+    /// Columns to read (default: all): a struct's field by its path
+    /// (`image.bytes`), a struct named whole as all its fields.
     pub columns: Option<Vec<String>>,
     /// Shuffle rows (windows of row groups, then rows within them).
     pub shuffle: bool,
