@@ -75,6 +75,10 @@ class _Seeded(ISpawnableSeedSequence):
         return self._real().spawn(n_children)
 
     def __getattr__(self, name):
+        # Only for what a SeedSequence has and this does not (copy and pickle look for
+        # methods and slots before they are set: those are not asked of the sequence).
+        if name.startswith("_") or name in _Seeded.__slots__:
+            raise AttributeError(name)
         return getattr(self._real(), name)
 
 

@@ -79,7 +79,7 @@ pub(crate) fn seed_sequence_state(entropy: &[u64], words: usize) -> Vec<u64> {
 }
 
 /// The `words` 64-bit words numpy's `SeedSequence(entropy)` generates (4 for
-/// a `PCG64`), entropy values being 64-bit.
+/// a `PCG64`; at most 64), entropy values being 64-bit.
 #[pyfunction]
 #[pyo3(signature = (entropy, words = 4))]
 pub(crate) fn _seed_state(entropy: Vec<u64>, words: usize) -> Vec<u64> {

@@ -553,6 +553,13 @@ def test_a_batch_generator_is_numpys_default_rng_of_its_words():
         seq = ours.bit_generator.seed_seq
         assert (seq.generate_state(3) == np.random.SeedSequence(words).generate_state(3)).all()
         assert seq.entropy == np.random.SeedSequence(words).entropy
+    # A generator a function keeps can be copied and pickled (to a worker, a checkpoint).
+    import copy
+    import pickle
+
+    words = [7, 0, 0, 3, 0x5F7A]
+    for again in (pickle.loads(pickle.dumps(generator(words))), copy.deepcopy(generator(words))):
+        assert (again.integers(0, 2**62, 8) == np.random.default_rng(words).integers(0, 2**62, 8)).all()
 
 
 def test_fast_functions_run_on_the_callers_thread_with_the_same_results(dataset, monkeypatch):
