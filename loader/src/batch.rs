@@ -135,6 +135,22 @@ pub enum ColumnLayout {
         /// Whether the bytes are UTF-8 strings.
         utf8: bool,
     },
+    /// Lists of binary or string items: the items' bytes (`u8`, `[total]`),
+    /// `offsets` (`i64`, `[batch + 1]`) into the items, and `value_offsets`
+    /// (`i64`, `[items + 1]`) into the bytes: row `i`'s items are
+    /// `offsets[i]..offsets[i + 1]`, item `j` is
+    /// `values[value_offsets[j]..value_offsets[j + 1]]`. A null item reads as
+    /// empty.
+    ListBytes {
+        /// Concatenated bytes of every item.
+        values: Buffer,
+        /// Row boundaries, in items.
+        offsets: Buffer,
+        /// Item boundaries, in bytes.
+        value_offsets: Buffer,
+        /// Whether the items are UTF-8 strings.
+        utf8: bool,
+    },
 }
 
 /// One collated column.
@@ -163,6 +179,16 @@ impl Column {
             ColumnLayout::Padded { values, lengths } => {
                 vec![("values", values), ("lengths", lengths)]
             }
+            ColumnLayout::ListBytes {
+                values,
+                offsets,
+                value_offsets,
+                ..
+            } => vec![
+                ("values", values),
+                ("offsets", offsets),
+                ("value_offsets", value_offsets),
+            ],
         };
         if let Some(v) = &self.validity {
             out.push(("validity", v));
@@ -173,7 +199,7 @@ impl Column {
 
 /// The role names of a column's buffers other than its values: the
 /// Python binding keys them `<column>.<role>` beside the values' `<column>`.
-pub const BUFFER_ROLES: [&str; 3] = ["offsets", "lengths", "validity"];
+pub const BUFFER_ROLES: [&str; 4] = ["offsets", "value_offsets", "lengths", "validity"];
 
 /// The first column of `names` whose name is the key of another's buffer
 /// (`x.offsets` beside `x`): with both, one's array would replace the
@@ -376,19 +402,49 @@ impl Batch {
             ColumnLayout::Dense { values }
             | ColumnLayout::Ragged { values, .. }
             | ColumnLayout::Padded { values, .. }
-            | ColumnLayout::Bytes { values, .. } => values,
+            | ColumnLayout::Bytes { values, .. }
+            | ColumnLayout::ListBytes { values, .. } => values,
         };
         self.typed(values)
     }
 
-    /// The offsets of a ragged or bytes column.
+    /// The offsets of a ragged, bytes or list-of-bytes column (a list of
+    /// bytes: into its items).
     pub fn offsets(&self, name: &str) -> Option<&[i64]> {
         match &self.column(name)?.layout {
-            ColumnLayout::Ragged { offsets, .. } | ColumnLayout::Bytes { offsets, .. } => {
-                self.typed(offsets)
-            }
+            ColumnLayout::Ragged { offsets, .. }
+            | ColumnLayout::Bytes { offsets, .. }
+            | ColumnLayout::ListBytes { offsets, .. } => self.typed(offsets),
             _ => None,
         }
+    }
+
+    /// The item boundaries (in bytes) of a list-of-bytes column.
+    pub fn value_offsets(&self, name: &str) -> Option<&[i64]> {
+        match &self.column(name)?.layout {
+            ColumnLayout::ListBytes { value_offsets, .. } => self.typed(value_offsets),
+            _ => None,
+        }
+    }
+
+    /// Each row's items of a list-of-bytes column (`list<string>`,
+    /// `list<binary>`), in row order.
+    pub fn binary_lists(&self, name: &str) -> Option<Vec<Vec<&[u8]>>> {
+        let ColumnLayout::ListBytes { values, .. } = &self.column(name)?.layout else {
+            return None;
+        };
+        let bytes = self.bytes(values);
+        let (rows, items) = (self.offsets(name)?, self.value_offsets(name)?);
+        let item = |j: usize| -> Option<&[u8]> {
+            let (a, b) = (*items.get(j)?, *items.get(j + 1)?);
+            bytes.get(usize::try_from(a).ok()?..usize::try_from(b).ok()?)
+        };
+        rows.windows(2)
+            .map(|w| {
+                let (a, b) = (usize::try_from(w[0]).ok()?, usize::try_from(w[1]).ok()?);
+                (a..b).map(item).collect::<Option<Vec<_>>>()
+            })
+            .collect()
     }
 
     /// Each row's bytes of a binary or string column, in row order.

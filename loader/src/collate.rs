@@ -30,6 +30,8 @@ use crate::plan::EpochPlan;
 use crate::shuffle::LoadedWindow;
 use crate::stage::injected;
 use crate::stats::Counters;
+
+mod lists;
 use shardfeed_format::Manifest;
 
 struct Layout {
@@ -193,6 +195,20 @@ impl<'a> Collation<'a> {
                     };
                     ColumnLayout::Dense {
                         values: layout.push(DType::U8, shape),
+                    }
+                }
+                Kind::ListBytes {
+                    large_list,
+                    large_bytes,
+                    utf8,
+                } => {
+                    let cols: Vec<&SourceColumn> = self.sources.iter().map(|s| &s[c]).collect();
+                    let (items, bytes) = lists::totals(&cols, (large_list, large_bytes), rows);
+                    ColumnLayout::ListBytes {
+                        values: layout.push(DType::U8, vec![bytes]),
+                        offsets: layout.push(DType::I64, vec![n + 1]),
+                        value_offsets: layout.push(DType::I64, vec![items + 1]),
+                        utf8,
                     }
                 }
                 Kind::Bytes { large, utf8 } => {
@@ -487,6 +503,26 @@ impl<'a> Collation<'a> {
                     );
                     write_i64(slab, offsets, &offs);
                 }
+                (
+                    Kind::ListBytes {
+                        large_list,
+                        large_bytes,
+                        ..
+                    },
+                    ColumnLayout::ListBytes {
+                        values,
+                        offsets,
+                        value_offsets,
+                        ..
+                    },
+                ) => lists::write(
+                    &plan.name,
+                    &cols,
+                    (*large_list, *large_bytes),
+                    rows,
+                    slab,
+                    [values, offsets, value_offsets],
+                )?,
                 // Filled by the collator's image stage (see `Collation::images`).
                 (Kind::Image { .. }, _) => {}
                 _ => unreachable!("layout follows the plan"),

@@ -40,6 +40,13 @@ pub(crate) enum Kind {
         large: bool,
         utf8: bool,
     },
+    /// Lists of binary or string items (`large_list`: 64-bit list
+    /// offsets; `large_bytes`: 64-bit item offsets).
+    ListBytes {
+        large_list: bool,
+        large_bytes: bool,
+        utf8: bool,
+    },
     /// Encoded images, decoded into `uint8` pixels (see [`crate::image`]).
     Image {
         large: bool,
@@ -90,7 +97,14 @@ impl ColumnPlan {
         } else {
             (rows + 1) * 8 + ALIGN
         };
-        ALIGN + validity + offsets
+        // Item boundaries: 8 bytes an item, counted with the values; the
+        // buffer's alignment here.
+        let items = if matches!(self.kind, Kind::ListBytes { .. }) {
+            ALIGN + 8
+        } else {
+            0
+        };
+        ALIGN + validity + offsets + items
     }
 }
 
@@ -159,8 +173,16 @@ pub(crate) fn plan_columns(
                 DataType::FixedSizeBinary(n) => usize::try_from(*n).ok().filter(|&n| n > 0).map(|n| Kind::FixedList(DType::U8, n)),
                 DataType::Decimal128(..) => Some(Kind::FixedList(DType::U8, 16)),
                 DataType::Decimal256(..) => Some(Kind::FixedList(DType::U8, 32)),
-                DataType::List(child) => element(child.data_type()).map(|dtype| Kind::List { dtype, large: false }),
-                DataType::LargeList(child) => element(child.data_type()).map(|dtype| Kind::List { dtype, large: true }),
+                DataType::List(child) | DataType::LargeList(child) => {
+                    let large_list = matches!(field.data_type(), DataType::LargeList(_));
+                    match child.data_type() {
+                        DataType::Binary | DataType::BinaryView => Some(Kind::ListBytes { large_list, large_bytes: false, utf8: false }),
+                        DataType::Utf8 | DataType::Utf8View => Some(Kind::ListBytes { large_list, large_bytes: false, utf8: true }),
+                        DataType::LargeBinary => Some(Kind::ListBytes { large_list, large_bytes: true, utf8: false }),
+                        DataType::LargeUtf8 => Some(Kind::ListBytes { large_list, large_bytes: true, utf8: true }),
+                        dt => element(dt).map(|dtype| Kind::List { dtype, large: large_list }),
+                    }
+                }
                 DataType::Binary => Some(Kind::Bytes { large: false, utf8: false }),
                 DataType::Utf8 => Some(Kind::Bytes { large: false, utf8: true }),
                 DataType::LargeBinary => Some(Kind::Bytes { large: true, utf8: false }),
@@ -171,7 +193,7 @@ pub(crate) fn plan_columns(
                 option: "columns",
                 reason: format!(
                     "column `{}` has type {} which the collator does not support \
-                     (fixed-width values, fixed-size lists and lists of them, fixed-size binary, decimals, binary and strings are); \
+                     (fixed-width values, fixed-size lists and lists of them, fixed-size binary, decimals, binary, strings and lists of them are); \
                      leave it out of `columns`",
                     field.name(),
                     field.data_type()

@@ -138,7 +138,8 @@ fn values_of(column: &Column) -> &Buffer {
         ColumnLayout::Dense { values }
         | ColumnLayout::Ragged { values, .. }
         | ColumnLayout::Padded { values, .. }
-        | ColumnLayout::Bytes { values, .. } => values,
+        | ColumnLayout::Bytes { values, .. }
+        | ColumnLayout::ListBytes { values, .. } => values,
     }
 }
 
@@ -168,6 +169,19 @@ fn row_span(batch: &Batch, column: &Column, row: usize) -> Option<(usize, usize)
             let length: &[i64] = batch.typed(lengths)?;
             let n = usize::try_from(*length.get(row)?).ok()?.min(width);
             (row * width, row * width + n)
+        }
+        // The bytes of the row's items, end to end.
+        ColumnLayout::ListBytes {
+            values,
+            offsets,
+            value_offsets,
+            ..
+        } => {
+            let offsets: &[i64] = batch.typed(offsets)?;
+            let items: &[i64] = batch.typed(value_offsets)?;
+            let at = |i: &i64| usize::try_from(*items.get(usize::try_from(*i).ok()?)?).ok();
+            let (start, end) = (at(offsets.get(row)?)?, at(offsets.get(row + 1)?)?);
+            (start <= end && end <= values.len()).then_some((start, end))?
         }
     };
     Some(span)
@@ -252,6 +266,26 @@ impl RowMut<'_> {
 
 /// Keep the rows of `batch` marked in `keep`, in order: each buffer's kept
 /// rows move down in place in the slab and the buffers shrink.
+/// The `i64` offsets of `buffer`, each at most `max` and none below the one
+/// before (they were written by the collator, and may have been changed by
+/// a user's closure since).
+fn read_offsets(slab: &[u8], buffer: &Buffer, max: usize) -> Result<Vec<usize>, String> {
+    let mut out: Vec<usize> = Vec::with_capacity(buffer.len());
+    for i in 0..buffer.len() {
+        let at = buffer.offset + i * 8;
+        let word: [u8; 8] = slab
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| format!("offset {i} outside the slab"))?;
+        let value = usize::try_from(i64::from_le_bytes(word))
+            .ok()
+            .filter(|&o| o <= max && out.last().is_none_or(|&last| last <= o))
+            .ok_or_else(|| format!("offset {i} is outside its values or goes backwards"))?;
+        out.push(value);
+    }
+    Ok(out)
+}
+
 fn compact(batch: &mut Batch, keep: &[bool]) -> Result<(), String> {
     let rows = batch.rows();
     if keep.len() != rows {
@@ -283,6 +317,38 @@ fn compact(batch: &mut Batch, keep: &[bool]) -> Result<(), String> {
     for column in &mut columns {
         match &mut column.layout {
             ColumnLayout::Dense { values } => dense(slab, values)?,
+            ColumnLayout::ListBytes {
+                values,
+                offsets,
+                value_offsets,
+                ..
+            } => {
+                if offsets.len() != rows + 1 || value_offsets.is_empty() {
+                    return Err(format!("{} offsets for {rows} rows", offsets.len()));
+                }
+                let items = value_offsets.len() - 1;
+                let row_items = read_offsets(slab, offsets, items)?;
+                let item_bytes = read_offsets(slab, value_offsets, values.len())?;
+                let (mut bytes, mut new_rows, mut new_items) = (0usize, vec![0i64], vec![0i64]);
+                for (row, _) in keep.iter().enumerate().filter(|(_, k)| **k) {
+                    let (a, b) = (row_items[row], row_items[row + 1]);
+                    let (from, to) = (item_bytes[a], item_bytes[b]);
+                    slab.copy_within(
+                        values.offset + from..values.offset + to,
+                        values.offset + bytes,
+                    );
+                    for j in a..b {
+                        new_items.push((bytes + item_bytes[j + 1] - from) as i64);
+                    }
+                    bytes += to - from;
+                    new_rows.push(new_items.len() as i64 - 1);
+                }
+                crate::gather::kernels::write_i64(slab, offsets, &new_rows);
+                crate::gather::kernels::write_i64(slab, value_offsets, &new_items);
+                values.shape = vec![bytes];
+                offsets.shape = vec![kept + 1];
+                value_offsets.shape = vec![new_items.len()];
+            }
             ColumnLayout::Padded { values, lengths } => {
                 dense(slab, values)?;
                 dense(slab, lengths)?;

@@ -213,6 +213,16 @@ pub(crate) fn expand_structs(schema: &Schema, names: &[String]) -> Result<Vec<St
                     expand(format!("{name}.{}", child.name()), child, out);
                 }
             }
+            // A list of structs: a list per field (`messages.role`).
+            DataType::List(item) | DataType::LargeList(item) if matches!(item.data_type(), DataType::Struct(c) if !c.is_empty()) =>
+            {
+                let DataType::Struct(children) = item.data_type() else {
+                    unreachable!("matched a struct")
+                };
+                for child in children {
+                    expand(format!("{name}.{}", child.name()), child, out);
+                }
+            }
             _ => out.push(name),
         }
     }
@@ -246,7 +256,21 @@ fn resolve_one(schema: &Schema, name: &str) -> Result<(usize, Vec<usize>, Field)
     let mut field = schema.field(root).clone();
     let mut nullable = field.is_nullable();
     let mut path = Vec::new();
+    // Whether the path went through a list of structs (a large one): the
+    // field is then a list of what it names.
+    let mut in_list: Option<bool> = None;
     for part in parts {
+        if let DataType::List(item) | DataType::LargeList(item) = field.data_type()
+            && matches!(item.data_type(), DataType::Struct(_))
+        {
+            if in_list.is_some() {
+                return Err(bad(format!(
+                    "no column named `{name}`: a path goes through one list of structs, not two"
+                )));
+            }
+            in_list = Some(matches!(field.data_type(), DataType::LargeList(_)));
+            field = item.as_ref().clone();
+        }
         let DataType::Struct(children) = field.data_type() else {
             return Err(bad(format!(
                 "no column named `{name}`: `{}` is {}, not a struct",
@@ -262,18 +286,59 @@ fn resolve_one(schema: &Schema, name: &str) -> Result<(usize, Vec<usize>, Field)
             )));
         };
         path.push(i);
-        nullable |= child.is_nullable();
+        if in_list.is_none() {
+            nullable |= child.is_nullable();
+        }
         field = child.as_ref().clone();
     }
+    if let Some(large) = in_list {
+        field = Field::new(name, list_type(field.data_type().clone(), large), nullable);
+    }
     Ok((root, path, field.with_name(name).with_nullable(nullable)))
+}
+
+/// The type of a list of `item`s, as a path through a list of structs
+/// makes it (items nullable: a null struct item makes a null field item).
+fn list_type(item: DataType, large: bool) -> DataType {
+    let item = Arc::new(Field::new_list_field(item, true));
+    if large {
+        DataType::LargeList(item)
+    } else {
+        DataType::List(item)
+    }
 }
 
 /// The field at `path` of the struct `array`, null where any struct on the
 /// way is.
 fn field_of(array: &ArrayRef, path: &[usize]) -> Result<ArrayRef> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::{GenericListArray, OffsetSizeTrait};
+
+    /// `list` with the rest of the path taken in each of its struct items.
+    fn through<O: OffsetSizeTrait>(list: &GenericListArray<O>, path: &[usize]) -> Result<ArrayRef> {
+        let values = field_of(list.values(), path)?;
+        let field = Arc::new(Field::new_list_field(values.data_type().clone(), true));
+        let list = GenericListArray::<O>::try_new(
+            field,
+            list.offsets().clone(),
+            values,
+            list.nulls().cloned(),
+        )
+        .map_err(|e| bad(format!("a list of struct fields: {e}")))?;
+        Ok(Arc::new(list))
+    }
+
     let mut current = array.clone();
     let mut nulls: Option<NullBuffer> = None;
-    for &i in path {
+    for (k, &i) in path.iter().enumerate() {
+        if let Some(list) = current.as_list_opt::<i32>() {
+            current = through(list, &path[k..])?;
+            break;
+        }
+        if let Some(list) = current.as_list_opt::<i64>() {
+            current = through(list, &path[k..])?;
+            break;
+        }
         let strukt = current
             .as_any()
             .downcast_ref::<StructArray>()

@@ -79,24 +79,41 @@ def strings(batch: dict[str, np.ndarray], column: str, encoding: str | None = "u
     """Decode a string or binary column of ``batch`` into Python objects.
 
     Returns ``str`` values (or ``bytes`` when ``encoding`` is None), with
-    ``None`` for null rows. This copies; the arrays themselves do not.
+    ``None`` for null rows; for a list of strings or binary (``list<string>``,
+    its items in ``<column>.value_offsets``), a list of them per row. This
+    copies; the arrays themselves do not.
     """
     values = batch[column]
-    offsets = batch[f"{column}.offsets"]
+    offsets = batch[f"{column}.offsets"].tolist()
+    items = batch.get(f"{column}.value_offsets")
     validity = batch.get(f"{column}.validity")
     raw = values.tobytes()
+
+    def decode(a: int, b: int) -> Any:
+        chunk = raw[a:b]
+        return chunk.decode(encoding) if encoding else chunk
+
     out: list[Any] = []
+    if items is not None:
+        items = items.tolist()
     for i in range(len(offsets) - 1):
         if validity is not None and not validity[i]:
             out.append(None)
-            continue
-        chunk = raw[offsets[i] : offsets[i + 1]]
-        out.append(chunk.decode(encoding) if encoding else chunk)
+        elif items is None:
+            out.append(decode(offsets[i], offsets[i + 1]))
+        else:
+            out.append([decode(items[j], items[j + 1]) for j in range(offsets[i], offsets[i + 1])])
     return out
 
 
 def rows(batch: dict[str, np.ndarray], column: str) -> list[np.ndarray]:
-    """Split a ragged list column of ``batch`` into one array per row (views, no copy)."""
+    """Split a ragged list column of ``batch`` into one array per row (views, no copy); for a
+    list of strings or binary, a list per row of each item's bytes (``uint8`` views)."""
     values = batch[column]
-    offsets = batch[f"{column}.offsets"]
-    return [values[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
+    offsets = batch[f"{column}.offsets"].tolist()
+    items = batch.get(f"{column}.value_offsets")
+    if items is None:
+        return [values[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
+    items = items.tolist()
+    return [[values[items[j] : items[j + 1]] for j in range(offsets[i], offsets[i + 1])]
+            for i in range(len(offsets) - 1)]

@@ -201,16 +201,21 @@ class Loader(_native.Loader):
 def _split(batch: dict) -> list[dict]:
     """A batch's rows: per column its value (a numpy scalar, or a view of the row's array or
     bytes), or None where the column is null."""
-    keys = [k for k in batch if not any(k.endswith(s) for s in (".offsets", ".lengths", ".validity"))]
+    roles = (".offsets", ".value_offsets", ".lengths", ".validity")
+    keys = [k for k in batch if not any(k.endswith(s) for s in roles)]
     n = min((len(batch[f"{k}.offsets"]) - 1 if f"{k}.offsets" in batch else len(batch[k]))
             for k in keys)
     rows: list[dict] = [{} for _ in range(n)]
     for key in keys:
         values, offsets = batch[key], batch.get(f"{key}.offsets")
         valid, lengths = batch.get(f"{key}.validity"), batch.get(f"{key}.lengths")
+        items = batch.get(f"{key}.value_offsets")
         for i, row in enumerate(rows):
             if valid is not None and not valid[i]:
                 row[key] = None
+            elif items is not None:  # a list of strings: each item's bytes
+                row[key] = [values[items[j]:items[j + 1]].tobytes()
+                            for j in range(offsets[i], offsets[i + 1])]
             elif offsets is not None:
                 row[key] = values[offsets[i]:offsets[i + 1]]
             elif lengths is not None:
@@ -232,6 +237,9 @@ def _collate(rows: list[dict], index: int) -> dict:
         except KeyError:
             raise ShardfeedError(f"row_transform returned rows with different keys in batch {index} "
                                  f"(`{key}` is missing from some)") from None
+        if any(isinstance(v, list) for v in values):
+            raise ShardfeedError(f"row_transform returned `{key}` as a list in batch {index}: "
+                                 "return numpy arrays (lists of strings are not collated back)")
         present = [np.asarray(v) for v in values if v is not None]
         if not present:
             raise ShardfeedError(f"row_transform returned only nulls for `{key}` in batch {index}")

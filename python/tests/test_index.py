@@ -616,9 +616,48 @@ def test_struct_fields_of_hugging_face_images_as_columns(tmp_path):
                           image_size=24, crop="center", on_error="skip", drop_last=False) as loader:
         shapes = {batch["image.bytes"].shape[1:] for batch in loader}
     assert shapes == {(24, 24, 3)}
-    # A list of structs has no one value per row: refused by name.
-    with pytest.raises(ValueError, match="`messages` is List"):
-        shardfeed.Loader(index, 8, columns=["messages.role"])
+    # A list of structs loads as a list per field (`messages.role`: list<string>), the
+    # items' bytes in `.value_offsets`; shuffled, in a mixture with a sharded copy, and
+    # resumed mid-epoch.
+    want = {i: ([m["role"] for m in ms], [m["content"] for m in ms]) for i, ms in enumerate(messages)}
+
+    def lists(loader, limit=None):
+        got = []
+        for _, batch in zip(range(limit or 10**9), loader):
+            assert {"messages.role.offsets", "messages.role.value_offsets"} <= set(batch)
+            got += zip(batch["id"].tolist(), zip(shardfeed.strings(batch, "messages.role"),
+                                                 shardfeed.strings(batch, "messages.content")))
+        return got
+
+    with shardfeed.Loader(index, 8, seed=3, drop_last=False) as loader:  # every column
+        got = lists(loader)
+        batch = next(iter(loader))
+        split = shardfeed.rows(batch, "messages.role")
+        assert [[bytes(item).decode() for item in row] for row in split] == \
+            shardfeed.strings(batch, "messages.role")
+    assert {i: tuple(v) for i, v in got} == {i: tuple(v) for i, v in want.items()}
+    assert len(got) == n
+    sharded = str(tmp_path / "sharded")
+    shardfeed.shard(str(data), sharded, row_group_rows=16)
+    with shardfeed.Loader({index: 0.5, sharded: 0.5}, 8, columns=["id", "messages"], seed=1) as mix:
+        for i, (roles, contents) in lists(mix, 12):
+            assert (roles, contents) == want[i]
+    with shardfeed.Loader(index, 8, columns=["id", "messages"], seed=4) as loader:
+        first = lists(loader, 2)
+        state = loader.state_dict()
+        rest = lists(loader)
+    with shardfeed.Loader(index, 8, columns=["id", "messages"], seed=4) as again:
+        again.load_state_dict(state)
+        assert lists(again) == rest
+    assert sorted(i for i, _ in first + rest) == list(range(n - n % 8))
+    # A row transform sees a list of strings as each item's bytes.
+    def count(row, rng):
+        return {"id": row["id"], "roles": np.int64(len(row["messages.role"]))}
+
+    with shardfeed.Loader(index, 8, columns=["id", "messages.role"], row_transform=count,
+                          drop_last=False) as loader:
+        counts = {i: c for b in loader for i, c in zip(b["id"].tolist(), b["roles"].tolist())}
+    assert counts == {i: len(want[i][0]) for i in range(n)}
 
 
 def test_narrower_integers_and_floats_are_widened(tmp_path):

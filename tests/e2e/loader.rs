@@ -1851,3 +1851,158 @@ fn the_readme_rust_quickstart_runs_as_written() {
     // Batches of 256 with the last partial one dropped: 3 x 768 rows.
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "rows 2304");
 }
+
+/// Expected per id: the tags (None: a null row; a null item reads as empty)
+/// and the messages' roles.
+type ListRow = (Option<Vec<String>>, Option<Vec<String>>);
+
+/// 600 rows of `tags: list<string>` (null rows, empty lists, null items)
+/// and `messages: list<struct<role, content>>`, sharded; and what each id
+/// holds.
+fn lists_of_strings(dir: &Path) -> (String, HashMap<i64, ListRow>) {
+    use arrow_array::builder::{ListBuilder, StringBuilder, StructBuilder};
+    use arrow_schema::{DataType, Field, Fields};
+    use std::sync::Arc;
+
+    let n = 600i64;
+    let mut tags = ListBuilder::new(StringBuilder::new());
+    let fields = Fields::from(vec![
+        Field::new("role", DataType::Utf8, true),
+        Field::new("content", DataType::Utf8, true),
+    ]);
+    let mut messages = ListBuilder::new(StructBuilder::from_fields(fields, 0));
+    let mut want = HashMap::new();
+    for id in 0..n {
+        let row_tags: Option<Vec<String>> = match id % 5 {
+            0 => None,
+            1 => Some(vec![]),
+            _ => Some((0..id % 4).map(|k| format!("t{id}-{k}")).collect()),
+        };
+        match &row_tags {
+            None => tags.append(false),
+            Some(t) => {
+                for (k, tag) in t.iter().enumerate() {
+                    // A null item now and then: read back as empty.
+                    if id % 7 == 3 && k == 0 {
+                        tags.values().append_null();
+                    } else {
+                        tags.values().append_value(tag);
+                    }
+                }
+                tags.append(true);
+            }
+        }
+        let read_tags = row_tags.map(|t| {
+            t.into_iter()
+                .enumerate()
+                .map(|(k, tag)| {
+                    if id % 7 == 3 && k == 0 {
+                        String::new()
+                    } else {
+                        tag
+                    }
+                })
+                .collect()
+        });
+        let roles: Vec<String> = (0..id % 3)
+            .map(|k| ["user", "assistant"][k as usize % 2].to_string())
+            .collect();
+        for (k, role) in roles.iter().enumerate() {
+            let item = messages.values();
+            item.field_builder::<StringBuilder>(0)
+                .unwrap()
+                .append_value(role);
+            item.field_builder::<StringBuilder>(1)
+                .unwrap()
+                .append_value(format!("text {id} {k}"));
+            item.append(true);
+        }
+        messages.append(id % 11 != 4);
+        let read_roles = (id % 11 != 4).then_some(roles);
+        want.insert(id, (read_tags, read_roles));
+    }
+    let batch = RecordBatch::try_from_iter(vec![
+        (
+            "id",
+            Arc::new(arrow_array::Int64Array::from_iter_values(0..n)) as arrow_array::ArrayRef,
+        ),
+        ("tags", Arc::new(tags.finish())),
+        ("messages", Arc::new(messages.finish())),
+    ])
+    .unwrap();
+    std::fs::create_dir_all(dir.join("in")).unwrap();
+    write_parquet(&dir.join("in/a.parquet"), &batch);
+    let out = dir.join("ds");
+    let options = shardfeed_preprocess::ShardOptions::default().with_row_group_rows(50);
+    shardfeed_preprocess::shard(&[s(&dir.join("in/a.parquet"))], &s(&out), &options).unwrap();
+    (s(&out), want)
+}
+
+/// Each row of `batch` as (id, tags, roles).
+fn list_rows(batch: &Batch) -> Vec<(i64, ListRow)> {
+    let text = |items: Vec<&[u8]>| -> Vec<String> {
+        items
+            .into_iter()
+            .map(|b| String::from_utf8(b.to_vec()).unwrap())
+            .collect()
+    };
+    let (tags, roles) = (
+        batch.binary_lists("tags").unwrap(),
+        batch.binary_lists("messages.role").unwrap(),
+    );
+    let (tv, rv) = (
+        batch.validity("tags").unwrap(),
+        batch.validity("messages.role").unwrap(),
+    );
+    batch
+        .values::<i64>("id")
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| {
+            let t = (tv[i] == 1).then(|| text(tags[i].clone()));
+            let r = (rv[i] == 1).then(|| text(roles[i].clone()));
+            (id, (t, r))
+        })
+        .collect()
+}
+
+#[test]
+fn lists_of_strings_and_of_structs_read_back_shuffled_and_filtered() {
+    let tmp = tempdir();
+    let (url, want) = lists_of_strings(tmp.path());
+    // Shuffled, every column by default (`messages` as its fields).
+    let mut seen = HashMap::new();
+    for batch in Loader::builder(&url)
+        .batch_size(64)
+        .seed(5)
+        .drop_last(false)
+        .build()
+        .unwrap()
+    {
+        let batch = batch.unwrap();
+        assert!(batch.value_offsets("messages.content").is_some());
+        for (id, row) in list_rows(&batch) {
+            assert!(seen.insert(id, row).is_none(), "id {id} twice");
+        }
+    }
+    assert_eq!(seen, want);
+    // A filter moves each kept row's items and bytes down with it.
+    let keep = |id: i64| id % 3 != 0;
+    let mut kept = HashMap::new();
+    for batch in Loader::builder(&url)
+        .columns(["id", "tags", "messages.role"])
+        .batch_size(64)
+        .seed(5)
+        .drop_last(false)
+        .filter(move |row| keep(row.values::<i64>("id").unwrap()[0]))
+        .build()
+        .unwrap()
+    {
+        for (id, row) in list_rows(&batch.unwrap()) {
+            assert!(kept.insert(id, row).is_none(), "id {id} twice");
+        }
+    }
+    let expected: HashMap<i64, ListRow> = want.into_iter().filter(|(id, _)| keep(*id)).collect();
+    assert_eq!(kept, expected);
+}

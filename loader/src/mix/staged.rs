@@ -8,8 +8,11 @@ pub(super) struct Staged {
     pub(super) name: String,
     pub(super) kind: StagedKind,
     pub(super) values: Vec<u8>,
-    /// Ragged and bytes: row boundaries (elements); padded: lengths.
+    /// Ragged and bytes: row boundaries (elements); padded: lengths; lists
+    /// of bytes: row boundaries in items.
     pub(super) offsets: Vec<i64>,
+    /// Lists of bytes: item boundaries (bytes); empty for the others.
+    pub(super) items: Vec<i64>,
     pub(super) validity: Option<Vec<u8>>,
 }
 
@@ -18,6 +21,7 @@ pub(super) enum StagedKind {
     Ragged { dtype: DType },
     Padded { dtype: DType, to: usize },
     Bytes { utf8: bool },
+    ListBytes { utf8: bool },
 }
 
 impl Staged {
@@ -35,12 +39,14 @@ impl Staged {
                 to: values.shape.get(1).copied().unwrap_or(0),
             },
             ColumnLayout::Bytes { utf8, .. } => StagedKind::Bytes { utf8: *utf8 },
+            ColumnLayout::ListBytes { utf8, .. } => StagedKind::ListBytes { utf8: *utf8 },
         };
         Staged {
             name: column.name.clone(),
             kind,
             values: Vec::new(),
             offsets: vec![0],
+            items: vec![0],
             validity: column.validity.as_ref().map(|_| Vec::new()),
         }
     }
@@ -50,6 +56,8 @@ impl Staged {
         self.values.clear();
         self.offsets.clear();
         self.offsets.push(0);
+        self.items.clear();
+        self.items.push(0);
         // Validity comes back with the first row that has it (`push`).
         self.validity = None;
     }
@@ -115,6 +123,26 @@ impl Staged {
                 let last = *self.offsets.last().expect("starts with 0");
                 self.offsets.push(last + (z - a) as i64);
             }
+            (
+                StagedKind::ListBytes { .. },
+                ColumnLayout::ListBytes {
+                    values,
+                    offsets,
+                    value_offsets,
+                    ..
+                },
+            ) => {
+                let offsets = batch.typed::<i64>(offsets).expect("offsets are i64");
+                let items = batch.typed::<i64>(value_offsets).expect("offsets are i64");
+                let (a, z) = (offsets[row] as usize, offsets[row + 1] as usize);
+                let (from, to) = (items[a] as usize, items[z] as usize);
+                let base = *self.items.last().expect("starts with 0") - items[a];
+                self.values
+                    .extend_from_slice(&batch.bytes(values)[from..to]);
+                self.items
+                    .extend(items[a + 1..=z].iter().map(|&o| base + o));
+                self.offsets.push(self.items.len() as i64 - 1);
+            }
             _ => return Err(mismatch()),
         }
         match (&mut self.validity, &column.validity) {
@@ -171,6 +199,15 @@ impl Staged {
             StagedKind::Bytes { utf8 } => ColumnLayout::Bytes {
                 values: buffer(DType::U8, vec![self.values.len()], &self.values),
                 offsets: buffer(DType::I64, vec![rows + 1], offsets_bytes()),
+                utf8: *utf8,
+            },
+            StagedKind::ListBytes { utf8 } => ColumnLayout::ListBytes {
+                values: buffer(DType::U8, vec![self.values.len()], &self.values),
+                offsets: buffer(DType::I64, vec![rows + 1], offsets_bytes()),
+                // SAFETY: any `i64` is 8 initialised bytes; `u8` has alignment 1.
+                value_offsets: buffer(DType::I64, vec![self.items.len()], unsafe {
+                    self.items.align_to::<u8>().1
+                }),
                 utf8: *utf8,
             },
         };
