@@ -182,12 +182,128 @@ fn push(values: &[u64], width: usize, out: &mut Vec<u8>) {
 fn unpack32(w: usize, src: &[u8], min_delta: u64, last: &mut u64, out: &mut [u64; 32]) {
     // Constant-width unpacking reads 16 bytes past the values' last byte.
     if src.len() >= 4 * w + 16 {
-        return unpack32_dispatch(w, src, min_delta, last, out);
+        return unpack32_any(w, src, min_delta, last, out);
     }
     let mut padded = [0u8; 4 * 64 + 16];
     let n = src.len().min(4 * w);
     padded[..n].copy_from_slice(&src[..n]);
-    unpack32_dispatch(w, &padded, min_delta, last, out)
+    unpack32_any(w, &padded, min_delta, last, out)
+}
+
+/// [`unpack32`] of a `src` holding at least `4 * w + 16` bytes: with
+/// AVX-512 (VBMI) where the CPU has it and the width is 1 to 56 bits, else
+/// the scalar code.
+#[inline]
+fn unpack32_any(w: usize, src: &[u8], min_delta: u64, last: &mut u64, out: &mut [u64; 32]) {
+    #[cfg(target_arch = "x86_64")]
+    if (1..=simd::MAX_WIDTH).contains(&w) && simd::available() {
+        // SAFETY: the CPU has the kernel's features (`available`), the width
+        // is within its range, and `src` holds `4 * w + 16` bytes (checked
+        // by the caller, asserted again in the kernel).
+        return unsafe { simd::unpack32(w, src, min_delta, last, out) };
+    }
+    unpack32_dispatch(w, src, min_delta, last, out)
+}
+
+/// The AVX-512 kernel: 8 deltas a vector, each lane's 8 bytes gathered
+/// from one 64-byte load with a byte permutation (VBMI), shifted, masked,
+/// then summed in the vector (three shifted adds) onto the value before.
+/// Every group of 8 deltas starts on a byte (8 x `w` bits), so one table of
+/// byte positions and shifts per width serves them all.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+    use std::sync::OnceLock;
+
+    /// The widest deltas the kernel takes: a lane's value, shifted by up
+    /// to 7 bits, must lie within its 8 bytes.
+    pub(super) const MAX_WIDTH: usize = 56;
+
+    /// Per width: each lane's 8 byte positions, and its shift.
+    struct Table {
+        bytes: [[u8; 64]; MAX_WIDTH + 1],
+        shifts: [[u64; 8]; MAX_WIDTH + 1],
+    }
+
+    const TABLE: Table = {
+        let mut t = Table {
+            bytes: [[0; 64]; MAX_WIDTH + 1],
+            shifts: [[0; 8]; MAX_WIDTH + 1],
+        };
+        let mut w = 1;
+        while w <= MAX_WIDTH {
+            let mut lane = 0;
+            while lane < 8 {
+                let bit = lane * w;
+                let mut b = 0;
+                while b < 8 {
+                    t.bytes[w][lane * 8 + b] = (bit / 8 + b) as u8;
+                    b += 1;
+                }
+                t.shifts[w][lane] = (bit % 8) as u64;
+                lane += 1;
+            }
+            w += 1;
+        }
+        t
+    };
+
+    /// Whether this CPU runs the kernel (checked once).
+    pub(super) fn available() -> bool {
+        static AVAILABLE: OnceLock<bool> = OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vbmi")
+        })
+    }
+
+    /// `super::unpack32_width` for `w` in 1..=[`MAX_WIDTH`].
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and VBMI.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+    pub(super) unsafe fn unpack32(
+        w: usize,
+        src: &[u8],
+        min_delta: u64,
+        last: &mut u64,
+        out: &mut [u64; 32],
+    ) {
+        assert!((1..=MAX_WIDTH).contains(&w) && src.len() >= 4 * w + 16);
+        // Bytes a group's lanes read: up to the last lane's 8 (below w + 8).
+        let load: u64 = if w + 8 >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << (w + 8)) - 1
+        };
+        // SAFETY (every load and store below): the table rows are 64 and
+        // 8 x 8 bytes; group `g`'s masked load reads `src[g * w..g * w + w + 8]`,
+        // within `4 * w + 8` bytes (asserted above); `out` holds 4 x 8 values.
+        unsafe {
+            let positions = _mm512_loadu_si512(TABLE.bytes[w].as_ptr().cast());
+            let shifts = _mm512_loadu_si512(TABLE.shifts[w].as_ptr().cast());
+            let mask = _mm512_set1_epi64(((1u64 << w) - 1) as i64);
+            let min = _mm512_set1_epi64(min_delta as i64);
+            let zero = _mm512_setzero_si512();
+            let top = _mm512_set1_epi64(7);
+            let mut carry = _mm512_set1_epi64(*last as i64);
+            for g in 0..4 {
+                let bytes = _mm512_maskz_loadu_epi8(load, src.as_ptr().add(g * w).cast());
+                let mut v = _mm512_permutexvar_epi8(positions, bytes);
+                v = _mm512_and_si512(_mm512_srlv_epi64(v, shifts), mask);
+                v = _mm512_add_epi64(v, min);
+                // Each lane plus the lanes below it (shifted in zeros).
+                v = _mm512_add_epi64(v, _mm512_alignr_epi64::<7>(v, zero));
+                v = _mm512_add_epi64(v, _mm512_alignr_epi64::<6>(v, zero));
+                v = _mm512_add_epi64(v, _mm512_alignr_epi64::<4>(v, zero));
+                v = _mm512_add_epi64(v, carry);
+                _mm512_storeu_si512(out.as_mut_ptr().add(g * 8).cast(), v);
+                carry = _mm512_permutexvar_epi64(top, v);
+            }
+        }
+        *last = out[31];
+    }
 }
 
 /// [`unpack32`] with the width a constant (the compiler unrolls each).
@@ -232,6 +348,40 @@ fn unpack32_width<const W: usize>(src: &[u8], min_delta: u64, last: &mut u64, ou
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The AVX-512 kernel gives the scalar code's values and last value, for
+    /// every width it takes and random deltas, minima and starting values
+    /// (where the CPU has it; elsewhere there is nothing to compare).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_simd_kernel_matches_the_scalar_one() {
+        if !simd::available() {
+            return;
+        }
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for round in 0..4000 {
+            let w = 1 + round % simd::MAX_WIDTH;
+            let src: Vec<u8> = (0..4 * w + 16).map(|_| next() as u8).collect();
+            let (min_delta, start) = match round % 3 {
+                0 => (next(), next()),
+                1 => (0, 0),
+                _ => ((next() % 5).wrapping_sub(2), u64::MAX - 3),
+            };
+            let (mut a, mut b) = ([0u64; 32], [0u64; 32]);
+            let (mut last_a, mut last_b) = (start, start);
+            unpack32_dispatch(w, &src, min_delta, &mut last_a, &mut a);
+            // SAFETY: `available` said the CPU has the kernel's features.
+            unsafe { simd::unpack32(w, &src, min_delta, &mut last_b, &mut b) };
+            assert_eq!(a, b, "width {w}");
+            assert_eq!(last_a, last_b, "width {w}");
+        }
+    }
 
     fn i64s(out: &[u8]) -> Vec<i64> {
         out.chunks_exact(8)
