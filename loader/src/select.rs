@@ -213,8 +213,9 @@ pub(crate) fn expand_structs(schema: &Schema, names: &[String]) -> Result<Vec<St
                     expand(format!("{name}.{}", child.name()), child, out);
                 }
             }
-            // A list of structs: a list per field (`messages.role`).
-            DataType::List(item) | DataType::LargeList(item) if matches!(item.data_type(), DataType::Struct(c) if !c.is_empty()) =>
+            // A list of structs (a map's entries too): a list per field
+            // (`messages.role`, `attributes.key`).
+            DataType::List(item) | DataType::LargeList(item) | DataType::Map(item, _) if matches!(item.data_type(), DataType::Struct(c) if !c.is_empty()) =>
             {
                 let DataType::Struct(children) = item.data_type() else {
                     unreachable!("matched a struct")
@@ -260,7 +261,8 @@ fn resolve_one(schema: &Schema, name: &str) -> Result<(usize, Vec<usize>, Field)
     // field is then a list of what it names.
     let mut in_list: Option<bool> = None;
     for part in parts {
-        if let DataType::List(item) | DataType::LargeList(item) = field.data_type()
+        if let DataType::List(item) | DataType::LargeList(item) | DataType::Map(item, _) =
+            field.data_type()
             && matches!(item.data_type(), DataType::Struct(_))
         {
             if in_list.is_some() {
@@ -337,6 +339,19 @@ fn field_of(array: &ArrayRef, path: &[usize]) -> Result<ArrayRef> {
         }
         if let Some(list) = current.as_list_opt::<i64>() {
             current = through(list, &path[k..])?;
+            break;
+        }
+        if let Some(map) = current.as_map_opt() {
+            // A map is a list of its entries (struct<key, value>).
+            let entries: ArrayRef = Arc::new(map.entries().clone());
+            let list = arrow_array::ListArray::try_new(
+                Arc::new(Field::new_list_field(entries.data_type().clone(), false)),
+                map.offsets().clone(),
+                entries,
+                map.nulls().cloned(),
+            )
+            .map_err(|e| bad(format!("a map's entries: {e}")))?;
+            current = through(&list, &path[k..])?;
             break;
         }
         let strukt = current

@@ -684,3 +684,28 @@ def test_narrower_integers_and_floats_are_widened(tmp_path):
     pq.write_table(pa.table({"id": pa.array([1], pa.uint32()), "x": pa.array([1.0])}), data / "c.parquet")
     with pytest.raises(shardfeed.ShardfeedError, match=r"c\.parquet.*column `id` is UInt32"):
         shardfeed.index(str(data), str(tmp_path / "other"))
+
+
+def test_a_map_loads_as_a_list_per_entry_field(tmp_path):
+    """`map<string, int32>` as pyarrow writes it: `attrs.key` (lists of strings) and
+    `attrs.value` (lists of int32), null where the map is, equal to pyarrow's reading."""
+    n = 60
+    maps = [None if i % 7 == 3 else [(f"k{i}-{j}", i * 10 + j) for j in range(i % 4)]
+            for i in range(n)]
+    table = pa.table({"id": pa.array(range(n), pa.int64()),
+                      "attrs": pa.array(maps, pa.map_(pa.string(), pa.int32()))})
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(table, data / "a.parquet", row_group_size=25)
+    index = str(tmp_path / "index")
+    shardfeed.index(str(data), index)
+    seen = {}
+    with shardfeed.Loader(index, 8, seed=2, drop_last=False) as loader:
+        for batch in loader:
+            keys = shardfeed.strings(batch, "attrs.key")
+            values = shardfeed.rows(batch, "attrs.value")
+            valid = batch["attrs.value.validity"]
+            for i, row_id in enumerate(batch["id"].tolist()):
+                seen[row_id] = None if keys[i] is None else list(zip(keys[i], values[i].tolist()))
+                assert bool(valid[i]) == (keys[i] is not None)
+    assert seen == {i: m for i, m in enumerate(maps)}
