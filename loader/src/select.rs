@@ -2,7 +2,10 @@
 //! the struct's top-level column is read and decoded whole, and the named
 //! fields are taken out of it as columns of their own, null where the
 //! struct (or a struct above) is null. Hugging Face datasets store images
-//! as `image: struct<bytes: binary, path: string>`.
+//! as `image: struct<bytes: binary, path: string>`. A path may go through
+//! one list of structs (`messages.role` of `list<struct<role, content>>`)
+//! or map (`attrs.key`): the field is then a list per row, with the list's
+//! offsets and nulls. A struct named whole loads as all its fields.
 
 use std::sync::Arc;
 
@@ -199,27 +202,16 @@ fn widened(array: &ArrayRef, to: &DataType) -> Option<ArrayRef> {
     }
 }
 
-/// `name` as a top-level column, or a path of fields through structs (not
-/// lists: a list of structs has no one value per row).
 /// `names` with every struct among them (a top-level column or a field
 /// inside one) replaced by its fields' paths, depth first, in the struct's
 /// order: `image` loads as `image.bytes` and `image.path`. A batch holds
 /// arrays, and a struct is its fields side by side.
 pub(crate) fn expand_structs(schema: &Schema, names: &[String]) -> Result<Vec<String>> {
     fn expand(name: String, field: &Field, out: &mut Vec<String>) {
-        match field.data_type() {
-            DataType::Struct(children) if !children.is_empty() => {
-                for child in children {
-                    expand(format!("{name}.{}", child.name()), child, out);
-                }
-            }
-            // A list of structs (a map's entries too): a list per field
-            // (`messages.role`, `attributes.key`).
-            DataType::List(item) | DataType::LargeList(item) | DataType::Map(item, _) if matches!(item.data_type(), DataType::Struct(c) if !c.is_empty()) =>
-            {
-                let DataType::Struct(children) = item.data_type() else {
-                    unreachable!("matched a struct")
-                };
+        // A struct, or a list of structs (a map's entries too): its fields
+        // (a list per field: `messages.role`, `attrs.key`).
+        match struct_fields(field.data_type()) {
+            Some(children) if !children.is_empty() => {
                 for child in children {
                     expand(format!("{name}.{}", child.name()), child, out);
                 }
@@ -235,6 +227,22 @@ pub(crate) fn expand_structs(schema: &Schema, names: &[String]) -> Result<Vec<St
     Ok(out)
 }
 
+/// The fields of a struct, or of the structs a list or map holds.
+fn struct_fields(data_type: &DataType) -> Option<&arrow_schema::Fields> {
+    match data_type {
+        DataType::Struct(children) => Some(children),
+        DataType::List(item) | DataType::LargeList(item) | DataType::Map(item, _) => {
+            match item.data_type() {
+                DataType::Struct(children) => Some(children),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// `name` as a top-level column, or a path of fields through structs and
+/// at most one list of structs or map (the field is then a list).
 fn resolve_one(schema: &Schema, name: &str) -> Result<(usize, Vec<usize>, Field)> {
     if let Ok(i) = schema.index_of(name) {
         return Ok((i, Vec::new(), schema.field(i).clone()));
