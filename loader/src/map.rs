@@ -264,8 +264,6 @@ impl RowMut<'_> {
     }
 }
 
-/// Keep the rows of `batch` marked in `keep`, in order: each buffer's kept
-/// rows move down in place in the slab and the buffers shrink.
 /// The `i64` offsets of `buffer`, each at most `max` and none below the one
 /// before (they were written by the collator, and may have been changed by
 /// a user's closure since).
@@ -286,6 +284,8 @@ fn read_offsets(slab: &[u8], buffer: &Buffer, max: usize) -> Result<Vec<usize>, 
     Ok(out)
 }
 
+/// Keep the rows of `batch` marked in `keep`, in order: each buffer's kept
+/// rows move down in place in the slab and the buffers shrink.
 fn compact(batch: &mut Batch, keep: &[bool]) -> Result<(), String> {
     let rows = batch.rows();
     if keep.len() != rows {
@@ -358,29 +358,15 @@ fn compact(batch: &mut Batch, keep: &[bool]) -> Result<(), String> {
                 values, offsets, ..
             } => {
                 let size = values.dtype.size();
-                let read = |i: usize| -> Result<usize, String> {
-                    let at = offsets.offset + i * 8;
-                    let word: [u8; 8] = slab
-                        .get(at..at + 8)
-                        .and_then(|b| b.try_into().ok())
-                        .ok_or_else(|| format!("offset {i} outside the slab"))?;
-                    usize::try_from(i64::from_le_bytes(word))
-                        .ok()
-                        .filter(|&o| o <= values.len())
-                        .ok_or_else(|| format!("offset {i} outside the values"))
-                };
                 if offsets.len() != rows + 1 {
                     return Err(format!("{} offsets for {rows} rows", offsets.len()));
                 }
-                let starts: Vec<usize> = (0..=rows).map(read).collect::<Result<_, _>>()?;
+                let starts = read_offsets(slab, offsets, values.len())?;
                 let mut total = 0usize;
                 let mut new = Vec::with_capacity(kept + 1);
                 new.push(0i64);
                 for (row, _) in keep.iter().enumerate().filter(|(_, k)| **k) {
                     let (start, end) = (starts[row], starts[row + 1]);
-                    if start > end {
-                        return Err(format!("row {row}'s offsets go backwards"));
-                    }
                     let from = values.offset + start * size;
                     slab.copy_within(
                         from..from + (end - start) * size,
@@ -389,10 +375,7 @@ fn compact(batch: &mut Batch, keep: &[bool]) -> Result<(), String> {
                     total += end - start;
                     new.push(total as i64);
                 }
-                for (i, o) in new.iter().enumerate() {
-                    let at = offsets.offset + i * 8;
-                    slab[at..at + 8].copy_from_slice(&o.to_le_bytes());
-                }
+                crate::gather::kernels::write_i64(slab, offsets, &new);
                 values.shape = vec![total];
                 offsets.shape = vec![kept + 1];
             }
