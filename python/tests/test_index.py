@@ -56,6 +56,16 @@ def write_files(folder: Path, writer: str, rows: int, files: int, **options) -> 
     return pa.concat_tables(tables)
 
 
+def indexed(tmp_path: Path, table: pa.Table, row_group_size: int) -> str:
+    """`table` written by pyarrow as one file of `data/` and indexed: the index's path."""
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(table, data / "part-0.parquet", row_group_size=row_group_size)
+    index = str(tmp_path / "index")
+    shardfeed.index(str(data), index)
+    return index
+
+
 def expected_rows(table: pa.Table) -> dict[int, tuple]:
     cols = {name: table.column(name).to_pylist() for name in table.column_names}
     return {
@@ -588,11 +598,7 @@ def test_struct_fields_of_hugging_face_images_as_columns(tmp_path):
     images = [None if i % 9 == 4 else {"bytes": jpeg(i % 7), "path": f"img/{i}.jpg"} for i in range(n)]
     messages = [[{"role": "user", "content": f"q{i}"}] for i in range(n)]
     table = pa.table({"id": pa.array(range(n), pa.int64()), "image": images, "messages": messages})
-    data = tmp_path / "data"
-    data.mkdir()
-    pq.write_table(table, data / "train.parquet", row_group_size=16)
-    index = str(tmp_path / "index")
-    shardfeed.index(str(data), index)
+    index = indexed(tmp_path, table, 16)
     seen = {}
     with shardfeed.Loader(index, 8, columns=["id", "image.path", "image.bytes"], drop_last=False) as loader:
         for batch in loader:
@@ -638,7 +644,7 @@ def test_struct_fields_of_hugging_face_images_as_columns(tmp_path):
     assert {i: tuple(v) for i, v in got} == {i: tuple(v) for i, v in want.items()}
     assert len(got) == n
     sharded = str(tmp_path / "sharded")
-    shardfeed.shard(str(data), sharded, row_group_rows=16)
+    shardfeed.shard(str(tmp_path / "data"), sharded, row_group_rows=16)
     with shardfeed.Loader({index: 0.5, sharded: 0.5}, 8, columns=["id", "messages"], seed=1) as mix:
         for i, (roles, contents) in lists(mix, 12):
             assert (roles, contents) == want[i]
@@ -694,11 +700,7 @@ def test_a_map_loads_as_a_list_per_entry_field(tmp_path):
             for i in range(n)]
     table = pa.table({"id": pa.array(range(n), pa.int64()),
                       "attrs": pa.array(maps, pa.map_(pa.string(), pa.int32()))})
-    data = tmp_path / "data"
-    data.mkdir()
-    pq.write_table(table, data / "a.parquet", row_group_size=25)
-    index = str(tmp_path / "index")
-    shardfeed.index(str(data), index)
+    index = indexed(tmp_path, table, 25)
     seen = {}
     with shardfeed.Loader(index, 8, seed=2, drop_last=False) as loader:
         for batch in loader:
