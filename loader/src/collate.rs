@@ -197,13 +197,11 @@ impl<'a> Collation<'a> {
                         values: layout.push(DType::U8, shape),
                     }
                 }
-                Kind::ListBytes {
-                    large_list,
-                    large_bytes,
-                    utf8,
-                } => {
+                Kind::ListBytes { utf8 } => {
                     let cols: Vec<&SourceColumn> = self.sources.iter().map(|s| &s[c]).collect();
-                    let (items, bytes) = lists::totals(&cols, (large_list, large_bytes), rows);
+                    // An error here is met again, and reported, when the
+                    // rows are written: lay out nothing.
+                    let (items, bytes) = lists::totals(&plan.name, &cols, rows).unwrap_or((0, 0));
                     ColumnLayout::ListBytes {
                         values: layout.push(DType::U8, vec![bytes]),
                         offsets: layout.push(DType::I64, vec![n + 1]),
@@ -504,11 +502,7 @@ impl<'a> Collation<'a> {
                     write_i64(slab, offsets, &offs);
                 }
                 (
-                    Kind::ListBytes {
-                        large_list,
-                        large_bytes,
-                        ..
-                    },
+                    Kind::ListBytes { .. },
                     ColumnLayout::ListBytes {
                         values,
                         offsets,
@@ -518,7 +512,6 @@ impl<'a> Collation<'a> {
                 ) => lists::write(
                     &plan.name,
                     &cols,
-                    (*large_list, *large_bytes),
                     rows,
                     slab,
                     [values, offsets, value_offsets],

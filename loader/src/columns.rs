@@ -40,11 +40,9 @@ pub(crate) enum Kind {
         large: bool,
         utf8: bool,
     },
-    /// Lists of binary or string items (`large_list`: 64-bit list
-    /// offsets; `large_bytes`: 64-bit item offsets).
+    /// Lists of binary or string items (list and item offsets of either
+    /// width: the collator reads them off the arrays).
     ListBytes {
-        large_list: bool,
-        large_bytes: bool,
         utf8: bool,
     },
     /// Encoded images, decoded into `uint8` pixels (see [`crate::image`]).
@@ -173,16 +171,14 @@ pub(crate) fn plan_columns(
                 DataType::FixedSizeBinary(n) => usize::try_from(*n).ok().filter(|&n| n > 0).map(|n| Kind::FixedList(DType::U8, n)),
                 DataType::Decimal128(..) => Some(Kind::FixedList(DType::U8, 16)),
                 DataType::Decimal256(..) => Some(Kind::FixedList(DType::U8, 32)),
-                DataType::List(child) | DataType::LargeList(child) => {
-                    let large_list = matches!(field.data_type(), DataType::LargeList(_));
-                    match child.data_type() {
-                        DataType::Binary | DataType::BinaryView => Some(Kind::ListBytes { large_list, large_bytes: false, utf8: false }),
-                        DataType::Utf8 | DataType::Utf8View => Some(Kind::ListBytes { large_list, large_bytes: false, utf8: true }),
-                        DataType::LargeBinary => Some(Kind::ListBytes { large_list, large_bytes: true, utf8: false }),
-                        DataType::LargeUtf8 => Some(Kind::ListBytes { large_list, large_bytes: true, utf8: true }),
-                        dt => element(dt).map(|dtype| Kind::List { dtype, large: large_list }),
-                    }
-                }
+                DataType::List(child) | DataType::LargeList(child) => match child.data_type() {
+                    DataType::Binary | DataType::BinaryView | DataType::LargeBinary => Some(Kind::ListBytes { utf8: false }),
+                    DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8 => Some(Kind::ListBytes { utf8: true }),
+                    dt => element(dt).map(|dtype| Kind::List {
+                        dtype,
+                        large: matches!(field.data_type(), DataType::LargeList(_)),
+                    }),
+                },
                 DataType::Binary => Some(Kind::Bytes { large: false, utf8: false }),
                 DataType::Utf8 => Some(Kind::Bytes { large: false, utf8: true }),
                 DataType::LargeBinary => Some(Kind::Bytes { large: true, utf8: false }),

@@ -2,52 +2,93 @@
 //! fields): the items' bytes end to end, row boundaries in items, item
 //! boundaries in bytes.
 
+use arrow_schema::DataType;
+
 use crate::batch::Buffer;
 use crate::gather::RowRefs;
 use crate::gather::kernels::{SourceColumn, write_i64};
 
-/// The items of each source's list column, as columns of their own.
-fn items_of(cols: &[&SourceColumn]) -> Vec<SourceColumn> {
+/// One source's list column as the collator reads it: the list, whether
+/// its offsets are 64-bit, its items as a column of their own and whether
+/// theirs are. Taken from the arrays themselves (a decoder may hand on
+/// another width than the schema's).
+struct Lists<'a> {
+    list: &'a SourceColumn,
+    large_list: bool,
+    items: SourceColumn,
+    large_bytes: bool,
+}
+
+/// Each source's list column of `cols`; an error for anything but a list
+/// of binary or string items.
+fn lists_of<'a>(cols: &[&'a SourceColumn], name: &str) -> Result<Vec<Lists<'a>>, String> {
     cols.iter()
-        .map(|col| SourceColumn {
-            data: col.data.child_data()[0].clone(),
-            key_bound: None,
+        .map(|&list| {
+            let large_list = match list.data.data_type() {
+                DataType::List(_) => false,
+                DataType::LargeList(_) => true,
+                other => return Err(format!("`{name}` was decoded as {other}, not a list")),
+            };
+            let child = list
+                .data
+                .child_data()
+                .first()
+                .ok_or_else(|| format!("`{name}` was decoded without its items"))?;
+            let large_bytes = match child.data_type() {
+                DataType::Binary | DataType::Utf8 | DataType::BinaryView | DataType::Utf8View => {
+                    false
+                }
+                DataType::LargeBinary | DataType::LargeUtf8 => true,
+                other => {
+                    return Err(format!(
+                        "`{name}`'s items were decoded as {other}, not bytes"
+                    ));
+                }
+            };
+            Ok(Lists {
+                list,
+                large_list,
+                items: SourceColumn {
+                    data: child.clone(),
+                    key_bound: None,
+                },
+                large_bytes,
+            })
         })
         .collect()
 }
 
-/// Items and bytes of the list column `cols` (one per source) over `rows`;
-/// `large`: 64-bit list offsets, 64-bit item offsets.
+/// Items and bytes of the list column `name` (`cols`, one per source) over
+/// `rows`.
 pub(super) fn totals(
+    name: &str,
     cols: &[&SourceColumn],
-    large: (bool, bool),
     rows: &RowRefs,
-) -> (usize, usize) {
-    let items = items_of(cols);
+) -> Result<(usize, usize), String> {
+    let lists = lists_of(cols, name)?;
     let (mut count, mut bytes) = (0usize, 0usize);
     for (s, r) in rows {
-        let (a, b) = cols[*s as usize].span(large.0, *r as usize);
-        let items = &items[*s as usize];
-        for j in a..b.min(items.data.len()) {
-            bytes += items.value_bytes(large.1, j).len();
+        let l = &lists[*s as usize];
+        let (a, b) = l.list.span(l.large_list, *r as usize);
+        for j in a..b.min(l.items.data.len()) {
+            bytes += l.items.value_bytes(l.large_bytes, j).len();
         }
-        count += b - a;
+        count += b.saturating_sub(a);
     }
-    (count, bytes)
+    Ok((count, bytes))
 }
 
 /// Write `rows` of the list column `name` (`cols`, one per source) into
 /// its `[values, offsets, value_offsets]` buffers of `slab`, laid out for
-/// [`totals`]'s counts.
+/// [`totals`]'s counts (other counts are an error).
 pub(super) fn write(
     name: &str,
     cols: &[&SourceColumn],
-    large: (bool, bool),
     rows: &RowRefs,
     slab: &mut [u8],
     [values, offsets, value_offsets]: [&Buffer; 3],
 ) -> Result<(), String> {
-    let items = items_of(cols);
+    let lists = lists_of(cols, name)?;
     let region = slab
         .get_mut(values.offset..values.offset + values.len())
         .ok_or_else(|| format!("the bytes of `{name}` pass the slab"))?;
@@ -57,16 +98,16 @@ pub(super) fn write(
     item_offs.push(0);
     let mut at = 0usize;
     for (s, r) in rows {
-        let (a, b) = cols[*s as usize].span(large.0, *r as usize);
-        let items = &items[*s as usize];
-        if b > items.data.len() {
+        let l = &lists[*s as usize];
+        let (a, b) = l.list.span(l.large_list, *r as usize);
+        if b > l.items.data.len() {
             return Err(format!(
                 "a row of `{name}` has items up to {b} of {}",
-                items.data.len()
+                l.items.data.len()
             ));
         }
         for j in a..b {
-            let value = items.value_bytes(large.1, j);
+            let value = l.items.value_bytes(l.large_bytes, j);
             region
                 .get_mut(at..at + value.len())
                 .ok_or_else(|| format!("the bytes of `{name}` pass their region"))?
