@@ -22,11 +22,10 @@ use crate::config::*;
 impl LoaderBuilder {
     /// Check every option, read the manifest and the first footer, allocate
     /// the pool. Errors name the bad option.
-    pub fn build(self) -> Result<Loader> {
+    pub fn build(mut self) -> Result<Loader> {
         self.check()?;
         let bad =
             |option: &'static str, reason: String| Err(LoaderError::BadOption { option, reason });
-        let images = (!self.images.columns.is_empty()).then_some(&self.images);
         let failpoints = match &self.failpoints {
             Some(spec) => Failpoints::parse(spec),
             None => Failpoints::from_env(),
@@ -70,6 +69,15 @@ impl LoaderBuilder {
         };
         let manifest = Arc::new(runtime.block_on(location.read_manifest_with(&self.retry))?);
         let schema = &manifest.schema;
+        // An image struct named in `decode_images` (Hugging Face's `image:
+        // struct<bytes, path>`) decodes its `bytes` field.
+        self.images.columns = self
+            .images
+            .columns
+            .iter()
+            .map(|c| crate::select::image_field(schema, c))
+            .collect();
+        let images = (!self.images.columns.is_empty()).then_some(&self.images);
         let names: Vec<String> = match &self.columns {
             Some(c) if c.is_empty() => {
                 return bad("columns", "must name at least one column".into());

@@ -227,6 +227,29 @@ pub(crate) fn expand_structs(schema: &Schema, names: &[String]) -> Result<Vec<St
     Ok(out)
 }
 
+/// The column `decode_images` decodes for `name`: `name.bytes` when `name`
+/// is a struct with a binary `bytes` field (Hugging Face's `image:
+/// struct<bytes, path>`), else `name`.
+pub(crate) fn image_field(schema: &Schema, name: &str) -> String {
+    let binary = |f: &Field| {
+        matches!(
+            f.data_type(),
+            DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+        )
+    };
+    match resolve_one(schema, name) {
+        Ok((_, _, field)) => match field.data_type() {
+            DataType::Struct(children)
+                if children.find("bytes").is_some_and(|(_, f)| binary(f)) =>
+            {
+                format!("{name}.bytes")
+            }
+            _ => name.to_string(),
+        },
+        Err(_) => name.to_string(),
+    }
+}
+
 /// The fields of a struct, or of the structs a list or map holds.
 fn struct_fields(data_type: &DataType) -> Option<&arrow_schema::Fields> {
     match data_type {

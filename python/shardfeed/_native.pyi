@@ -124,7 +124,8 @@ class Loader:
         groups the loader fails.
 
         ``decode_images`` names binary columns of encoded images (JPEG, PNG,
-        WebP): they are decoded, cropped, resized and flipped on the loader's
+        WebP), or image structs with a binary ``bytes`` field (Hugging Face's
+        ``image``, whose ``image.bytes`` is decoded): they are decoded, cropped, resized and flipped on the loader's
         threads into ``uint8`` ``[B, H, W, 3]`` (``[B, 3, H, W]`` with
         ``channels_first``) of ``image_size`` (default 224). ``crop``:
         ``"random_resized"`` (torchvision's ``RandomResizedCrop`` with

@@ -617,11 +617,18 @@ def test_struct_fields_of_hugging_face_images_as_columns(tmp_path):
                                shardfeed.strings(batch, "image.bytes", encoding=None)):
                 whole[i] = (p, b)
     assert whole == seen
-    # Decoded in the loader, straight from the struct's field.
-    with shardfeed.Loader(index, 8, columns=["id", "image.bytes"], decode_images="image.bytes",
-                          image_size=24, crop="center", on_error="skip", drop_last=False) as loader:
-        shapes = {batch["image.bytes"].shape[1:] for batch in loader}
-    assert shapes == {(24, 24, 3)}
+    # Decoded in the loader, straight from the struct's field, named by its path or by the
+    # struct: the same pixels.
+    def decoded(columns, images):
+        with shardfeed.Loader(index, 8, columns=columns, decode_images=images, image_size=24,
+                              crop="center", on_error="skip", drop_last=False, seed=1) as loader:
+            return {i: px.copy() for b in loader for i, px in zip(b["id"].tolist(), b["image.bytes"])}
+
+    by_path = decoded(["id", "image.bytes"], "image.bytes")
+    by_struct = decoded(["id", "image"], "image")
+    assert {p.shape for p in by_path.values()} == {(24, 24, 3)}
+    assert by_path.keys() == by_struct.keys() == set(range(n))
+    assert all((by_path[i] == by_struct[i]).all() for i in by_path)
     # A list of structs loads as a list per field (`messages.role`: list<string>), the
     # items' bytes in `.value_offsets`; shuffled, in a mixture with a sharded copy, and
     # resumed mid-epoch.
