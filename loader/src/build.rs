@@ -406,11 +406,12 @@ fn estimate_sizes(
     let footer = runtime.block_on(fetch.footer(first as u32))?;
     let (leaves, _) = projection(&footer.arrow, &fetch.roots);
     // Image columns collate to their decoded size, not their stored one.
+    // (A struct's field, `image.bytes`, counts its struct's column.)
     let image_roots: Vec<usize> = builder
         .images
         .columns
         .iter()
-        .filter_map(|name| manifest.schema.index_of(name).ok())
+        .filter_map(|name| crate::select::root_of(&manifest.schema, name))
         .collect();
     let (image_leaves, _) = projection(&footer.arrow, &image_roots);
     let decoded_per_row = if image_roots.is_empty() {

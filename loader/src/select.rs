@@ -250,6 +250,11 @@ pub(crate) fn image_field(schema: &Schema, name: &str) -> String {
     }
 }
 
+/// The top-level column `name` (a column, or a path into one) reads.
+pub(crate) fn root_of(schema: &Schema, name: &str) -> Option<usize> {
+    resolve_one(schema, name).ok().map(|(root, _, _)| root)
+}
+
 /// The fields of a struct, or of the structs a list or map holds.
 fn struct_fields(data_type: &DataType) -> Option<&arrow_schema::Fields> {
     match data_type {

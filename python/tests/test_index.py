@@ -629,6 +629,13 @@ def test_struct_fields_of_hugging_face_images_as_columns(tmp_path):
     assert {p.shape for p in by_path.values()} == {(24, 24, 3)}
     assert by_path.keys() == by_struct.keys() == set(range(n))
     assert all((by_path[i] == by_struct[i]).all() for i in by_path)
+    # Slabs sized for the decoded images of a struct's field (8 x 64 x 64 x 3 bytes a batch,
+    # past the smallest slab), as for an image column of its own: no batch outside the pool.
+    with shardfeed.Loader(index, 8, columns=["id", "image"], decode_images="image", image_size=64,
+                          on_error="skip", drop_last=False) as loader:
+        assert sum(len(b["id"]) for b in loader) == n
+        stats = loader.stats()
+    assert stats["oversize_batches"] == 0 and stats["slab_bytes"] >= 8 * 64 * 64 * 3
     # A list of structs loads as a list per field (`messages.role`: list<string>), the
     # items' bytes in `.value_offsets`; shuffled, in a mixture with a sharded copy, and
     # resumed mid-epoch.
