@@ -444,7 +444,13 @@ fn estimate_sizes(
     // Parquet's uncompressed sizes are of encoded pages (dictionaries, bit
     // packing); scale the dataset's Arrow bytes per row by the projected share.
     let arrow_per_row = manifest.input_bytes as f64 / manifest.total_rows.max(1) as f64;
-    let per_row = (arrow_per_row * projected as f64 / all.max(1) as f64).ceil() as u64;
+    let mut per_row = (arrow_per_row * projected as f64 / all.max(1) as f64).ceil() as u64;
+    if manifest.index.is_some() {
+        // An index's input bytes are its files' sizes, compressed: the first
+        // file's decoded sizes come nearer what a batch collates (token lists
+        // in place took slabs of half their batches).
+        per_row = per_row.max(projected.div_ceil(group_rows.max(1)));
+    }
     let padded = match builder.list_mode {
         ListMode::Padded { to, .. } => (to as u64)
             .saturating_mul(8)

@@ -750,3 +750,18 @@ def test_lists_of_strings_of_every_offset_width(tmp_path):
                 assert blobs[i] == (None if small[i] is None else [s.encode() for s in small[i]])
                 seen[row_id] = small[i]
     assert seen == dict(enumerate(rows))
+
+
+def test_slabs_hold_the_batches_of_compressible_token_lists(tmp_path):
+    """Token lists that compress well on disk (an index's input bytes are its files', not what
+    they decode to): the slabs are sized from the footer's decoded sizes, and no batch is made
+    outside the pool."""
+    n = 4000
+    tokens = [[(i + j) % 50 for j in range(400 + i % 200)] for i in range(n)]
+    table = pa.table({"id": pa.array(range(n), pa.int64()),
+                      "tokens": pa.array(tokens, pa.list_(pa.int32()))})
+    index = indexed(tmp_path, table, 1000)
+    with shardfeed.Loader(index, 256, seed=1) as loader:
+        assert sum(len(b["id"]) for b in loader) == n - n % 256
+        stats = loader.stats()
+    assert stats["oversize_batches"] == 0, stats["slab_bytes"]
