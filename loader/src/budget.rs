@@ -162,6 +162,14 @@ pub(crate) fn pool_fits(slab_bytes: usize, slabs: usize, byte_budget: u64) -> bo
     (slab_bytes as u64).saturating_mul(slabs as u64) <= byte_budget.saturating_mul(POOL_BUDGETS)
 }
 
+/// The most bytes each of `slabs` slabs may grow to when batches come out
+/// larger than estimated ([`crate::pinned::Pool::grow_for`]): the pool
+/// within [`POOL_BUDGETS`] times `byte_budget`, as [`pool_fits`] asks.
+pub(crate) fn max_slab_bytes(slabs: usize, byte_budget: u64) -> usize {
+    let all = byte_budget.saturating_mul(POOL_BUDGETS);
+    usize::try_from(all / slabs.max(1) as u64).unwrap_or(usize::MAX)
+}
+
 /// Bytes per slab for batches estimated at `batch_bytes`, of which
 /// `image_bytes` are decoded images (exactly their size); `fixed_bytes` when
 /// every column has a fixed width (the batch's exact size). Otherwise twice

@@ -322,7 +322,8 @@ impl LoaderBuilder {
             budget::with_transform_slabs(slabs, slab_bytes, self.transform_slabs, self.byte_budget);
         let pool = Arc::new(
             Pool::new(slabs, slab_bytes, self.pinning, self.shared_slabs)?
-                .with_large(self.transform_slabs, self.byte_budget),
+                .with_large(self.transform_slabs, self.byte_budget)
+                .with_growth(budget::max_slab_bytes(slabs, self.byte_budget)),
         );
         let config = Config {
             batch_size: self.batch_size,

@@ -1039,7 +1039,9 @@ impl Collator {
         .with_copy_workers(self.config.decode_threads);
         let (mut columns, bytes) = collation.layout(&rows);
         let mut blocked = std::time::Duration::ZERO;
-        let mut lease = if bytes <= self.pool.slab_bytes() {
+        // A batch past the estimate grows the pool's slabs (within the
+        // budget) rather than go outside it.
+        let mut lease = if self.pool.grow_for(bytes) {
             // Waiting for a slab is waiting for the consumer to drop one.
             let waiting = Instant::now();
             let lease = self.pool.acquire(&self.cancel)?;

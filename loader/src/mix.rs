@@ -550,7 +550,11 @@ impl MixtureBuilder {
                 self.template.pinning,
                 self.template.shared_slabs,
             )?
-            .with_large(self.template.transform_slabs, self.template.byte_budget),
+            .with_large(self.template.transform_slabs, self.template.byte_budget)
+            .with_growth(crate::budget::max_slab_bytes(
+                pool_slabs,
+                self.template.byte_budget,
+            )),
         );
         let rank = sources[0].loader.rank();
         let world_size = sources[0].loader.world_size();

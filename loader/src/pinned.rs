@@ -11,7 +11,7 @@
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -227,7 +227,11 @@ impl Drop for Slab {
 pub(crate) struct Pool {
     shared: Arc<Shared>,
     size: usize,
-    slab_bytes: usize,
+    /// Bytes of the slabs made from now on: raised by [`Pool::grow_for`]
+    /// (a smaller slab coming back is freed, a new one made in its place).
+    slab_bytes: AtomicUsize,
+    /// The most bytes a slab may grow to (0: the pool does not grow).
+    max_slab_bytes: usize,
     pinning: Pinning,
     /// Whether [`Pool::warm_first`] has run.
     warmed: AtomicBool,
@@ -321,7 +325,8 @@ impl Pool {
                 returned: Condvar::new(),
             }),
             size,
-            slab_bytes,
+            slab_bytes: AtomicUsize::new(slab_bytes),
+            max_slab_bytes: 0,
             pinning,
             warmed: AtomicBool::new(false),
             share: share && pinning == Pinning::PageAligned && cfg!(target_os = "linux"),
@@ -349,17 +354,54 @@ impl Pool {
         self
     }
 
+    /// The pool, whose slabs may grow to `max_slab_bytes` each for batches
+    /// larger than its estimate made them ([`Pool::grow_for`]).
+    pub(crate) fn with_growth(mut self, max_slab_bytes: usize) -> Pool {
+        self.max_slab_bytes = max_slab_bytes;
+        self
+    }
+
+    /// Make the slabs from now on hold `bytes` (rounded up to a MiB), when
+    /// that stays within the pool's growth bound; whether they do. Slabs
+    /// smaller than that are freed as they come back and made again at the
+    /// new size, so the pool holds no more slabs than before.
+    pub(crate) fn grow_for(&self, bytes: usize) -> bool {
+        if bytes <= self.slab_bytes() {
+            return true;
+        }
+        let want = bytes.div_ceil(1 << 20).saturating_mul(1 << 20);
+        if want > self.max_slab_bytes {
+            return false;
+        }
+        self.slab_bytes.fetch_max(want, Ordering::AcqRel);
+        true
+    }
+
     /// A new slab, pinned if the pool's slabs are.
     fn make(&self) -> Result<Slab> {
+        let bytes = self.slab_bytes();
         #[cfg(feature = "cuda")]
         if let Some(ctx) = &self.ctx {
-            return Slab::cuda(ctx, self.slab_bytes);
+            return Slab::cuda(ctx, bytes);
         }
         #[cfg(target_os = "linux")]
         if self.share {
-            return Slab::shared(self.slab_bytes);
+            return Slab::shared(bytes);
         }
-        Slab::host(self.slab_bytes)
+        Slab::host(bytes)
+    }
+
+    /// A free slab of the current size from `free`, freeing smaller ones
+    /// (made before the pool grew) on the way.
+    fn pop_current(&self, free: &mut Free) -> Option<Slab> {
+        let bytes = self.slab_bytes();
+        while let Some(slab) = free.slabs.pop() {
+            if slab.len() >= bytes {
+                return Some(slab);
+            }
+            free.made -= 1;
+        }
+        None
     }
 
     /// Take a free slab (the one returned last), making one while fewer
@@ -374,7 +416,7 @@ impl Pool {
             if cancel.load(Ordering::Relaxed) {
                 return Ok(None);
             }
-            if let Some(slab) = free.slabs.pop() {
+            if let Some(slab) = self.pop_current(&mut free) {
                 return Ok(Some(lease(slab)));
             }
             if free.made < self.size {
@@ -408,7 +450,7 @@ impl Pool {
         if available < 2 {
             return Ok(None);
         }
-        if let Some(slab) = free.slabs.pop() {
+        if let Some(slab) = self.pop_current(&mut free) {
             return Ok(Some(SlabLease {
                 slab: Some(slab),
                 home: Some(self.shared.clone()),
@@ -472,7 +514,7 @@ impl Pool {
     /// `bytes` rounded up to a mebibyte, pinned as this pool's are; `None`
     /// when none is spare or its slabs would pass their bytes in all.
     pub(crate) fn try_spare_for(&self, bytes: usize) -> Result<Option<SlabLease>> {
-        if bytes <= self.slab_bytes {
+        if bytes <= self.slab_bytes() {
             return self.try_spare();
         }
         let Some(want) = bytes.checked_next_multiple_of(1 << 20) else {
@@ -486,7 +528,7 @@ impl Pool {
         let pool = {
             let mut large = self.large.lock().unwrap_or_else(|e| e.into_inner());
             match &*large {
-                Some(pool) if pool.slab_bytes >= want => pool.clone(),
+                Some(pool) if pool.slab_bytes() >= want => pool.clone(),
                 _ => {
                     // The slabs of a pool replaced here are freed as their
                     // leases end.
@@ -523,7 +565,7 @@ impl Pool {
 
     /// Bytes per slab.
     pub(crate) fn slab_bytes(&self) -> usize {
-        self.slab_bytes
+        self.slab_bytes.load(Ordering::Acquire)
     }
 
     /// How slabs were allocated.
@@ -592,6 +634,37 @@ impl Drop for SlabLease {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A batch larger than the slabs grows them within the bound: slabs made
+    /// before are freed as they come back and made again at the new size, the
+    /// pool never holding more than its count; past the bound, no growth.
+    #[test]
+    fn slabs_grow_for_larger_batches_within_their_bound() {
+        let pool = Pool::new(2, 10_000, PinningMode::Off, false)
+            .unwrap()
+            .with_growth(3 << 20);
+        let cancel = AtomicBool::new(false);
+        let small = pool.acquire(&cancel).unwrap().unwrap();
+        assert_eq!(small.capacity(), 10_000);
+        assert!(pool.grow_for(9_000), "a batch that fits needs no growth");
+        assert!(pool.grow_for((1 << 20) + 1));
+        assert_eq!(pool.slab_bytes(), 2 << 20, "rounded up to a MiB");
+        let big = pool.acquire(&cancel).unwrap().unwrap();
+        assert_eq!(big.capacity(), 2 << 20);
+        assert_eq!(pool.made(), 2);
+        drop(small);
+        // The small slab came back: freed and made again at the new size.
+        let again = pool.acquire(&cancel).unwrap().unwrap();
+        assert_eq!(again.capacity(), 2 << 20);
+        assert_eq!(pool.made(), 2);
+        assert!(!pool.grow_for((3 << 20) + 1), "past the bound");
+        assert_eq!(pool.slab_bytes(), 2 << 20);
+        let fixed = Pool::new(1, 10_000, PinningMode::Off, false).unwrap();
+        assert!(
+            !fixed.grow_for(20_000),
+            "a pool without growth stays as made"
+        );
+    }
 
     #[test]
     fn slabs_are_made_on_first_need_and_the_last_returned_comes_back_first() {

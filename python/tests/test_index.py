@@ -765,3 +765,22 @@ def test_slabs_hold_the_batches_of_compressible_token_lists(tmp_path):
         assert sum(len(b["id"]) for b in loader) == n - n % 256
         stats = loader.stats()
     assert stats["oversize_batches"] == 0, stats["slab_bytes"]
+
+
+def test_slabs_grow_for_batches_past_the_estimate(tmp_path):
+    """Dictionary-encoded strings in place decode far past what the footer says: the pool's
+    slabs grow for the first such batch (within the budget), and no batch is made outside it;
+    the values are the messages written."""
+    n = 6000
+    messages = [[{"role": "user", "content": "q" * (50 + i % 300)},
+                 {"role": "assistant", "content": "a" * (100 + i % 700)}] for i in range(n)]
+    index = indexed(tmp_path, pa.table({"id": pa.array(range(n), pa.int64()),
+                                        "messages": messages}), 2000)
+    with shardfeed.Loader(index, 256, seed=1, drop_last=False) as loader:
+        seen = {}
+        for batch in loader:
+            for i, content in zip(batch["id"].tolist(), shardfeed.strings(batch, "messages.content")):
+                seen[i] = content
+        stats = loader.stats()
+    assert stats["oversize_batches"] == 0 and stats["slab_bytes"] > 64 << 10
+    assert seen == {i: [m["content"] for m in ms] for i, ms in enumerate(messages)}

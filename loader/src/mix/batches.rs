@@ -7,7 +7,7 @@ impl Core {
     /// A slab for `bytes`: waits while every slab is in the queue or held
     /// by the consumer (the consumer names that case), until cancelled.
     pub(super) fn lease(&self, bytes: usize) -> Result<SlabLease> {
-        if bytes > self.pool.slab_bytes() {
+        if !self.pool.grow_for(bytes) {
             return self.pool.oversize(bytes);
         }
         self.pool
