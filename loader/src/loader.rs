@@ -120,6 +120,11 @@ impl Loader {
         self.pipeline.pool.slab_bytes()
     }
 
+    /// Slabs of this loader's pool.
+    pub(crate) fn pool_size(&self) -> usize {
+        self.pipeline.pool.size()
+    }
+
     /// This loader's rank and number of ranks.
     pub(crate) fn rank(&self) -> u64 {
         self.pipeline.config.rank

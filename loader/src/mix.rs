@@ -31,10 +31,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 mod batches;
 mod blend;
+mod direct;
+mod source;
 mod staged;
 mod state;
 mod thread;
 use blend::Blend;
+use direct::RowAt;
+use source::Source;
 use staged::Staged;
 pub use state::{DrawState, MixtureState, SourceState};
 pub use thread::Mixture;
@@ -605,6 +609,7 @@ impl MixtureBuilder {
             epoch_start: vec![(self.template.epoch, 0); n],
             pool,
             dropped_batches: 0,
+            staged_batches: 0,
             source_states,
             staging: Vec::new(),
             steps: self.template.steps.clone(),
@@ -691,156 +696,6 @@ impl LenInput {
             rows / self.batch_size
         } else {
             rows.div_ceil(self.batch_size)
-        })
-    }
-}
-
-/// One source: its loader and the batch the current row lies in.
-struct Source {
-    url: String,
-    loader: Loader,
-    batch: Option<Batch>,
-    /// The row drawn last, in `batch`.
-    row: usize,
-    /// The next row of `batch` to draw.
-    next_row: usize,
-    /// The source epoch, and rows drawn from it in this epoch.
-    epoch: u64,
-    position: u64,
-    /// Ran out in the current mixture epoch.
-    exhausted: bool,
-    /// Rows drawn over the mixture's life.
-    drawn: u64,
-    fingerprint: String,
-    /// After an elastic resume: epochs planned from pieces of the old ranks'
-    /// sequences, and documents whose first tokens were emitted before it
-    /// (epoch, position, tokens).
-    pending: Vec<(u64, Vec<Piece>)>,
-    skips: Vec<(u64, u64, usize)>,
-    /// Tokens of the document drawn last to leave out (a skip).
-    skip: usize,
-}
-
-impl Source {
-    fn new(url: &str, loader: Loader) -> Self {
-        Source {
-            url: url.to_string(),
-            epoch: loader.epoch(),
-            fingerprint: loader.fingerprint().to_string(),
-            loader,
-            batch: None,
-            row: 0,
-            next_row: 0,
-            position: 0,
-            exhausted: false,
-            drawn: 0,
-            pending: Vec::new(),
-            skips: Vec::new(),
-            skip: 0,
-        }
-    }
-
-    /// Make the next row current; `false` when the source epoch is over (the
-    /// loader has moved to the next one). A wait for the source's next batch
-    /// gives up with [`LoaderError::Interrupted`] once `cancel` is set.
-    fn draw(&mut self, cancel: &AtomicBool) -> Result<bool> {
-        loop {
-            if let Some(b) = &self.batch
-                && self.next_row < b.rows()
-            {
-                self.row = self.next_row;
-                self.next_row += 1;
-                self.position += 1;
-                self.drawn += 1;
-                self.skip = if self.skips.is_empty() {
-                    0
-                } else {
-                    let at = (self.epoch, self.position - 1);
-                    self.skips
-                        .iter()
-                        .find(|k| (k.0, k.1) == at)
-                        .map_or(0, |k| k.2)
-                };
-                return Ok(true);
-            }
-            // Give the slab back before waiting for the next batch.
-            self.batch = None;
-            match self
-                .loader
-                .next_interruptible(|| cancel.load(Ordering::Relaxed))
-            {
-                Some(Ok(b)) => {
-                    self.batch = Some(b);
-                    self.next_row = 0;
-                }
-                Some(Err(e)) => return Err(e),
-                None => {
-                    self.epoch = self.loader.epoch();
-                    self.position = 0;
-                    return Ok(false);
-                }
-            }
-        }
-    }
-
-    /// Continue at `position` of source epoch `epoch` (planned from
-    /// `pending` where it names the epoch).
-    fn seek(&mut self, epoch: u64, position: u64) -> Result<()> {
-        self.loader.set_pending(&self.pending)?;
-        let mut state = self.loader.state();
-        state.epoch = epoch;
-        state.position = position;
-        self.loader.resume(&state)?;
-        self.loader.start();
-        self.batch = None;
-        self.next_row = 0;
-        self.epoch = epoch;
-        self.position = position;
-        Ok(())
-    }
-
-    fn tokens(&self, column: usize) -> Result<Tokens<'_>> {
-        let batch = self.batch.as_ref().expect("a row was drawn");
-        let col = &batch.columns()[column];
-        let ColumnLayout::Ragged { values, offsets } = &col.layout else {
-            return Err(LoaderError::BadOption {
-                option: "pack_column",
-                reason: format!("column `{}` is not a list column", col.name),
-            });
-        };
-        let offsets = batch.typed::<i64>(offsets).expect("offsets are i64");
-        let (a, z) = (offsets[self.row], offsets[self.row + 1]);
-        let range = usize::try_from(a).unwrap_or(usize::MAX)..usize::try_from(z).unwrap_or(0);
-        let bad = || {
-            LoaderError::stage(
-                Stage::Pack,
-                None,
-                None,
-                format!("row {} has list offsets {a}..{z}", self.row),
-            )
-        };
-        if range.start > range.end || range.end > values.len() {
-            return Err(bad());
-        }
-        Ok(match values.dtype {
-            DType::I32 => Tokens::I32(&batch.typed::<i32>(values).expect("i32")[range]),
-            DType::U32 => Tokens::U32(&batch.typed::<u32>(values).expect("u32")[range]),
-            DType::I64 => Tokens::I64(&batch.typed::<i64>(values).expect("i64")[range]),
-            DType::U16 => Tokens::U16(&batch.typed::<u16>(values).expect("u16")[range]),
-            DType::I16 => Tokens::I16(&batch.typed::<i16>(values).expect("i16")[range]),
-            DType::U8 => Tokens::U8(&batch.typed::<u8>(values).expect("u8")[range]),
-            DType::I8 => {
-                return Err(LoaderError::BadOption {
-                    option: "pack_column",
-                    reason: "int8 token ids are not supported".into(),
-                });
-            }
-            other => {
-                return Err(LoaderError::BadOption {
-                    option: "pack_column",
-                    reason: format!("{other:?} values are not token ids"),
-                });
-            }
         })
     }
 }
@@ -983,6 +838,7 @@ struct Progress {
     tokens: u64,
     padding_tokens: u64,
     dropped_batches: u64,
+    staged_batches: u64,
 }
 
 /// The mixture proper: sources, blending, packing. [`Mixture`] runs it on
@@ -1005,6 +861,8 @@ pub(crate) struct Core {
     pool: Arc<Pool>,
     /// Final partial batches dropped (`drop_last`).
     dropped_batches: u64,
+    /// Unpacked batches whose rows were staged (see [`MixtureStats`]).
+    staged_batches: u64,
     /// The sources as a state names them (made once: a state goes with
     /// every batch).
     source_states: Vec<SourceState>,
@@ -1051,6 +909,12 @@ pub struct MixtureStats {
     pub padding_tokens: u64,
     /// Final partial batches dropped (`drop_last`).
     pub dropped_batches: u64,
+    /// Unpacked batches whose rows were copied into buffers before the
+    /// batch's slab (twice) instead of once from the sources' batches:
+    /// padded lists and lists of strings, or a batch drawing from more of a
+    /// source's batches than it may keep (`read_batch` small against
+    /// `batch_size`).
+    pub staged_batches: u64,
     /// Rows the user's filter dropped ([`crate::LoaderBuilder::filter`]).
     pub filtered_rows: u64,
     /// Seconds the consumer waited in `next()`.
@@ -1103,6 +967,7 @@ impl Core {
             tokens: p.map_or(0, |p| p.tokens),
             padding_tokens: p.map_or(0, |p| p.padding),
             dropped_batches: self.dropped_batches,
+            staged_batches: self.staged_batches,
         }
     }
 
@@ -1169,6 +1034,7 @@ impl Core {
     pub fn stop(&mut self) {
         for s in &mut self.streams.sources {
             s.batch = None;
+            s.release_kept();
             s.loader.stop();
         }
     }

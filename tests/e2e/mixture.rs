@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow_array::builder::{Int32Builder, ListBuilder};
+use arrow_array::builder::{Int32Builder, ListBuilder, StringBuilder};
 use arrow_array::{ArrayRef, Int64Array, RecordBatch};
 use proptest::prelude::*;
 use shardfeed_loader::{
@@ -827,4 +827,121 @@ fn pack_to_past_the_byte_budget_is_refused() {
         .pack_to(4096)
         .build()
         .unwrap();
+}
+
+/// A source with a nullable text column beside its token lists (every
+/// fifth text null).
+fn text_source(dir: &Path, name: &str, source: usize, docs: u64) -> String {
+    let mut ids = ListBuilder::new(Int32Builder::new());
+    let mut text = StringBuilder::new();
+    for d in 0..docs {
+        for t in 0..doc_len(source, d, 9) {
+            ids.values().append_value(token(source, d, t));
+        }
+        ids.append(true);
+        if d % 5 == 4 {
+            text.append_null();
+        } else {
+            text.append_value(format!("{source}:{d}:{}", "x".repeat((d % 7) as usize)));
+        }
+    }
+    let batch = RecordBatch::try_from_iter([
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(0..docs as i64)) as ArrayRef,
+        ),
+        ("input_ids", Arc::new(ids.finish()) as ArrayRef),
+        ("text", Arc::new(text.finish()) as ArrayRef),
+    ])
+    .unwrap();
+    let input = dir.join(format!("{name}.parquet"));
+    write_parquet(&input, &batch);
+    let out = dir.join(name);
+    let options = shardfeed_preprocess::ShardOptions::default()
+        .with_row_group_rows(16)
+        .with_shard_size(16 << 10);
+    shardfeed_preprocess::shard(&[s(&input)], &s(&out), &options).unwrap();
+    s(&out)
+}
+
+/// A mixture batch's rows: (source, id, tokens, text), whatever the layout.
+type MixRow = (i32, i64, Vec<i32>, Option<String>);
+
+fn mix_rows(b: &Batch) -> Vec<MixRow> {
+    let ids = b.values::<i64>("id").unwrap();
+    let tokens = b.values::<i32>("input_ids").unwrap();
+    let texts: Vec<&[u8]> = b.binary("text").unwrap().collect();
+    let valid = b.validity("text");
+    (0..b.rows())
+        .map(|r| {
+            let row_tokens = match (b.offsets("input_ids"), b.lengths("input_ids")) {
+                (Some(o), _) => tokens[o[r] as usize..o[r + 1] as usize].to_vec(),
+                (None, Some(len)) => {
+                    let width = tokens.len() / b.rows();
+                    tokens[r * width..r * width + len[r] as usize].to_vec()
+                }
+                _ => panic!("input_ids is ragged or padded"),
+            };
+            let text = valid
+                .is_none_or(|v| v[r] == 1)
+                .then(|| String::from_utf8(texts[r].to_vec()).unwrap());
+            (sources_of(b)[r], ids[r], row_tokens, text)
+        })
+        .collect()
+}
+
+#[test]
+fn rows_copied_straight_from_the_sources_equal_rows_staged() {
+    // With 8 batches collated ahead, a source keeps the few 64-row batches a
+    // 100-row mixture batch draws from, and rows are copied once; with 1 it
+    // may keep only one, and rows are staged (70 rows of the first source a
+    // batch span two of its batches);
+    // padded token lists are always staged. The rows, their values and their
+    // nulls are the same each way.
+    let tmp = tempdir();
+    let a = text_source(tmp.path(), "a", 0, 700);
+    let b = text_source(tmp.path(), "b", 1, 300);
+    let sources = vec![(a, 0.7), (b, 0.3)];
+    let run = |prefetch: usize, pad: bool| {
+        let mut m = mixture(&sources)
+            .batch_size(100)
+            .mix_stop(MixStop::Never)
+            .configure(|c| {
+                let c = c.prefetch(prefetch);
+                if pad { c.pad_to(9, 0.0) } else { c }
+            })
+            .build()
+            .unwrap();
+        let mut rows = Vec::new();
+        for _ in 0..25 {
+            let batch = m.next().unwrap().unwrap();
+            assert_eq!(batch.rows(), 100);
+            rows.push(mix_rows(&batch));
+        }
+        (rows, m.stats().staged_batches)
+    };
+    let (direct, staged) = run(8, false);
+    assert_eq!(staged, 0, "every batch copied straight from the sources");
+    let nulls = direct.iter().flatten().filter(|r| r.3.is_none()).count();
+    assert!(nulls > 0, "some texts are null");
+    for (s, docs) in [(0, 700u64), (1, 300)] {
+        for (_, id, tokens, text) in direct.iter().flatten().filter(|r| r.0 == s) {
+            let d = *id as u64;
+            assert!(d < docs);
+            let want: Vec<i32> = (0..doc_len(s as usize, d, 9))
+                .map(|t| token(s as usize, d, t))
+                .collect();
+            assert_eq!(tokens, &want, "source {s} row {d}'s tokens");
+            assert_eq!(text.is_none(), d % 5 == 4, "source {s} row {d}'s null");
+        }
+    }
+    let (few, staged) = run(1, false);
+    assert!(
+        staged > 0,
+        "rows staged when a source keeps too many batches"
+    );
+    assert_eq!(few, direct, "rows staged (few batches ahead)");
+    let (padded, staged) = run(8, true);
+    assert_eq!(staged, 25, "padded lists are staged");
+    assert_eq!(padded, direct, "rows staged (padded lists)");
 }

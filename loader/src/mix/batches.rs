@@ -162,25 +162,104 @@ impl Core {
         let mut staging = std::mem::take(&mut self.staging);
         staging.iter_mut().for_each(Staged::clear);
         let mut sources: Vec<i32> = Vec::with_capacity(b);
-        while sources.len() < b {
+        // Rows are copied once, after the batch's rows are drawn, while the
+        // sources keep the batches they lie in; staged (copied as drawn)
+        // once a source has kept as many as it may.
+        let mut direct = self.may_keep();
+        let mut at: Vec<RowAt> = Vec::with_capacity(if direct { b } else { 0 });
+        for s in &mut self.streams.sources {
+            s.keep = direct;
+        }
+        let made = self.draw_rows(&mut staging, &mut sources, &mut at, &mut direct);
+        let made = made.and_then(|()| self.lay_out(&mut staging, &sources, &at, direct));
+        for s in &mut self.streams.sources {
+            s.release_kept();
+        }
+        self.staging = staging;
+        made
+    }
+
+    /// Draw the batch's rows: into `at` while `direct`, else into `staging`.
+    fn draw_rows(
+        &mut self,
+        staging: &mut Vec<Staged>,
+        sources: &mut Vec<i32>,
+        at: &mut Vec<RowAt>,
+        direct: &mut bool,
+    ) -> Result<()> {
+        while sources.len() < self.batch_size {
+            if *direct
+                && self
+                    .streams
+                    .sources
+                    .iter()
+                    .any(|s| s.kept.len() >= s.keep_limit())
+            {
+                // A source may keep no more batches: stage what was drawn.
+                self.stage(staging, at, 0)?;
+                at.clear();
+                *direct = false;
+                for s in &mut self.streams.sources {
+                    s.keep = false;
+                    s.release_kept();
+                }
+            }
             let Some(s) = self.streams.next_row()? else {
                 break;
             };
             let src = &self.streams.sources[s];
-            let batch = src.batch.as_ref().expect("a row was drawn");
-            if staging.is_empty() {
-                staging = batch.columns().iter().map(Staged::new).collect();
-            }
-            for (st, col) in staging.iter_mut().zip(batch.columns()) {
-                st.push(batch, col, src.row, sources.len())
-                    .map_err(|e| source_error(s, &src.url, e))?;
+            let row = RowAt {
+                source: s,
+                kept: src.kept.len(),
+                row: src.row,
+            };
+            if *direct {
+                at.push(row);
+            } else {
+                self.stage(staging, &[row], sources.len())?;
             }
             sources.push(s as i32);
         }
+        Ok(())
+    }
+
+    /// Copy rows `at` into `staging` (made from the first row's batch);
+    /// `first` rows were staged before them.
+    fn stage(&self, staging: &mut Vec<Staged>, at: &[RowAt], first: usize) -> Result<()> {
+        for (i, r) in at.iter().enumerate() {
+            let src = &self.streams.sources[r.source];
+            let batch = src.batch_at(r.kept);
+            if staging.is_empty() {
+                *staging = batch.columns().iter().map(Staged::new).collect();
+            }
+            for (st, col) in staging.iter_mut().zip(batch.columns()) {
+                st.push(batch, col, r.row, first + i)
+                    .map_err(|e| source_error(r.source, &src.url, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The batch of the rows drawn: copied straight from the sources'
+    /// batches (`direct`), or from `staging`.
+    fn lay_out(
+        &mut self,
+        staging: &mut Vec<Staged>,
+        sources: &[i32],
+        at: &[RowAt],
+        direct: bool,
+    ) -> Result<Option<Batch>> {
         let rows = sources.len();
         if !self.partial(rows) {
             return Ok(None);
         }
+        if direct {
+            if let Some((lease, columns)) = self.lay_out_direct(at, sources)? {
+                return Ok(Some(self.batch(lease, rows, columns)));
+            }
+            self.stage(staging, at, 0)?;
+        }
+        self.staged_batches += 1;
         // Lay the buffers out, 64-byte aligned, then copy.
         let mut at = 0usize;
         let mut place = |bytes: usize| {
@@ -190,12 +269,12 @@ impl Core {
         };
         let mut columns = Vec::with_capacity(staging.len() + 1);
         let mut copies: Vec<(usize, &[u8])> = Vec::new();
-        for st in &staging {
+        for st in staging.iter() {
             let (column, mut c) = st.layout(rows, &mut place);
             columns.push(column);
             copies.append(&mut c);
         }
-        let source_bytes: &[u8] = as_bytes(&sources);
+        let source_bytes: &[u8] = as_bytes(sources);
         let src_offset = place(source_bytes.len());
         copies.push((src_offset, source_bytes));
         columns.push(Column {
@@ -214,8 +293,6 @@ impl Core {
         for (offset, bytes) in copies {
             slab[offset..offset + bytes.len()].copy_from_slice(bytes);
         }
-        let batch = self.batch(lease, rows, columns);
-        self.staging = staging;
-        Ok(Some(batch))
+        Ok(Some(self.batch(lease, rows, columns)))
     }
 }

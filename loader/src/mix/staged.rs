@@ -3,6 +3,17 @@
 
 use super::*;
 
+/// The error for column `name` collated one way by a source and another
+/// way by another.
+pub(super) fn mismatch(name: &str) -> LoaderError {
+    LoaderError::stage(
+        Stage::Mix,
+        None,
+        None,
+        format!("column `{name}` is collated differently by two sources"),
+    )
+}
+
 /// One column's rows copied out of the sources' batches.
 pub(super) struct Staged {
     pub(super) name: String,
@@ -70,17 +81,7 @@ impl Staged {
         row: usize,
         before: usize,
     ) -> Result<()> {
-        let mismatch = || {
-            LoaderError::stage(
-                Stage::Mix,
-                None,
-                None,
-                format!(
-                    "column `{}` is collated differently by two sources",
-                    self.name
-                ),
-            )
-        };
+        let mismatch = || mismatch(&self.name);
         match (&self.kind, &column.layout) {
             (StagedKind::Dense { dtype, inner }, ColumnLayout::Dense { values })
                 if values.dtype == *dtype && values.shape[1..] == inner[..] =>

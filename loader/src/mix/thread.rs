@@ -344,6 +344,7 @@ impl Mixture {
             tokens: p.tokens,
             padding_tokens: p.padding_tokens,
             dropped_batches: p.dropped_batches,
+            staged_batches: p.staged_batches,
             filtered_rows: c.filtered_rows.load(Ordering::Relaxed),
             wait_s: ns(&c.wait_ns),
             first_batch_s: ns(&c.first_batch_ns),
