@@ -256,9 +256,117 @@ impl ChunkChecksums {
     }
 }
 
+/// Page checksums of an indexed file's column chunks of more than one page
+/// (`index --checksums`): for each, every page's length (header included) and
+/// the low 32 bits of its bytes' XXH3-64, in file order from the chunk's
+/// start. A loader that reads a chunk in parts (some of its pages) checks
+/// the pages it read against them; a chunk read whole is checked against its
+/// [`ChunkChecksums`].
+///
+/// Encoded as chunks separated by `;`, each `ROW_GROUP.COLUMN:` then 16 hex
+/// digits a page (8 of length, 8 of checksum), e.g.
+/// `"0.1:00001000deadbeef00000800cafef00d"`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PageChecksums {
+    /// `(row group, column, pages)`.
+    pub chunks: Vec<(u32, u32, Pages)>,
+}
+
+/// A column chunk's pages as `(length, checksum)`, in file order.
+pub type Pages = Vec<(u32, u32)>;
+
+impl PageChecksums {
+    /// The checksum of one page's bytes.
+    pub fn of(page: &[u8]) -> u32 {
+        let mut hasher = ChunkHash::Xxh3.hasher();
+        hasher.update(page);
+        hasher.finish().value as u32
+    }
+
+    /// The manifest's value for these checksums.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        for (k, (row_group, column, pages)) in self.chunks.iter().enumerate() {
+            if k > 0 {
+                out.push(';');
+            }
+            out.push_str(&format!("{row_group}.{column}:"));
+            for (len, sum) in pages {
+                out.push_str(&format!("{len:08x}{sum:08x}"));
+            }
+        }
+        out
+    }
+
+    /// The pages of column `column` of row group `row_group` in a value
+    /// written by [`PageChecksums::encode`]: `Ok(None)` when it has none (a
+    /// chunk of one page), an error for a value that is not one.
+    pub fn find(s: &str, row_group: usize, column: usize) -> Result<Option<Pages>, FormatError> {
+        let bad = |input: &str, reason: &'static str| FormatError::BadChecksum {
+            input: input.chars().take(64).collect(),
+            reason,
+        };
+        if s.is_empty() {
+            return Ok(None);
+        }
+        let key = format!("{row_group}.{column}:");
+        for chunk in s.split(';') {
+            let Some(pages) = chunk.strip_prefix(key.as_str()) else {
+                if !chunk.contains(':') {
+                    return Err(bad(chunk, "expected ROW_GROUP.COLUMN: and pages"));
+                }
+                continue;
+            };
+            if pages.is_empty() || pages.len() % 16 != 0 {
+                return Err(bad(chunk, "expected 16 hex digits a page"));
+            }
+            return pages
+                .as_bytes()
+                .chunks(16)
+                .map(|page| {
+                    let digits = std::str::from_utf8(page).ok();
+                    let field = |r: std::ops::Range<usize>| {
+                        digits.and_then(|d| parse_hex(&d[r], 8)).map(|v| v as u32)
+                    };
+                    match (field(0..8), field(8..16)) {
+                        (Some(len), Some(sum)) => Ok((len, sum)),
+                        _ => Err(bad(chunk, "expected 16 hex digits a page")),
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some);
+        }
+        Ok(None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn page_checksums_round_trip_and_refuse_what_is_not_one() {
+        let sums = PageChecksums {
+            chunks: vec![
+                (0, 1, vec![(4096, 0xdead_beef), (2048, 7)]),
+                (3, 0, vec![(1, u32::MAX)]),
+            ],
+        };
+        let s = sums.encode();
+        assert_eq!(
+            PageChecksums::find(&s, 0, 1).unwrap(),
+            Some(vec![(4096, 0xdead_beef), (2048, 7)])
+        );
+        assert_eq!(
+            PageChecksums::find(&s, 3, 0).unwrap(),
+            Some(vec![(1, u32::MAX)])
+        );
+        assert_eq!(PageChecksums::find(&s, 0, 0).unwrap(), None);
+        assert_eq!(PageChecksums::find("", 0, 0).unwrap(), None);
+        for bad in ["0.1:0000100", "0.1:zz00100000000007", "garbage", "0.1:"] {
+            assert!(PageChecksums::find(bad, 0, 1).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn crc_matches_zlib_reference() {

@@ -24,6 +24,7 @@
 //!     base: None,
 //!     fingerprint: None,
 //!     chunk_checksums: None,
+//!     page_checksums: None,
 //! };
 //! assert_eq!(shard.path, "shards/part-000000.parquet");
 //! assert!(shardfeed_format::validate_shard_path(&shard.path).is_ok());
@@ -43,7 +44,7 @@ pub mod retry;
 pub mod size;
 pub mod thrift;
 
-pub use checksum::{ChunkChecksums, ChunkHash, ChunkSum, Crc32};
+pub use checksum::{ChunkChecksums, ChunkHash, ChunkSum, Crc32, PageChecksums, Pages};
 pub use error::{FormatError, Result, StoreError};
 pub use location::{Hub, HubRepo, Location};
 pub use manifest::{

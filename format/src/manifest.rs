@@ -143,6 +143,12 @@ pub struct ShardEntry {
     /// `shardfeed.chunk_xxh3` entry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunk_checksums: Option<String>,
+    /// For a file of an index made with `--checksums`: the pages of its
+    /// column chunks of more than one page, encoded as
+    /// [`crate::PageChecksums::encode`] writes them (a chunk read in parts is
+    /// checked page by page).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_checksums: Option<String>,
 }
 
 /// What identified an indexed file when it was indexed (its size is the
@@ -574,6 +580,7 @@ mod tests {
             base: None,
             fingerprint: None,
             chunk_checksums: None,
+            page_checksums: None,
         };
         Manifest::new(
             schema,

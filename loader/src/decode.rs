@@ -22,7 +22,7 @@ use crate::fetch::MappedCheck;
 use crate::fetch::stage::continuations;
 use crate::parquet::{Limits, SparseFile, decode_row_group_at_least};
 use crate::plan::Segment;
-use crate::shard::{check_chunk, check_chunk_sum};
+use crate::shard::{check_chunk, check_chunk_sum, check_pages};
 use crate::stage::{Decoded, DecodedSegment, Fetched, injected};
 use crate::stats::Counters;
 
@@ -120,9 +120,8 @@ pub(crate) fn decode(
 
 /// Check and decode a part of a large row group (see
 /// [`crate::fetch`]'s parts): the chunks fetched whole are checked against
-/// their checksums where the index has them; pages fetched for the part
-/// are checked by the decoders' bounds (a chunk's checksum covers the whole
-/// chunk).
+/// their checksums, and pages fetched for the part against their pages'
+/// checksums, where the index has them.
 #[allow(clippy::too_many_arguments)]
 fn decode_part(
     segment: Segment,
@@ -136,10 +135,18 @@ fn decode_part(
 ) -> Result<DecodedRows> {
     let rg = segment.row_group as usize;
     let meta = footer.footer.metadata.row_group(rg);
-    for (leaf, start, bytes, _) in &chunks {
-        if meta.column(*leaf).byte_range() == (*start, bytes.len() as u64) {
+    for (leaf, at, bytes, _) in &chunks {
+        if meta.column(*leaf).byte_range() == (*at, bytes.len() as u64) {
             check_chunk(entry, &footer.footer, rg, *leaf, bytes)?;
+            continue;
         }
+        // A dictionary page lies where it was read; data pages were read
+        // from `data_origin`.
+        let origin = parts
+            .iter()
+            .find(|p| p.leaf == *leaf && p.chunk.data_page_offset() as u64 == *at)
+            .map_or(*at, |p| p.data_origin);
+        check_pages(entry, &footer.footer, rg, *leaf, origin, bytes)?;
     }
     let file = sparse(entry, chunks);
     let want = segment.start as usize..segment.end as usize;

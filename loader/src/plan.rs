@@ -713,6 +713,7 @@ mod tests {
                 base: None,
                 fingerprint: None,
                 chunk_checksums: None,
+                page_checksums: None,
             })
             .collect();
         Manifest::new(
@@ -994,6 +995,7 @@ mod golden {
                 base: None,
                 fingerprint: None,
                 chunk_checksums: None,
+                page_checksums: None,
             })
             .collect();
         Manifest::new(

@@ -2,7 +2,7 @@
 //! checksums anchored in the manifest before any byte is decoded.
 
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
-use shardfeed_format::{ChunkChecksums, ChunkHash, ChunkSum, Crc32, ShardEntry};
+use shardfeed_format::{ChunkChecksums, ChunkHash, ChunkSum, Crc32, PageChecksums, ShardEntry};
 
 use crate::error::{LoaderError, Result};
 
@@ -189,6 +189,82 @@ pub(crate) fn check_chunk(
         Some(sums) => check_chunk_sum(entry, footer, row_group, column, sums.hash.of(bytes)),
         None => Ok(()),
     }
+}
+
+/// Check `bytes`, pages of column `column` of `row_group` read from file
+/// offset `origin` (a part of a large row group), against the index's page
+/// checksums ([`shardfeed_format::PageChecksums`]): every page they hold, and
+/// that they begin and end at its pages. Files indexed without
+/// `--checksums`, and chunks of one page (read whole, and checked whole),
+/// have none.
+pub(crate) fn check_pages(
+    entry: &ShardEntry,
+    footer: &ShardFooter,
+    row_group: usize,
+    column: usize,
+    origin: u64,
+    bytes: &[u8],
+) -> Result<()> {
+    let Some(recorded) = &entry.page_checksums else {
+        return Ok(());
+    };
+    let chunk = footer.metadata.row_group(row_group).column(column);
+    let name = || chunk.column_path().string();
+    let pages = PageChecksums::find(recorded, row_group, column)
+        .map_err(|e| corrupt(entry, Some(row_group), format!("its page checksums: {e}")))?;
+    let Some(pages) = pages else {
+        return Ok(());
+    };
+    let mut at = chunk.byte_range().0;
+    let mut pages = pages.into_iter();
+    // The page the bytes begin at.
+    let mut page = loop {
+        match pages.next() {
+            Some((len, sum)) if at == origin => break Some((len, sum)),
+            Some((len, _)) if at < origin => at = at.saturating_add(u64::from(len)),
+            _ => break None,
+        }
+    };
+    let mut done = 0usize;
+    while done < bytes.len() {
+        let Some((len, sum)) = page else {
+            return Err(corrupt(
+                entry,
+                Some(row_group),
+                format!(
+                    "column `{}`: bytes {origin}..{} read for a part are not pages the index recorded",
+                    name(),
+                    origin + bytes.len() as u64
+                ),
+            ));
+        };
+        let end = done.saturating_add(len as usize);
+        let Some(body) = bytes.get(done..end) else {
+            return Err(corrupt(
+                entry,
+                Some(row_group),
+                format!(
+                    "column `{}`: the bytes read for a part end inside the page at byte {at}",
+                    name()
+                ),
+            ));
+        };
+        let found = PageChecksums::of(body);
+        if found != sum {
+            return Err(corrupt(
+                entry,
+                Some(row_group),
+                format!(
+                    "column `{}` page at byte {at}: checksum {found:08x} does not match the index's {sum:08x}",
+                    name()
+                ),
+            ));
+        }
+        at = at.saturating_add(u64::from(len));
+        done = end;
+        page = pages.next();
+    }
+    Ok(())
 }
 
 /// [`check_chunk`] with the chunk's checksum already computed (`found`, by

@@ -23,8 +23,8 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use serde::Serialize;
 use shardfeed_format::{
-    ChunkChecksums, ChunkHash, Crc32, Fingerprint, IndexRecord, Location, Manifest, ShardEntry,
-    WriteOptions,
+    ChunkChecksums, ChunkHash, Crc32, Fingerprint, IndexRecord, Location, Manifest, PageChecksums,
+    ShardEntry, WriteOptions,
 };
 
 use crate::{PreprocessError, Result};
@@ -523,6 +523,8 @@ struct Hashing {
     /// (start, end, row group, column) of every column chunk, by start.
     chunks: Vec<(u64, u64, usize, usize)>,
     hashers: Vec<Option<shardfeed_format::checksum::ChunkHasher>>,
+    /// Each chunk's pages, walked as its bytes pass.
+    walkers: Vec<PageWalker>,
     sums: Vec<Vec<u64>>,
     crc: crc32fast::Hasher,
     /// Chunks begun and not yet ended, and the next to begin.
@@ -531,8 +533,9 @@ struct Hashing {
 }
 
 impl Hashing {
-    /// Hash `piece`, the file's bytes from `at`.
-    fn feed(&mut self, at: u64, piece: &[u8]) {
+    /// Hash `piece`, the file's bytes from `at`; an error says why a chunk's
+    /// pages could not be walked.
+    fn feed(&mut self, at: u64, piece: &[u8]) -> std::result::Result<(), String> {
         let end = at + piece.len() as u64;
         self.crc.update(piece);
         while self.next < self.chunks.len() && self.chunks[self.next].0 < end {
@@ -540,19 +543,148 @@ impl Hashing {
             self.next += 1;
         }
         let (chunks, hashers, sums) = (&self.chunks, &mut self.hashers, &mut self.sums);
+        let walkers = &mut self.walkers;
+        let mut failed = None;
         self.active.retain(|&k| {
             let (start, stop, i, j) = chunks[k];
             let (from, to) = (start.max(at), stop.min(end));
             if from < to {
                 let bytes = &piece[(from - at) as usize..(to - at) as usize];
                 hashers[k].as_mut().expect("hashing").update(bytes);
+                if let Err(e) = walkers[k].feed(bytes) {
+                    failed.get_or_insert(format!("column {j} of row group {i}: {e}"));
+                }
             }
             if stop <= end {
                 sums[i][j] = hashers[k].take().expect("hashing").finish().value;
+                if let Err(e) = walkers[k].finish() {
+                    failed.get_or_insert(format!("column {j} of row group {i}: {e}"));
+                }
                 return false;
             }
             true
         });
+        failed.map_or(Ok(()), Err)
+    }
+}
+
+/// The longest page header walked (page statistics can be long).
+const MAX_PAGE_HEADER: usize = 16 << 20;
+
+/// A page header at the start of `bytes`: the page's body length and the
+/// header's.
+fn parse_page_header(bytes: &[u8]) -> std::result::Result<(i32, usize), String> {
+    let mut thrift = shardfeed_format::thrift::Thrift::new(bytes);
+    thrift.page_header().map(|h| (h.compressed, thrift.at))
+}
+
+/// One column chunk's pages, walked as its bytes pass in pieces: each
+/// page's length (header included) and checksum ([`PageChecksums::of`]).
+struct PageWalker {
+    /// Bytes of the chunk not yet walked.
+    left: u64,
+    /// Bytes of the current page left to hash, once its header is parsed.
+    page_left: Option<u64>,
+    /// The current page's bytes so far while its header is incomplete.
+    carry: Vec<u8>,
+    page_len: u64,
+    hasher: Option<shardfeed_format::checksum::ChunkHasher>,
+    pages: Vec<(u32, u32)>,
+}
+
+impl PageWalker {
+    fn new(len: u64) -> Self {
+        PageWalker {
+            left: len,
+            page_left: None,
+            carry: Vec::new(),
+            page_len: 0,
+            hasher: None,
+            pages: Vec::new(),
+        }
+    }
+
+    /// Walk the chunk's next `bytes`.
+    fn feed(&mut self, mut bytes: &[u8]) -> std::result::Result<(), String> {
+        while !bytes.is_empty() {
+            match self.page_left {
+                Some(n) => {
+                    let take = (n as usize).min(bytes.len());
+                    self.hasher.as_mut().expect("a page").update(&bytes[..take]);
+                    bytes = &bytes[take..];
+                    self.left -= take as u64;
+                    if n == take as u64 {
+                        self.end_page()?;
+                    } else {
+                        self.page_left = Some(n - take as u64);
+                    }
+                }
+                None => {
+                    // The page's header: parsed from this piece, or from the
+                    // bytes held of the page and this piece's first ones.
+                    let held = self.carry.len();
+                    let parsed = if held == 0 {
+                        parse_page_header(bytes)
+                    } else {
+                        let room = (MAX_PAGE_HEADER - held).min(bytes.len());
+                        self.carry.extend_from_slice(&bytes[..room]);
+                        let parsed = parse_page_header(&self.carry);
+                        self.carry.truncate(held);
+                        parsed
+                    };
+                    let (body, header) = match parsed {
+                        Ok(p) => p,
+                        Err(e) => {
+                            let page = held as u64 + self.left;
+                            if ((held + bytes.len()) as u64) < page.min(MAX_PAGE_HEADER as u64) {
+                                // The piece ended inside the header.
+                                self.carry.extend_from_slice(bytes);
+                                self.left -= bytes.len() as u64;
+                                return Ok(());
+                            }
+                            return Err(format!("a page header cannot be read ({e})"));
+                        }
+                    };
+                    let body =
+                        u64::try_from(body).map_err(|_| format!("a page of {body} bytes"))?;
+                    self.page_len = (header as u64)
+                        .checked_add(body)
+                        .filter(|&l| l <= held as u64 + self.left)
+                        .ok_or("a page overruns its column chunk")?;
+                    let from_piece = header - held;
+                    let mut hasher = ChunkHash::Xxh3.hasher();
+                    hasher.update(&self.carry);
+                    hasher.update(&bytes[..from_piece]);
+                    self.carry.clear();
+                    self.hasher = Some(hasher);
+                    bytes = &bytes[from_piece..];
+                    self.left -= from_piece as u64;
+                    self.page_left = Some(body);
+                    if body == 0 {
+                        self.end_page()?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The current page is hashed whole.
+    fn end_page(&mut self) -> std::result::Result<(), String> {
+        let sum = self.hasher.take().expect("a page").finish().value as u32;
+        let len = u32::try_from(self.page_len)
+            .map_err(|_| format!("a page of {} bytes", self.page_len))?;
+        self.pages.push((len, sum));
+        self.page_left = None;
+        Ok(())
+    }
+
+    /// The chunk's end: its pages must end with it.
+    fn finish(&mut self) -> std::result::Result<(), String> {
+        if self.left != 0 || self.page_left.is_some() || !self.carry.is_empty() {
+            return Err("its pages do not end where the chunk does".into());
+        }
+        Ok(())
     }
 }
 
@@ -564,7 +696,7 @@ async fn read_checksums(
     reader: &Reader,
     size: u64,
     metadata: &ParquetMetaData,
-) -> Result<(Crc32, ChunkChecksums)> {
+) -> Result<(Crc32, ChunkChecksums, PageChecksums)> {
     let mut chunks: Vec<(u64, u64, usize, usize)> = Vec::new();
     for (i, rg) in metadata.row_groups().iter().enumerate() {
         for (j, c) in rg.columns().iter().enumerate() {
@@ -577,6 +709,10 @@ async fn read_checksums(
         hashers: chunks
             .iter()
             .map(|_| Some(ChunkHash::Xxh3.hasher()))
+            .collect(),
+        walkers: chunks
+            .iter()
+            .map(|&(start, stop, _, _)| PageWalker::new(stop - start))
             .collect(),
         chunks,
         sums: metadata
@@ -605,8 +741,8 @@ async fn read_checksums(
     while let Some(bytes) = piece.take() {
         let end = at + bytes.len() as u64;
         let hashed = tokio::task::spawn_blocking(move || {
-            hashing.feed(at, &bytes);
-            hashing
+            let fed = hashing.feed(at, &bytes);
+            (hashing, fed)
         });
         let (hashed, next) = tokio::join!(hashed, async {
             match end < size {
@@ -614,7 +750,10 @@ async fn read_checksums(
                 false => Ok(None),
             }
         });
-        hashing = hashed.map_err(|e| index_error(&reader.url, format!("hashing failed: {e}")))?;
+        let fed;
+        (hashing, fed) =
+            hashed.map_err(|e| index_error(&reader.url, format!("hashing failed: {e}")))?;
+        fed.map_err(|e| index_error(&reader.url, e))?;
         piece = next?;
         at = end;
     }
@@ -624,6 +763,7 @@ async fn read_checksums(
         crc,
         active,
         next,
+        walkers,
         ..
     } = hashing;
     if let Some(&k) = active.first().or(chunks.get(next).map(|_| &next)) {
@@ -633,12 +773,21 @@ async fn read_checksums(
             format!("column {j} of row group {i} at {start}..{stop} lies outside the file"),
         ));
     }
+    // Pages of chunks of more than one page, in row group and column order.
+    let mut pages: Vec<_> = chunks
+        .iter()
+        .zip(walkers)
+        .filter(|(_, w)| w.pages.len() > 1)
+        .map(|(&(_, _, i, j), w)| (i as u32, j as u32, w.pages))
+        .collect();
+    pages.sort_by_key(|&(i, j, _)| (i, j));
     Ok((
         Crc32(crc.finalize()),
         ChunkChecksums {
             hash: ChunkHash::Xxh3,
             sums,
         },
+        PageChecksums { chunks: pages },
     ))
 }
 
@@ -673,12 +822,13 @@ async fn index_file(found: Found, base: u32, place: &Location, checksums: bool) 
             }
         }
     }
-    let (crc32, chunk_checksums) = match checksums {
+    let (crc32, chunk_checksums, page_checksums) = match checksums {
         true => {
-            let (crc, sums) = read_checksums(&reader, found.size, &metadata).await?;
-            (Some(crc), Some(sums.encode()))
+            let (crc, sums, pages) = read_checksums(&reader, found.size, &metadata).await?;
+            let pages = (!pages.chunks.is_empty()).then(|| pages.encode());
+            (Some(crc), Some(sums.encode()), pages)
         }
-        false => (None, None),
+        false => (None, None, None),
     };
     let metadata = Arc::new(metadata);
     let arrow = ArrowReaderMetadata::try_new(metadata.clone(), ArrowReaderOptions::new())
@@ -716,6 +866,7 @@ async fn index_file(found: Found, base: u32, place: &Location, checksums: bool) 
             base: Some(base),
             fingerprint: Some(found.fingerprint),
             chunk_checksums,
+            page_checksums,
         },
         url,
         schema: arrow.schema().as_ref().clone(),
@@ -995,6 +1146,75 @@ async fn index_async(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pages_are_walked_the_same_whatever_pieces_the_bytes_come_in() {
+        use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+        use parquet::file::properties::WriterProperties;
+        let n = 20_000i64;
+        let text: Vec<String> = (0..n)
+            .map(|i| format!("row {i} ").repeat((i % 5) as usize))
+            .collect();
+        let batch = RecordBatch::try_from_iter([
+            (
+                "id",
+                std::sync::Arc::new(Int64Array::from_iter_values(0..n)) as ArrayRef,
+            ),
+            (
+                "text",
+                std::sync::Arc::new(StringArray::from(text)) as ArrayRef,
+            ),
+        ])
+        .unwrap();
+        let props = WriterProperties::builder()
+            .set_data_page_size_limit(2048)
+            .set_write_batch_size(256)
+            .build();
+        let mut file = Vec::new();
+        let mut writer =
+            parquet::arrow::ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let meta = parquet::file::metadata::ParquetMetaDataReader::new()
+            .parse_and_finish(&bytes::Bytes::from(file.clone()))
+            .unwrap();
+        for c in meta.row_group(0).columns() {
+            let (start, len) = c.byte_range();
+            let chunk = &file[start as usize..(start + len) as usize];
+            let walk = |piece: usize| {
+                let mut w = PageWalker::new(len);
+                for bytes in chunk.chunks(piece) {
+                    w.feed(bytes).unwrap();
+                }
+                w.finish().unwrap();
+                w.pages
+            };
+            let whole = walk(chunk.len());
+            assert!(whole.len() > 10, "many pages");
+            // Each page's length and checksum, tiling the chunk.
+            let mut at = 0usize;
+            for &(l, sum) in &whole {
+                assert_eq!(PageChecksums::of(&chunk[at..at + l as usize]), sum);
+                at += l as usize;
+            }
+            assert_eq!(at, chunk.len());
+            for piece in [1, 7, 100, 2049] {
+                assert_eq!(walk(piece), whole, "pieces of {piece} bytes");
+            }
+        }
+        // A chunk cut short, or with a page that overruns it, is refused.
+        let (start, len) = meta.row_group(0).column(0).byte_range();
+        let chunk = &file[start as usize..(start + len) as usize];
+        let mut w = PageWalker::new(len + 10);
+        w.feed(chunk).unwrap();
+        assert!(w.finish().is_err());
+        let mut w = PageWalker::new(len - 10);
+        assert!(
+            w.feed(&chunk[..len as usize - 10])
+                .and_then(|()| w.finish())
+                .is_err()
+        );
+    }
 
     #[test]
     fn globs_split_at_their_first_pattern_component() {

@@ -175,6 +175,7 @@ impl OpenShard {
             base: None,
             fingerprint: None,
             chunk_checksums: None,
+            page_checksums: None,
         })
     }
 

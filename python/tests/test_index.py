@@ -183,14 +183,16 @@ LARGE_GROUPS = [
 @pytest.mark.parametrize("options", LARGE_GROUPS)
 def test_row_groups_larger_than_the_budget_are_read_in_parts(tmp_path, options):
     """Files of one large row group each, of many small pages: a budget that cannot hold
-    two windows of whole row groups reads them in parts (the pages that cover each part),
-    every row once with pyarrow's values, at world sizes 1 and 3, resumable."""
+    two windows of whole row groups reads them in parts (the pages that cover each part,
+    checked against the index's page checksums), every row once with pyarrow's values, at
+    world sizes 1 and 3, resumable."""
     data = tmp_path / "data"
     table = write_files(
         data, "pyarrow", 40_000, 2, row_group_size=40_000, data_page_size=4096, **options
     )
     index = str(tmp_path / "index")
-    shardfeed.index(str(data), index)
+    # With checksums: every part's pages are checked against them.
+    shardfeed.index(str(data), index, checksums=True)
     group = max(
         pq.ParquetFile(p).metadata.row_group(0).total_byte_size for p in sorted(data.iterdir())
     )
@@ -308,6 +310,48 @@ def test_a_damaged_byte_is_the_checksum_error(tmp_path):
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
     message = first_error(index)
     assert "part-000.parquet" in message and "checksum" in message
+
+
+def test_parts_are_checked_page_by_page(tmp_path):
+    """Row groups read in parts (pages, not whole chunks) are checked against the index's
+    page checksums: a damaged value in a plain, uncompressed page (which no decoder can
+    notice) is the checksum error naming the file and the column, or a counted skip; an
+    index without checksums reads the wrong value."""
+    data = tmp_path / "data"
+    options = dict(row_group_size=40_000, data_page_size=4096, compression="none")
+    table = write_files(data, "pyarrow", 40_000, 2, use_dictionary=False, **options)
+    checked, plain = str(tmp_path / "checked"), str(tmp_path / "plain")
+    shardfeed.index(str(data), checked, checksums=True)
+    shardfeed.index(str(data), plain)
+    pages = json.loads(Path(checked, "manifest.json").read_text())["shards"][0]["page_checksums"]
+    assert pages.count(";") >= 3  # every column of the row group, many pages each
+    budget = 1 << 20
+    with shardfeed.Loader(checked, 97, byte_budget=budget) as loader:
+        assert 0 < loader.state_dict()["part_rows"] < 40_000
+    check_every_row_once(checked, table, byte_budget=budget)
+    # Id 45,678 (file 1) made 45,679 where it lies, the file's size and time kept.
+    victim = data / "part-001.parquet"
+    raw = bytearray(victim.read_bytes())
+    at = raw.find(np.int64(45_678).tobytes())
+    assert at > 0 and raw.find(np.int64(45_678).tobytes(), at + 1) < 0
+    raw[at] += 1
+    st = victim.stat()
+    victim.write_bytes(bytes(raw))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    message = first_error(checked, byte_budget=budget)
+    assert "part-001.parquet" in message and "column `id` page" in message
+    assert "checksum" in message
+    with shardfeed.Loader(
+        checked, 97, byte_budget=budget, on_error="skip", drop_last=False
+    ) as loader:
+        ids = [i for batch in loader for i in batch["id"].tolist()]
+        skipped = loader.stats()["skipped"]
+    assert skipped and all(s["shard"].endswith("part-001.parquet") for s in skipped)
+    assert 45_678 not in ids and len(ids) < 80_000
+    assert len(ids) == len(set(ids))
+    # Without checksums nothing can tell: the damaged value is read.
+    got = sorted(r[0] for r in read_rows(plain, byte_budget=budget))
+    assert 45_678 not in got and got.count(45_679) == 2
 
 
 def test_resume_and_a_mixture_with_a_sharded_dataset(tmp_path):

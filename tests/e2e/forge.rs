@@ -269,6 +269,7 @@ pub fn dataset(dir: &Path, schema: arrow_schema::Schema, file: Vec<u8>) -> Strin
         base: None,
         fingerprint: None,
         chunk_checksums: None,
+        page_checksums: None,
     };
     std::fs::write(dir.join(&entry.path), &file).unwrap();
     let manifest = Manifest::new(

@@ -263,12 +263,14 @@ impl FetchContext {
                             row_group: Some(g),
                             detail: format!("column chunk {leaf} lies outside the file's data"),
                         })?;
+                    let data_origin = chunk.data_page_offset().max(0) as u64;
                     reads.push((*leaf, range.start, range));
                     LeafPart {
                         leaf: *leaf,
                         chunk: chunk.clone(),
                         first: 0,
                         rows,
+                        data_origin,
                     }
                 }
                 Some(map) => {
@@ -308,6 +310,7 @@ impl FetchContext {
                         chunk: part_chunk,
                         first: held.start as usize,
                         rows: (held.end - held.start) as usize,
+                        data_origin: data.start,
                     }
                 }
             };

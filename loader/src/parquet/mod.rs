@@ -402,6 +402,9 @@ pub(crate) struct LeafPart {
     pub first: usize,
     /// The rows its pages hold.
     pub rows: usize,
+    /// The file offset its data pages were read from (they lie at the
+    /// chunk's `data_page_offset` in the fetched bytes).
+    pub data_origin: u64,
 }
 
 /// Rows `want` of row group `rg` from the pages `parts` describe (one per
