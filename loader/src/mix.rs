@@ -1046,6 +1046,21 @@ impl Drop for Core {
     }
 }
 
+/// The column of each row's source, at `offset` of the slab.
+fn source_column(rows: usize, offset: usize) -> Column {
+    Column {
+        name: SOURCE_COLUMN.into(),
+        layout: ColumnLayout::Dense {
+            values: Buffer {
+                dtype: DType::I32,
+                shape: vec![rows],
+                offset,
+            },
+        },
+        validity: None,
+    }
+}
+
 /// The first `n` `i32`s of a 64-byte aligned region of a slab.
 fn as_i32(bytes: &mut [u8], n: usize) -> &mut [i32] {
     // SAFETY: `i32` is valid for any bytes; regions start 64-byte aligned

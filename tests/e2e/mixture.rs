@@ -54,14 +54,7 @@ fn token_source(dir: &Path, name: &str, source: usize, docs: u64, max_len: u64) 
         ("input_ids", Arc::new(ids.finish()) as ArrayRef),
     ])
     .unwrap();
-    let input = dir.join(format!("{name}.parquet"));
-    write_parquet(&input, &batch);
-    let out = dir.join(name);
-    let options = shardfeed_preprocess::ShardOptions::default()
-        .with_row_group_rows(16)
-        .with_shard_size(16 << 10);
-    shardfeed_preprocess::shard(&[s(&input)], &s(&out), &options).unwrap();
-    s(&out)
+    shard_batch(dir, name, &batch)
 }
 
 fn mixture(sources: &[(String, f64)]) -> MixtureBuilder {
@@ -829,6 +822,19 @@ fn pack_to_past_the_byte_budget_is_refused() {
         .unwrap();
 }
 
+/// `batch` written and sharded into `dir/name` (row groups of 16 rows over
+/// several shards); returns the URL.
+fn shard_batch(dir: &Path, name: &str, batch: &RecordBatch) -> String {
+    let input = dir.join(format!("{name}.parquet"));
+    write_parquet(&input, batch);
+    let out = dir.join(name);
+    let options = shardfeed_preprocess::ShardOptions::default()
+        .with_row_group_rows(16)
+        .with_shard_size(16 << 10);
+    shardfeed_preprocess::shard(&[s(&input)], &s(&out), &options).unwrap();
+    s(&out)
+}
+
 /// A source with a nullable text column beside its token lists (every
 /// fifth text null).
 fn text_source(dir: &Path, name: &str, source: usize, docs: u64) -> String {
@@ -854,14 +860,7 @@ fn text_source(dir: &Path, name: &str, source: usize, docs: u64) -> String {
         ("text", Arc::new(text.finish()) as ArrayRef),
     ])
     .unwrap();
-    let input = dir.join(format!("{name}.parquet"));
-    write_parquet(&input, &batch);
-    let out = dir.join(name);
-    let options = shardfeed_preprocess::ShardOptions::default()
-        .with_row_group_rows(16)
-        .with_shard_size(16 << 10);
-    shardfeed_preprocess::shard(&[s(&input)], &s(&out), &options).unwrap();
-    s(&out)
+    shard_batch(dir, name, &batch)
 }
 
 /// A mixture batch's rows: (source, id, tokens, text), whatever the layout.

@@ -277,17 +277,7 @@ impl Core {
         let source_bytes: &[u8] = as_bytes(sources);
         let src_offset = place(source_bytes.len());
         copies.push((src_offset, source_bytes));
-        columns.push(Column {
-            name: SOURCE_COLUMN.into(),
-            layout: ColumnLayout::Dense {
-                values: Buffer {
-                    dtype: DType::I32,
-                    shape: vec![rows],
-                    offset: src_offset,
-                },
-            },
-            validity: None,
-        });
+        columns.push(source_column(rows, src_offset));
         let mut lease = self.lease(at.max(64))?;
         let slab = lease.slab_mut().as_mut_slice();
         for (offset, bytes) in copies {

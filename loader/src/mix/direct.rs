@@ -191,17 +191,7 @@ impl Core {
             });
         }
         slab[source_at..source_at + rows * 4].copy_from_slice(as_bytes(sources));
-        columns.push(Column {
-            name: SOURCE_COLUMN.into(),
-            layout: ColumnLayout::Dense {
-                values: Buffer {
-                    dtype: DType::I32,
-                    shape: vec![rows],
-                    offset: source_at,
-                },
-            },
-            validity: None,
-        });
+        columns.push(source_column(rows, source_at));
         Ok(Some((lease, columns)))
     }
 }
