@@ -910,10 +910,9 @@ pub struct MixtureStats {
     /// Final partial batches dropped (`drop_last`).
     pub dropped_batches: u64,
     /// Unpacked batches whose rows were copied into buffers before the
-    /// batch's slab (twice) instead of once from the sources' batches:
-    /// padded lists and lists of strings, or a batch drawing from more of a
-    /// source's batches than it may keep (`read_batch` small against
-    /// `batch_size`).
+    /// batch's slab (twice) instead of once from the sources' batches: a
+    /// batch drawing from more of a source's batches than it may keep
+    /// (`read_batch` small against `batch_size`, few batches prefetched).
     pub staged_batches: u64,
     /// Rows the user's filter dropped ([`crate::LoaderBuilder::filter`]).
     pub filtered_rows: u64,

@@ -840,7 +840,13 @@ fn shard_batch(dir: &Path, name: &str, batch: &RecordBatch) -> String {
 fn text_source(dir: &Path, name: &str, source: usize, docs: u64) -> String {
     let mut ids = ListBuilder::new(Int32Builder::new());
     let mut text = StringBuilder::new();
+    let mut tags = ListBuilder::new(StringBuilder::new());
     for d in 0..docs {
+        for k in 0..d % 4 {
+            tags.values()
+                .append_value(format!("t{k}").repeat((d % 3) as usize));
+        }
+        tags.append(true);
         for t in 0..doc_len(source, d, 9) {
             ids.values().append_value(token(source, d, t));
         }
@@ -858,19 +864,22 @@ fn text_source(dir: &Path, name: &str, source: usize, docs: u64) -> String {
         ),
         ("input_ids", Arc::new(ids.finish()) as ArrayRef),
         ("text", Arc::new(text.finish()) as ArrayRef),
+        ("tags", Arc::new(tags.finish()) as ArrayRef),
     ])
     .unwrap();
     shard_batch(dir, name, &batch)
 }
 
-/// A mixture batch's rows: (source, id, tokens, text), whatever the layout.
-type MixRow = (i32, i64, Vec<i32>, Option<String>);
+/// A mixture batch's rows: (source, id, tokens, text, tags), whatever the
+/// layout.
+type MixRow = (i32, i64, Vec<i32>, Option<String>, Vec<Vec<u8>>);
 
 fn mix_rows(b: &Batch) -> Vec<MixRow> {
     let ids = b.values::<i64>("id").unwrap();
     let tokens = b.values::<i32>("input_ids").unwrap();
     let texts: Vec<&[u8]> = b.binary("text").unwrap().collect();
     let valid = b.validity("text");
+    let tags = b.binary_lists("tags").unwrap();
     (0..b.rows())
         .map(|r| {
             let row_tokens = match (b.offsets("input_ids"), b.lengths("input_ids")) {
@@ -884,7 +893,8 @@ fn mix_rows(b: &Batch) -> Vec<MixRow> {
             let text = valid
                 .is_none_or(|v| v[r] == 1)
                 .then(|| String::from_utf8(texts[r].to_vec()).unwrap());
-            (sources_of(b)[r], ids[r], row_tokens, text)
+            let row_tags = tags[r].iter().map(|t| t.to_vec()).collect();
+            (sources_of(b)[r], ids[r], row_tokens, text, row_tags)
         })
         .collect()
 }
@@ -894,9 +904,9 @@ fn rows_copied_straight_from_the_sources_equal_rows_staged() {
     // With 8 batches collated ahead, a source keeps the few 64-row batches a
     // 100-row mixture batch draws from, and rows are copied once; with 1 it
     // may keep only one, and rows are staged (70 rows of the first source a
-    // batch span two of its batches);
-    // padded token lists are always staged. The rows, their values and their
-    // nulls are the same each way.
+    // batch span two of its batches). The rows, their values (token lists
+    // ragged and padded, strings, lists of strings) and their nulls are the
+    // same each way.
     let tmp = tempdir();
     let a = text_source(tmp.path(), "a", 0, 700);
     let b = text_source(tmp.path(), "b", 1, 300);
@@ -924,7 +934,7 @@ fn rows_copied_straight_from_the_sources_equal_rows_staged() {
     let nulls = direct.iter().flatten().filter(|r| r.3.is_none()).count();
     assert!(nulls > 0, "some texts are null");
     for (s, docs) in [(0, 700u64), (1, 300)] {
-        for (_, id, tokens, text) in direct.iter().flatten().filter(|r| r.0 == s) {
+        for (_, id, tokens, text, tags) in direct.iter().flatten().filter(|r| r.0 == s) {
             let d = *id as u64;
             assert!(d < docs);
             let want: Vec<i32> = (0..doc_len(s as usize, d, 9))
@@ -932,6 +942,10 @@ fn rows_copied_straight_from_the_sources_equal_rows_staged() {
                 .collect();
             assert_eq!(tokens, &want, "source {s} row {d}'s tokens");
             assert_eq!(text.is_none(), d % 5 == 4, "source {s} row {d}'s null");
+            let want: Vec<Vec<u8>> = (0..d % 4)
+                .map(|k| format!("t{k}").repeat((d % 3) as usize).into_bytes())
+                .collect();
+            assert_eq!(tags, &want, "source {s} row {d}'s tags");
         }
     }
     let (few, staged) = run(1, false);
@@ -941,6 +955,6 @@ fn rows_copied_straight_from_the_sources_equal_rows_staged() {
     );
     assert_eq!(few, direct, "rows staged (few batches ahead)");
     let (padded, staged) = run(8, true);
-    assert_eq!(staged, 25, "padded lists are staged");
-    assert_eq!(padded, direct, "rows staged (padded lists)");
+    assert_eq!(staged, 0, "padded lists copied straight too");
+    assert_eq!(padded, direct, "padded lists");
 }

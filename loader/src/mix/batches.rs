@@ -171,7 +171,7 @@ impl Core {
             s.keep = direct;
         }
         let made = self.draw_rows(&mut staging, &mut sources, &mut at, &mut direct);
-        let made = made.and_then(|()| self.lay_out(&mut staging, &sources, &at, direct));
+        let made = made.and_then(|()| self.lay_out(&staging, &sources, &at, direct));
         for s in &mut self.streams.sources {
             s.release_kept();
         }
@@ -244,7 +244,7 @@ impl Core {
     /// batches (`direct`), or from `staging`.
     fn lay_out(
         &mut self,
-        staging: &mut Vec<Staged>,
+        staging: &[Staged],
         sources: &[i32],
         at: &[RowAt],
         direct: bool,
@@ -254,10 +254,8 @@ impl Core {
             return Ok(None);
         }
         if direct {
-            if let Some((lease, columns)) = self.lay_out_direct(at, sources)? {
-                return Ok(Some(self.batch(lease, rows, columns)));
-            }
-            self.stage(staging, at, 0)?;
+            let (lease, columns) = self.lay_out_direct(at, sources)?;
+            return Ok(Some(self.batch(lease, rows, columns)));
         }
         self.staged_batches += 1;
         // Lay the buffers out, 64-byte aligned, then copy.
