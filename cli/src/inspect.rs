@@ -55,7 +55,11 @@ pub fn run(
             "index        existing Parquet files read in place ({}), checksums {}, indexed by shardfeed {}",
             manifest.options.compression,
             if index.checksums {
-                "recorded (the loader verifies every column chunk)"
+                if manifest.shards.iter().any(|s| s.page_checksums.is_some()) {
+                    "recorded (the loader verifies every column chunk, and every page of a row group it reads in parts)"
+                } else {
+                    "recorded (the loader verifies every column chunk)"
+                }
             } else {
                 "not recorded (footers and fingerprints are checked)"
             },
