@@ -135,18 +135,20 @@ pub enum ColumnLayout {
         /// Whether the bytes are UTF-8 strings.
         utf8: bool,
     },
-    /// Lists of binary or string items: the items' bytes (`u8`, `[total]`),
-    /// `offsets` (`i64`, `[batch + 1]`) into the items, and `value_offsets`
-    /// (`i64`, `[items + 1]`) into the bytes: row `i`'s items are
+    /// Lists of binary or string items, or of lists of fixed-width values
+    /// (`list<list<float32>>`): the items' values end to end (`u8` bytes for
+    /// binary and strings, else the values' type; `[total]`), `offsets`
+    /// (`i64`, `[batch + 1]`) into the items, and `value_offsets` (`i64`,
+    /// `[items + 1]`) into the values: row `i`'s items are
     /// `offsets[i]..offsets[i + 1]`, item `j` is
     /// `values[value_offsets[j]..value_offsets[j + 1]]`. A null item reads as
     /// empty.
     ListBytes {
-        /// Concatenated bytes of every item.
+        /// Every item's values, end to end.
         values: Buffer,
         /// Row boundaries, in items.
         offsets: Buffer,
-        /// Item boundaries, in bytes.
+        /// Item boundaries, in values.
         value_offsets: Buffer,
         /// Whether the items are UTF-8 strings.
         utf8: bool,
@@ -428,11 +430,17 @@ impl Batch {
     }
 
     /// Each row's items of a list-of-bytes column (`list<string>`,
-    /// `list<binary>`), in row order.
+    /// `list<binary>`), in row order; `None` for a list of lists of wider
+    /// values (read them with [`Batch::values`], [`Batch::offsets`] and
+    /// [`Batch::value_offsets`]).
     pub fn binary_lists(&self, name: &str) -> Option<Vec<Vec<&[u8]>>> {
         let ColumnLayout::ListBytes { values, .. } = &self.column(name)?.layout else {
             return None;
         };
+        if values.dtype != DType::U8 {
+            // A list of lists of wider values: its items are not bytes.
+            return None;
+        }
         let bytes = self.bytes(values);
         let (rows, items) = (self.offsets(name)?, self.value_offsets(name)?);
         let item = |j: usize| -> Option<&[u8]> {

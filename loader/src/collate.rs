@@ -197,13 +197,13 @@ impl<'a> Collation<'a> {
                         values: layout.push(DType::U8, shape),
                     }
                 }
-                Kind::ListBytes { utf8 } => {
+                Kind::ListBytes { utf8, dtype } => {
                     let cols: Vec<&SourceColumn> = self.sources.iter().map(|s| &s[c]).collect();
                     // An error here is met again, and reported, when the
                     // rows are written: lay out nothing.
                     let (items, bytes) = lists::totals(&plan.name, &cols, rows).unwrap_or((0, 0));
                     ColumnLayout::ListBytes {
-                        values: layout.push(DType::U8, vec![bytes]),
+                        values: layout.push(dtype, vec![bytes / dtype.size()]),
                         offsets: layout.push(DType::I64, vec![n + 1]),
                         value_offsets: layout.push(DType::I64, vec![items + 1]),
                         utf8,

@@ -40,10 +40,13 @@ pub(crate) enum Kind {
         large: bool,
         utf8: bool,
     },
-    /// Lists of binary or string items (list and item offsets of either
-    /// width: the collator reads them off the arrays).
+    /// Lists of binary or string items, or of lists of fixed-width values
+    /// (`list<list<float32>>`): the items' values end to end, as `dtype`
+    /// (`U8` for bytes), with row and item offsets (list and item offsets
+    /// of either width: the collator reads them off the arrays).
     ListBytes {
         utf8: bool,
+        dtype: DType,
     },
     /// Encoded images, decoded into `uint8` pixels (see [`crate::image`]).
     Image {
@@ -172,8 +175,12 @@ pub(crate) fn plan_columns(
                 DataType::Decimal128(..) => Some(Kind::FixedList(DType::U8, 16)),
                 DataType::Decimal256(..) => Some(Kind::FixedList(DType::U8, 32)),
                 DataType::List(child) | DataType::LargeList(child) => match child.data_type() {
-                    DataType::Binary | DataType::BinaryView | DataType::LargeBinary => Some(Kind::ListBytes { utf8: false }),
-                    DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8 => Some(Kind::ListBytes { utf8: true }),
+                    DataType::Binary | DataType::BinaryView | DataType::LargeBinary => Some(Kind::ListBytes { utf8: false, dtype: DType::U8 }),
+                    DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8 => Some(Kind::ListBytes { utf8: true, dtype: DType::U8 }),
+                    // Lists of lists of fixed-width values (bounding boxes,
+                    // per-token vectors).
+                    DataType::List(inner) | DataType::LargeList(inner) => element(inner.data_type())
+                        .map(|dtype| Kind::ListBytes { utf8: false, dtype }),
                     dt => element(dt).map(|dtype| Kind::List {
                         dtype,
                         large: matches!(field.data_type(), DataType::LargeList(_)),
@@ -189,7 +196,7 @@ pub(crate) fn plan_columns(
                 option: "columns",
                 reason: format!(
                     "column `{}` has type {} which the collator does not support \
-                     (fixed-width values, fixed-size lists and lists of them, fixed-size binary, decimals, binary, strings and lists of them are); \
+                     (fixed-width values, fixed-size lists and lists of them, lists of lists of fixed-width values, fixed-size binary, decimals, binary, strings and lists of them are); \
                      leave it out of `columns`",
                     field.name(),
                     field.data_type()

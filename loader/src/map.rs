@@ -328,17 +328,19 @@ fn compact(batch: &mut Batch, keep: &[bool]) -> Result<(), String> {
                 }
                 let items = value_offsets.len() - 1;
                 let row_items = read_offsets(slab, offsets, items)?;
-                let item_bytes = read_offsets(slab, value_offsets, values.len())?;
+                // Item boundaries in values (bytes for binary and strings).
+                let item_at = read_offsets(slab, value_offsets, values.len())?;
+                let size = values.dtype.size();
                 let (mut bytes, mut new_rows, mut new_items) = (0usize, vec![0i64], vec![0i64]);
                 for (row, _) in keep.iter().enumerate().filter(|(_, k)| **k) {
                     let (a, b) = (row_items[row], row_items[row + 1]);
-                    let (from, to) = (item_bytes[a], item_bytes[b]);
+                    let (from, to) = (item_at[a], item_at[b]);
                     slab.copy_within(
-                        values.offset + from..values.offset + to,
-                        values.offset + bytes,
+                        values.offset + from * size..values.offset + to * size,
+                        values.offset + bytes * size,
                     );
                     for j in a..b {
-                        new_items.push((bytes + item_bytes[j + 1] - from) as i64);
+                        new_items.push((bytes + item_at[j + 1] - from) as i64);
                     }
                     bytes += to - from;
                     new_rows.push(new_items.len() as i64 - 1);

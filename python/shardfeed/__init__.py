@@ -108,7 +108,8 @@ def strings(batch: dict[str, np.ndarray], column: str, encoding: str | None = "u
 
 def rows(batch: dict[str, np.ndarray], column: str) -> list[np.ndarray]:
     """Split a ragged list column of ``batch`` into one array per row (views, no copy); for a
-    list of strings or binary, a list per row of each item's bytes (``uint8`` views)."""
+    list of strings or binary, a list per row of each item's bytes (``uint8`` views); for a
+    list of lists (``list<list<float32>>``), a list per row of each inner list's values."""
     values = batch[column]
     offsets = batch[f"{column}.offsets"].tolist()
     items = batch.get(f"{column}.value_offsets")

@@ -200,7 +200,8 @@ class Loader(_native.Loader):
 
 def _split(batch: dict) -> list[dict]:
     """A batch's rows: per column its value (a numpy scalar, or a view of the row's array or
-    bytes), or None where the column is null."""
+    bytes; for a list of strings a list of bytes, for a list of lists a list of array views),
+    or None where the column is null."""
     roles = (".offsets", ".value_offsets", ".lengths", ".validity")
     keys = [k for k in batch if not any(k.endswith(s) for s in roles)]
     n = min((len(batch[f"{k}.offsets"]) - 1 if f"{k}.offsets" in batch else len(batch[k]))
@@ -213,9 +214,10 @@ def _split(batch: dict) -> list[dict]:
         for i, row in enumerate(rows):
             if valid is not None and not valid[i]:
                 row[key] = None
-            elif items is not None:  # a list of strings: each item's bytes
-                row[key] = [values[items[j]:items[j + 1]].tobytes()
-                            for j in range(offsets[i], offsets[i + 1])]
+            elif items is not None:  # a list of strings (each item's bytes) or of lists
+                row[key] = [values[items[j]:items[j + 1]] for j in range(offsets[i], offsets[i + 1])]
+                if values.dtype == np.uint8:
+                    row[key] = [item.tobytes() for item in row[key]]
             elif offsets is not None:
                 row[key] = values[offsets[i]:offsets[i + 1]]
             elif lengths is not None:
@@ -239,7 +241,8 @@ def _collate(rows: list[dict], index: int) -> dict:
                                  f"(`{key}` is missing from some)") from None
         if any(isinstance(v, list) for v in values):
             raise ShardfeedError(f"row_transform returned `{key}` as a list in batch {index}: "
-                                 "return numpy arrays (lists of strings are not collated back)")
+                                 "return numpy arrays (lists of strings or of arrays are not "
+                                 "collated back)")
         present = [np.asarray(v) for v in values if v is not None]
         if not present:
             raise ShardfeedError(f"row_transform returned only nulls for `{key}` in batch {index}")

@@ -354,6 +354,48 @@ def test_parts_are_checked_page_by_page(tmp_path):
     assert 45_678 not in got and got.count(45_679) == 2
 
 
+def test_lists_of_lists_load_as_each_rows_inner_lists(tmp_path):
+    """`list<list<float32>>` (bounding boxes: null rows, empty rows, inner lists of any
+    length) and `large_list<list<int64>>` load as each row's inner lists, with pyarrow's
+    values, in place, from shards, and through a mixture of the two."""
+    n = 3000
+    bbox = [None if i % 11 == 3 else
+            [[float(i), float(k), 1.5, 2.5][: (i + k) % 5] for k in range(i % 4)] for i in range(n)]
+    nested = [[list(range(i % 3 + k)) for k in range(i % 2)] for i in range(n)]
+    table = pa.table({
+        "id": pa.array(range(n), pa.int64()),
+        "bbox": pa.array(bbox, pa.list_(pa.list_(pa.float32()))),
+        "nested": pa.array(nested, pa.large_list(pa.list_(pa.int64()))),
+    })
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(table.slice(0, 1500), data / "a.parquet", row_group_size=300)
+    pq.write_table(table.slice(1500), data / "b.parquet", row_group_size=300)
+    index, sharded = str(tmp_path / "index"), str(tmp_path / "sharded")
+    shardfeed.index(str(data), index)
+    shardfeed.shard(str(data), sharded, row_group_rows=256)
+
+    def check(source, batches=None):
+        seen = []
+        with shardfeed.Loader(source, 64, seed=3, drop_last=False) as loader:
+            for k, batch in enumerate(loader):
+                if batches is not None and k == batches:
+                    break
+                assert batch["bbox"].dtype == np.float32 and batch["nested"].dtype == np.int64
+                valid = batch["bbox.validity"].tolist()
+                boxes, lists = shardfeed.rows(batch, "bbox"), shardfeed.rows(batch, "nested")
+                for r, i in enumerate(batch["id"].tolist()):
+                    got = [b.tolist() for b in boxes[r]] if valid[r] else None
+                    assert got == bbox[i], f"row {i}"
+                    assert [v.tolist() for v in lists[r]] == nested[i], f"row {i}"
+                    seen.append(i)
+        return seen
+
+    assert sorted(check(index)) == list(range(n))
+    assert sorted(check(sharded)) == list(range(n))
+    assert len(check({index: 0.5, sharded: 0.5}, batches=40)) == 40 * 64
+
+
 def test_resume_and_a_mixture_with_a_sharded_dataset(tmp_path):
     data = tmp_path / "data"
     table = write_files(data, "pyarrow", 2000, 2, row_group_size=200)

@@ -1,6 +1,7 @@
 //! Lists of binary or string items (`list<string>`, a list of structs'
-//! fields): the items' bytes end to end, row boundaries in items, item
-//! boundaries in bytes.
+//! fields), and lists of lists of fixed-width values (`list<list<float32>>`):
+//! the items' values end to end, row boundaries in items, item boundaries in
+//! values (bytes for binary and strings).
 
 use arrow_schema::DataType;
 
@@ -16,7 +17,23 @@ struct Lists<'a> {
     list: &'a SourceColumn,
     large_list: bool,
     items: SourceColumn,
-    large_bytes: bool,
+    /// Whether the items' offsets are 64-bit.
+    large_items: bool,
+    /// For lists of lists: the bytes of a value (0 for binary and string
+    /// items).
+    width: usize,
+}
+
+impl Lists<'_> {
+    /// The bytes of item `j`; `None` past the values the arrays hold.
+    fn item(&self, j: usize) -> Option<&[u8]> {
+        if self.width == 0 {
+            return Some(self.items.value_bytes(self.large_items, j));
+        }
+        let (a, b) = self.items.span(self.large_items, j);
+        let values = self.items.data.child_data().first()?;
+        SourceColumn::fixed(values, self.width).get(a * self.width..b * self.width)
+    }
 }
 
 /// Each source's list column of `cols`; an error for anything but a list
@@ -34,14 +51,20 @@ fn lists_of<'a>(cols: &[&'a SourceColumn], name: &str) -> Result<Vec<Lists<'a>>,
                 .child_data()
                 .first()
                 .ok_or_else(|| format!("`{name}` was decoded without its items"))?;
-            let large_bytes = match child.data_type() {
+            let (large_items, width) = match child.data_type() {
                 DataType::Binary | DataType::Utf8 | DataType::BinaryView | DataType::Utf8View => {
-                    false
+                    (false, 0)
                 }
-                DataType::LargeBinary | DataType::LargeUtf8 => true,
+                DataType::LargeBinary | DataType::LargeUtf8 => (true, 0),
+                DataType::List(f) | DataType::LargeList(f)
+                    if f.data_type().primitive_width().is_some_and(|w| w > 0) =>
+                {
+                    let width = f.data_type().primitive_width().unwrap_or(1);
+                    (matches!(child.data_type(), DataType::LargeList(_)), width)
+                }
                 other => {
                     return Err(format!(
-                        "`{name}`'s items were decoded as {other}, not bytes"
+                        "`{name}`'s items were decoded as {other}, not bytes or lists of values"
                     ));
                 }
             };
@@ -52,7 +75,8 @@ fn lists_of<'a>(cols: &[&'a SourceColumn], name: &str) -> Result<Vec<Lists<'a>>,
                     data: child.clone(),
                     key_bound: None,
                 },
-                large_bytes,
+                large_items,
+                width,
             })
         })
         .collect()
@@ -71,7 +95,7 @@ pub(super) fn totals(
         let l = &lists[*s as usize];
         let (a, b) = l.list.span(l.large_list, *r as usize);
         for j in a..b.min(l.items.data.len()) {
-            bytes += l.items.value_bytes(l.large_bytes, j).len();
+            bytes += l.item(j).map_or(0, <[u8]>::len);
         }
         count += b.saturating_sub(a);
     }
@@ -90,8 +114,10 @@ pub(super) fn write(
 ) -> Result<(), String> {
     let lists = lists_of(cols, name)?;
     let region = slab
-        .get_mut(values.offset..values.offset + values.len())
+        .get_mut(values.offset..values.offset + values.bytes())
         .ok_or_else(|| format!("the bytes of `{name}` pass the slab"))?;
+    // Item boundaries count values (bytes for binary and strings).
+    let size = values.dtype.size();
     let mut row_offs: Vec<i64> = Vec::with_capacity(rows.len() + 1);
     let mut item_offs: Vec<i64> = Vec::with_capacity(value_offsets.len());
     row_offs.push(0);
@@ -107,13 +133,15 @@ pub(super) fn write(
             ));
         }
         for j in a..b {
-            let value = l.items.value_bytes(l.large_bytes, j);
+            let value = l
+                .item(j)
+                .ok_or_else(|| format!("an item of `{name}` passes its values"))?;
             region
                 .get_mut(at..at + value.len())
                 .ok_or_else(|| format!("the bytes of `{name}` pass their region"))?
                 .copy_from_slice(value);
             at += value.len();
-            item_offs.push(at as i64);
+            item_offs.push((at / size) as i64);
         }
         row_offs.push(item_offs.len() as i64 - 1);
     }

@@ -28,9 +28,9 @@ enum Kind {
     Padded { dtype: DType, to: usize },
     /// A span of bytes a row, and row offsets.
     Bytes { utf8: bool },
-    /// A span of items a row (row offsets), each a span of bytes (item
-    /// offsets).
-    ListBytes { utf8: bool },
+    /// A span of items a row (row offsets), each a span of values (item
+    /// offsets; bytes for binary and strings).
+    ListBytes { utf8: bool, dtype: DType },
 }
 
 impl Kind {
@@ -48,25 +48,29 @@ impl Kind {
                 to: values.shape.get(1).copied().unwrap_or(0),
             },
             ColumnLayout::Bytes { utf8, .. } => Kind::Bytes { utf8: *utf8 },
-            ColumnLayout::ListBytes { utf8, .. } => Kind::ListBytes { utf8: *utf8 },
+            ColumnLayout::ListBytes { utf8, values, .. } => Kind::ListBytes {
+                utf8: *utf8,
+                dtype: values.dtype,
+            },
         }
     }
 
     /// The values' element type.
     fn dtype(&self) -> DType {
         match self {
-            Kind::Dense { dtype, .. } | Kind::Ragged { dtype } | Kind::Padded { dtype, .. } => {
-                *dtype
-            }
-            Kind::Bytes { .. } | Kind::ListBytes { .. } => DType::U8,
+            Kind::Dense { dtype, .. }
+            | Kind::Ragged { dtype }
+            | Kind::Padded { dtype, .. }
+            | Kind::ListBytes { dtype, .. } => *dtype,
+            Kind::Bytes { .. } => DType::U8,
         }
     }
 
     /// Whether a batch's layout is this kind (utf8 aside, as staging has it).
     fn matches(&self, layout: &ColumnLayout) -> bool {
         match (self, Kind::of(layout)) {
-            (Kind::Bytes { .. }, Kind::Bytes { .. })
-            | (Kind::ListBytes { .. }, Kind::ListBytes { .. }) => true,
+            (Kind::Bytes { .. }, Kind::Bytes { .. }) => true,
+            (Kind::ListBytes { dtype, .. }, Kind::ListBytes { dtype: d, .. }) => *dtype == d,
             (a, b) => *a == b,
         }
     }
@@ -79,7 +83,7 @@ struct Row<'a> {
     /// Ragged and bytes: its elements; padded: its length; lists of bytes:
     /// its items.
     count: i64,
-    /// Lists of bytes: its items' offsets into the batch's bytes (`count +
+    /// Lists of bytes: its items' offsets into the batch's values (`count +
     /// 1` of them).
     items: &'a [i64],
 }
@@ -131,8 +135,9 @@ fn row_of<'a>(batch: &'a Batch, c: usize, kind: &Kind, row: usize) -> Option<Row
         } => {
             let (a, z) = span(offsets)?;
             let items = &batch.typed::<i64>(value_offsets)?[a..=z];
+            let (from, to) = (items[0] as usize * size, items[z - a] as usize * size);
             Row {
-                bytes: &batch.bytes(values)[items[0] as usize..items[z - a] as usize],
+                bytes: &batch.bytes(values)[from..to],
                 count: (z - a) as i64,
                 items,
             }
@@ -241,8 +246,9 @@ impl Core {
                 let row = row_of(batch, c, &plan.kind, r.row).expect("checked when sized");
                 slab[v..v + row.bytes.len()].copy_from_slice(row.bytes);
                 if let Some((&base, ends)) = row.items.split_first() {
-                    // Item offsets moved to where the row's bytes went.
-                    let moved = (v - plan.values_at) as i64 - base;
+                    // Item offsets moved to where the row's values went.
+                    let size = plan.kind.dtype().size();
+                    let moved = ((v - plan.values_at) / size) as i64 - base;
                     for &o in ends {
                         item += 1;
                         put(slab, plan.items_at + item * 8, o + moved);
@@ -292,8 +298,8 @@ impl Core {
                     offsets,
                     utf8: *utf8,
                 },
-                Kind::ListBytes { utf8 } => ColumnLayout::ListBytes {
-                    values: buffer(DType::U8, vec![plan.bytes], plan.values_at),
+                Kind::ListBytes { utf8, dtype } => ColumnLayout::ListBytes {
+                    values: buffer(*dtype, vec![plan.bytes / dtype.size()], plan.values_at),
                     offsets,
                     value_offsets: buffer(DType::I64, vec![plan.items + 1], plan.items_at),
                     utf8: *utf8,

@@ -32,7 +32,7 @@ pub(super) enum StagedKind {
     Ragged { dtype: DType },
     Padded { dtype: DType, to: usize },
     Bytes { utf8: bool },
-    ListBytes { utf8: bool },
+    ListBytes { utf8: bool, dtype: DType },
 }
 
 impl Staged {
@@ -50,7 +50,10 @@ impl Staged {
                 to: values.shape.get(1).copied().unwrap_or(0),
             },
             ColumnLayout::Bytes { utf8, .. } => StagedKind::Bytes { utf8: *utf8 },
-            ColumnLayout::ListBytes { utf8, .. } => StagedKind::ListBytes { utf8: *utf8 },
+            ColumnLayout::ListBytes { utf8, values, .. } => StagedKind::ListBytes {
+                utf8: *utf8,
+                dtype: values.dtype,
+            },
         };
         Staged {
             name: column.name.clone(),
@@ -125,18 +128,19 @@ impl Staged {
                 self.offsets.push(last + (z - a) as i64);
             }
             (
-                StagedKind::ListBytes { .. },
+                StagedKind::ListBytes { dtype, .. },
                 ColumnLayout::ListBytes {
                     values,
                     offsets,
                     value_offsets,
                     ..
                 },
-            ) => {
+            ) if values.dtype == *dtype => {
                 let offsets = batch.typed::<i64>(offsets).expect("offsets are i64");
                 let items = batch.typed::<i64>(value_offsets).expect("offsets are i64");
                 let (a, z) = (offsets[row] as usize, offsets[row + 1] as usize);
-                let (from, to) = (items[a] as usize, items[z] as usize);
+                let size = dtype.size();
+                let (from, to) = (items[a] as usize * size, items[z] as usize * size);
                 let base = *self.items.last().expect("starts with 0") - items[a];
                 self.values
                     .extend_from_slice(&batch.bytes(values)[from..to]);
@@ -202,8 +206,8 @@ impl Staged {
                 offsets: buffer(DType::I64, vec![rows + 1], offsets_bytes()),
                 utf8: *utf8,
             },
-            StagedKind::ListBytes { utf8 } => ColumnLayout::ListBytes {
-                values: buffer(DType::U8, vec![self.values.len()], &self.values),
+            StagedKind::ListBytes { utf8, dtype } => ColumnLayout::ListBytes {
+                values: buffer(*dtype, vec![self.values.len() / dtype.size()], &self.values),
                 offsets: buffer(DType::I64, vec![rows + 1], offsets_bytes()),
                 // SAFETY: any `i64` is 8 initialised bytes; `u8` has alignment 1.
                 value_offsets: buffer(DType::I64, vec![self.items.len()], unsafe {
