@@ -16,7 +16,7 @@ use parquet::file::reader::ChunkReader;
 use shardfeed_format::Crc32;
 
 use crate::parquet::SparseFile;
-use crate::shard::{check_chunk, check_schema, decode_footer};
+use crate::shard::{check_chunk, check_pages, check_schema, decode_footer};
 
 /// One shard that failed verification.
 #[derive(Clone, Debug, Serialize)]
@@ -268,6 +268,8 @@ fn verify_shard(
                     .and_then(|len| span.get_bytes(at, len).map_err(|e| e.to_string()))
                     .map_err(|e| corrupt(Some(i), format!("column {j}: {e}")))?;
                 check_chunk(entry, &footer, i, j, &chunk)?;
+                // An index's page checksums too (they must tile the chunk).
+                check_pages(entry, &footer, i, j, at, &chunk)?;
             }
             rows += decode_group(entry, &span, &metadata, i)?;
         }

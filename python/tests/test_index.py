@@ -329,6 +329,17 @@ def test_parts_are_checked_page_by_page(tmp_path):
     with shardfeed.Loader(checked, 97, byte_budget=budget) as loader:
         assert 0 < loader.state_dict()["part_rows"] < 40_000
     check_every_row_once(checked, table, byte_budget=budget)
+    assert shardfeed.verify(checked)["ok"]
+    # A page checksum of the index altered: verify finds it (the chunks' sums still hold).
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    manifest = json.loads(Path(checked, "manifest.json").read_text())
+    entry = manifest["shards"][0]
+    head, tail = entry["page_checksums"][:-1], entry["page_checksums"][-1]
+    entry["page_checksums"] = head + ("0" if tail != "0" else "1")
+    (forged / "manifest.json").write_text(json.dumps(manifest))
+    report = shardfeed.verify(str(forged))
+    assert not report["ok"] and "page at byte" in json.dumps(report)
     # Id 45,678 (file 1) made 45,679 where it lies, the file's size and time kept.
     victim = data / "part-001.parquet"
     raw = bytearray(victim.read_bytes())
