@@ -331,23 +331,24 @@ fn compact(batch: &mut Batch, keep: &[bool]) -> Result<(), String> {
                 // Item boundaries in values (bytes for binary and strings).
                 let item_at = read_offsets(slab, value_offsets, values.len())?;
                 let size = values.dtype.size();
-                let (mut bytes, mut new_rows, mut new_items) = (0usize, vec![0i64], vec![0i64]);
+                let (mut kept_values, mut new_rows, mut new_items) =
+                    (0usize, vec![0i64], vec![0i64]);
                 for (row, _) in keep.iter().enumerate().filter(|(_, k)| **k) {
                     let (a, b) = (row_items[row], row_items[row + 1]);
                     let (from, to) = (item_at[a], item_at[b]);
                     slab.copy_within(
                         values.offset + from * size..values.offset + to * size,
-                        values.offset + bytes * size,
+                        values.offset + kept_values * size,
                     );
                     for j in a..b {
-                        new_items.push((bytes + item_at[j + 1] - from) as i64);
+                        new_items.push((kept_values + item_at[j + 1] - from) as i64);
                     }
-                    bytes += to - from;
+                    kept_values += to - from;
                     new_rows.push(new_items.len() as i64 - 1);
                 }
                 crate::gather::kernels::write_i64(slab, offsets, &new_rows);
                 crate::gather::kernels::write_i64(slab, value_offsets, &new_items);
-                values.shape = vec![bytes];
+                values.shape = vec![kept_values];
                 offsets.shape = vec![kept + 1];
                 value_offsets.shape = vec![new_items.len()];
             }

@@ -17,9 +17,9 @@ pub(super) struct RowAt {
 }
 
 /// How a column's rows are laid out (the first row's batch's layout, which
-/// every other row's must match).
+/// every other row's must match; staging keeps the same).
 #[derive(Clone, Debug, PartialEq)]
-enum Kind {
+pub(super) enum Kind {
     /// Rows of `inner` values.
     Dense { dtype: DType, inner: Vec<usize> },
     /// A span of values a row, and row offsets.
@@ -34,7 +34,7 @@ enum Kind {
 }
 
 impl Kind {
-    fn of(layout: &ColumnLayout) -> Self {
+    pub(super) fn of(layout: &ColumnLayout) -> Self {
         match layout {
             ColumnLayout::Dense { values } => Kind::Dense {
                 dtype: values.dtype,

@@ -2,6 +2,7 @@
 //! out in the mixture's slab.
 
 use super::*;
+use direct::Kind;
 
 /// The error for column `name` collated one way by a source and another
 /// way by another.
@@ -17,44 +18,19 @@ pub(super) fn mismatch(name: &str) -> LoaderError {
 /// One column's rows copied out of the sources' batches.
 pub(super) struct Staged {
     pub(super) name: String,
-    pub(super) kind: StagedKind,
+    pub(super) kind: Kind,
     pub(super) values: Vec<u8>,
     /// Ragged and bytes: row boundaries (elements); padded: lengths; lists
     /// of bytes: row boundaries in items.
     pub(super) offsets: Vec<i64>,
-    /// Lists of bytes: item boundaries (bytes); empty for the others.
+    /// Lists of bytes: item boundaries (values); empty for the others.
     pub(super) items: Vec<i64>,
     pub(super) validity: Option<Vec<u8>>,
 }
 
-pub(super) enum StagedKind {
-    Dense { dtype: DType, inner: Vec<usize> },
-    Ragged { dtype: DType },
-    Padded { dtype: DType, to: usize },
-    Bytes { utf8: bool },
-    ListBytes { utf8: bool, dtype: DType },
-}
-
 impl Staged {
     pub(super) fn new(column: &Column) -> Self {
-        let kind = match &column.layout {
-            ColumnLayout::Dense { values } => StagedKind::Dense {
-                dtype: values.dtype,
-                inner: values.shape[1..].to_vec(),
-            },
-            ColumnLayout::Ragged { values, .. } => StagedKind::Ragged {
-                dtype: values.dtype,
-            },
-            ColumnLayout::Padded { values, .. } => StagedKind::Padded {
-                dtype: values.dtype,
-                to: values.shape.get(1).copied().unwrap_or(0),
-            },
-            ColumnLayout::Bytes { utf8, .. } => StagedKind::Bytes { utf8: *utf8 },
-            ColumnLayout::ListBytes { utf8, values, .. } => StagedKind::ListBytes {
-                utf8: *utf8,
-                dtype: values.dtype,
-            },
-        };
+        let kind = Kind::of(&column.layout);
         Staged {
             name: column.name.clone(),
             kind,
@@ -86,7 +62,7 @@ impl Staged {
     ) -> Result<()> {
         let mismatch = || mismatch(&self.name);
         match (&self.kind, &column.layout) {
-            (StagedKind::Dense { dtype, inner }, ColumnLayout::Dense { values })
+            (Kind::Dense { dtype, inner }, ColumnLayout::Dense { values })
                 if values.dtype == *dtype && values.shape[1..] == inner[..] =>
             {
                 let width = inner.iter().product::<usize>() * dtype.size();
@@ -94,7 +70,7 @@ impl Staged {
                 self.values
                     .extend_from_slice(&bytes[row * width..(row + 1) * width]);
             }
-            (StagedKind::Padded { dtype, to }, ColumnLayout::Padded { values, lengths })
+            (Kind::Padded { dtype, to }, ColumnLayout::Padded { values, lengths })
                 if values.dtype == *dtype && values.shape.get(1) == Some(to) =>
             {
                 let width = to * dtype.size();
@@ -104,7 +80,7 @@ impl Staged {
                 let lengths = batch.typed::<i64>(lengths).expect("lengths are i64");
                 self.offsets.push(lengths[row]);
             }
-            (StagedKind::Ragged { dtype }, ColumnLayout::Ragged { values, offsets })
+            (Kind::Ragged { dtype }, ColumnLayout::Ragged { values, offsets })
                 if values.dtype == *dtype =>
             {
                 let size = dtype.size();
@@ -116,7 +92,7 @@ impl Staged {
                 self.offsets.push(last + (z - a) as i64);
             }
             (
-                StagedKind::Bytes { .. },
+                Kind::Bytes { .. },
                 ColumnLayout::Bytes {
                     values, offsets, ..
                 },
@@ -128,7 +104,7 @@ impl Staged {
                 self.offsets.push(last + (z - a) as i64);
             }
             (
-                StagedKind::ListBytes { dtype, .. },
+                Kind::ListBytes { dtype, .. },
                 ColumnLayout::ListBytes {
                     values,
                     offsets,
@@ -186,27 +162,27 @@ impl Staged {
             unsafe { self.offsets.align_to::<u8>().1 }
         };
         let layout = match &self.kind {
-            StagedKind::Dense { dtype, inner } => {
+            Kind::Dense { dtype, inner } => {
                 let mut shape = vec![rows];
                 shape.extend_from_slice(inner);
                 ColumnLayout::Dense {
                     values: buffer(*dtype, shape, &self.values),
                 }
             }
-            StagedKind::Padded { dtype, to } => ColumnLayout::Padded {
+            Kind::Padded { dtype, to } => ColumnLayout::Padded {
                 values: buffer(*dtype, vec![rows, *to], &self.values),
                 lengths: buffer(DType::I64, vec![rows], &offsets_bytes()[8..]),
             },
-            StagedKind::Ragged { dtype } => ColumnLayout::Ragged {
+            Kind::Ragged { dtype } => ColumnLayout::Ragged {
                 values: buffer(*dtype, vec![self.values.len() / dtype.size()], &self.values),
                 offsets: buffer(DType::I64, vec![rows + 1], offsets_bytes()),
             },
-            StagedKind::Bytes { utf8 } => ColumnLayout::Bytes {
+            Kind::Bytes { utf8 } => ColumnLayout::Bytes {
                 values: buffer(DType::U8, vec![self.values.len()], &self.values),
                 offsets: buffer(DType::I64, vec![rows + 1], offsets_bytes()),
                 utf8: *utf8,
             },
-            StagedKind::ListBytes { utf8, dtype } => ColumnLayout::ListBytes {
+            Kind::ListBytes { utf8, dtype } => ColumnLayout::ListBytes {
                 values: buffer(*dtype, vec![self.values.len() / dtype.size()], &self.values),
                 offsets: buffer(DType::I64, vec![rows + 1], offsets_bytes()),
                 // SAFETY: any `i64` is 8 initialised bytes; `u8` has alignment 1.
