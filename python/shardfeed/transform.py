@@ -227,9 +227,42 @@ def _split(batch: dict) -> list[dict]:
     return rows
 
 
+def _collate_lists(key: str, values: list, index: int) -> dict:
+    """Rows of lists back into a batch's columns, as the loader lays them out: the items'
+    values end to end under `key` (bytes for items of bytes or str, else the arrays' values),
+    `key.offsets` (items a row) and `key.value_offsets` (values an item); a None row as an
+    empty list and `key.validity`."""
+    items = [item for v in values if v is not None for item in v]
+    text = [isinstance(x, (bytes, bytearray, memoryview, str)) for x in items]
+    if any(text) and not all(text):
+        raise ShardfeedError(f"row_transform returned `{key}` as lists of bytes and of arrays "
+                             f"in batch {index}")
+    if all(text):
+        raw = [x.encode("utf-8") if isinstance(x, str) else bytes(x) for x in items]
+        data = np.frombuffer(b"".join(raw), dtype=np.uint8)
+        lengths = [len(x) for x in raw]
+    else:
+        arrays = [np.asarray(x) for x in items]
+        if any(a.ndim != 1 or a.dtype.hasobject for a in arrays):
+            raise ShardfeedError(f"row_transform returned `{key}` as lists of arrays in batch "
+                                 f"{index}: each item is a 1-D numeric array")
+        data = np.concatenate(arrays)
+        lengths = [len(a) for a in arrays]
+    out = {
+        key: data,
+        f"{key}.offsets": np.cumsum([0] + [0 if v is None else len(v) for v in values],
+                                    dtype=np.int64),
+        f"{key}.value_offsets": np.cumsum([0] + lengths, dtype=np.int64),
+    }
+    if any(v is None for v in values):
+        out[f"{key}.validity"] = np.array([v is not None for v in values], dtype=np.uint8)
+    return out
+
+
 def _collate(rows: list[dict], index: int) -> dict:
     """Rows back into a batch: per key, equal shapes stacked ([n, ...]); 1-D arrays of other
-    lengths as values + `key.offsets`; a None anywhere as zeros + `key.validity`."""
+    lengths as values + `key.offsets`; lists (of bytes, str or 1-D arrays) as
+    :func:`_collate_lists` lays them out; a None anywhere as zeros + `key.validity`."""
     out: dict[str, np.ndarray] = {}
     if not rows:
         return out
@@ -240,9 +273,8 @@ def _collate(rows: list[dict], index: int) -> dict:
             raise ShardfeedError(f"row_transform returned rows with different keys in batch {index} "
                                  f"(`{key}` is missing from some)") from None
         if any(isinstance(v, list) for v in values):
-            raise ShardfeedError(f"row_transform returned `{key}` as a list in batch {index}: "
-                                 "return numpy arrays (lists of strings or of arrays are not "
-                                 "collated back)")
+            out.update(_collate_lists(key, values, index))
+            continue
         present = [np.asarray(v) for v in values if v is not None]
         if not present:
             raise ShardfeedError(f"row_transform returned only nulls for `{key}` in batch {index}")

@@ -326,6 +326,47 @@ def test_filter_and_row_transform(dataset, mode):
         assert all(same(a, b) for a, b in zip(runs, reference))
 
 
+def tag_row(row, rng):
+    """A row transform returning lists: each tag upper-cased, and one more box."""
+    return {"id": np.int64(row["id"]),
+            "tags": [t.upper() for t in row["tags"]] if row["tags"] is not None else None,
+            "boxes": [*row["boxes"], np.array([rng.uniform()], dtype=np.float32)]}
+
+
+@pytest.mark.parametrize("mode", [dict(transform_threads=2), dict(transform_processes=2)])
+def test_rows_with_lists_of_strings_and_of_lists_are_filtered_and_transformed(tmp_path, mode):
+    """A filter and a row transform on rows holding a list of strings (with null rows) and a
+    list of lists of float32: the lists come back laid out as the loader lays them out
+    (values, `.offsets`, `.value_offsets`, `.validity`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    n = 600
+    tags = [None if i % 7 == 1 else [f"t{i}-{k}" for k in range(i % 3)] for i in range(n)]
+    boxes = [[[float(i)] * (k + 1) for k in range(i % 2)] for i in range(n)]
+    (tmp_path / "raw").mkdir()
+    pq.write_table(pa.table({
+        "id": pa.array(range(n), pa.int64()),
+        "tags": pa.array(tags, pa.list_(pa.string())),
+        "boxes": pa.array(boxes, pa.list_(pa.list_(pa.float32()))),
+    }), tmp_path / "raw" / "a.parquet")
+    ds = str(tmp_path / "ds")
+    shardfeed.shard(str(tmp_path / "raw"), ds, row_group_rows=100)
+    seen = []
+    with shardfeed.Loader(ds, 32, seed=1, drop_last=False, filter=keep_even,
+                          row_transform=tag_row, **mode) as loader:
+        for b in loader:
+            texts, rows = shardfeed.strings(b, "tags"), shardfeed.rows(b, "boxes")
+            assert b["boxes"].dtype == np.float32
+            for k, i in enumerate(b["id"].tolist()):
+                assert i % 2 == 0
+                want = None if tags[i] is None else [t.upper() for t in tags[i]]
+                assert texts[k] == want, i
+                got = [x.tolist() for x in rows[k]]
+                assert got[:-1] == boxes[i] and len(got[-1]) == 1, i
+                seen.append(i)
+    assert sorted(seen) == list(range(0, n, 2))
+
+
 def row_draws(loader, batches=None) -> dict:
     """id -> the row transform's draw, over `batches` batches (all when None)."""
     out = {}
