@@ -84,6 +84,9 @@ def strings(batch: dict[str, np.ndarray], column: str, encoding: str | None = "u
     copies; the arrays themselves do not.
     """
     values = batch[column]
+    if values.dtype != np.uint8:
+        raise ShardfeedError(f"`{column}` holds {values.dtype} values, not bytes: "
+                             "split it with shardfeed.rows")
     offsets = batch[f"{column}.offsets"].tolist()
     items = batch.get(f"{column}.value_offsets")
     validity = batch.get(f"{column}.validity")

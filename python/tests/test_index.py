@@ -393,6 +393,8 @@ def test_lists_of_lists_load_as_each_rows_inner_lists(tmp_path):
                 if batches is not None and k == batches:
                     break
                 assert batch["bbox"].dtype == np.float32 and batch["nested"].dtype == np.int64
+                with pytest.raises(shardfeed.ShardfeedError, match="shardfeed.rows"):
+                    shardfeed.strings(batch, "bbox")
                 valid = batch["bbox.validity"].tolist()
                 boxes, lists = shardfeed.rows(batch, "bbox"), shardfeed.rows(batch, "nested")
                 for r, i in enumerate(batch["id"].tolist()):
