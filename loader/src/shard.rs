@@ -232,7 +232,7 @@ pub(crate) fn check_pages(
                 entry,
                 Some(row_group),
                 format!(
-                    "column `{}`: bytes {origin}..{} read for a part are not pages the index recorded",
+                    "column `{}`: bytes {origin}..{} read are not pages the index recorded",
                     name(),
                     origin + bytes.len() as u64
                 ),
@@ -244,7 +244,7 @@ pub(crate) fn check_pages(
                 entry,
                 Some(row_group),
                 format!(
-                    "column `{}`: the bytes read for a part end inside the page at byte {at}",
+                    "column `{}`: the bytes read end inside the page at byte {at}",
                     name()
                 ),
             ));
