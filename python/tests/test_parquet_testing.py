@@ -39,16 +39,31 @@ def collated(t: pa.DataType) -> bool:
         return True
     if pa.types.is_large_string(t) or pa.types.is_large_binary(t):
         return True
+    if nested(t):
+        v = t.value_type.value_type
+        return pa.types.is_integer(v) or pa.types.is_floating(v)
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         v = t.value_type
         return pa.types.is_integer(v) or pa.types.is_floating(v)
     return False
 
 
+def nested(t: pa.DataType) -> bool:
+    """A list of lists."""
+    def listed(x):
+        return pa.types.is_list(x) or pa.types.is_large_list(x)
+    return listed(t) and listed(t.value_type)
+
+
 def reference(column: pa.ChunkedArray) -> list:
     """pyarrow's values as the loader hands them: temporal values as their integers, null
     items inside lists as zeros (a list's validity is the list's)."""
     t = column.type
+    if nested(t):
+        # A null inner list reads as empty, a null value as zero.
+        return [None if r is None else
+                [[] if inner is None else [0 if v is None else v for v in inner] for inner in r]
+                for r in column.to_pylist()]
     if pa.types.is_decimal(t):
         # The unscaled integer (the loader hands the value's bytes).
         return [None if v is None else int(v.scaleb(t.scale)) for v in column.to_pylist()]
@@ -73,7 +88,9 @@ def loaded(batch: dict, name: str, t: pa.DataType) -> list:
         return shardfeed.strings(batch, name)
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return shardfeed.strings(batch, name, encoding=None)
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
+    if nested(t):
+        rows = [[inner.tolist() for inner in r] for r in shardfeed.rows(batch, name)]
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
         rows = [r.tolist() for r in shardfeed.rows(batch, name)]
     else:
         rows = batch[name].tolist()

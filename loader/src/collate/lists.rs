@@ -25,6 +25,27 @@ struct Lists<'a> {
 }
 
 impl Lists<'_> {
+    /// Null values of inner list `j` (of a list of lists), copied into
+    /// `out`, made zeros: a reader leaves whatever it had in their slots.
+    fn zero_nulls(&self, j: usize, out: &mut [u8]) {
+        let Some(nulls) = self
+            .items
+            .data
+            .child_data()
+            .first()
+            .and_then(|values| values.nulls())
+            .filter(|n| n.null_count() > 0 && self.width > 0)
+        else {
+            return;
+        };
+        let (a, _) = self.items.span(self.large_items, j);
+        for (k, slot) in out.chunks_exact_mut(self.width).enumerate() {
+            if nulls.is_null(a + k) {
+                slot.fill(0);
+            }
+        }
+    }
+
     /// The bytes of item `j`; `None` past the values the arrays hold.
     fn item(&self, j: usize) -> Option<&[u8]> {
         if self.width == 0 {
@@ -136,10 +157,11 @@ pub(super) fn write(
             let value = l
                 .item(j)
                 .ok_or_else(|| format!("an item of `{name}` passes its values"))?;
-            region
+            let out = region
                 .get_mut(at..at + value.len())
-                .ok_or_else(|| format!("the bytes of `{name}` pass their region"))?
-                .copy_from_slice(value);
+                .ok_or_else(|| format!("the bytes of `{name}` pass their region"))?;
+            out.copy_from_slice(value);
+            l.zero_nulls(j, out);
             at += value.len();
             item_offs.push((at / size) as i64);
         }
