@@ -179,8 +179,9 @@ pub(crate) fn plan_columns(
                     DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8 => Some(Kind::ListBytes { utf8: true, dtype: DType::U8 }),
                     // Lists of lists of fixed-width values (bounding boxes,
                     // per-token vectors).
-                    DataType::List(inner) | DataType::LargeList(inner) => element(inner.data_type())
-                        .map(|dtype| Kind::ListBytes { utf8: false, dtype }),
+                    DataType::List(inner) | DataType::LargeList(inner) | DataType::FixedSizeList(inner, _) => {
+                        element(inner.data_type()).map(|dtype| Kind::ListBytes { utf8: false, dtype })
+                    }
                     dt => element(dt).map(|dtype| Kind::List {
                         dtype,
                         large: matches!(field.data_type(), DataType::LargeList(_)),

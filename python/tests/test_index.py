@@ -367,17 +367,25 @@ def test_parts_are_checked_page_by_page(tmp_path):
 
 def test_lists_of_lists_load_as_each_rows_inner_lists(tmp_path):
     """`list<list<float32>>` (bounding boxes: null rows, empty rows, inner lists of any
-    length) and `large_list<list<int64>>` load as each row's inner lists, with pyarrow's
-    values, in place, from shards, and through a mixture of the two."""
+    length), `large_list<list<int64>>` and `list<fixed_size_list<float32, 4>>` load as each
+    row's inner lists, with pyarrow's values, in place, from shards, and through a mixture of
+    the two."""
     n = 3000
     bbox = [None if i % 11 == 3 else
             [[float(i), float(k), 1.5, 2.5][: (i + k) % 5] for k in range(i % 4)] for i in range(n)]
     nested = [[list(range(i % 3 + k)) for k in range(i % 2)] for i in range(n)]
+    # Hugging Face's Sequence(Sequence(float32, length=4)): fixed-size inner lists, some
+    # null (read as empty), some with a null value (read as zero).
+    boxes = [[None if (i + k) % 5 == 0 else [float(k), None if i % 6 == 0 else 2.0, 3.0, 4.0]
+              for k in range(i % 3)] for i in range(n)]
     table = pa.table({
         "id": pa.array(range(n), pa.int64()),
         "bbox": pa.array(bbox, pa.list_(pa.list_(pa.float32()))),
         "nested": pa.array(nested, pa.large_list(pa.list_(pa.int64()))),
+        "boxes": pa.array(boxes, pa.list_(pa.list_(pa.float32(), 4))),
     })
+    want_boxes = [[[] if b is None else [0.0 if v is None else v for v in b] for b in r]
+                  for r in boxes]
     data = tmp_path / "data"
     data.mkdir()
     pq.write_table(table.slice(0, 1500), data / "a.parquet", row_group_size=300)
@@ -401,6 +409,8 @@ def test_lists_of_lists_load_as_each_rows_inner_lists(tmp_path):
                     got = [b.tolist() for b in boxes[r]] if valid[r] else None
                     assert got == bbox[i], f"row {i}"
                     assert [v.tolist() for v in lists[r]] == nested[i], f"row {i}"
+                    got = [b.tolist() for b in shardfeed.rows(batch, "boxes")[r]]
+                    assert got == want_boxes[i], f"row {i}"
                     seen.append(i)
         return seen
 

@@ -7,7 +7,7 @@ use arrow_schema::DataType;
 
 use crate::batch::Buffer;
 use crate::gather::RowRefs;
-use crate::gather::kernels::{SourceColumn, write_i64};
+use crate::gather::kernels::{SourceColumn, row_valid, write_i64};
 
 /// One source's list column as the collator reads it: the list, whether
 /// its offsets are 64-bit, its items as a column of their own and whether
@@ -22,6 +22,8 @@ struct Lists<'a> {
     /// For lists of lists: the bytes of a value (0 for binary and string
     /// items).
     width: usize,
+    /// For lists of fixed-size lists: the values of each.
+    fixed: Option<usize>,
 }
 
 impl Lists<'_> {
@@ -38,10 +40,23 @@ impl Lists<'_> {
         else {
             return;
         };
-        let (a, _) = self.items.span(self.large_items, j);
+        let (a, _) = self.values_of(j);
         for (k, slot) in out.chunks_exact_mut(self.width).enumerate() {
             if nulls.is_null(a + k) {
                 slot.fill(0);
+            }
+        }
+    }
+
+    /// The values of inner list `j` (of a list of lists): their range in
+    /// the inner lists' values; a null inner list's is empty.
+    fn values_of(&self, j: usize) -> (usize, usize) {
+        match self.fixed {
+            None => self.items.span(self.large_items, j),
+            Some(_) if !row_valid(&self.items, j) => (0, 0),
+            Some(n) => {
+                let at = (self.items.data.offset() + j) * n;
+                (at, at + n)
             }
         }
     }
@@ -51,7 +66,7 @@ impl Lists<'_> {
         if self.width == 0 {
             return Some(self.items.value_bytes(self.large_items, j));
         }
-        let (a, b) = self.items.span(self.large_items, j);
+        let (a, b) = self.values_of(j);
         let values = self.items.data.child_data().first()?;
         SourceColumn::fixed(values, self.width).get(a * self.width..b * self.width)
     }
@@ -72,16 +87,26 @@ fn lists_of<'a>(cols: &[&'a SourceColumn], name: &str) -> Result<Vec<Lists<'a>>,
                 .child_data()
                 .first()
                 .ok_or_else(|| format!("`{name}` was decoded without its items"))?;
-            let (large_items, width) = match child.data_type() {
+            let (large_items, width, fixed) = match child.data_type() {
                 DataType::Binary | DataType::Utf8 | DataType::BinaryView | DataType::Utf8View => {
-                    (false, 0)
+                    (false, 0, None)
                 }
-                DataType::LargeBinary | DataType::LargeUtf8 => (true, 0),
+                DataType::LargeBinary | DataType::LargeUtf8 => (true, 0, None),
                 DataType::List(f) | DataType::LargeList(f)
                     if f.data_type().primitive_width().is_some_and(|w| w > 0) =>
                 {
                     let width = f.data_type().primitive_width().unwrap_or(1);
-                    (matches!(child.data_type(), DataType::LargeList(_)), width)
+                    (
+                        matches!(child.data_type(), DataType::LargeList(_)),
+                        width,
+                        None,
+                    )
+                }
+                DataType::FixedSizeList(f, n)
+                    if f.data_type().primitive_width().is_some_and(|w| w > 0) && *n >= 0 =>
+                {
+                    let width = f.data_type().primitive_width().unwrap_or(1);
+                    (false, width, Some(*n as usize))
                 }
                 other => {
                     return Err(format!(
@@ -98,6 +123,7 @@ fn lists_of<'a>(cols: &[&'a SourceColumn], name: &str) -> Result<Vec<Lists<'a>>,
                 },
                 large_items,
                 width,
+                fixed,
             })
         })
         .collect()
