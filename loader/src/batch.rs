@@ -431,21 +431,23 @@ impl Batch {
 
     /// Each row's items of a list-of-bytes column (`list<string>`,
     /// `list<binary>`), in row order; `None` for a list of lists of wider
-    /// values (read them with [`Batch::values`], [`Batch::offsets`] and
-    /// [`Batch::value_offsets`]).
+    /// values (see [`Batch::lists`]).
     pub fn binary_lists(&self, name: &str) -> Option<Vec<Vec<&[u8]>>> {
+        self.lists::<u8>(name)
+    }
+
+    /// Each row's inner lists of a list of lists of `T` (`list<list<float32>>`
+    /// as `T = f32`; `u8` for lists of strings or binary), in row order;
+    /// `None` when the column is not one, or holds values of another type.
+    pub fn lists<T: Element>(&self, name: &str) -> Option<Vec<Vec<&[T]>>> {
         let ColumnLayout::ListBytes { values, .. } = &self.column(name)?.layout else {
             return None;
         };
-        if values.dtype != DType::U8 {
-            // A list of lists of wider values: its items are not bytes.
-            return None;
-        }
-        let bytes = self.bytes(values);
+        let values = self.typed::<T>(values)?;
         let (rows, items) = (self.offsets(name)?, self.value_offsets(name)?);
-        let item = |j: usize| -> Option<&[u8]> {
+        let item = |j: usize| -> Option<&[T]> {
             let (a, b) = (*items.get(j)?, *items.get(j + 1)?);
-            bytes.get(usize::try_from(a).ok()?..usize::try_from(b).ok()?)
+            values.get(usize::try_from(a).ok()?..usize::try_from(b).ok()?)
         };
         rows.windows(2)
             .map(|w| {

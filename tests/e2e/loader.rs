@@ -962,6 +962,8 @@ fn collated_values_equal_what_pyarrow_reads() {
                 batch.validity("nested").unwrap(),
             );
             assert!(batch.binary_lists("nested").is_none(), "not bytes");
+            let lists = batch.lists::<i64>("nested").unwrap();
+            assert!(batch.lists::<f64>("nested").is_none(), "another type");
             for (i, id) in batch.values::<i64>("id").unwrap().iter().enumerate() {
                 let row = index[id];
                 assert_eq!(valid[i] == 1, nested.is_valid(row), "id {id}");
@@ -986,6 +988,7 @@ fn collated_values_equal_what_pyarrow_reads() {
                     .map(|j| values[items[j] as usize..items[j + 1] as usize].to_vec())
                     .collect();
                 assert_eq!(got, want, "id {id}");
+                assert_eq!(lists[i], want, "id {id} through Batch::lists");
                 assert!(!third || id % 3 != 0);
             }
             rows += batch.rows();
