@@ -87,8 +87,8 @@ class Loader:
         ``filter=fn(row) -> bool`` and ``row_transform=fn(row, rng) -> row`` run per row (a
         row: a dict of numpy scalars and array views, None where null) on the same workers,
         before ``transform``; rows are collated back (equal shapes stacked, 1-D arrays of other
-        lengths as values + ``.offsets``, lists of bytes, str or arrays as values + ``.offsets``
-        + ``.value_offsets``). Rows filtered out leave their batch smaller (every
+        lengths as values + ``.offsets``, str and bytes as UTF-8 bytes + ``.offsets``, lists of
+        bytes, str or arrays as values + ``.offsets`` + ``.value_offsets``). Rows filtered out leave their batch smaller (every
         rank keeps its number of batches), counted in ``stats()["transform"]["filtered_rows"]``.
         A transform's outputs are copied once into slabs of the pool (pinned when it is) that
         ``transform_slabs`` adds for them (set by ``shardfeed.Loader``: twice the batches in

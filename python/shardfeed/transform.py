@@ -261,8 +261,9 @@ def _collate_lists(key: str, values: list, index: int) -> dict:
 
 def _collate(rows: list[dict], index: int) -> dict:
     """Rows back into a batch: per key, equal shapes stacked ([n, ...]); 1-D arrays of other
-    lengths as values + `key.offsets`; lists (of bytes, str or 1-D arrays) as
-    :func:`_collate_lists` lays them out; a None anywhere as zeros + `key.validity`."""
+    lengths as values + `key.offsets`; `str` and `bytes` as bytes (UTF-8) + `key.offsets`;
+    lists (of bytes, str or 1-D arrays) as :func:`_collate_lists` lays them out; a None
+    anywhere as zeros (or empty) + `key.validity`."""
     out: dict[str, np.ndarray] = {}
     if not rows:
         return out
@@ -274,6 +275,17 @@ def _collate(rows: list[dict], index: int) -> dict:
                                  f"(`{key}` is missing from some)") from None
         if any(isinstance(v, list) for v in values):
             out.update(_collate_lists(key, values, index))
+            continue
+        if all(v is None or isinstance(v, (bytes, bytearray, memoryview, str)) for v in values):
+            # Strings and bytes as the loader lays out its own: bytes + offsets (numpy's
+            # fixed-width `S` arrays would drop trailing zero bytes).
+            raw = [v.encode("utf-8") if isinstance(v, str) else None if v is None else bytes(v)
+                   for v in values]
+            out[key] = np.frombuffer(b"".join(r for r in raw if r is not None), dtype=np.uint8)
+            out[f"{key}.offsets"] = np.cumsum([0] + [0 if r is None else len(r) for r in raw],
+                                              dtype=np.int64)
+            if any(r is None for r in raw):
+                out[f"{key}.validity"] = np.array([r is not None for r in raw], dtype=np.uint8)
             continue
         present = [np.asarray(v) for v in values if v is not None]
         if not present:

@@ -327,17 +327,22 @@ def test_filter_and_row_transform(dataset, mode):
 
 
 def tag_row(row, rng):
-    """A row transform returning lists: each tag upper-cased, and one more box."""
-    return {"id": np.int64(row["id"]),
+    """A row transform returning lists (each tag upper-cased, one more box), a string (None
+    for some rows) and bytes ending in a zero byte."""
+    i = int(row["id"])
+    return {"id": np.int64(i),
             "tags": [t.upper() for t in row["tags"]] if row["tags"] is not None else None,
-            "boxes": [*row["boxes"], np.array([rng.uniform()], dtype=np.float32)]}
+            "boxes": [*row["boxes"], np.array([rng.uniform()], dtype=np.float32)],
+            "title": None if i % 3 == 0 else f"row {i} é",
+            "blob": b"\x01\x00" * (i % 4)}
 
 
 @pytest.mark.parametrize("mode", [dict(transform_threads=2), dict(transform_processes=2)])
 def test_rows_with_lists_of_strings_and_of_lists_are_filtered_and_transformed(tmp_path, mode):
     """A filter and a row transform on rows holding a list of strings (with null rows) and a
     list of lists of float32: the lists come back laid out as the loader lays them out
-    (values, `.offsets`, `.value_offsets`, `.validity`)."""
+    (values, `.offsets`, `.value_offsets`, `.validity`); strings and bytes the function
+    returns as the loader's string columns (bytes + `.offsets`, trailing zero bytes kept)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     n = 600
@@ -363,6 +368,8 @@ def test_rows_with_lists_of_strings_and_of_lists_are_filtered_and_transformed(tm
                 assert texts[k] == want, i
                 got = [x.tolist() for x in rows[k]]
                 assert got[:-1] == boxes[i] and len(got[-1]) == 1, i
+                assert shardfeed.strings(b, "title")[k] == (None if i % 3 == 0 else f"row {i} é")
+                assert shardfeed.strings(b, "blob", encoding=None)[k] == b"\x01\x00" * (i % 4)
                 seen.append(i)
     assert sorted(seen) == list(range(0, n, 2))
 
