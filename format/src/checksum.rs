@@ -298,29 +298,41 @@ impl PageChecksums {
         out
     }
 
-    /// The pages of column `column` of row group `row_group` in a value
-    /// written by [`PageChecksums::encode`]: `Ok(None)` when it has none (a
-    /// chunk of one page), an error for a value that is not one.
-    pub fn find(s: &str, row_group: usize, column: usize) -> Result<Option<Pages>, FormatError> {
+    /// The pages of column `column` of row group `row_group`; `None` when it
+    /// has none (a chunk of one page).
+    pub fn get(&self, row_group: usize, column: usize) -> Option<&[(u32, u32)]> {
+        let key = (u32::try_from(row_group).ok()?, u32::try_from(column).ok()?);
+        let at = self
+            .chunks
+            .binary_search_by_key(&key, |(rg, col, _)| (*rg, *col))
+            .ok()?;
+        Some(&self.chunks[at].2)
+    }
+}
+
+impl FromStr for PageChecksums {
+    type Err = FormatError;
+
+    /// Parse a value written by [`PageChecksums::encode`] (an error for one
+    /// that is not), chunks kept in row group and column order.
+    fn from_str(s: &str) -> Result<Self, FormatError> {
         let bad = |input: &str, reason: &'static str| FormatError::BadChecksum {
             input: input.chars().take(64).collect(),
             reason,
         };
-        if s.is_empty() {
-            return Ok(None);
-        }
-        let key = format!("{row_group}.{column}:");
-        for chunk in s.split(';') {
-            let Some(pages) = chunk.strip_prefix(key.as_str()) else {
-                if !chunk.contains(':') {
-                    return Err(bad(chunk, "expected ROW_GROUP.COLUMN: and pages"));
-                }
-                continue;
-            };
+        let mut chunks = Vec::new();
+        for chunk in s.split(';').filter(|c| !c.is_empty()) {
+            let (key, pages) = chunk
+                .split_once(':')
+                .ok_or_else(|| bad(chunk, "expected ROW_GROUP.COLUMN: and pages"))?;
+            let (rg, col) = key
+                .split_once('.')
+                .and_then(|(rg, col)| Some((rg.parse::<u32>().ok()?, col.parse::<u32>().ok()?)))
+                .ok_or_else(|| bad(chunk, "expected ROW_GROUP.COLUMN: and pages"))?;
             if pages.is_empty() || pages.len() % 16 != 0 {
                 return Err(bad(chunk, "expected 16 hex digits a page"));
             }
-            return pages
+            let pages = pages
                 .as_bytes()
                 .chunks(16)
                 .map(|page| {
@@ -333,10 +345,24 @@ impl PageChecksums {
                         _ => Err(bad(chunk, "expected 16 hex digits a page")),
                     }
                 })
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some);
+                .collect::<Result<Vec<_>, _>>()?;
+            chunks.push((rg, col, pages));
         }
-        Ok(None)
+        chunks.sort_by_key(|(rg, col, _)| (*rg, *col));
+        Ok(PageChecksums { chunks })
+    }
+}
+
+impl Serialize for PageChecksums {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.encode())
+    }
+}
+
+impl<'de> Deserialize<'de> for PageChecksums {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -352,19 +378,26 @@ mod tests {
                 (3, 0, vec![(1, u32::MAX)]),
             ],
         };
-        let s = sums.encode();
+        let parsed: PageChecksums = sums.encode().parse().unwrap();
+        assert_eq!(parsed, sums);
         assert_eq!(
-            PageChecksums::find(&s, 0, 1).unwrap(),
-            Some(vec![(4096, 0xdead_beef), (2048, 7)])
+            parsed.get(0, 1),
+            Some(&[(4096, 0xdead_beef), (2048, 7)][..])
         );
-        assert_eq!(
-            PageChecksums::find(&s, 3, 0).unwrap(),
-            Some(vec![(1, u32::MAX)])
-        );
-        assert_eq!(PageChecksums::find(&s, 0, 0).unwrap(), None);
-        assert_eq!(PageChecksums::find("", 0, 0).unwrap(), None);
-        for bad in ["0.1:0000100", "0.1:zz00100000000007", "garbage", "0.1:"] {
-            assert!(PageChecksums::find(bad, 0, 1).is_err(), "{bad}");
+        assert_eq!(parsed.get(3, 0), Some(&[(1, u32::MAX)][..]));
+        assert_eq!(parsed.get(0, 0), None);
+        assert_eq!("".parse::<PageChecksums>().unwrap().get(0, 0), None);
+        let json = serde_json::to_string(&sums).unwrap();
+        assert_eq!(json, format!("\"{}\"", sums.encode()));
+        assert_eq!(serde_json::from_str::<PageChecksums>(&json).unwrap(), sums);
+        for bad in [
+            "0.1:0000100",
+            "0.1:zz00100000000007",
+            "garbage",
+            "0.1:",
+            "x.1:0000000100000001",
+        ] {
+            assert!(bad.parse::<PageChecksums>().is_err(), "{bad}");
         }
     }
 

@@ -144,11 +144,11 @@ pub struct ShardEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunk_checksums: Option<String>,
     /// For a file of an index made with `--checksums`: the pages of its
-    /// column chunks of more than one page, encoded as
-    /// [`crate::PageChecksums::encode`] writes them (a chunk read in parts is
-    /// checked page by page).
+    /// column chunks of more than one page (a chunk read in parts is checked
+    /// page by page); in the manifest as [`crate::PageChecksums::encode`]
+    /// writes them, parsed once when it is read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub page_checksums: Option<String>,
+    pub page_checksums: Option<crate::PageChecksums>,
 }
 
 /// What identified an indexed file when it was indexed (its size is the

@@ -568,8 +568,9 @@ impl Hashing {
     }
 }
 
-/// The longest page header walked (page statistics can be long).
-const MAX_PAGE_HEADER: usize = 16 << 20;
+/// The longest page header walked (page statistics can be long): the
+/// loader reads no longer one either.
+const MAX_PAGE_HEADER: usize = 1 << 20;
 
 /// A page header at the start of `bytes`: the page's body length and the
 /// header's.
@@ -651,7 +652,11 @@ impl PageWalker {
                         .checked_add(body)
                         .filter(|&l| l <= held as u64 + self.left)
                         .ok_or("a page overruns its column chunk")?;
-                    let from_piece = header - held;
+                    // Past what was held: the held bytes alone did not parse.
+                    let from_piece = header
+                        .checked_sub(held)
+                        .filter(|&n| n <= bytes.len())
+                        .ok_or("a page header cannot be read")?;
                     let mut hasher = ChunkHash::Xxh3.hasher();
                     hasher.update(&self.carry);
                     hasher.update(&bytes[..from_piece]);
@@ -705,6 +710,16 @@ async fn read_checksums(
         }
     }
     chunks.sort();
+    // Each chunk's pages are walked as its bytes pass (holding at most one
+    // page header across pieces): chunks that share bytes are refused, as no
+    // writer makes them.
+    if let Some(w) = chunks.windows(2).find(|w| w[1].0 < w[0].1) {
+        let ((_, _, i, j), (_, _, k, l)) = ((w[0]), (w[1]));
+        return Err(index_error(
+            &reader.url,
+            format!("column {j} of row group {i} and column {l} of row group {k} share bytes"),
+        ));
+    }
     let mut hashing = Hashing {
         hashers: chunks
             .iter()
@@ -825,7 +840,7 @@ async fn index_file(found: Found, base: u32, place: &Location, checksums: bool) 
     let (crc32, chunk_checksums, page_checksums) = match checksums {
         true => {
             let (crc, sums, pages) = read_checksums(&reader, found.size, &metadata).await?;
-            let pages = (!pages.chunks.is_empty()).then(|| pages.encode());
+            let pages = (!pages.chunks.is_empty()).then_some(pages);
             (Some(crc), Some(sums.encode()), pages)
         }
         false => (None, None, None),
