@@ -72,6 +72,9 @@ pub(crate) fn injected(stage: Stage, action: Action, cancel: &AtomicBool) -> Loa
             while !cancel.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(5));
             }
+            // Logged from the stage's thread while the loader stops: the
+            // bindings' test that a stop joins threads that log.
+            tracing::warn!("the {stage} stage's blocking failpoint was released by the stop");
             LoaderError::Closed
         }
         _ => LoaderError::stage(stage, None, None, "injected failure (failpoint)"),

@@ -134,12 +134,22 @@ fn open_loader<T>(
 
 impl Drop for PyLoader {
     fn drop(&mut self) {
+        let Ok(inner) = self.inner.get_mut() else {
+            return;
+        };
+        let Some(loader) = inner.loader.take() else {
+            return;
+        };
         if self.pid.load(Ordering::SeqCst) != std::process::id() {
             // A forked child's copy: the threads to join live in the parent.
-            if let Ok(inner) = self.inner.get_mut() {
-                std::mem::forget(inner.loader.take());
-            }
+            std::mem::forget(loader);
+            return;
         }
+        // Dropped by Python's deallocation, with the GIL held: the loader's
+        // threads are joined without it, since a thread that logs (a skipped
+        // row group, a retried read) waits for the GIL to hand its record to
+        // Python's `logging`, and would never be joined.
+        Python::attach(|py| py.detach(move || drop(loader)));
     }
 }
 

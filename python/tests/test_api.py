@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -165,6 +166,35 @@ def test_ctrl_c_interrupts_a_wait(tokens_dataset, monkeypatch):
     # the stuck fetch is cancelled and every thread joined.
     assert loader.stats()["wait_ms"] > 0
     loader.close()
+
+
+def test_a_loader_dropped_while_its_threads_log_is_joined(tokens_dataset):
+    """A loader let go by Python (no `close()`) while one of its threads logs: the
+    second row group's decode blocks until the loader stops (a failpoint), then
+    logs a warning, which Python's `logging` takes the GIL to emit. Dropping the
+    loader joins its threads without the GIL, or this would never end (it did:
+    found with on_error="skip" warnings of damaged row groups)."""
+    import subprocess
+
+    code = f"""
+import logging, os, sys
+logging.basicConfig(stream=sys.stderr)
+os.environ["SHARDFEED_FAILPOINTS"] = "decode=block@1"
+import shardfeed
+loader = shardfeed.Loader({tokens_dataset!r}, 64, shuffle=False, window=1)
+first = next(iter(loader))
+del loader
+print("dropped", len(first["id"]), flush=True)
+"""
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("dropping the loader did not end: its threads were joined under the GIL")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["dropped", "64"]
+    # The decode thread did log while the loader was dropped.
+    assert "blocking failpoint was released" in out.stderr
 
 
 def test_gil_is_released_while_waiting_and_sharding(tmp_path, tokens_dataset):
