@@ -312,6 +312,35 @@ def test_a_damaged_byte_is_the_checksum_error(tmp_path):
     assert "part-000.parquet" in message and "checksum" in message
 
 
+def test_damage_read_by_parquets_reader_names_the_column(tmp_path):
+    """Without checksums, damage in a column that parquet's reader decodes for the loader
+    (booleans) is its error, naming the file, the row group and the column."""
+    data = tmp_path / "data"
+    data.mkdir()
+    n = 4000
+    table = pa.table({"id": np.arange(n), "flag": np.arange(n) % 3 == 0})
+    pq.write_table(table, data / "part-0.parquet", row_group_size=n, compression="gzip")
+    index = str(tmp_path / "index")
+    shardfeed.index(str(data), index)
+    victim = data / "part-0.parquet"
+    chunk = pq.ParquetFile(victim).metadata.row_group(0).column(1)
+    assert chunk.path_in_schema == "flag"
+    raw = bytearray(victim.read_bytes())
+    # A byte of the gzip stream of the column's last page (past its header): the stream's
+    # checksum no longer matches.
+    at = chunk.data_page_offset + chunk.total_compressed_size - 12
+    raw[at] ^= 0xFF
+    st = victim.stat()
+    victim.write_bytes(bytes(raw))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    message = first_error(index, columns=["flag"])
+    assert "part-0.parquet" in message and "row group 0" in message
+    assert "column flag (parquet's reader)" in message
+    # The other column reads.
+    with shardfeed.Loader(index, 64, columns=["id"], drop_last=False) as loader:
+        assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(n))
+
+
 def test_parts_are_checked_page_by_page(tmp_path):
     """Row groups read in parts (pages, not whole chunks) are checked against the index's
     page checksums: a damaged value in a plain, uncompressed page (which no decoder can

@@ -69,12 +69,33 @@ pub(crate) enum DecodeError {
         /// The byte after the last.
         end: u64,
     },
+    /// Parquet's reader failed on the columns the own decoders leave to it.
+    #[error("{} (parquet's reader): {detail}", columns_named(columns))]
+    Reader {
+        /// The columns it was reading.
+        columns: Vec<String>,
+        /// Its error.
+        detail: String,
+    },
     /// Parquet's reader panicked on malformed data.
-    #[error("parquet's reader failed on malformed data: {message}")]
+    #[error(
+        "{} (parquet's reader): failed on malformed data: {message}",
+        columns_named(columns)
+    )]
     Panicked {
+        /// The columns it was reading.
+        columns: Vec<String>,
         /// The panic's message.
         message: String,
     },
+}
+
+/// `column a` or `columns a, b`.
+fn columns_named(columns: &[String]) -> String {
+    match columns {
+        [one] => format!("column {one}"),
+        many => format!("columns {}", many.join(", ")),
+    }
 }
 
 impl DecodeError {

@@ -266,7 +266,7 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
             .sum();
         let batch_rows = ((rows as u64).saturating_mul(ARROW_BATCH_BYTES) / projected.max(1))
             .clamp(1, rows.max(1) as u64) as usize;
-        let batches = arrow_batches(file, arrow, mask, rg, batch_rows)?;
+        let batches = arrow_batches(file, arrow, (mask, roots), rg, batch_rows)?;
         let decoded: usize = batches.iter().map(|b| b.num_rows()).sum();
         if decoded != rows {
             return Err(DecodeError::Rows {
@@ -362,7 +362,7 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
         paths.parquet += others.len() as u64;
         let descr = metadata.file_metadata().schema_descr();
         let mask = ProjectionMask::roots(descr, others.iter().copied());
-        let batches = arrow_batches(file, arrow, mask, rg, rows.max(1))?;
+        let batches = arrow_batches(file, arrow, (mask, &others), rg, rows.max(1))?;
         let other_schema = Arc::new(arrow.schema().project(&others)?);
         let batch = arrow_select::concat::concat_batches(&other_schema, &batches)?;
         if batch.num_rows() != rows {
@@ -507,7 +507,8 @@ pub(crate) fn decode_part<R: ChunkReader + 'static>(
                     Arc::new(part_meta),
                     parquet::arrow::arrow_reader::ArrowReaderOptions::new(),
                 )?;
-                let batches = arrow_batches(file.clone(), &part_arrow, mask, 0, rows.max(1))?;
+                let batches =
+                    arrow_batches(file.clone(), &part_arrow, (mask, &[root]), 0, rows.max(1))?;
                 let schema = Arc::new(arrow.schema().project(&[root])?);
                 arrow_select::concat::concat_batches(&schema, &batches)?
                     .column(0)
@@ -574,17 +575,29 @@ pub(crate) fn prefix(batches: Vec<RecordBatch>, want: usize) -> Vec<RecordBatch>
     out
 }
 
-/// Row group `rg`'s `mask` columns through parquet's Arrow reader, in
-/// batches of `batch_rows` rows. Its decoders can panic on malformed bytes
-/// (an overflow in the DELTA_BYTE_ARRAY decoder, found by the mutation
-/// test): a panic becomes an error.
+/// Row group `rg`'s `mask` columns (the roots `roots`) through parquet's
+/// Arrow reader, in batches of `batch_rows` rows. Its errors name the
+/// columns. Its decoders can panic on malformed bytes (an overflow in the
+/// DELTA_BYTE_ARRAY decoder, found by the mutation test): a panic becomes
+/// an error.
 fn arrow_batches<R: ChunkReader + 'static>(
     file: Arc<R>,
     arrow: &ArrowReaderMetadata,
-    mask: ProjectionMask,
+    (mask, roots): (ProjectionMask, &[usize]),
     rg: usize,
     batch_rows: usize,
 ) -> Result<Vec<RecordBatch>> {
+    let columns = || -> Vec<String> {
+        let fields = arrow.schema().fields();
+        roots
+            .iter()
+            .map(|&r| {
+                fields
+                    .get(r)
+                    .map_or_else(|| format!("#{r}"), |f| f.name().clone())
+            })
+            .collect()
+    };
     let read = || -> Result<Vec<RecordBatch>> {
         ParquetRecordBatchReaderBuilder::new_with_metadata(ArcReader(file), arrow.clone())
             .with_projection(mask)
@@ -594,14 +607,26 @@ fn arrow_batches<R: ChunkReader + 'static>(
             .map(|b| b.map_err(ParquetError::from))
             .collect()
     };
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|payload| {
-        let message = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        Err(DecodeError::Panicked { message }.into())
-    })
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)) {
+        Ok(Ok(batches)) => Ok(batches),
+        Ok(Err(e)) => Err(DecodeError::Reader {
+            columns: columns(),
+            detail: e.to_string(),
+        }
+        .into()),
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(DecodeError::Panicked {
+                columns: columns(),
+                message,
+            }
+            .into())
+        }
+    }
 }
 
 /// An `Arc` of a chunk reader, as a chunk reader.
