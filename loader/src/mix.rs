@@ -405,9 +405,13 @@ impl MixtureBuilder {
         let mut sources = Vec::with_capacity(n);
         sources.push(first);
         for i in 1..n {
-            let projection = match &pack_column {
-                Some(c) => Some(vec![c.clone()]),
-                None => Some(columns.clone()),
+            let projection = match (&pack_column, &self.template.columns) {
+                (Some(c), _) => Some(vec![c.clone()]),
+                // The columns source 0 was given, as given: its batches hold
+                // them in that order (not its schema's), and every source's
+                // batches must hold them in the same order.
+                (None, Some(_)) => None,
+                (None, None) => Some(columns.clone()),
             };
             sources.push(build(i, projection)?);
         }

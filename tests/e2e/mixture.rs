@@ -182,6 +182,44 @@ fn shares_hold_in_every_window_and_each_source_epoch_has_every_row_once() {
     }
 }
 
+/// Columns named in another order than the sources' schema (`input_ids`
+/// before `id`): every source's batches hold them in the order given, so
+/// rows are laid out column for column (the other sources were given source
+/// 0's schema order, and the mixture refused its first batch as "collated
+/// differently by two sources").
+#[test]
+fn columns_given_out_of_schema_order_mix_column_for_column() {
+    let tmp = tempdir();
+    let web = token_source(tmp.path(), "web", 0, 300, 6);
+    let code = token_source(tmp.path(), "code", 1, 200, 6);
+    let mut m = mixture(&[(web, 0.5), (code, 0.5)])
+        .columns(["input_ids", "id"])
+        .batch_size(32)
+        .build()
+        .unwrap();
+    let mut rows = 0;
+    while let Some(b) = m.next() {
+        let b = b.unwrap();
+        let names: Vec<&str> = b.columns().iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["input_ids", "id", "source"]);
+        let (ids, sources) = (b.values::<i64>("id").unwrap(), sources_of(&b));
+        let (offsets, tokens) = (
+            b.offsets("input_ids").unwrap(),
+            b.values::<i32>("input_ids").unwrap(),
+        );
+        for (r, (&id, &source)) in ids.iter().zip(&sources).enumerate() {
+            let doc = &tokens[offsets[r] as usize..offsets[r + 1] as usize];
+            let len = doc_len(source as usize, id as u64, 6);
+            assert_eq!(doc.len() as u64, len, "row {r}");
+            for (t, &tok) in doc.iter().enumerate() {
+                assert_eq!(decode(tok), (source as usize, id as u64, t as u64));
+            }
+        }
+        rows += ids.len();
+    }
+    assert!(rows >= 300, "{rows} rows");
+}
+
 #[test]
 fn first_exhausted_ends_the_epoch_and_set_weights_applies_from_the_next_batch() {
     let tmp = tempdir();
