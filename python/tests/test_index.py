@@ -312,9 +312,12 @@ def test_a_damaged_byte_is_the_checksum_error(tmp_path):
     assert "part-000.parquet" in message and "checksum" in message
 
 
-def test_damage_read_by_parquets_reader_names_the_column(tmp_path):
-    """Without checksums, damage in a column that parquet's reader decodes for the loader
-    (booleans) is its error, naming the file, the row group and the column."""
+@pytest.mark.parametrize("column", ["flag", "id"])
+def test_damage_in_a_compressed_page_names_the_column(tmp_path, column):
+    """Without checksums, a gzip stream that no longer decompresses is an error naming the
+    file, the row group and the column, whether parquet's reader decodes the column for the
+    loader (booleans) or the own decoders do (integers, their gzip pages read by parquet's
+    page reader)."""
     data = tmp_path / "data"
     data.mkdir()
     n = 4000
@@ -323,22 +326,24 @@ def test_damage_read_by_parquets_reader_names_the_column(tmp_path):
     index = str(tmp_path / "index")
     shardfeed.index(str(data), index)
     victim = data / "part-0.parquet"
-    chunk = pq.ParquetFile(victim).metadata.row_group(0).column(1)
-    assert chunk.path_in_schema == "flag"
+    chunk = pq.ParquetFile(victim).metadata.row_group(0).column(["id", "flag"].index(column))
+    assert chunk.path_in_schema == column
     raw = bytearray(victim.read_bytes())
     # A byte of the gzip stream of the column's last page (past its header): the stream's
     # checksum no longer matches.
-    at = chunk.data_page_offset + chunk.total_compressed_size - 12
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    at = start + chunk.total_compressed_size - 12
     raw[at] ^= 0xFF
     st = victim.stat()
     victim.write_bytes(bytes(raw))
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
-    message = first_error(index, columns=["flag"])
+    message = first_error(index, columns=[column])
     assert "part-0.parquet" in message and "row group 0" in message
-    assert "column flag (parquet's reader)" in message
+    assert {"flag": "column flag (parquet's reader)", "id": "column id"}[column] in message
     # The other column reads.
-    with shardfeed.Loader(index, 64, columns=["id"], drop_last=False) as loader:
-        assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(n))
+    other = {"flag": "id", "id": "flag"}[column]
+    with shardfeed.Loader(index, 64, columns=[other], drop_last=False) as loader:
+        assert sum(len(b[other]) for b in loader) == n
 
 
 def test_parts_are_checked_page_by_page(tmp_path):

@@ -34,8 +34,8 @@ thread_local! {
 pub(super) enum Pages<R: ChunkReader> {
     /// Read here (zstd or uncompressed chunks).
     Own(ChunkPages),
-    /// Read by parquet (other codecs).
-    Parquet(Box<SerializedPageReader<R>>),
+    /// Read by parquet (other codecs), for the column at this path.
+    Parquet(Box<SerializedPageReader<R>>, String),
 }
 
 impl<R: ChunkReader + 'static> Pages<R> {
@@ -50,9 +50,10 @@ impl<R: ChunkReader + 'static> Pages<R> {
             Compression::ZSTD(_) => true,
             Compression::UNCOMPRESSED => false,
             _ => {
-                return Ok(Pages::Parquet(Box::new(SerializedPageReader::new(
-                    file, chunk, rows, None,
-                )?)));
+                let path = chunk.column_path().string();
+                let reader = SerializedPageReader::new(file, chunk, rows, None)
+                    .map_err(|e| DecodeError::column(&path, e.to_string()))?;
+                return Ok(Pages::Parquet(Box::new(reader), path));
             }
         };
         let (start, len) = chunk.byte_range();
@@ -99,7 +100,11 @@ impl<R: ChunkReader + 'static> Pages<R> {
     pub(super) fn next_page(&mut self) -> Result<Option<Page>> {
         match self {
             Pages::Own(pages) => pages.next_page(),
-            Pages::Parquet(reader) => reader.get_next_page(),
+            // Its errors (a snappy, gzip, lz4 or brotli stream that does not
+            // decompress) name the column, as the own pages' do.
+            Pages::Parquet(reader, path) => reader
+                .get_next_page()
+                .map_err(|e| DecodeError::column(path, e.to_string())),
         }
     }
 }
