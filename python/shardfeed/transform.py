@@ -227,12 +227,22 @@ def _split(batch: dict) -> list[dict]:
     return rows
 
 
-def _collate_lists(key: str, values: list, index: int) -> dict:
+def _collate_lists(key: str, values: list, index: int, dtype=None) -> dict:
     """Rows of lists back into a batch's columns, as the loader lays them out: the items'
     values end to end under `key` (bytes for items of bytes or str, else the arrays' values),
     `key.offsets` (items a row) and `key.value_offsets` (values an item); a None row as an
-    empty list and `key.validity`."""
+    empty list and `key.validity`. Without items, values of `dtype` (the column's, when the
+    rows came from one)."""
     items = [item for v in values if v is not None for item in v]
+    if not items and dtype is not None:
+        out = {
+            key: np.empty(0, dtype=dtype),
+            f"{key}.offsets": np.zeros(len(values) + 1, dtype=np.int64),
+            f"{key}.value_offsets": np.zeros(1, dtype=np.int64),
+        }
+        if any(v is None for v in values):
+            out[f"{key}.validity"] = np.array([v is not None for v in values], dtype=np.uint8)
+        return out
     text = [isinstance(x, (bytes, bytearray, memoryview, str)) for x in items]
     if any(text) and not all(text):
         raise ShardfeedError(f"row_transform returned `{key}` as lists of bytes and of arrays "
@@ -259,11 +269,49 @@ def _collate_lists(key: str, values: list, index: int) -> dict:
     return out
 
 
-def _collate(rows: list[dict], index: int) -> dict:
+def _layouts(batch: dict) -> dict:
+    """Per column of a loader's batch: ("ragged" | "lists" | "dense", its values' dtype, a
+    row's shape when dense)."""
+    roles = (".offsets", ".value_offsets", ".lengths", ".validity")
+    out = {}
+    for key, values in batch.items():
+        if any(key.endswith(r) for r in roles) or not isinstance(values, np.ndarray):
+            continue
+        if f"{key}.value_offsets" in batch:
+            out[key] = ("lists", values.dtype, ())
+        elif f"{key}.offsets" in batch:
+            out[key] = ("ragged", values.dtype, ())
+        elif f"{key}.lengths" not in batch:
+            out[key] = ("dense", values.dtype, values.shape[1:])
+    return out
+
+
+def _nulls(key: str, layout: tuple, n: int) -> dict:
+    """`n` null rows of a column laid out as `layout` (see `_layouts`)."""
+    kind, dtype, shape = layout
+    out = {f"{key}.validity": np.zeros(n, dtype=np.uint8)}
+    if kind == "dense":
+        out[key] = np.zeros((n, *shape), dtype=dtype)
+    else:
+        out[key] = np.empty(0, dtype=dtype)
+        out[f"{key}.offsets"] = np.zeros(n + 1, dtype=np.int64)
+        if kind == "lists":
+            out[f"{key}.value_offsets"] = np.zeros(1, dtype=np.int64)
+    return out
+
+
+def _collate(rows: list[dict], index: int, layouts: dict | None = None,
+             nullable: frozenset = frozenset()) -> dict:
     """Rows back into a batch: per key, equal shapes stacked ([n, ...]); 1-D arrays of other
     lengths as values + `key.offsets`; `str` and `bytes` as bytes (UTF-8) + `key.offsets`;
     lists (of bytes, str or 1-D arrays) as :func:`_collate_lists` lays them out; a None
-    anywhere as zeros (or empty) + `key.validity`."""
+    anywhere as zeros (or empty) + `key.validity`. The columns of the batch the rows came
+    from (`layouts`, see `_layouts`) keep their layout: a ragged one whose rows are still 1-D
+    arrays of its dtype stays values + `key.offsets` whatever their lengths (equal ones too: a
+    batch of one row), a None an empty row; one whose every row is None keeps its layout,
+    all null. A key of `nullable` (with `key.validity` in that batch) keeps its
+    `key.validity`, all ones when no row is None: a batch's keys do not depend on its rows."""
+    layouts = layouts or {}
     out: dict[str, np.ndarray] = {}
     if not rows:
         return out
@@ -273,8 +321,24 @@ def _collate(rows: list[dict], index: int) -> dict:
         except KeyError:
             raise ShardfeedError(f"row_transform returned rows with different keys in batch {index} "
                                  f"(`{key}` is missing from some)") from None
+        layout = layouts.get(key)
+        if layout is not None and all(v is None for v in values):
+            out.update(_nulls(key, layout, len(values)))
+            continue
+        if layout is not None and layout[0] == "ragged":
+            arrays = [None if v is None else np.asarray(v) for v in values]
+            present = [a for a in arrays if a is not None]
+            if all(a.ndim == 1 and a.dtype == layout[1] for a in present):
+                out[key] = np.concatenate(present)
+                out[f"{key}.offsets"] = np.cumsum(
+                    [0] + [0 if a is None else len(a) for a in arrays], dtype=np.int64)
+                if len(present) < len(arrays):
+                    out[f"{key}.validity"] = np.array([a is not None for a in arrays],
+                                                      dtype=np.uint8)
+                continue
         if any(isinstance(v, list) for v in values):
-            out.update(_collate_lists(key, values, index))
+            dtype = layout[1] if layout is not None and layout[0] == "lists" else None
+            out.update(_collate_lists(key, values, index, dtype))
             continue
         if all(v is None or isinstance(v, (bytes, bytearray, memoryview, str)) for v in values):
             # Strings and bytes as the loader lays out its own: bytes + offsets (numpy's
@@ -304,6 +368,9 @@ def _collate(rows: list[dict], index: int) -> dict:
                                  f"batch {index}: rows of one key are equal in shape, or 1-D")
         if len(present) < len(values):
             out[f"{key}.validity"] = np.array([v is not None for v in values], dtype=np.uint8)
+    for key in nullable:
+        if key in out and f"{key}.validity" not in out:
+            out[f"{key}.validity"] = np.ones(len(rows), dtype=np.uint8)
     return out
 
 
@@ -319,6 +386,9 @@ class _Rows:
     def __call__(self, batch: dict, rng: np.random.Generator) -> dict:
         keys = batch.pop("_row_keys", None)
         index = _batch_index(batch) if _has_slab(batch) else -1
+        # The batch's columns keep their layouts and validity keys (see `_collate`).
+        layouts = _layouts(batch)
+        nullable = frozenset(k for k in batch if f"{k}.validity" in batch)
         rows = _split(batch)
         total = len(rows)
         positions = range(total)
@@ -348,7 +418,7 @@ class _Rows:
                     raise ShardfeedError(f"row_transform returned {type(out).__name__}, not a dict")
                 done.append(out)
             rows = done
-        out = _collate(rows, index)
+        out = _collate(rows, index, layouts, nullable)
         out["_filtered"] = np.array([total - len(rows)], dtype=np.int64)
         if self.transform is not None and rows:
             filtered = out.pop("_filtered")

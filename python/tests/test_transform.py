@@ -45,6 +45,14 @@ def fails_on_one_row(batch, rng):
     return {"id": batch["id"].copy()}
 
 
+def keep_all(row):
+    return True
+
+
+def same_row(row, rng):
+    return row
+
+
 def kills_itself(batch, rng):
     if 1234 in batch["id"]:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -372,6 +380,43 @@ def test_rows_with_lists_of_strings_and_of_lists_are_filtered_and_transformed(tm
                 assert shardfeed.strings(b, "blob", encoding=None)[k] == b"\x01\x00" * (i % 4)
                 seen.append(i)
     assert sorted(seen) == list(range(0, n, 2))
+
+
+@pytest.mark.parametrize("mode", [dict(transform_threads=1), dict(transform_processes=2)])
+def test_rows_handed_back_unchanged_collate_as_the_loader_does(tmp_path, mode):
+    """A filter that keeps every row, or a row transform that returns it, gives the batches
+    the loader gives without them: the same keys, dtypes and values, whatever the batch
+    holds. Ragged columns stay values + `.offsets` when a batch's rows have equal lengths (a
+    batch of one row), a null list is an empty row (it was zeros as long as another row),
+    `.validity` stays when no row of the batch is null, and a batch whose rows of a column
+    are all null keeps that column's layout."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    n = 60
+    (tmp_path / "raw").mkdir()
+    pq.write_table(pa.table({
+        "id": pa.array(range(n), pa.int64()),
+        "toks": pa.array([None if i % 4 == 1 else [i] * (3 + i % 2) for i in range(n)],
+                         pa.list_(pa.int32())),
+        "text": pa.array([None if i % 5 == 2 else "ab" for i in range(n)]),
+        "boxes": pa.array([None if i % 3 == 0 else [[float(i)] * 2] for i in range(n)],
+                          pa.list_(pa.list_(pa.float32()))),
+        "x": pa.array([None if i % 6 == 5 else float(i) for i in range(n)], pa.float32()),
+    }), tmp_path / "raw" / "a.parquet")
+    ds = str(tmp_path / "ds")
+    shardfeed.shard(str(tmp_path / "raw"), ds, row_group_rows=20)
+    for batch_size in (1, 5):
+        with shardfeed.Loader(ds, batch_size, seed=3) as loader:
+            want = [{k: v.copy() for k, v in b.items()} for b in loader]
+        for step in (dict(filter=keep_all), dict(row_transform=same_row)):
+            with shardfeed.Loader(ds, batch_size, seed=3, **step, **mode) as loader:
+                got = list(loader)
+            assert len(got) == len(want) == n // batch_size
+            for k, (g, w) in enumerate(zip(got, want)):
+                assert sorted(g) == sorted(w), (batch_size, step, k)
+                for key in w:
+                    assert g[key].dtype == w[key].dtype, (batch_size, step, k, key)
+                    assert np.array_equal(g[key], w[key]), (batch_size, step, k, key)
 
 
 def row_draws(loader, batches=None) -> dict:
