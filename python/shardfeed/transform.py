@@ -270,28 +270,55 @@ def _collate_lists(key: str, values: list, index: int, dtype=None) -> dict:
 
 
 def _layouts(batch: dict) -> dict:
-    """Per column of a loader's batch: ("ragged" | "lists" | "dense", its values' dtype, a
-    row's shape when dense)."""
+    """Per column of a loader's batch: ("ragged" | "lists" | "dense" | "padded", its values'
+    dtype, a row's shape when dense or padded, the padding value when padded)."""
     roles = (".offsets", ".value_offsets", ".lengths", ".validity")
     out = {}
     for key, values in batch.items():
         if any(key.endswith(r) for r in roles) or not isinstance(values, np.ndarray):
             continue
         if f"{key}.value_offsets" in batch:
-            out[key] = ("lists", values.dtype, ())
+            out[key] = ("lists", values.dtype, (), None)
         elif f"{key}.offsets" in batch:
-            out[key] = ("ragged", values.dtype, ())
-        elif f"{key}.lengths" not in batch:
-            out[key] = ("dense", values.dtype, values.shape[1:])
+            out[key] = ("ragged", values.dtype, (), None)
+        elif f"{key}.lengths" in batch and values.ndim == 2:
+            # The padding: what lies past a row's length (the loader's `pad_value`).
+            lengths = batch[f"{key}.lengths"]
+            short = np.flatnonzero(lengths < values.shape[1])
+            pad = values[short[0], lengths[short[0]]] if len(short) else 0
+            out[key] = ("padded", values.dtype, values.shape[1:], pad)
+        else:
+            out[key] = ("dense", values.dtype, values.shape[1:], None)
+    return out
+
+
+def _padded(key: str, layout: tuple, arrays: list) -> dict | None:
+    """Rows (1-D arrays, or None) of a padded column padded again as the loader pads them;
+    None when a row no longer fits."""
+    _, dtype, (width,), pad = layout
+    if any(a is not None and (a.ndim != 1 or len(a) > width or a.dtype != dtype)
+           for a in arrays):
+        return None
+    values = np.full((len(arrays), width), pad, dtype=dtype)
+    for i, a in enumerate(arrays):
+        if a is not None:
+            values[i, :len(a)] = a
+    out = {key: values,
+           f"{key}.lengths": np.array([0 if a is None else len(a) for a in arrays], np.int64)}
+    if any(a is None for a in arrays):
+        out[f"{key}.validity"] = np.array([a is not None for a in arrays], dtype=np.uint8)
     return out
 
 
 def _nulls(key: str, layout: tuple, n: int) -> dict:
     """`n` null rows of a column laid out as `layout` (see `_layouts`)."""
-    kind, dtype, shape = layout
+    kind, dtype, shape, pad = layout
     out = {f"{key}.validity": np.zeros(n, dtype=np.uint8)}
     if kind == "dense":
         out[key] = np.zeros((n, *shape), dtype=dtype)
+    elif kind == "padded":
+        out[key] = np.full((n, *shape), pad, dtype=dtype)
+        out[f"{key}.lengths"] = np.zeros(n, dtype=np.int64)
     else:
         out[key] = np.empty(0, dtype=dtype)
         out[f"{key}.offsets"] = np.zeros(n + 1, dtype=np.int64)
@@ -325,6 +352,11 @@ def _collate(rows: list[dict], index: int, layouts: dict | None = None,
         if layout is not None and all(v is None for v in values):
             out.update(_nulls(key, layout, len(values)))
             continue
+        if layout is not None and layout[0] == "padded":
+            padded = _padded(key, layout, [None if v is None else np.asarray(v) for v in values])
+            if padded is not None:
+                out.update(padded)
+                continue
         if layout is not None and layout[0] == "ragged":
             arrays = [None if v is None else np.asarray(v) for v in values]
             present = [a for a in arrays if a is not None]

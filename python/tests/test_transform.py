@@ -387,9 +387,10 @@ def test_rows_handed_back_unchanged_collate_as_the_loader_does(tmp_path, mode):
     """A filter that keeps every row, or a row transform that returns it, gives the batches
     the loader gives without them: the same keys, dtypes and values, whatever the batch
     holds. Ragged columns stay values + `.offsets` when a batch's rows have equal lengths (a
-    batch of one row), a null list is an empty row (it was zeros as long as another row),
-    `.validity` stays when no row of the batch is null, and a batch whose rows of a column
-    are all null keeps that column's layout."""
+    batch of one row), padded ones stay padded (`.lengths`, the pad value), a null list is an
+    empty row (it was zeros as long as another row), `.validity` stays when no row of the
+    batch is null, and a batch whose rows of a column are all null keeps that column's
+    layout."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     n = 60
@@ -405,11 +406,11 @@ def test_rows_handed_back_unchanged_collate_as_the_loader_does(tmp_path, mode):
     }), tmp_path / "raw" / "a.parquet")
     ds = str(tmp_path / "ds")
     shardfeed.shard(str(tmp_path / "raw"), ds, row_group_rows=20)
-    for batch_size in (1, 5):
-        with shardfeed.Loader(ds, batch_size, seed=3) as loader:
+    for batch_size, padded in ((1, {}), (5, {}), (5, dict(pad_to=4, pad_value=-1))):
+        with shardfeed.Loader(ds, batch_size, seed=3, **padded) as loader:
             want = [{k: v.copy() for k, v in b.items()} for b in loader]
         for step in (dict(filter=keep_all), dict(row_transform=same_row)):
-            with shardfeed.Loader(ds, batch_size, seed=3, **step, **mode) as loader:
+            with shardfeed.Loader(ds, batch_size, seed=3, **padded, **step, **mode) as loader:
                 got = list(loader)
             assert len(got) == len(want) == n // batch_size
             for k, (g, w) in enumerate(zip(got, want)):
