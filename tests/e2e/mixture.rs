@@ -192,13 +192,13 @@ fn columns_given_out_of_schema_order_mix_column_for_column() {
     let tmp = tempdir();
     let web = token_source(tmp.path(), "web", 0, 300, 6);
     let code = token_source(tmp.path(), "code", 1, 200, 6);
-    let mut m = mixture(&[(web, 0.5), (code, 0.5)])
+    let m = mixture(&[(web, 0.5), (code, 0.5)])
         .columns(["input_ids", "id"])
         .batch_size(32)
         .build()
         .unwrap();
     let mut rows = 0;
-    while let Some(b) = m.next() {
+    for b in m {
         let b = b.unwrap();
         let names: Vec<&str> = b.columns().iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["input_ids", "id", "source"]);
