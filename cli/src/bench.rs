@@ -47,7 +47,7 @@ pub struct BenchArgs {
     /// shard time, else as many as a quarter of the byte budget holds).
     #[arg(long)]
     pub window: Option<usize>,
-    /// Batches collated ahead (default: as many as 128 MiB hold, 2 to 16).
+    /// Batches collated ahead (default: as many as 128 MiB hold, 2 to 16, fewer where 4x the byte budget holds fewer slabs).
     #[arg(long)]
     pub prefetch: Option<usize>,
     /// Bytes of row groups in flight, e.g. 256MiB.

@@ -280,20 +280,30 @@ impl LoaderBuilder {
             Some(b) => b,
             None => sizes.slab_bytes,
         };
-        let prefetch = self
-            .prefetch_batches
-            .unwrap_or_else(|| budget::default_prefetch(sizes.batch_bytes));
+        // The default reads ahead as many batches as DEFAULT_PREFETCH_BYTES
+        // hold, fewer (down to 2) where their pool would pass its bound on
+        // a small budget: a default the user did not set is not refused.
+        let prefetch = self.prefetch_batches.unwrap_or_else(|| {
+            let most = budget::default_prefetch(sizes.batch_bytes);
+            (2..=most)
+                .rev()
+                .find(|&p| budget::pool_fits(slab_bytes, budget::slabs(p), self.byte_budget))
+                .unwrap_or(most.min(2))
+        });
         let slabs = budget::slabs(prefetch);
         if !budget::pool_fits(slab_bytes, slabs, self.byte_budget) {
+            let option = if self.slab_bytes.is_some() {
+                "slab_bytes"
+            } else if self.prefetch_batches.is_some() {
+                "prefetch"
+            } else {
+                "byte_budget"
+            };
             return bad(
-                if self.slab_bytes.is_some() {
-                    "slab_bytes"
-                } else {
-                    "prefetch"
-                },
+                option,
                 format!(
-                    "{slabs} slabs of {slab_bytes} bytes are more than 4x the byte budget ({} bytes); lower prefetch or slab_bytes, or raise byte_budget",
-                    self.byte_budget
+                    "{slabs} slabs of {slab_bytes} bytes (batches of {} rows read {prefetch} ahead) are more than 4x the byte budget ({} bytes); lower prefetch, batch_size or slab_bytes, or raise byte_budget",
+                    self.batch_size, self.byte_budget
                 ),
             );
         }

@@ -455,7 +455,8 @@ impl LoaderBuilder {
         self
     }
     /// Batches collated ahead of the consumer (default: as many as
-    /// [`DEFAULT_PREFETCH_BYTES`] hold, 2 to 16).
+    /// [`DEFAULT_PREFETCH_BYTES`] hold, 2 to 16, and no more than a pool
+    /// within 4x `byte_budget` holds).
     pub fn prefetch(mut self, batches: usize) -> Self {
         self.prefetch_batches = Some(batches);
         self

@@ -1022,6 +1022,50 @@ fn bad_options_are_named() {
     assert!(err.to_string().contains("manifest.json"), "{err}");
 }
 
+/// On a small byte budget the default read-ahead shrinks to a pool the
+/// budget bounds, where it was refused by the name of an option the user
+/// never set (`prefetch`); a `prefetch` that is set is still refused by
+/// name, and one too large for any read-ahead names the budget.
+#[test]
+fn the_default_prefetch_fits_a_small_byte_budget() {
+    let tmp = tempdir();
+    let url = dataset(tmp.path(), Kind::Tokens, 4000, 50, 256 << 10);
+    let batch = 1000;
+    let slab = Loader::builder(&url)
+        .batch_size(batch)
+        .build()
+        .unwrap()
+        .stats()
+        .slab_bytes as u64;
+    // 4x this budget holds 8 slabs: the default 16 batches ahead need 19.
+    let budget = 2 * slab;
+    assert!(slab >= 1 << 20 && 19 * slab > 4 * budget, "slab {slab}");
+    let mut loader = Loader::builder(&url)
+        .batch_size(batch)
+        .byte_budget(budget)
+        .build()
+        .unwrap();
+    let ids: Vec<i64> = id_batches(&mut loader).concat();
+    assert_eq!(ids.len(), 4000);
+    assert!(loader.stats().slabs <= 8, "{:?}", loader.stats().slabs);
+    let err = Loader::builder(&url)
+        .batch_size(batch)
+        .byte_budget(budget)
+        .prefetch(16)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("prefetch"), "{err}");
+    let err = Loader::builder(&url)
+        .batch_size(batch)
+        .byte_budget(slab)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&err, LoaderError::BadOption { option, .. } if *option == "byte_budget"),
+        "{err}"
+    );
+}
+
 #[test]
 fn corrupted_and_missing_shards_are_named_never_decoded() {
     let tmp = tempdir();
