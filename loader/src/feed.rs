@@ -223,10 +223,9 @@ impl Feed for Loader {
     }
 
     fn restore(&mut self, states: &[FeedState], _allow_changed: bool) -> Result<()> {
-        match loader_states(states)?.as_slice() {
-            [one] => self.resume(one),
-            many => self.resume_elastic(many),
-        }
+        // One state of this world size is a plain resume; one of another
+        // (a single-rank job resumed on several ranks) is every rank's.
+        self.resume_elastic(&loader_states(states)?)
     }
 
     fn epoch(&self) -> u64 {

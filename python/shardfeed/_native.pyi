@@ -178,7 +178,8 @@ class Loader:
         A list of every rank's ``state_dict()`` from a job with another world
         size resumes elastically: the rest of the epoch is split over the new
         ranks, each row (and token) read once across both runs, except fewer
-        than ``world_size`` rows per dataset and epoch. ``allow_changed=True``
+        than ``world_size`` rows per dataset and epoch. The one state of a
+        single-rank job, given as it is, resumes so too. ``allow_changed=True``
         (mixtures) starts sources whose dataset or weight changed afresh."""
     def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> None:
         """Change a mixture's weights from the next batch on (recorded in the state)."""

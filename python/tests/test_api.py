@@ -168,6 +168,33 @@ def test_ctrl_c_interrupts_a_wait(tokens_dataset, monkeypatch):
     loader.close()
 
 
+@pytest.mark.parametrize("as_list", [False, True])
+def test_a_single_rank_jobs_state_resumes_on_three_ranks(tokens_dataset, as_list):
+    """A job trained on one rank resumed on three: its one state (as it is, or in a list) is
+    every rank's state of that job, so each new rank takes a share of what is left and the
+    two runs read every row once (it was refused: "the state has world_size 1 but this
+    loader has 3"). One state of a larger job is refused, asking for all its ranks'."""
+    seen = []
+    with shardfeed.Loader(tokens_dataset, 64, seed=4) as loader:
+        it = iter(loader)
+        for _ in range(17):
+            seen += next(it)["id"].tolist()
+        state = loader.state_dict()
+    for rank in range(3):
+        with shardfeed.Loader(tokens_dataset, 64, seed=4, rank=rank, world_size=3) as loader:
+            loader.load_state_dict([state] if as_list else state)
+            seen += [i for batch in loader for i in batch["id"].tolist()]
+    # Every row once, but the few the three new ranks' shares and batches drop.
+    assert len(seen) == len(set(seen))
+    assert TOKENS_ROWS - len(seen) < 3 * 64
+    with shardfeed.Loader(tokens_dataset, 64, seed=4, rank=0, world_size=2) as loader:
+        next(iter(loader))
+        one_of_two = loader.state_dict()
+    with shardfeed.Loader(tokens_dataset, 64, seed=4, rank=0, world_size=3) as loader:
+        with pytest.raises(ValueError, match="all ranks"):
+            loader.load_state_dict(one_of_two)
+
+
 def test_a_loader_dropped_while_its_threads_log_is_joined(tokens_dataset):
     """A loader let go by Python (no `close()`) while one of its threads logs: the
     second row group's decode blocks until the loader stops (a failpoint), then
