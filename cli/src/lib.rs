@@ -475,6 +475,13 @@ fn run_index(
                 ""
             }
         );
+        if !summary.gone.is_empty() || !summary.changed.is_empty() {
+            println!(
+                "  kept as indexed, refused by loaders: {} no longer found, {} changed (index again with --overwrite to drop or re-read them)",
+                summary.gone.len(),
+                summary.changed.len()
+            );
+        }
     }
     Ok(())
 }

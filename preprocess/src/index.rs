@@ -84,6 +84,14 @@ pub struct IndexSummary {
     pub bases: Vec<String>,
     /// Whether the files' checksums are recorded.
     pub checksums: bool,
+    /// With `update`: files the index lists that the inputs' listing no
+    /// longer finds under their base (kept as they were indexed; the
+    /// loader refuses them, or skips them under `on_error="skip"`).
+    pub gone: Vec<String>,
+    /// With `update`: files the index lists whose size or fingerprint
+    /// (modification time, ETag) the listing finds changed (kept, and
+    /// refused by the loader, as `gone`).
+    pub changed: Vec<String>,
 }
 
 /// A file found under an input.
@@ -1018,6 +1026,10 @@ async fn index_async(
         .as_ref()
         .and_then(|m| m.index.as_ref())
         .map_or_else(Vec::new, |i| i.bases.clone());
+    let (gone, changed) = match &existing {
+        Some(m) => stale(m, &bases, &found),
+        None => (Vec::new(), Vec::new()),
+    };
     let mut known: std::collections::HashSet<(String, String)> = existing
         .as_ref()
         .map(|m| {
@@ -1155,7 +1167,65 @@ async fn index_async(
         row_groups: manifest.row_group_count(),
         bases,
         checksums,
+        gone,
+        changed,
     })
+}
+
+/// The files of index `m` (bases `bases`) that `found`, a listing of some
+/// of its bases, no longer finds, and those it finds changed (size, or a
+/// fingerprint both sides have: modification time, ETag), as URLs; each
+/// named in a warning. Files under bases not listed are not judged.
+fn stale(m: &Manifest, bases: &[String], found: &[Found]) -> (Vec<String>, Vec<String>) {
+    let listed: HashMap<(&str, &str), &Found> = found
+        .iter()
+        .map(|f| ((f.base.as_str(), f.path.as_str()), f))
+        .collect();
+    let listed_bases: std::collections::HashSet<&str> =
+        found.iter().map(|f| f.base.as_str()).collect();
+    let (mut gone, mut changed) = (Vec::new(), Vec::new());
+    for s in &m.shards {
+        let Some(base) = s.base.and_then(|b| bases.get(b as usize)) else {
+            continue;
+        };
+        if !listed_bases.contains(base.as_str()) {
+            continue;
+        }
+        let url = format!("{}/{}", base.trim_end_matches('/'), s.path);
+        match listed.get(&(base.as_str(), s.path.as_str())) {
+            None => gone.push(url),
+            Some(f) => {
+                let was = s.fingerprint.as_ref();
+                let differs =
+                    |a: Option<&String>, b: Option<&String>| a.zip(b).is_some_and(|(a, b)| a != b);
+                if f.size != s.bytes
+                    || was
+                        .and_then(|w| w.modified_ns)
+                        .zip(f.fingerprint.modified_ns)
+                        .is_some_and(|(a, b)| a != b)
+                    || differs(
+                        was.and_then(|w| w.etag.as_ref()),
+                        f.fingerprint.etag.as_ref(),
+                    )
+                {
+                    changed.push(url);
+                }
+            }
+        }
+    }
+    for url in &gone {
+        let url = shardfeed_format::redact::url(url);
+        tracing::warn!(
+            "{url} is in the index but no longer found: kept as it was indexed, a loader will refuse it; index again with --overwrite to drop it"
+        );
+    }
+    for url in &changed {
+        let url = shardfeed_format::redact::url(url);
+        tracing::warn!(
+            "{url} changed since it was indexed: kept as it was indexed, a loader will refuse it; index again with --overwrite to read it anew"
+        );
+    }
+    (gone, changed)
 }
 
 #[cfg(test)]

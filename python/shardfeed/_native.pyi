@@ -282,10 +282,12 @@ def index(
     (``hf://datasets/ORG/NAME[@REV]/PATH_GLOB``, pinned to the revision's commit). Only footers are read; every
     file must share one schema (a column may be nullable in some files only). ``checksums``
     reads every byte once and records checksums the loader then verifies; ``update`` adds
-    files not yet in the index at ``output``, keeping its entries and order; ``overwrite``
-    replaces what ``output`` holds. ``Loader(output)`` then reads the files in place. Returns
-    the summary: ``index``, ``files``, ``added``, ``rows``, ``bytes``, ``row_groups``,
-    ``bases``, ``checksums``.
+    files not yet in the index at ``output``, keeping its entries and order, and names the
+    files it lists that its inputs' listing no longer finds or finds changed (``gone``,
+    ``changed``: kept as indexed, refused by loaders); ``overwrite`` replaces what ``output``
+    holds. ``Loader(output)`` then reads the files in place. Returns the summary: ``index``,
+    ``files``, ``added``, ``rows``, ``bytes``, ``row_groups``, ``bases``, ``checksums``,
+    ``gone``, ``changed``.
     """
 
 def inspect(

@@ -240,6 +240,36 @@ def test_globs_update_and_checksums(tmp_path):
     assert shardfeed.inspect(checked)["index"]["checksums"] is True
 
 
+def test_update_names_the_files_gone_or_changed_since_indexing(tmp_path, caplog):
+    """`update` keeps the files it indexed before as they were, and names those its listing
+    no longer finds or finds changed (a loader refuses them): in its summary and a warning.
+    Files under a base it does not list are not judged."""
+    data = tmp_path / "data"
+    write_files(data, "pyarrow", 300, 3, row_group_size=100)
+    index = str(tmp_path / "index")
+    shardfeed.index(str(data), index)
+    (data / "part-000.parquet").unlink()
+    pq.write_table(make_table(5000, 400), data / "part-001.parquet")  # rewritten: another size
+    st = (data / "part-002.parquet").stat()  # touched: the same bytes, a new time
+    os.utime(data / "part-002.parquet", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    pq.write_table(make_table(9000, 100), data / "part-003.parquet")  # new
+    with caplog.at_level("WARNING"):
+        summary = shardfeed.index(str(data), index, update=True)
+    assert (summary["files"], summary["added"]) == (4, 1)
+    assert [Path(u).name for u in summary["gone"]] == ["part-000.parquet"]
+    assert sorted(Path(u).name for u in summary["changed"]) == ["part-001.parquet",
+                                                                 "part-002.parquet"]
+    assert any("part-000.parquet" in r.getMessage() and "no longer found" in r.getMessage()
+               for r in caplog.records)
+    # What it says is what a loader meets.
+    message = first_error(index)
+    assert any(name in message for name in ("part-000", "part-001", "part-002")), message
+    # Another base's listing judges none of these.
+    write_files(tmp_path / "other", "pyarrow", 100, 1)
+    summary = shardfeed.index(str(tmp_path / "other"), index, update=True)
+    assert (summary["added"], summary["gone"], summary["changed"]) == (1, [], [])
+
+
 def test_a_file_of_another_schema_is_refused_by_name(tmp_path):
     data = tmp_path / "data"
     write_files(data, "pyarrow", 100, 1)
