@@ -1027,7 +1027,12 @@ async fn index_async(
         .and_then(|m| m.index.as_ref())
         .map_or_else(Vec::new, |i| i.bases.clone());
     let (gone, changed) = match &existing {
-        Some(m) => stale(m, &bases, &found),
+        // A glob lists only the files it matches: what it leaves out is not
+        // gone.
+        Some(m) => {
+            let globbed = inputs.iter().any(|i| i.contains(['*', '?', '[']));
+            stale(m, &bases, &found, !globbed)
+        }
         None => (Vec::new(), Vec::new()),
     };
     let mut known: std::collections::HashSet<(String, String)> = existing
@@ -1173,10 +1178,16 @@ async fn index_async(
 }
 
 /// The files of index `m` (bases `bases`) that `found`, a listing of some
-/// of its bases, no longer finds, and those it finds changed (size, or a
+/// of its bases, no longer finds (when `whole`: the listing is of whole
+/// folders or prefixes, not globs), and those it finds changed (size, or a
 /// fingerprint both sides have: modification time, ETag), as URLs; each
 /// named in a warning. Files under bases not listed are not judged.
-fn stale(m: &Manifest, bases: &[String], found: &[Found]) -> (Vec<String>, Vec<String>) {
+fn stale(
+    m: &Manifest,
+    bases: &[String],
+    found: &[Found],
+    whole: bool,
+) -> (Vec<String>, Vec<String>) {
     let listed: HashMap<(&str, &str), &Found> = found
         .iter()
         .map(|f| ((f.base.as_str(), f.path.as_str()), f))
@@ -1193,7 +1204,8 @@ fn stale(m: &Manifest, bases: &[String], found: &[Found]) -> (Vec<String>, Vec<S
         }
         let url = format!("{}/{}", base.trim_end_matches('/'), s.path);
         match listed.get(&(base.as_str(), s.path.as_str())) {
-            None => gone.push(url),
+            None if whole => gone.push(url),
+            None => {}
             Some(f) => {
                 let was = s.fingerprint.as_ref();
                 let differs =

@@ -264,6 +264,9 @@ def test_update_names_the_files_gone_or_changed_since_indexing(tmp_path, caplog)
     # What it says is what a loader meets.
     message = first_error(index)
     assert any(name in message for name in ("part-000", "part-001", "part-002")), message
+    # A glob lists only what it matches: the files it leaves out are not gone.
+    summary = shardfeed.index(str(data / "part-003*.parquet"), index, update=True)
+    assert (summary["added"], summary["gone"]) == (0, [])
     # Another base's listing judges none of these.
     write_files(tmp_path / "other", "pyarrow", 100, 1)
     summary = shardfeed.index(str(tmp_path / "other"), index, update=True)
