@@ -1180,8 +1180,9 @@ async fn index_async(
 /// The files of index `m` (bases `bases`) that `found`, a listing of some
 /// of its bases, no longer finds (when `whole`: the listing is of whole
 /// folders or prefixes, not globs), and those it finds changed (size, or a
-/// fingerprint both sides have: modification time, ETag), as URLs; each
-/// named in a warning. Files under bases not listed are not judged.
+/// fingerprint both sides have: modification time, ETag), as redacted
+/// URLs; each named in a warning. Files under bases not listed are not
+/// judged.
 fn stale(
     m: &Manifest,
     bases: &[String],
@@ -1202,7 +1203,8 @@ fn stale(
         if !listed_bases.contains(base.as_str()) {
             continue;
         }
-        let url = format!("{}/{}", base.trim_end_matches('/'), s.path);
+        let url =
+            shardfeed_format::redact::url(&format!("{}/{}", base.trim_end_matches('/'), s.path));
         match listed.get(&(base.as_str(), s.path.as_str())) {
             None if whole => gone.push(url),
             None => {}
@@ -1226,13 +1228,11 @@ fn stale(
         }
     }
     for url in &gone {
-        let url = shardfeed_format::redact::url(url);
         tracing::warn!(
             "{url} is in the index but no longer found: kept as it was indexed, a loader will refuse it; index again with --overwrite to drop it"
         );
     }
     for url in &changed {
-        let url = shardfeed_format::redact::url(url);
         tracing::warn!(
             "{url} changed since it was indexed: kept as it was indexed, a loader will refuse it; index again with --overwrite to read it anew"
         );
