@@ -266,7 +266,7 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
             .sum();
         let batch_rows = ((rows as u64).saturating_mul(ARROW_BATCH_BYTES) / projected.max(1))
             .clamp(1, rows.max(1) as u64) as usize;
-        let batches = arrow_batches(file, arrow, (mask, roots), rg, batch_rows)?;
+        let batches = arrow_batches(file, arrow, mask, roots, rg, batch_rows)?;
         let decoded: usize = batches.iter().map(|b| b.num_rows()).sum();
         if decoded != rows {
             return Err(DecodeError::Rows {
@@ -362,7 +362,7 @@ pub(crate) fn decode_row_group_at_least<R: ChunkReader + 'static>(
         paths.parquet += others.len() as u64;
         let descr = metadata.file_metadata().schema_descr();
         let mask = ProjectionMask::roots(descr, others.iter().copied());
-        let batches = arrow_batches(file, arrow, (mask, &others), rg, rows.max(1))?;
+        let batches = arrow_batches(file, arrow, mask, &others, rg, rows.max(1))?;
         let other_schema = Arc::new(arrow.schema().project(&others)?);
         let batch = arrow_select::concat::concat_batches(&other_schema, &batches)?;
         if batch.num_rows() != rows {
@@ -508,7 +508,7 @@ pub(crate) fn decode_part<R: ChunkReader + 'static>(
                     parquet::arrow::arrow_reader::ArrowReaderOptions::new(),
                 )?;
                 let batches =
-                    arrow_batches(file.clone(), &part_arrow, (mask, &[root]), 0, rows.max(1))?;
+                    arrow_batches(file.clone(), &part_arrow, mask, &[root], 0, rows.max(1))?;
                 let schema = Arc::new(arrow.schema().project(&[root])?);
                 arrow_select::concat::concat_batches(&schema, &batches)?
                     .column(0)
@@ -583,7 +583,8 @@ pub(crate) fn prefix(batches: Vec<RecordBatch>, want: usize) -> Vec<RecordBatch>
 fn arrow_batches<R: ChunkReader + 'static>(
     file: Arc<R>,
     arrow: &ArrowReaderMetadata,
-    (mask, roots): (ProjectionMask, &[usize]),
+    mask: ProjectionMask,
+    roots: &[usize],
     rg: usize,
     batch_rows: usize,
 ) -> Result<Vec<RecordBatch>> {
