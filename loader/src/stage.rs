@@ -69,11 +69,14 @@ pub(crate) fn injected(stage: Stage, action: Action, cancel: &AtomicBool) -> Loa
     match action {
         Action::Panic => panic!("injected panic in the {stage} stage (failpoint)"),
         Action::Block => {
+            // Logged as the stage blocks and again as the stop releases it,
+            // from the stage's thread: a test can wait for the first, and
+            // the second comes while the loader stops (the bindings' test
+            // that a stop joins threads that log).
+            tracing::warn!("the {stage} stage is blocked by a failpoint");
             while !cancel.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(5));
             }
-            // Logged from the stage's thread while the loader stops: the
-            // bindings' test that a stop joins threads that log.
             tracing::warn!("the {stage} stage's blocking failpoint was released by the stop");
             LoaderError::Closed
         }

@@ -200,16 +200,27 @@ def test_a_loader_dropped_while_its_threads_log_is_joined(tokens_dataset):
     second row group's decode blocks until the loader stops (a failpoint), then
     logs a warning, which Python's `logging` takes the GIL to emit. Dropping the
     loader joins its threads without the GIL, or this would never end (it did:
-    found with on_error="skip" warnings of damaged row groups)."""
+    found with on_error="skip" warnings of damaged row groups). The drop waits
+    for the stage's own word that it is blocked (not for time to pass)."""
     import subprocess
 
     code = f"""
-import logging, os, sys
+import logging, os, sys, threading
 logging.basicConfig(stream=sys.stderr)
+blocked = threading.Event()
+
+class Blocked(logging.Handler):
+    def emit(self, record):
+        if "blocked by a failpoint" in record.getMessage():
+            blocked.set()
+
+logging.getLogger().addHandler(Blocked())
 os.environ["SHARDFEED_FAILPOINTS"] = "decode=block@1"
 import shardfeed
 loader = shardfeed.Loader({tokens_dataset!r}, 64, shuffle=False, window=1)
 first = next(iter(loader))
+# The second row group's decode is under way and blocked: the stop releases it.
+assert blocked.wait(100), "the decode stage never reached its failpoint"
 del loader
 print("dropped", len(first["id"]), flush=True)
 """
