@@ -440,7 +440,7 @@ fn text_schema(
                     arrow_csv::reader::Format::default()
                         .with_header(true)
                         .infer_schema(file, None)
-                        .map_err(|e| PreprocessError::read(path, None, e))?
+                        .map_err(|e| csv_error_location(path, e))?
                         .0
                 }
                 _ => unreachable!("only text formats are inferred"),
@@ -507,15 +507,119 @@ fn json_error_location(path: &Path, error: arrow_schema::ArrowError) -> Preproce
         while reader.read_until(b'\n', &mut line).unwrap_or(0) > 0 {
             number += 1;
             let text = trim_line(&line);
-            if !text.is_empty()
-                && let Err(e) = serde_json::from_slice::<serde_json::Value>(text)
-            {
-                return PreprocessError::read(path, Some(format!("line {number}")), e);
+            if !text.is_empty() {
+                let at = || Some(format!("line {number}"));
+                match serde_json::from_slice::<serde_json::Value>(text) {
+                    Err(e) => return PreprocessError::read(path, at(), e),
+                    Ok(v) if !v.is_object() => {
+                        let kind = match v {
+                            serde_json::Value::Array(_) => "an array",
+                            serde_json::Value::String(_) => "a string",
+                            serde_json::Value::Number(_) => "a number",
+                            serde_json::Value::Bool(_) => "a boolean",
+                            _ => "null",
+                        };
+                        let detail = format!("a JSON Lines record must be an object, not {kind}");
+                        return PreprocessError::read(path, at(), detail);
+                    }
+                    Ok(_) => {}
+                }
             }
             line.clear();
         }
     }
     PreprocessError::read(path, None, error)
+}
+
+/// Name the line of the first CSV record of `path` whose field count
+/// differs from its header's, or that is not UTF-8: the csv crate's
+/// position (in `error`) counts one line short for every record after a
+/// CRLF-terminated one. Fields are checked as they stream by (a field of any
+/// length costs a fixed buffer); other errors keep `error`'s own words.
+fn csv_error_location(path: &Path, error: arrow_schema::ArrowError) -> PreprocessError {
+    match first_bad_record(path) {
+        Ok(Some((line, detail))) => {
+            PreprocessError::read(path, Some(format!("line {line}")), detail)
+        }
+        _ => PreprocessError::read(path, None, error),
+    }
+}
+
+/// The line where the first record with another field count than the
+/// header, or with a field that is not UTF-8, starts, and what is wrong.
+fn first_bad_record(path: &Path) -> std::io::Result<Option<(u64, String)>> {
+    use csv_core::ReadFieldResult;
+    let mut file = File::open(path)?;
+    let mut parser = csv_core::Reader::new();
+    let mut input = vec![0u8; 1 << 16];
+    // A field's bytes as they come, after the unfinished UTF-8 sequence (at
+    // most 3 bytes) its previous piece ended with.
+    let mut field = vec![0u8; 1 << 12];
+    let mut tail = 0usize;
+    let (mut len, mut pos) = (0usize, 0usize);
+    // Newlines before the read position; the line the record starts on.
+    let mut newlines = 0u64;
+    let mut record_line = 1u64;
+    let mut at_record_start = true;
+    let mut fields = 0usize;
+    let mut header: Option<usize> = None;
+    loop {
+        if pos == len {
+            len = file.read(&mut input)?;
+            pos = 0;
+        }
+        let chunk = &input[pos..len];
+        if at_record_start {
+            // Terminators and blank lines before a record are not part of it.
+            let skip = chunk
+                .iter()
+                .position(|&b| b != b'\r' && b != b'\n')
+                .unwrap_or(chunk.len());
+            newlines += chunk[..skip].iter().filter(|&&b| b == b'\n').count() as u64;
+            pos += skip;
+            if pos < len {
+                record_line = newlines + 1;
+                at_record_start = false;
+            } else if len > 0 {
+                continue;
+            }
+        }
+        let chunk = &input[pos..len];
+        let (result, read, written) = parser.read_field(chunk, &mut field[tail..]);
+        newlines += chunk[..read].iter().filter(|&&b| b == b'\n').count() as u64;
+        pos += read;
+        let end = match result {
+            ReadFieldResult::InputEmpty | ReadFieldResult::OutputFull => None,
+            ReadFieldResult::Field { record_end } => Some(record_end),
+            ReadFieldResult::End => return Ok(None),
+        };
+        let filled = tail + written;
+        tail = match std::str::from_utf8(&field[..filled]) {
+            Ok(_) => 0,
+            // A sequence cut at the piece's end continues in the next one.
+            Err(e) if e.error_len().is_none() && end.is_none() => filled - e.valid_up_to(),
+            Err(_) => {
+                let detail = format!("field {} is not UTF-8", fields + 1);
+                return Ok(Some((record_line, detail)));
+            }
+        };
+        field.copy_within(filled - tail..filled, 0);
+        if let Some(record_end) = end {
+            fields += 1;
+            if record_end {
+                match header {
+                    None => header = Some(fields),
+                    Some(h) if h != fields => {
+                        let detail = format!("the record has {fields} fields, the header {h}");
+                        return Ok(Some((record_line, detail)));
+                    }
+                    Some(_) => {}
+                }
+                fields = 0;
+                at_record_start = true;
+            }
+        }
+    }
 }
 
 fn trim_line(line: &[u8]) -> &[u8] {
@@ -1232,5 +1336,39 @@ impl Iterator for FilesReader {
             RecordBatch::try_new(self.schema.clone(), columns)
                 .map_err(|e| PreprocessError::read(&self.root, None, e)),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_bad_record;
+
+    fn scan(bytes: &[u8]) -> Option<(u64, String)> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.csv");
+        std::fs::write(&path, bytes).unwrap();
+        first_bad_record(&path).unwrap()
+    }
+
+    #[test]
+    fn bad_records_are_found_across_the_scanners_buffers() {
+        // A quoted field of 100,000 two-byte characters (cut between the
+        // bytes of one at many buffer ends) spanning lines is valid UTF-8.
+        let long = "\u{e9}\n".repeat(50_000);
+        let ok = format!("a,b\r\n1,\"{long}\"\r\n\r\n2,3\r\n");
+        assert_eq!(scan(ok.as_bytes()), None);
+        let lines = 2 + 50_000 + 1;
+        // Then a record with one field, on the line after the blank one.
+        let ragged = format!("{ok}4\r\n");
+        let line = lines + 2;
+        assert_eq!(
+            scan(ragged.as_bytes()),
+            Some((line, "the record has 1 fields, the header 2".into()))
+        );
+        // A long field ending in a cut sequence is not UTF-8.
+        let mut cut = format!("a,b\n1,\"{long}").into_bytes();
+        cut.extend_from_slice(b"\xc3\"\n");
+        assert_eq!(scan(&cut), Some((2, "field 2 is not UTF-8".into())));
+        assert_eq!(scan(b"a,b\n1,2\n"), None);
     }
 }

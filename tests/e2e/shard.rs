@@ -819,6 +819,27 @@ fn bad_inputs_fail_cleanly_naming_the_file_and_leave_no_manifest() {
     let csv = dir.join("rows.csv");
     std::fs::write(&csv, "a,b,c\n1,2,3\n4,5\n6,7,8\n").unwrap();
     check(vec![s(&csv)], &[], &["rows.csv", "line 3"]);
+    // The same with CRLF line ends, blank lines and a quoted field across
+    // two lines before it: still the line the record starts on.
+    std::fs::write(&csv, "a,b,c\r\n1,\"x\r\ny\",3\r\n\r\n4,5\r\n6,7,8\r\n").unwrap();
+    check(
+        vec![s(&csv)],
+        &[],
+        &["rows.csv", "line 5", "2 fields, the header 3"],
+    );
+    // A field that is not UTF-8 (after a multi-byte character cut by
+    // nothing): named by its line and field.
+    let mut bytes = "a,b\r\n\"x\u{e9}\r\n\u{e9}\",1\r\n".as_bytes().to_vec();
+    bytes.extend_from_slice(b"2,\xff\r\n");
+    std::fs::write(&csv, bytes).unwrap();
+    check(
+        vec![s(&csv)],
+        &[],
+        &["rows.csv", "line 4", "field 2 is not UTF-8"],
+    );
+    // A JSON line that is valid JSON but not an object: named by its line.
+    std::fs::write(&bad, "{\"a\": 1}\n\n[1, 2]\n").unwrap();
+    check(vec![s(&bad)], &[], &["bad.jsonl", "line 3", "not an array"]);
 
     // A missing input.
     check(
