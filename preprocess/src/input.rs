@@ -500,35 +500,56 @@ fn check_columns(path: &Path, schema: &Schema, options: &ShardOptions) -> Result
 
 /// On an inference error, find the first line that is not valid JSON.
 fn json_error_location(path: &Path, error: arrow_schema::ArrowError) -> PreprocessError {
-    if let Ok(file) = File::open(path) {
-        let mut reader = BufReader::new(file);
-        let mut line = Vec::new();
-        let mut number = 0u64;
-        while reader.read_until(b'\n', &mut line).unwrap_or(0) > 0 {
+    let Ok(file) = File::open(path) else {
+        return PreprocessError::read(path, None, error);
+    };
+    // Infer again, a line at a time, to find the line the inference stops
+    // at: one that is not JSON, not an object, or whose types conflict with
+    // the lines before it (a field a list in one line, an object in another).
+    let mut reader = BufReader::new(file);
+    let mut line = Vec::new();
+    let mut number = 0u64;
+    let mut found: Option<PreprocessError> = None;
+    let at = |number: u64| Some(format!("line {number}"));
+    let values = std::iter::from_fn(|| {
+        loop {
+            line.clear();
+            if reader.read_until(b'\n', &mut line).unwrap_or(0) == 0 {
+                return None;
+            }
             number += 1;
             let text = trim_line(&line);
-            if !text.is_empty() {
-                let at = || Some(format!("line {number}"));
-                match serde_json::from_slice::<serde_json::Value>(text) {
-                    Err(e) => return PreprocessError::read(path, at(), e),
-                    Ok(v) if !v.is_object() => {
-                        let kind = match v {
-                            serde_json::Value::Array(_) => "an array",
-                            serde_json::Value::String(_) => "a string",
-                            serde_json::Value::Number(_) => "a number",
-                            serde_json::Value::Bool(_) => "a boolean",
-                            _ => "null",
-                        };
-                        let detail = format!("a JSON Lines record must be an object, not {kind}");
-                        return PreprocessError::read(path, at(), detail);
-                    }
-                    Ok(_) => {}
-                }
+            if text.is_empty() {
+                continue;
             }
-            line.clear();
+            let stop = Some(Err(arrow_schema::ArrowError::JsonError(String::new())));
+            return match serde_json::from_slice::<serde_json::Value>(text) {
+                Err(e) => {
+                    found = Some(PreprocessError::read(path, at(number), e));
+                    stop
+                }
+                Ok(v) if !v.is_object() => {
+                    let kind = match v {
+                        serde_json::Value::Array(_) => "an array",
+                        serde_json::Value::String(_) => "a string",
+                        serde_json::Value::Number(_) => "a number",
+                        serde_json::Value::Bool(_) => "a boolean",
+                        _ => "null",
+                    };
+                    let detail = format!("a JSON Lines record must be an object, not {kind}");
+                    found = Some(PreprocessError::read(path, at(number), detail));
+                    stop
+                }
+                Ok(v) => Some(Ok(v)),
+            };
         }
+    });
+    let inferred = arrow_json::reader::infer_json_schema_from_iterator(values);
+    match (found, inferred) {
+        (Some(e), _) => e,
+        (None, Err(e)) => PreprocessError::read(path, at(number), e),
+        (None, Ok(_)) => PreprocessError::read(path, None, error),
     }
-    PreprocessError::read(path, None, error)
 }
 
 /// Name the line of the first CSV record of `path` whose field count

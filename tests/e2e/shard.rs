@@ -840,6 +840,9 @@ fn bad_inputs_fail_cleanly_naming_the_file_and_leave_no_manifest() {
     // A JSON line that is valid JSON but not an object: named by its line.
     std::fs::write(&bad, "{\"a\": 1}\n\n[1, 2]\n").unwrap();
     check(vec![s(&bad)], &[], &["bad.jsonl", "line 3", "not an array"]);
+    // A field a list in one line and an object in a later one: that line.
+    std::fs::write(&bad, "{\"a\": [1]}\n{\"a\": [2]}\n{\"a\": {\"b\": 1}}\n").unwrap();
+    check(vec![s(&bad)], &[], &["bad.jsonl", "line 3", "json type"]);
 
     // A missing input.
     check(
