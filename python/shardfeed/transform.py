@@ -18,6 +18,7 @@ import pickle
 import threading
 import time
 import traceback
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable
@@ -516,27 +517,32 @@ class _Threads:
     the same either way (each batch's generator is seeded from its index)."""
 
     INLINE_S = 50e-6
+    THREAD_PREFIX = "shardfeed-transform"
 
-    def __init__(self, fn: Transform, threads: int, stage: _Stage, pin, loader):
+    def __init__(self, fn: Transform, threads: int, stage: _Stage, loader):
         self.fn = fn
         self.stage = stage
-        self.pin = pin
-        self.loader = loader
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="shardfeed-transform")
+        # Weak: a loader dropped without close() is freed (its threads joined, its slabs
+        # returned) when its last reference goes, not at some later garbage collection.
+        self.loader = weakref.ref(loader)
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix=self.THREAD_PREFIX)
         self.depth = threads + 1
         # The mean time of the recent runs (None before the first).
         self.mean_s: float | None = None
 
     def _run(self, batch: dict, index: int, words: list[int]) -> dict:
         started = time.perf_counter()
-        _running.batch = (self.loader, index)
+        loader = self.loader()
+        if loader is None:
+            raise ShardfeedError(f"the loader was dropped while batch {index} was transformed")
+        _running.batch = (loader, index)
         try:
             out = self.fn(batch, generator(words))
         finally:
             _running.batch = None
         ran = time.perf_counter() - started
         self.stage.ran(ran)
-        out = self.pin(_check_output(out, index), index)
+        out = loader._pin(_check_output(out, index), index)
         took = time.perf_counter() - started
         self.mean_s = took if self.mean_s is None else 0.875 * self.mean_s + 0.125 * took
         return out
@@ -575,7 +581,11 @@ class _Threads:
                 pass
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        # A loader whose last reference went on one of its own pool's threads (dropped by the
+        # caller while that thread transformed a batch) is closed there: that thread cannot
+        # wait for itself; it ends when its run returns.
+        own = threading.current_thread().name.startswith(self.THREAD_PREFIX)
+        self.pool.shutdown(wait=not own, cancel_futures=True)
 
 
 def _slab_of(value) -> tuple | None:
@@ -752,7 +762,8 @@ class _Processes:
     blocks are reused from batch to batch."""
 
     def __init__(self, fn: Transform, processes: int, stage: _Stage, pin):
-        self.pin = pin
+        # Weak, as `_Threads.loader` is.
+        self.pin = weakref.WeakMethod(pin)
         try:
             fn_bytes = pickle.dumps(fn)
         except Exception as e:
@@ -861,7 +872,10 @@ class _Processes:
         if error is not None:
             raise ShardfeedError(f"transform failed on batch {index} (in a worker process): {error}")
         views = _from_shared(self.blocks.get(out_name), layout)
-        pinned = self.pin(views, index, copy=False)
+        pin = self.pin()
+        if pin is None:
+            raise ShardfeedError(f"the loader was dropped while batch {index} was transformed")
+        pinned = pin(views, index, copy=False)
         return pinned if pinned is not views else {k: v.copy() for k, v in views.items()}
 
     def discard(self, task_id: int, index: int) -> None:
@@ -910,7 +924,7 @@ class _TransformLoader(Loader):
         workers = processes or threads or DEFAULT_TRANSFORM_THREADS
         self._stage = _Stage(workers)
         self._runner = (_Processes(fn, processes, self._stage, self._pin) if processes
-                        else _Threads(fn, workers, self._stage, self._pin, self))
+                        else _Threads(fn, workers, self._stage, self))
         self._pending: collections.deque = collections.deque()
         self._exhausted = False
         self._delivered_state = _native.Loader.state_dict(self)

@@ -5,14 +5,18 @@ shared memory left behind."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
+import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import shardfeed
+from shardfeed.transform import _batch_index
 
 ROWS = 3000
 
@@ -174,6 +178,66 @@ def test_an_exception_names_the_batch_with_its_traceback(dataset, mode):
     assert "fails_on_one_row" in str(err.value)  # the traceback
     loader.close()
     assert shm_left() == []
+
+
+@pytest.mark.parametrize("mode", [dict(transform_threads=2), dict(transform_processes=2)])
+def test_a_loader_dropped_without_close_is_freed_at_once(dataset, mode):
+    """Its last reference gone, the loader is freed there (threads joined, workers ended,
+    shared memory unlinked), not at the next garbage collection: nothing of the transform
+    stage refers back to it."""
+    loader = shardfeed.Loader(dataset, 64, seed=1, transform=augment, **mode)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    runner = loader._runner
+    threads = list(getattr(getattr(runner, "pool", None), "_threads", ()))
+    procs = list(getattr(runner, "procs", ()))
+    assert threads or procs
+    # The batches transformed ahead are done (a run in progress holds the loader until it
+    # returns: the next test drops it then).
+    for handle, _, _ in list(loader._pending):
+        if hasattr(handle, "exception"):
+            handle.exception()
+    gone = weakref.ref(loader)
+    gc.disable()
+    try:
+        del it, loader
+        assert gone() is None
+    finally:
+        gc.enable()
+    assert not any(t.is_alive() for t in threads)
+    assert all(p.exitcode is not None for p in procs)
+    assert shm_left() == []
+
+
+def test_a_loader_dropped_while_its_transform_runs_is_freed_when_the_run_returns(dataset):
+    """The last reference then goes on a transform thread, which closes the loader without
+    waiting for itself."""
+    started, release, freed = threading.Event(), threading.Event(), threading.Event()
+
+    def blocks(batch, rng):
+        if _batch_index(batch) == 2:
+            started.set()
+            release.wait()
+        return batch
+
+    loader = shardfeed.Loader(dataset, 64, seed=1, transform=blocks, transform_threads=2)
+    threads = list(loader._runner.pool._threads)
+    it = iter(loader)
+    next(it)
+    assert started.wait(60)
+    weakref.finalize(loader, freed.set)
+    gc.disable()
+    try:
+        del it, loader
+        assert not freed.is_set()
+        release.set()
+        assert freed.wait(60)
+    finally:
+        gc.enable()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
 
 
 def test_a_worker_killed_is_an_error_naming_the_batch(dataset):
