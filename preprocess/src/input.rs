@@ -498,7 +498,8 @@ fn check_columns(path: &Path, schema: &Schema, options: &ShardOptions) -> Result
     ))
 }
 
-/// On an inference error, find the first line that is not valid JSON.
+/// On an inference error, find the line it stops at: the first that is not
+/// valid JSON, not an object, or whose types conflict with the lines before.
 fn json_error_location(path: &Path, error: arrow_schema::ArrowError) -> PreprocessError {
     let Ok(file) = File::open(path) else {
         return PreprocessError::read(path, None, error);
@@ -631,7 +632,11 @@ fn first_bad_record(path: &Path) -> std::io::Result<Option<(u64, String)>> {
                 match header {
                     None => header = Some(fields),
                     Some(h) if h != fields => {
-                        let detail = format!("the record has {fields} fields, the header {h}");
+                        let plural = |n: usize| if n == 1 { "" } else { "s" };
+                        let detail = format!(
+                            "the record has {fields} field{}, the header {h}",
+                            plural(fields)
+                        );
                         return Ok(Some((record_line, detail)));
                     }
                     Some(_) => {}
@@ -1384,7 +1389,7 @@ mod tests {
         let line = lines + 2;
         assert_eq!(
             scan(ragged.as_bytes()),
-            Some((line, "the record has 1 fields, the header 2".into()))
+            Some((line, "the record has 1 field, the header 2".into()))
         );
         // A long field ending in a cut sequence is not UTF-8.
         let mut cut = format!("a,b\n1,\"{long}").into_bytes();
