@@ -196,6 +196,31 @@ impl FeedBuilder {
     }
 }
 
+impl FeedBuilder {
+    /// A plain loader's builder whose shuffle window was left to the byte
+    /// budget, set to the window `states` were saved with (the order follows
+    /// the window, which follows the budget): so that a job resumes with
+    /// another `byte_budget`, or on a machine that chose another window.
+    /// `None` when the window was given, for mixtures, and when the states
+    /// do not agree on one.
+    pub fn with_window_of(&self, states: &[FeedState]) -> Option<FeedBuilder> {
+        let FeedBuilder::Loader(b) = self else {
+            return None;
+        };
+        if b.window.is_some() {
+            return None;
+        }
+        let mut windows = states.iter().map(|s| match s {
+            FeedState::Loader(s) => Some(s.window),
+            FeedState::Mixture(_) => None,
+        });
+        let first = windows.next()??;
+        windows
+            .all(|w| w == Some(first))
+            .then(|| FeedBuilder::Loader(b.clone().window(first)))
+    }
+}
+
 /// `states`, each a plain loader's, or an error naming the kind found.
 fn loader_states(states: &[FeedState]) -> Result<Vec<LoaderState>> {
     states

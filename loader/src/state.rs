@@ -140,9 +140,15 @@ pub(crate) fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T>
 pub(crate) fn same_order(options: &[(&str, u64, u64)]) -> Result<()> {
     for &(what, a, b) in options {
         if a != b {
+            // Unless given, the window follows the byte budget.
+            let hint = if what == "window" {
+                format!("; build the loader with window {a} to resume it")
+            } else {
+                String::new()
+            };
             return Err(LoaderError::BadState {
                 reason: format!(
-                    "the state has {what} {a} but this loader has {b}: the order would differ"
+                    "the state has {what} {a} but this loader has {b}: the order would differ{hint}"
                 ),
             });
         }

@@ -180,7 +180,9 @@ class Loader:
         ranks, each row (and token) read once across both runs, except fewer
         than ``world_size`` rows per dataset and epoch. The one state of a
         single-rank job, given as it is, resumes so too. ``allow_changed=True``
-        (mixtures) starts sources whose dataset or weight changed afresh."""
+        (mixtures) starts sources whose dataset or weight changed afresh. A loader whose
+        ``window`` was left to ``byte_budget`` takes the state's window (the order follows it),
+        so a job resumes under another ``byte_budget``."""
     def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> None:
         """Change a mixture's weights from the next batch on (recorded in the state)."""
     def stats(self) -> dict[str, Any]:

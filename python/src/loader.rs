@@ -27,6 +27,48 @@ fn resume(feed: &mut dyn Feed, texts: &[String], allow_changed: bool) -> Result<
     feed.restore(&states, allow_changed)
 }
 
+/// When `current` refused `texts` for their shuffle window alone, and its
+/// window was left to the byte budget (which chose another one here: another
+/// `byte_budget`, another machine's default), `builder`'s loader rebuilt
+/// with the states' window and resumed from them; `None` otherwise.
+fn rebuilt_for(
+    builder: &FeedBuilder,
+    current: &dyn Feed,
+    texts: &[String],
+    allow_changed: bool,
+) -> Option<Result<Box<dyn Feed>, LoaderError>> {
+    use shardfeed_loader::FeedState;
+    let states = texts
+        .iter()
+        .map(|t| current.parse_state(t))
+        .collect::<Result<Vec<_>, _>>()
+        .ok()?;
+    let (FeedState::Loader(mine), Some(FeedState::Loader(saved))) =
+        (current.save(), states.first())
+    else {
+        return None;
+    };
+    if saved.window == mine.window {
+        return None;
+    }
+    let adopted = builder.with_window_of(&states)?;
+    let window = saved.window;
+    Some(
+        adopted
+            .build()
+            .map_err(|e| LoaderError::BadState {
+                reason: format!(
+                    "the state was saved with shuffle windows of {window} row groups (this loader chose {} from its byte_budget), and a loader with them cannot be built: {e}",
+                    mine.window
+                ),
+            })
+            .and_then(|mut fresh| {
+                resume(fresh.as_mut(), texts, allow_changed)?;
+                Ok(fresh)
+            }),
+    )
+}
+
 /// A loader's state as `Loader._saved()` took it.
 #[pyclass(name = "_SavedState", module = "shardfeed._native", frozen)]
 pub(crate) struct SavedState(shardfeed_loader::FeedState);
@@ -76,10 +118,18 @@ impl PyLoader {
             })?;
             if let Some(old) = inner.loader.take() {
                 // Its threads and runtime exist only in the parent: never
-                // join or drop them here. Continue where the parent was.
-                let state = old.save().to_json();
+                // join or drop them here. Continue where the parent was
+                // (with its window, which a resume may have taken from a
+                // state).
+                let saved = old.save();
+                let state = saved.to_json();
                 std::mem::forget(old);
-                let mut fresh = self.builder.build().map_err(loader_error)?;
+                let builder = self.builder.with_window_of(&[saved]);
+                let mut fresh = builder
+                    .as_ref()
+                    .unwrap_or(&self.builder)
+                    .build()
+                    .map_err(loader_error)?;
                 resume(fresh.as_mut(), &[state], false).map_err(loader_error)?;
                 inner.loader = Some(fresh);
             }
@@ -593,7 +643,25 @@ impl PyLoader {
         if texts.is_empty() {
             return Err(bad_option("state", "an empty list of states"));
         }
-        py.detach(|| self.with_any(|l| resume(l, &texts, allow_changed).map_err(loader_error)))
+        py.detach(|| {
+            let mut inner = self.lock()?;
+            if inner.closed {
+                return Err(ShardfeedError::new_err("the loader is closed"));
+            }
+            let loader = inner.loader.as_mut().expect("open loaders hold one");
+            let Err(refused) = resume(loader.as_mut(), &texts, allow_changed) else {
+                return Ok(());
+            };
+            match rebuilt_for(&self.builder, loader.as_ref(), &texts, allow_changed) {
+                Some(Ok(fresh)) => {
+                    // The old loader's threads are joined as it drops.
+                    inner.loader = Some(fresh);
+                    Ok(())
+                }
+                Some(Err(e)) => Err(loader_error(e)),
+                None => Err(loader_error(refused)),
+            }
+        })
     }
 
     /// Change a mixture's weights (a dict of dataset to weight, or a list in

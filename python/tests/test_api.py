@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardfeed
-from conftest import KINDS_ROWS, TOKENS_ROWS, kinds_table
+from conftest import KINDS_ROWS, TOKENS_ROWS, kinds_table, make_dataset, tokens_table
 
 
 def ids(batches):
@@ -193,6 +193,45 @@ def test_a_single_rank_jobs_state_resumes_on_three_ranks(tokens_dataset, as_list
     with shardfeed.Loader(tokens_dataset, 64, seed=4, rank=0, world_size=3) as loader:
         with pytest.raises(ValueError, match="all ranks"):
             loader.load_state_dict(one_of_two)
+
+
+def test_a_state_resumes_under_another_byte_budget(tmp_path):
+    """A dataset written in input order gets shuffle windows sized from `byte_budget` (20 row
+    groups at 2 MB here, 81 at 8 MB). A job resumed with another budget (or on a machine that
+    chose another) continues with the window its state was saved with: the same batches as the
+    uninterrupted run, single rank and elastically (it was refused: "the state has window 20
+    but this loader has 81"). A budget that cannot hold the saved windows, or a window given
+    that differs, is refused naming them."""
+    ds = make_dataset(tmp_path, tokens_table(6000), 2, row_group_rows=100, shuffle=False)
+    ids = lambda batches: [b["id"].tolist() for b in batches]  # noqa: E731
+    with shardfeed.Loader(ds, 32, seed=2, byte_budget="2MB") as small:
+        assert small.state_dict()["window"] == 20
+        it = iter(small)
+        for _ in range(40):
+            next(it)
+        state = small.state_dict()
+        rest = ids(it)
+    with shardfeed.Loader(ds, 32, seed=2, byte_budget="8MB") as large:
+        assert large.state_dict()["window"] == 81
+        large.load_state_dict(state)
+        assert ids(large) == rest
+        assert large.state_dict()["window"] == 20
+    seen = []
+    for rank in range(2):
+        with shardfeed.Loader(ds, 32, seed=2, byte_budget="8MB", rank=rank, world_size=2) as r:
+            r.load_state_dict([state])
+            seen += [i for batch in ids(r) for i in batch]
+    assert len(seen) == len(set(seen)) and set(seen) <= {i for b in rest for i in b}
+    assert len({i for b in rest for i in b}) - len(seen) < 2 * 32
+    with shardfeed.Loader(ds, 32, seed=2, byte_budget="8MB") as large:
+        next(iter(large))
+        wide = large.state_dict()
+    with shardfeed.Loader(ds, 32, seed=2, byte_budget="2MB") as small:
+        with pytest.raises(ValueError, match=r"windows of 81 row groups.*byte_budget"):
+            small.load_state_dict(wide)
+    with shardfeed.Loader(ds, 32, seed=2, byte_budget="8MB", window=30) as given:
+        with pytest.raises(ValueError, match="has window 81 but this loader has 30.*window 81"):
+            given.load_state_dict(wide)
 
 
 def test_a_loader_dropped_while_its_threads_log_is_joined(tokens_dataset):
