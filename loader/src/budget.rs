@@ -107,18 +107,49 @@ pub(crate) fn parts(
 ) -> Option<(u64, Shape)> {
     let mut k = 2u64;
     while k <= MAX_PARTS {
-        let part = rows.div_ceil(k).max(1);
-        let cut = Shape {
-            unit_bytes: (shape.unit_bytes / k)
-                .saturating_add(overhead)
-                .min(shape.unit_bytes),
-            units: shape.units.saturating_mul(k),
-            // A row group's parts hold at least half `part` rows each.
-            batch_groups: batch_groups(batch_size, (part / 2).max(1)),
-            ..*shape
-        };
+        let (part, cut) = cut(shape, rows, overhead, batch_size, k);
         if cut.fits(window_of(&cut)) {
             return Some((part, cut));
+        }
+        if part == 1 {
+            return None;
+        }
+        k = k.saturating_mul(2);
+    }
+    None
+}
+
+/// The rows of `shape`'s row groups (`rows` on average) cut in `k` parts,
+/// and the shape of those parts.
+fn cut(shape: &Shape, rows: u64, overhead: u64, batch_size: usize, k: u64) -> (u64, Shape) {
+    let part = rows.div_ceil(k).max(1);
+    let cut = Shape {
+        unit_bytes: (shape.unit_bytes / k)
+            .saturating_add(overhead)
+            .min(shape.unit_bytes),
+        units: shape.units.saturating_mul(k),
+        // A row group's parts hold at least half `part` rows each.
+        batch_groups: batch_groups(batch_size, (part / 2).max(1)),
+        ..*shape
+    };
+    (part, cut)
+}
+
+/// The shape of parts of `part_rows` rows, when [`parts`] cuts `shape`'s row
+/// groups (`rows` on average) into parts of that many rows; `None` for any
+/// other count (a state's, from another dataset or forged).
+pub(crate) fn parts_of(
+    shape: &Shape,
+    rows: u64,
+    overhead: u64,
+    batch_size: usize,
+    part_rows: u64,
+) -> Option<Shape> {
+    let mut k = 2u64;
+    while k <= MAX_PARTS {
+        let (part, cut) = cut(shape, rows, overhead, batch_size, k);
+        if part == part_rows {
+            return Some(cut);
         }
         if part == 1 {
             return None;
@@ -222,6 +253,20 @@ mod tests {
         // ... but two windows are drawn over even when it has fewer.
         assert_eq!(shape(1024, 8, 1, 1).needed(2), 4);
         assert_eq!(s.needed(usize::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn a_states_parts_give_the_shape_parts_chose_and_no_other() {
+        // Row groups of 128 MiB and 40,000 rows in a 256 MiB budget, windows of 8.
+        let whole = shape(256, 128, 4, 2);
+        let (rows, cut) = parts(&whole, 40_000, 1 << 20, 97, |_| 8).expect("parts fit");
+        let again = parts_of(&whole, 40_000, 1 << 20, 97, rows).expect("its own count");
+        assert_eq!(
+            (again.unit_bytes, again.units, again.batch_groups),
+            (cut.unit_bytes, cut.units, cut.batch_groups)
+        );
+        assert!(parts_of(&whole, 40_000, 1 << 20, 97, rows + 1).is_none());
+        assert!(parts_of(&whole, 40_000, 1 << 20, 97, u64::MAX).is_none());
     }
 
     #[test]

@@ -200,7 +200,24 @@ impl LoaderBuilder {
         };
         let mut part_rows = 0;
         let whole_window = self.window.unwrap_or_else(|| shape.auto_window(fitted));
-        if manifest.index.is_some()
+        if let Some(rows) = self.part_rows.filter(|&r| r > 0) {
+            // A state's parts (the order follows them).
+            let cut = budget::parts_of(
+                &shape,
+                sizes.unit_rows,
+                sizes.part_overhead,
+                self.batch_size,
+                rows,
+            )
+            .ok_or_else(|| LoaderError::BadState {
+                reason: format!(
+                    "the state reads row groups in parts of {rows} rows, which this dataset's row groups are not cut into"
+                ),
+            })?;
+            part_rows = rows;
+            shape = cut;
+        } else if self.part_rows.is_none()
+            && manifest.index.is_some()
             && !shape.fits(whole_window)
             && let Some((rows, cut)) = budget::parts(
                 &shape,
@@ -240,11 +257,18 @@ impl LoaderBuilder {
 
         let needed = shape.needed(window);
         if !shape.fits(window) {
+            let (units, parts) = match part_rows {
+                0 => ("row groups", String::new()),
+                rows => (
+                    "parts",
+                    format!(" (row groups read in parts of {rows} rows)"),
+                ),
+            };
             return bad(
                 "byte_budget",
                 format!(
-                    "{} bytes cannot hold the {needed} row groups (~{} bytes of the projected columns each) that two shuffle windows of {} row groups and a batch of {} rows touch; raise it, or lower window or batch_size",
-                    self.byte_budget, sizes.unit_bytes, window, self.batch_size
+                    "{} bytes cannot hold the {needed} {units} (~{} bytes of the projected columns each) that two shuffle windows of {} {units} and a batch of {} rows touch{parts}; raise it, or lower window or batch_size",
+                    self.byte_budget, shape.unit_bytes, window, self.batch_size
                 ),
             );
         }

@@ -119,6 +119,10 @@ pub struct LoaderBuilder {
     pub(crate) shuffle: bool,
     pub(crate) seed: u64,
     pub(crate) window: Option<usize>,
+    /// An index's parts (rows), when taken from a state rather than from the
+    /// budget ([`crate::FeedBuilder::with_order_of`]); `Some(0)`: whole row
+    /// groups.
+    pub(crate) part_rows: Option<u64>,
     pub(crate) epoch: u64,
     pub(crate) rank: Option<u64>,
     pub(crate) world_size: Option<u64>,
@@ -210,6 +214,7 @@ impl LoaderBuilder {
             shuffle: true,
             seed: 0,
             window: None,
+            part_rows: None,
             epoch: 0,
             rank: None,
             world_size: None,

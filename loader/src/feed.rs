@@ -198,26 +198,28 @@ impl FeedBuilder {
 
 impl FeedBuilder {
     /// A plain loader's builder whose shuffle window was left to the byte
-    /// budget, set to the window `states` were saved with (the order follows
-    /// the window, which follows the budget): so that a job resumes with
-    /// another `byte_budget`, or on a machine that chose another window.
-    /// `None` when the window was given, for mixtures, and when the states
-    /// do not agree on one.
-    pub fn with_window_of(&self, states: &[FeedState]) -> Option<FeedBuilder> {
+    /// budget, set to the window (and an index's parts) `states` were saved
+    /// with (the order follows them, and they follow the budget): so that a
+    /// job resumes with another `byte_budget`, or on a machine that chose
+    /// others. `None` when the window was given, for mixtures, and when the
+    /// states do not agree.
+    pub fn with_order_of(&self, states: &[FeedState]) -> Option<FeedBuilder> {
         let FeedBuilder::Loader(b) = self else {
             return None;
         };
         if b.window.is_some() {
             return None;
         }
-        let mut windows = states.iter().map(|s| match s {
-            FeedState::Loader(s) => Some(s.window),
+        let mut orders = states.iter().map(|s| match s {
+            FeedState::Loader(s) => Some((s.window, s.part_rows)),
             FeedState::Mixture(_) => None,
         });
-        let first = windows.next()??;
-        windows
-            .all(|w| w == Some(first))
-            .then(|| FeedBuilder::Loader(b.clone().window(first)))
+        let (window, part_rows) = orders.next()??;
+        orders.all(|o| o == Some((window, part_rows))).then(|| {
+            let mut b = b.clone().window(window);
+            b.part_rows = Some(part_rows);
+            FeedBuilder::Loader(b)
+        })
     }
 }
 

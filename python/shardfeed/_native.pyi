@@ -181,8 +181,8 @@ class Loader:
         than ``world_size`` rows per dataset and epoch. The one state of a
         single-rank job, given as it is, resumes so too. ``allow_changed=True``
         (mixtures) starts sources whose dataset or weight changed afresh. A loader whose
-        ``window`` was left to ``byte_budget`` takes the state's window (the order follows it),
-        so a job resumes under another ``byte_budget``."""
+        ``window`` was left to ``byte_budget`` takes the state's window and an index's parts
+        (the order follows them), so a job resumes under another ``byte_budget``."""
     def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> None:
         """Change a mixture's weights from the next batch on (recorded in the state)."""
     def stats(self) -> dict[str, Any]:

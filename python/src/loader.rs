@@ -48,18 +48,28 @@ fn rebuilt_for(
     else {
         return None;
     };
-    if saved.window == mine.window {
+    if (saved.window, saved.part_rows) == (mine.window, mine.part_rows) {
         return None;
     }
-    let adopted = builder.with_window_of(&states)?;
-    let window = saved.window;
+    let adopted = builder.with_order_of(&states)?;
+    let parts = |rows: u64| match rows {
+        0 => String::new(),
+        n => format!(", read in parts of {n} rows"),
+    };
+    let (window, part_rows) = (saved.window, saved.part_rows);
     Some(
         adopted
             .build()
             .map_err(|e| LoaderError::BadState {
                 reason: format!(
-                    "the state was saved with shuffle windows of {window} row groups (this loader chose {} from its byte_budget), and a loader with them cannot be built: {e}",
-                    mine.window
+                    "the state was saved with shuffle windows of {window} row groups{} (this loader chose {}{} from its byte_budget), and a loader with them cannot be built: {}",
+                    parts(part_rows),
+                    mine.window,
+                    parts(mine.part_rows),
+                    match e {
+                        LoaderError::BadState { reason } => reason,
+                        other => other.to_string(),
+                    }
                 ),
             })
             .and_then(|mut fresh| {
@@ -124,7 +134,7 @@ impl PyLoader {
                 let saved = old.save();
                 let state = saved.to_json();
                 std::mem::forget(old);
-                let builder = self.builder.with_window_of(&[saved]);
+                let builder = self.builder.with_order_of(&[saved]);
                 let mut fresh = builder
                     .as_ref()
                     .unwrap_or(&self.builder)

@@ -216,6 +216,45 @@ def test_row_groups_larger_than_the_budget_are_read_in_parts(tmp_path, options):
     assert 40_000 // part_rows > 10
 
 
+def test_parts_and_windows_resume_under_another_byte_budget(tmp_path):
+    """An index's parts and windows follow `byte_budget` (parts of 188 rows in windows of 2
+    at 8 MB here, 1,500 in windows of 3 at 16 MB): a state resumes under another budget with
+    its own, the same batches as the uninterrupted run; a budget that cannot hold them, or
+    parts the row groups are not cut into, is refused naming them."""
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in range(2):
+        ids = [rng.integers(0, 50_000, 200, dtype=np.int32) for _ in range(3000)]
+        pq.write_table(
+            pa.table({"id": np.arange(f * 3000, (f + 1) * 3000),
+                      "t": pa.array(ids, pa.list_(pa.int32()))}),
+            data / f"{f}.parquet", row_group_size=3000,
+        )
+    index = str(tmp_path / "index")
+    shardfeed.index(str(data), index)
+    order = lambda s: (s["window"], s["part_rows"])  # noqa: E731
+    with shardfeed.Loader(index, 16, seed=3, byte_budget="8MB") as small:
+        assert order(small.state_dict()) == (2, 188)
+        it = iter(small)
+        for _ in range(30):
+            next(it)
+        state = small.state_dict()
+        rest = [b["id"].tolist() for b in it]
+    with shardfeed.Loader(index, 16, seed=3, byte_budget="16MB") as large:
+        assert order(large.state_dict()) == (3, 1500)
+        next(iter(large))
+        wide = large.state_dict()
+        large.load_state_dict(state)
+        assert [b["id"].tolist() for b in large] == rest
+        assert order(large.state_dict()) == (2, 188)
+    with shardfeed.Loader(index, 16, seed=3, byte_budget="8MB") as small:
+        with pytest.raises(ValueError, match=r"windows of 3 .*parts of 1500 rows.*byte_budget"):
+            small.load_state_dict(wide)
+        with pytest.raises(ValueError, match="parts of 11 rows, which"):
+            small.load_state_dict(dict(wide, part_rows=11))
+
+
 def test_globs_update_and_checksums(tmp_path):
     data = tmp_path / "data"
     first = write_files(data / "a", "pyarrow", 500, 2, row_group_size=100)
