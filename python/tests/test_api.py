@@ -214,6 +214,19 @@ def test_a_state_resumes_under_another_byte_budget(tmp_path):
     with shardfeed.Loader(ds, 32, seed=2, byte_budget="8MB") as large:
         assert large.state_dict()["window"] == 81
         large.load_state_dict(state)
+        # A forked child rebuilds the loader with the state's window too.
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.write(write_fd, json.dumps(ids(large)).encode())
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        with os.fdopen(read_fd) as f:
+            child = f.read()
+        assert os.waitpid(pid, 0)[1] == 0
+        assert json.loads(child) == rest
         assert ids(large) == rest
         assert large.state_dict()["window"] == 20
     seen = []
