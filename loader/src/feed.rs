@@ -194,9 +194,7 @@ impl FeedBuilder {
             FeedBuilder::Mixture(b) => Box::new(b.clone().build()?),
         })
     }
-}
 
-impl FeedBuilder {
     /// A plain loader's builder whose shuffle window was left to the byte
     /// budget, set to the window (and an index's parts) `states` were saved
     /// with (the order follows them, and they follow the budget): so that a

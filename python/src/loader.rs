@@ -27,10 +27,11 @@ fn resume(feed: &mut dyn Feed, texts: &[String], allow_changed: bool) -> Result<
     feed.restore(&states, allow_changed)
 }
 
-/// When `current` refused `texts` for their shuffle window alone, and its
-/// window was left to the byte budget (which chose another one here: another
-/// `byte_budget`, another machine's default), `builder`'s loader rebuilt
-/// with the states' window and resumed from them; `None` otherwise.
+/// When `current` refused `texts` and they were saved with another shuffle
+/// window (or an index's parts) than it has, its window left to the byte
+/// budget (which chose others here: another `byte_budget`, another machine's
+/// default), `builder`'s loader rebuilt with the states' and resumed from
+/// them; `None` otherwise.
 fn rebuilt_for(
     builder: &FeedBuilder,
     current: &dyn Feed,
