@@ -428,12 +428,16 @@ fn text_schema(
         if *f != format {
             continue;
         }
-        let file = open_file(path)?;
+        // Lines past the bound on one value are refused while the schema is
+        // inferred, as when the rows are read: inference holds a line whole
+        // (and a JSON line as parsed values, many times its size).
+        let max_line = options.max_value_bytes();
+        let file = LineBound::new(open_file(path)?, max_line);
         let schema = guarded(path, || {
             Ok(match format {
                 InputFormat::JsonLines => {
                     arrow_json::reader::infer_json_schema(BufReader::new(file), None)
-                        .map_err(|e| json_error_location(path, e))?
+                        .map_err(|e| json_error_location(path, max_line, e))?
                         .0
                 }
                 InputFormat::Csv => {
@@ -499,8 +503,13 @@ fn check_columns(path: &Path, schema: &Schema, options: &ShardOptions) -> Result
 }
 
 /// On an inference error, find the line it stops at: the first that is not
-/// valid JSON, not an object, or whose types conflict with the lines before.
-fn json_error_location(path: &Path, error: arrow_schema::ArrowError) -> PreprocessError {
+/// valid JSON, not an object, or whose types conflict with the lines before,
+/// or one longer than `max_line` bytes.
+fn json_error_location(
+    path: &Path,
+    max_line: u64,
+    error: arrow_schema::ArrowError,
+) -> PreprocessError {
     let Ok(file) = File::open(path) else {
         return PreprocessError::read(path, None, error);
     };
@@ -515,15 +524,23 @@ fn json_error_location(path: &Path, error: arrow_schema::ArrowError) -> Preproce
     let values = std::iter::from_fn(|| {
         loop {
             line.clear();
-            if reader.read_until(b'\n', &mut line).unwrap_or(0) == 0 {
+            let read = (&mut reader)
+                .take(max_line.saturating_add(2))
+                .read_until(b'\n', &mut line)
+                .unwrap_or(0);
+            if read == 0 {
                 return None;
             }
             number += 1;
             let text = trim_line(&line);
+            let stop = Some(Err(arrow_schema::ArrowError::JsonError(String::new())));
+            if text.len() as u64 > max_line {
+                found = Some(too_long(path, number, max_line));
+                return stop;
+            }
             if text.is_empty() {
                 continue;
             }
-            let stop = Some(Err(arrow_schema::ArrowError::JsonError(String::new())));
             return match serde_json::from_slice::<serde_json::Value>(text) {
                 Err(e) => {
                     found = Some(PreprocessError::read(path, at(number), e));

@@ -1879,13 +1879,23 @@ fn inputs_of_any_shape_are_held_within_the_memory_budget() {
     let big = "x".repeat(9 << 20);
     let json = tmp.path().join("big.jsonl");
     std::fs::write(&json, format!("{{\"a\": \"b\"}}\n{{\"a\": \"{big}\"}}\n")).unwrap();
+    // Refused while the schema is inferred, before the line is parsed (a
+    // JSON array is many times its size as parsed values).
+    let array = tmp.path().join("array.jsonl");
+    let ones = "1,".repeat(9 << 19);
+    std::fs::write(&array, format!("{{\"a\": 1}}\n[{ones}1]\n")).unwrap();
     let csv = tmp.path().join("big.csv");
     std::fs::write(&csv, format!("a\nb\n{big}\n")).unwrap();
     let folder = tmp.path().join("files");
     std::fs::create_dir_all(folder.join("x")).unwrap();
     std::fs::write(folder.join("x/small.bin"), b"small").unwrap();
     std::fs::write(folder.join("x/big.bin"), big.as_bytes()).unwrap();
-    for (input, place) in [(&json, "line 2"), (&csv, "at byte 4"), (&folder, "big.bin")] {
+    for (input, place) in [
+        (&json, "line 2"),
+        (&array, "line 2"),
+        (&csv, "at byte 4"),
+        (&folder, "big.bin"),
+    ] {
         let out = tmp.path().join("big-out");
         let run = shardfeed(&shard_args(
             &[s(input)],
