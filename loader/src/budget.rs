@@ -105,34 +105,38 @@ pub(crate) fn parts(
     batch_size: usize,
     window_of: impl Fn(&Shape) -> usize,
 ) -> Option<(u64, Shape)> {
-    let mut k = 2u64;
-    while k <= MAX_PARTS {
-        let (part, cut) = cut(shape, rows, overhead, batch_size, k);
-        if cut.fits(window_of(&cut)) {
-            return Some((part, cut));
-        }
-        if part == 1 {
-            return None;
-        }
-        k = k.saturating_mul(2);
-    }
-    None
+    cuts(shape, rows, overhead, batch_size).find(|(_, cut)| cut.fits(window_of(cut)))
 }
 
-/// The rows of `shape`'s row groups (`rows` on average) cut in `k` parts,
-/// and the shape of those parts.
-fn cut(shape: &Shape, rows: u64, overhead: u64, batch_size: usize, k: u64) -> (u64, Shape) {
-    let part = rows.div_ceil(k).max(1);
-    let cut = Shape {
-        unit_bytes: (shape.unit_bytes / k)
-            .saturating_add(overhead)
-            .min(shape.unit_bytes),
-        units: shape.units.saturating_mul(k),
-        // A row group's parts hold at least half `part` rows each.
-        batch_groups: batch_groups(batch_size, (part / 2).max(1)),
-        ..*shape
-    };
-    (part, cut)
+/// The row groups of `shape` (`rows` on average) cut in 2, 4, 8, ... parts,
+/// up to parts of one row or [`MAX_PARTS`] parts: each cut's rows a part and
+/// the shape of its parts.
+fn cuts(
+    shape: &Shape,
+    rows: u64,
+    overhead: u64,
+    batch_size: usize,
+) -> impl Iterator<Item = (u64, Shape)> + '_ {
+    let ks =
+        std::iter::successors(Some(2u64), |&k| k.checked_mul(2)).take_while(|&k| k <= MAX_PARTS);
+    let mut done = false;
+    ks.map_while(move |k| {
+        if done {
+            return None;
+        }
+        let part = rows.div_ceil(k).max(1);
+        done = part == 1;
+        let cut = Shape {
+            unit_bytes: (shape.unit_bytes / k)
+                .saturating_add(overhead)
+                .min(shape.unit_bytes),
+            units: shape.units.saturating_mul(k),
+            // A row group's parts hold at least half `part` rows each.
+            batch_groups: batch_groups(batch_size, (part / 2).max(1)),
+            ..*shape
+        };
+        Some((part, cut))
+    })
 }
 
 /// The shape of parts of `part_rows` rows, when [`parts`] cuts `shape`'s row
@@ -145,18 +149,9 @@ pub(crate) fn parts_of(
     batch_size: usize,
     part_rows: u64,
 ) -> Option<Shape> {
-    let mut k = 2u64;
-    while k <= MAX_PARTS {
-        let (part, cut) = cut(shape, rows, overhead, batch_size, k);
-        if part == part_rows {
-            return Some(cut);
-        }
-        if part == 1 {
-            return None;
-        }
-        k = k.saturating_mul(2);
-    }
-    None
+    cuts(shape, rows, overhead, batch_size)
+        .find(|&(part, _)| part == part_rows)
+        .map(|(_, cut)| cut)
 }
 
 /// Batches collated ahead by default: as many as [`DEFAULT_PREFETCH_BYTES`]

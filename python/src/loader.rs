@@ -186,11 +186,15 @@ fn open_loader<T>(
     mut inner: MutexGuard<'_, Inner>,
     f: impl FnOnce(&mut dyn Feed) -> PyResult<T>,
 ) -> PyResult<T> {
+    f(open_feed(&mut inner)?.as_mut())
+}
+
+/// The loader `inner` holds, unless it was closed.
+fn open_feed(inner: &mut Inner) -> PyResult<&mut Box<dyn Feed>> {
     if inner.closed {
         return Err(ShardfeedError::new_err("the loader is closed"));
     }
-    let loader = inner.loader.as_mut().expect("open loaders hold one");
-    f(loader.as_mut())
+    Ok(inner.loader.as_mut().expect("open loaders hold one"))
 }
 
 impl Drop for PyLoader {
@@ -656,10 +660,7 @@ impl PyLoader {
         }
         py.detach(|| {
             let mut inner = self.lock()?;
-            if inner.closed {
-                return Err(ShardfeedError::new_err("the loader is closed"));
-            }
-            let loader = inner.loader.as_mut().expect("open loaders hold one");
+            let loader = open_feed(&mut inner)?;
             let Err(refused) = resume(loader.as_mut(), &texts, allow_changed) else {
                 return Ok(());
             };
