@@ -44,7 +44,7 @@ pub mod retry;
 pub mod size;
 pub mod thrift;
 
-pub use checksum::{ChunkChecksums, ChunkHash, ChunkSum, Crc32, PageChecksums, Pages};
+pub use checksum::{ChunkChecksums, ChunkHash, ChunkHasher, ChunkSum, Crc32, PageChecksums, Pages};
 pub use error::{FormatError, Result, StoreError};
 pub use location::{Hub, HubRepo, Location};
 pub use manifest::{

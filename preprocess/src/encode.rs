@@ -223,7 +223,7 @@ pub(crate) enum EncodedChunk {
 }
 
 impl EncodedChunk {
-    fn bytes_written(&self) -> u64 {
+    pub(crate) fn bytes_written(&self) -> u64 {
         match self {
             EncodedChunk::Parquet(c) => c.close().bytes_written,
             EncodedChunk::Dictionary(c) => c.bytes_written(),

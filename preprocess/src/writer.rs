@@ -1,10 +1,12 @@
 //! Shard files: row groups appended in order, column chunk checksums added to
 //! the footer, then the file published under its final name.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use arrow_schema::SchemaRef;
 use parquet::arrow::ArrowWriter;
@@ -13,28 +15,87 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterPropertiesPtr;
 use parquet::file::writer::SerializedFileWriter;
-use shardfeed_format::{ChunkChecksums, ChunkHash, Crc32, ShardEntry};
+use shardfeed_format::{ChunkChecksums, ChunkHash, ChunkHasher, Crc32, ShardEntry};
 
 use crate::encode::EncodedRowGroup;
 use crate::{PreprocessError, Result};
 
-/// A `Write` that keeps a running CRC-32 and length of everything written.
+/// A `Write` that keeps a running CRC-32 and length of everything written,
+/// and checksums the column chunks [`ChunkTally`] is told of as their bytes
+/// pass.
 pub(crate) struct HashingWriter<W> {
     inner: W,
     hasher: crc32fast::Hasher,
     len: u64,
+    tally: Arc<Mutex<ChunkTally>>,
 }
 
 impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(buf)?;
+        let at = self.len;
         self.hasher.update(&buf[..n]);
         self.len += n as u64;
+        lock(&self.tally).pass(at, &buf[..n]);
         Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
     }
+}
+
+/// The column chunks' checksums, taken as their bytes pass on to the file
+/// (so a shard's chunks are not read back from disk to be summed).
+///
+/// parquet's writer buffers what it writes, so a chunk's bytes pass some
+/// time after it is appended: [`OpenShard::append`] registers where each
+/// chunk will lie, and the bytes are summed when they pass there.
+#[derive(Default)]
+pub(crate) struct ChunkTally {
+    /// Bytes passed on to the file so far.
+    passed: u64,
+    /// Chunks registered whose bytes have not all passed, in file order:
+    /// offset, length and the checksum of what has passed.
+    pending: VecDeque<(u64, u64, ChunkHasher)>,
+    /// Each chunk summed: its offset, length and checksum, in file order.
+    done: Vec<(u64, u64, u64)>,
+}
+
+impl ChunkTally {
+    /// Sum the chunk at `start` of `len` bytes as its bytes pass. A chunk
+    /// registered where bytes already passed is left out (the footer's
+    /// ranges are then read back: see [`OpenShard::finish`]).
+    fn register(&mut self, start: u64, len: u64) {
+        let after = self.pending.back().map_or(self.passed, |&(s, l, _)| s + l);
+        if start >= after {
+            self.pending.push_back((start, len, CHUNK_HASH.hasher()));
+            self.pass(self.passed, &[]);
+        }
+    }
+
+    /// `bytes` passed on to the file at offset `at`.
+    fn pass(&mut self, at: u64, bytes: &[u8]) {
+        let end = at + bytes.len() as u64;
+        self.passed = end;
+        while let Some((start, len, hasher)) = self.pending.front_mut() {
+            let stop = *start + *len;
+            if *start > end || (*start == end && stop > end) {
+                break;
+            }
+            let from = (*start).max(at);
+            let to = stop.min(end);
+            hasher.update(&bytes[(from - at) as usize..(to - at) as usize]);
+            if to < stop {
+                break;
+            }
+            let (start, len, hasher) = self.pending.pop_front().expect("a chunk pending");
+            self.done.push((start, len, hasher.finish().value));
+        }
+    }
+}
+
+fn lock(tally: &Mutex<ChunkTally>) -> std::sync::MutexGuard<'_, ChunkTally> {
+    tally.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Where finished shards go.
@@ -54,6 +115,7 @@ pub(crate) struct OpenShard {
     relative: String,
     staged: PathBuf,
     writer: SerializedFileWriter<HashingWriter<BufWriter<File>>>,
+    tally: Arc<Mutex<ChunkTally>>,
     row_groups: Vec<u64>,
     bytes: u64,
 }
@@ -67,12 +129,14 @@ impl OpenShard {
     ) -> Result<Self> {
         let staged = publish.staging_path(&relative);
         let file = File::create(&staged).map_err(|e| PreprocessError::io("create", &staged, e))?;
+        let tally = Arc::new(Mutex::new(ChunkTally::default()));
         let sink = HashingWriter {
             // parquet's writer hands on its 8 KiB buffer a write at a time:
             // gathered here, a shard is written in 1 MiB system calls.
             inner: BufWriter::with_capacity(1 << 20, file),
             hasher: crc32fast::Hasher::new(),
             len: 0,
+            tally: tally.clone(),
         };
         let options = ArrowWriterOptions::new().with_properties((**props).clone());
         let encode_err = |source| PreprocessError::Encode {
@@ -86,6 +150,7 @@ impl OpenShard {
             relative,
             staged,
             writer,
+            tally,
             row_groups: Vec::new(),
             bytes: 0,
         })
@@ -98,8 +163,12 @@ impl OpenShard {
 
     pub(crate) fn append(&mut self, group: EncodedRowGroup) -> Result<()> {
         let result = (|| {
+            let mut at = self.writer.bytes_written() as u64;
             let mut row_group = self.writer.next_row_group()?;
             for chunk in group.chunks {
+                let len = chunk.bytes_written();
+                lock(&self.tally).register(at, len);
+                at += len;
                 chunk.append_to_row_group(&mut row_group)?;
             }
             row_group.close()?;
@@ -123,23 +192,49 @@ impl OpenShard {
             source,
         };
         let io_err = |op, e| PreprocessError::io(op, &self.staged, e);
-        // Everything before the footer is on disk once flushed; checksum each
-        // column chunk from there (it is still in the page cache).
+        // Each chunk was checksummed as it was written, where the footer
+        // says it lies; should a chunk lie elsewhere (parquet's writer
+        // adding bytes around it), the chunks are read back from the file
+        // and checksummed there.
         self.writer.flush().map_err(|e| io_err("write", e))?;
         let reader = File::open(&self.staged).map_err(|e| io_err("open", e))?;
-        let mut sums = Vec::with_capacity(self.writer.flushed_row_groups().len());
-        let mut buf = Vec::new();
-        for row_group in self.writer.flushed_row_groups() {
-            let mut group = Vec::with_capacity(row_group.columns().len());
-            for column in row_group.columns() {
-                let (start, len) = column.byte_range();
-                buf.resize(len as usize, 0);
-                reader
-                    .read_exact_at(&mut buf, start)
-                    .map_err(|e| io_err("read", e))?;
-                group.push(CHUNK_HASH.of(&buf).value);
+        let done = std::mem::take(&mut lock(&self.tally).done);
+        let mut taken = done.iter();
+        let mut sums: Vec<Vec<u64>> = self
+            .writer
+            .flushed_row_groups()
+            .iter()
+            .map(|row_group| {
+                (row_group.columns().iter())
+                    .map_while(|column| {
+                        let (start, len) = column.byte_range();
+                        taken
+                            .next()
+                            .filter(|&&(at, n, _)| (at, n) == (start, len))
+                            .map(|&(_, _, sum)| sum)
+                    })
+                    .collect()
+            })
+            .collect();
+        let whole = taken.next().is_none()
+            && (sums.iter().zip(self.writer.flushed_row_groups()))
+                .all(|(s, g)| s.len() == g.columns().len());
+        debug_assert!(whole, "column chunks written where the footer says");
+        if !whole {
+            sums.clear();
+            let mut buf = Vec::new();
+            for row_group in self.writer.flushed_row_groups() {
+                let mut group = Vec::with_capacity(row_group.columns().len());
+                for column in row_group.columns() {
+                    let (start, len) = column.byte_range();
+                    buf.resize(len as usize, 0);
+                    reader
+                        .read_exact_at(&mut buf, start)
+                        .map_err(|e| io_err("read", e))?;
+                    group.push(CHUNK_HASH.of(&buf).value);
+                }
+                sums.push(group);
             }
-            sums.push(group);
         }
         let checksums = ChunkChecksums {
             hash: CHUNK_HASH,
@@ -182,5 +277,77 @@ impl OpenShard {
     /// Remove the staged file of an abandoned shard.
     pub(crate) fn abandon(self) {
         let _ = std::fs::remove_file(&self.staged);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Chunks registered ahead of their bytes are summed exactly, however
+    /// the bytes are split into writes (parquet's buffered writer hands on
+    /// 8 KiB pieces and larger writes whole), and bytes between chunks (the
+    /// file's magic, a page index) are left out.
+    #[test]
+    fn chunks_are_summed_as_their_bytes_pass_in_any_split() {
+        let file: Vec<u8> = (0..50_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        // (start, len): a gap before the first, adjacent chunks, an empty
+        // one, a gap between, one to the end.
+        let chunks = [
+            (4, 9_000),
+            (9_004, 1),
+            (9_005, 0),
+            (9_005, 20_000),
+            (29_100, 20_900),
+        ];
+        let mut state = 12345u64;
+        for round in 0..200 {
+            let mut tally = ChunkTally::default();
+            // Some registered before any byte passes, the rest as the
+            // bytes before them pass, as `append` registers a row group's.
+            let early = round % chunks.len();
+            for &(s, l) in &chunks[..early] {
+                tally.register(s, l);
+            }
+            let mut late = chunks[early..].iter().peekable();
+            let mut at = 0usize;
+            while at < file.len() {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let end = (at + 1 + (state >> 33) as usize % 12_000).min(file.len());
+                // Registered just before the write that reaches it.
+                while let Some(&&(s, l)) = late.peek()
+                    && s < end as u64
+                {
+                    tally.register(s, l);
+                    late.next();
+                }
+                tally.pass(at as u64, &file[at..end]);
+                at = end;
+            }
+            let want: Vec<_> = (chunks.iter())
+                .map(|&(s, l)| {
+                    (
+                        s,
+                        l,
+                        CHUNK_HASH.of(&file[s as usize..(s + l) as usize]).value,
+                    )
+                })
+                .collect();
+            assert_eq!(tally.done, want, "round {round}");
+            assert!(tally.pending.is_empty());
+        }
+    }
+
+    /// A chunk registered where bytes already passed is left out, not summed
+    /// from its middle.
+    #[test]
+    fn a_chunk_registered_behind_the_bytes_is_left_out() {
+        let mut tally = ChunkTally::default();
+        tally.pass(0, &[1; 100]);
+        tally.register(50, 100);
+        tally.pass(100, &[2; 100]);
+        assert!(tally.done.is_empty() && tally.pending.is_empty());
     }
 }
