@@ -119,6 +119,17 @@ pub enum PreprocessError {
         /// What is missing or inconsistent.
         reason: String,
     },
+    /// A shuffled task's gather found tasks that have not scattered their
+    /// rows (at once with `--stage gather`, else after `--wait-timeout`).
+    #[error("cannot gather task {task}'s rows into {url}: {reason}")]
+    Gather {
+        /// The dataset URL.
+        url: String,
+        /// The task gathering.
+        task: usize,
+        /// Which tasks have not scattered.
+        reason: String,
+    },
     /// Another writer holds the dataset's lock.
     #[error(
         "{url} is being written by {holder}; a second writer would replace or remove its shards. Wait for it to finish; if that run died on another machine, delete {url}/_shardfeed.lock"

@@ -76,7 +76,7 @@ pub(crate) fn shuffled(
             null_texts_skipped: 0,
         });
     }
-    wait_for_scatter(location, task.count, options, handle)?;
+    wait_for_scatter(location, task, options, handle)?;
     let (gathered, _staged) = gather_inputs(inputs, location, options, task, handle)?;
     let mut local = options.clone();
     local.shuffle_seed = Some(shardfeed_format::permute::hash_words(&[
@@ -159,10 +159,11 @@ fn scatter(
 /// `--stage gather`, naming the missing tasks).
 fn wait_for_scatter(
     location: &Location,
-    count: usize,
+    task: TaskSplit,
     options: &ShardOptions,
     handle: &tokio::runtime::Handle,
 ) -> Result<()> {
+    let count = task.count;
     let deadline = std::time::Instant::now() + options.wait_timeout;
     loop {
         let names: std::collections::HashSet<String> = handle
@@ -178,10 +179,11 @@ fn wait_for_scatter(
             return Ok(());
         }
         if options.stage == TaskStage::Gather || std::time::Instant::now() >= deadline {
-            return Err(PreprocessError::Commit {
+            return Err(PreprocessError::Gather {
                 url: location.url().to_string(),
+                task: task.index,
                 reason: format!(
-                    "cannot gather: {} of {count} tasks have not scattered their rows yet: task {}",
+                    "{} of {count} tasks have not scattered their rows yet: task {}",
                     missing.len(),
                     missing.join(", ")
                 ),
