@@ -262,7 +262,8 @@ async fn find_remote(input: &str, storage: &[(String, String)]) -> Result<Vec<Fo
     };
     if pattern.is_none() {
         // One object? (Its folder is then the base.)
-        match location.store().head(location.prefix()).await {
+        let head = || location.store().head(location.prefix());
+        match location.retry().run(head, || {}).await {
             Ok(meta) => {
                 let (base, name) = folder.rsplit_once('/').unwrap_or(("", folder));
                 return Ok(vec![Found {
@@ -453,6 +454,8 @@ struct Reader {
     path: object_store::path::Path,
     fingerprint: Fingerprint,
     url: String,
+    /// Transient failures (5xx, resets, a body cut short) are retried.
+    retry: shardfeed_format::RetryPolicy,
 }
 
 impl Reader {
@@ -463,14 +466,12 @@ impl Reader {
             range: Some(range.into()),
             ..Default::default()
         };
-        let got = async {
-            self.store
-                .get_opts(&self.path, options)
-                .await?
+        let got = || async {
+            (self.store.get_opts(&self.path, options.clone()).await?)
                 .bytes()
                 .await
         };
-        got.await.map_err(|e| self.error(e))
+        self.retry.run(got, || {}).await.map_err(|e| self.error(e))
     }
 
     fn error(&self, e: object_store::Error) -> PreprocessError {
@@ -822,6 +823,7 @@ async fn index_file(found: Found, base: u32, place: &Location, checksums: bool) 
         path: place.child(&found.path),
         fingerprint: found.fingerprint.clone(),
         url: url.clone(),
+        retry: place.retry().clone(),
     };
     let (footer, metadata) = read_footer(&reader, found.size).await?;
     let footer_len = footer.len() as u64;

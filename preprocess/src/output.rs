@@ -181,45 +181,83 @@ impl StorePublish {
         })
     }
 
-    async fn upload(
-        &self,
-        staged: &Path,
-        relative: &str,
-    ) -> std::result::Result<(), PreprocessError> {
+    /// Upload the staged shard as `relative`. A transient store failure
+    /// (5xx, a reset connection) aborts the upload and starts it again from
+    /// the staged file, up to the location's retry count (every attempt
+    /// may take long, so no time bound applies between them).
+    async fn upload(&self, staged: &Path, relative: &str) -> Result<()> {
+        let policy = self.location.retry();
+        let salt = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let mut attempt = 0;
+        loop {
+            match self.upload_once(staged, relative).await {
+                Ok(()) => return Ok(()),
+                Err(Failed::Store(e))
+                    if shardfeed_format::retry::is_transient(&e)
+                        && attempt < policy.max_retries =>
+                {
+                    attempt += 1;
+                    tracing::info!(
+                        attempt,
+                        shard = relative,
+                        error = %shardfeed_format::redact::text(&e.to_string()),
+                        "uploading the shard again after a transient error"
+                    );
+                    tokio::time::sleep(policy.backoff(attempt, salt)).await;
+                }
+                Err(Failed::Store(source)) => {
+                    return Err(shardfeed_format::FormatError::Store {
+                        op: "upload",
+                        url: self.location.url_of(relative),
+                        error: shardfeed_format::StoreError(source),
+                    }
+                    .into());
+                }
+                Err(Failed::Local(e)) => return Err(PreprocessError::io("read", staged, e)),
+            }
+        }
+    }
+
+    /// One attempt at [`StorePublish::upload`]; a failed multipart upload is
+    /// aborted (so its parts do not stay in the store, billed).
+    async fn upload_once(&self, staged: &Path, relative: &str) -> std::result::Result<(), Failed> {
         use tokio::io::AsyncReadExt;
-        let store_err = |source| shardfeed_format::FormatError::Store {
-            op: "upload",
-            url: self.location.url_of(relative),
-            error: shardfeed_format::StoreError(source),
-        };
-        let upload = self
-            .location
-            .store()
+        let upload = (self.location.store())
             .put_multipart(&self.location.child(relative))
             .await
-            .map_err(store_err)?;
+            .map_err(Failed::Store)?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, UPLOAD_PART_BYTES);
-        let mut file = tokio::fs::File::open(staged)
-            .await
-            .map_err(|e| PreprocessError::io("open", staged, e))?;
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = file
-                .read(&mut buf)
-                .await
-                .map_err(|e| PreprocessError::io("read", staged, e))?;
-            if n == 0 {
-                break;
+        let written = async {
+            let mut file = tokio::fs::File::open(staged).await.map_err(Failed::Local)?;
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                let n = file.read(&mut buf).await.map_err(Failed::Local)?;
+                if n == 0 {
+                    return Ok(());
+                }
+                (writer.wait_for_capacity(UPLOAD_CONCURRENCY).await).map_err(Failed::Store)?;
+                writer.write(&buf[..n]);
             }
-            writer
-                .wait_for_capacity(UPLOAD_CONCURRENCY)
-                .await
-                .map_err(store_err)?;
-            writer.write(&buf[..n]);
         }
-        writer.finish().await.map_err(store_err)?;
-        Ok(())
+        .await;
+        match written {
+            Ok(()) => writer.finish().await.map(|_| ()).map_err(Failed::Store),
+            Err(e) => {
+                let _ = writer.abort().await;
+                Err(e)
+            }
+        }
     }
+}
+
+/// Why an upload attempt failed.
+enum Failed {
+    /// The store refused or failed a request.
+    Store(object_store::Error),
+    /// The staged file could not be read.
+    Local(std::io::Error),
 }
 
 impl Publish for StorePublish {

@@ -1100,3 +1100,44 @@ def test_slabs_grow_for_batches_past_the_estimate(tmp_path):
         stats = loader.stats()
     assert stats["oversize_batches"] == 0 and stats["slab_bytes"] > 64 << 10
     assert seen == {i: [m["content"] for m in ms] for i, ms in enumerate(messages)}
+
+
+def test_index_retries_a_flaky_stores_reads(tmp_path, moto_s3):
+    """A 503, a reset connection and a body cut short while footers are read are retried: the
+    index is whole and reads every row (it failed on the first of them before)."""
+    import boto3
+
+    from fault_proxy import Fault, FaultProxy
+
+    data = tmp_path / "data"
+    table = write_files(data, "pyarrow", 1200, 3, row_group_size=300)
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=moto_s3["aws_endpoint"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    for f in sorted(data.iterdir()):
+        s3.upload_file(str(f), "test-bucket", f"flaky/{f.name}")
+    upstream = moto_s3["aws_endpoint"].removeprefix("http://").split(":")
+    proxy = FaultProxy(
+        (upstream[0], int(upstream[1])),
+        [
+            Fault("GET", "part-000.parquet", "503"),
+            Fault("GET", "part-001.parquet", "reset"),
+            Fault("GET", "part-002.parquet", "cut"),
+        ],
+    )
+    try:
+        flaky = {**moto_s3, "aws_endpoint": proxy.endpoint}
+        index = str(tmp_path / "index")
+        summary = shardfeed.index("s3://test-bucket/flaky", index, storage_options=flaky)
+        assert sorted(a for _, _, a in proxy.injected) == ["503", "cut", "reset"], proxy.injected
+    finally:
+        proxy.close()
+    assert summary["files"] == 3
+    expected = expected_rows(table)
+    got = read_rows(index, storage_options=moto_s3)
+    assert sorted(r[0] for r in got) == sorted(expected)
+    assert all(tuple(v) == expected[i] for i, *v in got)

@@ -95,3 +95,34 @@ def test_ray_job_with_four_tasks(tmp_path, where, request):
                     shard_ids = pq.read_table(Path(out) / entry["path"], columns=["id"]).column("id")
                     sources = {i >= 3000 for i in shard_ids.to_pylist()}
                     assert sources == {False, True}, entry["path"]
+
+
+def test_shard_to_a_flaky_store_uploads_again(tmp_path, moto_s3):
+    """A 503 on a shard's part, a reset before its upload completes, and a 503 on the manifest
+    are retried: the dataset is whole, every row once (the first of them failed the run before)."""
+    from fault_proxy import Fault, FaultProxy
+
+    inputs = write_inputs(tmp_path)
+    upstream = moto_s3["aws_endpoint"].removeprefix("http://").split(":")
+    proxy = FaultProxy(
+        (upstream[0], int(upstream[1])),
+        [
+            Fault("PUT", "partNumber=", "503"),
+            Fault("POST", "uploadId=", "reset"),
+            Fault("PUT", "manifest.json", "503"),
+        ],
+    )
+    out = "s3://test-bucket/" + tmp_path.name + "/flaky"
+    try:
+        flaky = {**moto_s3, "aws_endpoint": proxy.endpoint}
+        summary = shardfeed.shard(inputs, out, row_group_rows=200, storage_options=flaky)
+        assert sorted(a for _, _, a in proxy.injected) == ["503", "503", "reset"], proxy.injected
+    finally:
+        proxy.close()
+    assert summary["rows"] == 4000
+    assert shardfeed.verify(out, storage_options=moto_s3)["ok"]
+    ids = []
+    with shardfeed.Loader(out, 128, drop_last=False, storage_options=moto_s3) as loader:
+        for batch in loader:
+            ids.extend(batch["id"].tolist())
+    assert sorted(ids) == list(range(4000))
