@@ -343,7 +343,17 @@ pub(crate) fn resolve(given: &[String], options: &ShardOptions) -> Result<Inputs
     let mut skipped = Vec::new();
     for input in given {
         let path = PathBuf::from(input);
-        if path.is_dir() {
+        let manifest = if path.is_dir() {
+            path.join(shardfeed_format::MANIFEST_FILE)
+        } else {
+            path.clone()
+        };
+        if matches!(forced, None | Some(InputFormat::Parquet))
+            && manifest.file_name() == Some(shardfeed_format::MANIFEST_FILE.as_ref())
+            && let Some(found) = shardfeed_dataset(&manifest)?
+        {
+            sources.extend(found);
+        } else if path.is_dir() {
             expand_folder(
                 &path,
                 forced,
@@ -388,6 +398,67 @@ pub(crate) fn resolve(given: &[String], options: &ShardOptions) -> Result<Inputs
         given: given.to_vec(),
         skipped,
     })
+}
+
+/// Manifests larger than this are not looked into (a 100,000-shard
+/// dataset's is ~20 MiB).
+const MAX_MANIFEST_BYTES: u64 = 1 << 30;
+
+/// A shardfeed dataset or index given as an input (its folder or its
+/// manifest): its shards, or the files it indexes, as Parquet inputs, so a
+/// dataset can be sharded again (other shard sizes, another shuffle). `None`
+/// when `manifest` is not a shardfeed manifest (a `manifest.json` among
+/// other data is read as data).
+fn shardfeed_dataset(manifest: &Path) -> Result<Option<Vec<Source>>> {
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        format: Option<serde_json::Value>,
+    }
+    if !manifest.is_file() || file_len(manifest) > MAX_MANIFEST_BYTES {
+        return Ok(None);
+    }
+    let bytes = std::fs::read(manifest).map_err(|e| PreprocessError::io("read", manifest, e))?;
+    let ours = serde_json::from_slice::<Probe>(&bytes)
+        .is_ok_and(|p| p.format == Some(shardfeed_format::FORMAT_NAME.into()));
+    if !ours {
+        return Ok(None);
+    }
+    let url = manifest.display().to_string();
+    let parsed = shardfeed_format::Manifest::from_json(&bytes, &url)?;
+    let root = manifest.parent().unwrap_or(Path::new("."));
+    let bases: Vec<PathBuf> = match &parsed.index {
+        None => Vec::new(),
+        Some(index) => (index.bases.iter())
+            .map(|base| {
+                url::Url::parse(base)
+                    .ok()
+                    .filter(|u| u.scheme() == "file")
+                    .and_then(|u| u.to_file_path().ok())
+                    .ok_or_else(|| PreprocessError::BadOption {
+                        option: "INPUT",
+                        reason: format!(
+                            "{url} is an index of files under {}: give those files to `shard` \
+                             (a remote index's files are read from their store)",
+                            shardfeed_format::redact::url(base)
+                        ),
+                    })
+            })
+            .collect::<Result<_>>()?,
+    };
+    let sources = (parsed.shards.iter())
+        .map(|shard| {
+            let folder = match shard.base {
+                Some(b) => &bases[b as usize],
+                None => root,
+            };
+            Source::File {
+                path: folder.join(&shard.path),
+                format: InputFormat::Parquet,
+                row_groups: None,
+            }
+        })
+        .collect();
+    Ok(Some(sources))
 }
 
 fn open_file(path: &Path) -> Result<File> {

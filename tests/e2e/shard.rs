@@ -532,6 +532,53 @@ fn globs_and_folders_of_parquet_files_expand_in_sorted_order() {
     assert_same_rows(&stored(&by_folder), &expected);
 }
 
+/// A shardfeed dataset given to `shard` again (its folder, or its manifest),
+/// and a local index: their shards or indexed files are the inputs, in the
+/// manifest's order, not its `manifest.json` read as JSON Lines (which
+/// failed on the manifest's first line).
+#[test]
+fn a_dataset_or_an_index_given_to_shard_is_sharded_again() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("in");
+    generated(
+        &dir,
+        Kind::Text,
+        600,
+        3,
+        FileFormat::Parquet(Compression::SNAPPY),
+    );
+    let expected = batch(Kind::Text, 0, 600, 7);
+    let stored = |dir: &Path| concat(&read_dataset(dir).1);
+    let first = tmp.path().join("first");
+    shard_small(&[s(&dir)], &first, &["--no-shuffle"]).success();
+    let again = tmp.path().join("again");
+    let smaller = [
+        "--no-shuffle",
+        "--shard-size",
+        "8KiB",
+        "--row-group-rows",
+        "100",
+    ];
+    shardfeed(&shard_args(&[s(&first)], &again, &smaller)).success();
+    assert_same_rows(&stored(&again), &expected);
+    let by_manifest = tmp.path().join("by-manifest");
+    let first_manifest = s(&first.join("manifest.json"));
+    shard_small(&[first_manifest], &by_manifest, &["--no-shuffle"]).success();
+    assert_same_rows(&stored(&by_manifest), &expected);
+    let index = tmp.path().join("index");
+    shardfeed(&["index", &s(&dir), "-o", &s(&index)]).success();
+    let from_index = tmp.path().join("from-index");
+    shard_small(&[s(&index)], &from_index, &["--no-shuffle"]).success();
+    assert_same_rows(&stored(&from_index), &expected);
+    // A manifest.json among other data that is not shardfeed's is data.
+    let other = tmp.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("manifest.json"), "{\"id\": 1}\n{\"id\": 2}\n").unwrap();
+    let out = tmp.path().join("other-out");
+    shard_small(&[s(&other)], &out, &["--no-shuffle"]).success();
+    assert_eq!(manifest(&out).total_rows, 2);
+}
+
 #[test]
 fn pyarrow_reads_the_shards() {
     let tmp = tempdir();
