@@ -190,7 +190,10 @@ fn verify_shard(
             error: source.into(),
         },
     };
-    let got = runtime.block_on(store.get(&path)).map_err(store_error)?;
+    // Transient failures (5xx, resets, a body cut short) are retried: the
+    // GET and the footer's read again, the stream from where it broke.
+    let retry = location.retry();
+    let got = (runtime.block_on(retry.run(|| store.get(&path), || {}))).map_err(store_error)?;
     let meta = got.meta.clone();
     if let Some(expected) = &entry.fingerprint {
         check_fingerprint(location, entry, expected, &meta)?;
@@ -213,9 +216,8 @@ fn verify_shard(
         .bytes
         .checked_sub(entry.footer_len)
         .ok_or_else(|| corrupt(None, "the footer is longer than the file".into()))?;
-    let footer_bytes = runtime
-        .block_on(store.get_range(&path, footer_start..entry.bytes))
-        .map_err(store_error)?;
+    let footer = || store.get_range(&path, footer_start..entry.bytes);
+    let footer_bytes = (runtime.block_on(retry.run(footer, || {}))).map_err(store_error)?;
     let footer = decode_footer(entry, &footer_bytes)?;
     let decode_err = |row_group, source| LoaderError::Decode {
         shard: entry.path.clone(),
@@ -317,7 +319,21 @@ enum SourceKind<'a> {
         stream: futures::stream::BoxStream<'static, object_store::Result<Bytes>>,
         pending: Bytes,
         runtime: &'a tokio::runtime::Handle,
+        resume: Resume,
     },
+}
+
+/// Where a remote file's stream starts again after a transient failure:
+/// a range read from the bytes received on, of the object with the same
+/// ETag (a file replaced meanwhile fails the precondition, not mixed in).
+struct Resume {
+    store: Arc<dyn object_store::ObjectStore>,
+    path: object_store::path::Path,
+    etag: Option<String>,
+    size: u64,
+    received: u64,
+    retry: shardfeed_format::RetryPolicy,
+    retries: u32,
 }
 
 /// The most bytes passed at once when skipping.
@@ -340,6 +356,15 @@ impl<'a> Source<'a> {
                     }
                 })?),
                 None => SourceKind::Remote {
+                    resume: Resume {
+                        store: location.store().clone(),
+                        path: location.child(&entry.path),
+                        etag: got.meta.e_tag.clone(),
+                        size: got.meta.size,
+                        received: 0,
+                        retry: location.retry().clone(),
+                        retries: 0,
+                    },
                     stream: got.into_stream(),
                     pending: Bytes::new(),
                     runtime,
@@ -368,18 +393,49 @@ impl<'a> Source<'a> {
     /// The next piece of a remote file's stream (`None` at its end).
     fn pull(&mut self) -> Result<Option<Bytes>> {
         let SourceKind::Remote {
-            stream, runtime, ..
+            stream,
+            runtime,
+            resume,
+            ..
         } = &mut self.kind
         else {
             return Ok(None);
         };
-        runtime
-            .block_on(stream.next())
-            .transpose()
-            .map_err(|e| LoaderError::Store {
-                url: self.url.clone(),
-                error: e.into(),
-            })
+        let failed = |e: object_store::Error| LoaderError::Store {
+            url: self.url.clone(),
+            error: e.into(),
+        };
+        loop {
+            match runtime.block_on(stream.next()) {
+                Some(Ok(bytes)) => {
+                    resume.received += bytes.len() as u64;
+                    return Ok(Some(bytes));
+                }
+                None => return Ok(None),
+                Some(Err(e))
+                    if shardfeed_format::retry::is_transient(&e)
+                        && resume.retries < resume.retry.max_retries
+                        && resume.received < resume.size =>
+                {
+                    resume.retries += 1;
+                    tracing::info!(
+                        url = %self.url,
+                        at = resume.received,
+                        error = %shardfeed_format::redact::text(&e.to_string()),
+                        "reading the file again from where its stream broke"
+                    );
+                    let rest = object_store::GetOptions {
+                        range: Some(object_store::GetRange::Offset(resume.received)),
+                        if_match: resume.etag.clone(),
+                        ..Default::default()
+                    };
+                    let get = || resume.store.get_opts(&resume.path, rest.clone());
+                    let got = runtime.block_on(resume.retry.run(get, || {}));
+                    *stream = got.map_err(failed)?.into_stream();
+                }
+                Some(Err(e)) => return Err(failed(e)),
+            }
+        }
     }
 
     /// The next `n` bytes.

@@ -78,11 +78,12 @@ async fn download(location: &Location, pattern: Option<&str>, dir: &Path) -> Res
             error: shardfeed_format::StoreError(source),
         })
     };
-    let listed: Vec<object_store::ObjectMeta> = store
-        .list(Some(location.prefix()))
-        .try_collect()
-        .await
-        .map_err(|e| store_err("list", e))?;
+    // Transient failures (5xx, resets, a body cut short) are retried; a
+    // download starts again from the object's start.
+    let policy = location.retry();
+    let list = || store.list(Some(location.prefix())).try_collect::<Vec<_>>();
+    let listed: Vec<object_store::ObjectMeta> =
+        (policy.run(list, || {}).await).map_err(|e| store_err("list", e))?;
     let glob =
         pattern
             .map(glob::Pattern::new)
@@ -107,11 +108,12 @@ async fn download(location: &Location, pattern: Option<&str>, dir: &Path) -> Res
     }
     if wanted.is_empty() && glob.is_none() {
         // Not a prefix: a single object.
-        if store.head(location.prefix()).await.is_ok() {
+        if (policy.run(|| store.head(location.prefix()), || {}).await).is_ok() {
             let name = location.prefix().filename().unwrap_or("input").to_string();
             let path = dir.join(name);
-            fetch(store.as_ref(), location.prefix(), &path)
-                .await
+            (policy
+                .run(|| fetch(store.as_ref(), location.prefix(), &path), || {})
+                .await)
                 .map_err(|e| store_err("read", e))?;
             return Ok(Fetched::File(path));
         }
@@ -121,9 +123,17 @@ async fn download(location: &Location, pattern: Option<&str>, dir: &Path) -> Res
         return Ok(Fetched::Nothing);
     }
     for (key, relative) in wanted {
-        fetch(store.as_ref(), &key, &dir.join(&relative))
-            .await
-            .map_err(|e| store_err("read", e))?;
+        let path = dir.join(&relative);
+        (policy
+            .run(|| fetch(store.as_ref(), &key, &path), || {})
+            .await)
+            .map_err(|source| {
+                PreprocessError::Format(shardfeed_format::FormatError::Store {
+                    op: "read",
+                    url: location.url_of(&relative),
+                    error: shardfeed_format::StoreError(source),
+                })
+            })?;
     }
     Ok(Fetched::Folder)
 }

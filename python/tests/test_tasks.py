@@ -126,3 +126,47 @@ def test_shard_to_a_flaky_store_uploads_again(tmp_path, moto_s3):
         for batch in loader:
             ids.extend(batch["id"].tolist())
     assert sorted(ids) == list(range(4000))
+
+
+def test_remote_inputs_and_verify_survive_a_flaky_store(tmp_path, moto_s3):
+    """`shard` of S3 inputs and `verify` of an S3 dataset through a store that answers 503,
+    resets a listing and cuts bodies short: retried (a download again, verify's stream from
+    where it broke); every row once (each failed on its first fault before)."""
+    import boto3
+
+    from fault_proxy import Fault, FaultProxy
+
+    inputs = write_inputs(tmp_path)
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=moto_s3["aws_endpoint"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    raw = f"{tmp_path.name}/raw"
+    for path in inputs:
+        s3.upload_file(path, "test-bucket", f"{raw}/{Path(path).name}")
+    upstream = moto_s3["aws_endpoint"].removeprefix("http://").split(":")
+    proxy = FaultProxy(
+        (upstream[0], int(upstream[1])),
+        [
+            Fault("GET", "list-type", "reset"),
+            Fault("GET", "raw/big.parquet", "503"),
+            Fault("GET", "raw/small.parquet", "cut"),
+            Fault("GET", "remote/shards/", "cut", times=2),
+            Fault("GET", "remote/shards/", "503"),
+        ],
+    )
+    out = f"s3://test-bucket/{tmp_path.name}/remote"
+    local = str(tmp_path / "from-s3")
+    try:
+        flaky = {**moto_s3, "aws_endpoint": proxy.endpoint}
+        shardfeed.shard(f"s3://test-bucket/{raw}", local, row_group_rows=200, storage_options=flaky)
+        shardfeed.shard(local, out, storage_options=moto_s3)
+        report = shardfeed.verify(out, storage_options=flaky)
+        assert sorted(a for _, _, a in proxy.injected) == ["503", "503", "cut", "cut", "cut", "reset"], proxy.injected
+    finally:
+        proxy.close()
+    assert report["ok"] and report["rows"] == 4000, report
+    assert sorted(shard_tables(local).column("id").to_pylist()) == list(range(4000))
