@@ -192,32 +192,53 @@ impl StorePublish {
             .map_or(0, |d| d.as_nanos() as u64);
         let mut attempt = 0;
         loop {
-            match self.upload_once(staged, relative).await {
+            let (error, again) = match self.upload_once(staged, relative).await {
                 Ok(()) => return Ok(()),
-                Err(Failed::Store(e))
-                    if shardfeed_format::retry::is_transient(&e)
-                        && attempt < policy.max_retries =>
-                {
-                    attempt += 1;
-                    tracing::info!(
-                        attempt,
-                        shard = relative,
-                        error = %shardfeed_format::redact::text(&e.to_string()),
-                        "uploading the shard again after a transient error"
-                    );
-                    tokio::time::sleep(policy.backoff(attempt, salt)).await;
-                }
-                Err(Failed::Store(source)) => {
-                    return Err(shardfeed_format::FormatError::Store {
-                        op: "upload",
-                        url: self.location.url_of(relative),
-                        error: shardfeed_format::StoreError(source),
-                    }
-                    .into());
-                }
                 Err(Failed::Local(e)) => return Err(PreprocessError::io("read", staged, e)),
+                Err(Failed::Store(e)) => {
+                    let again = shardfeed_format::retry::is_transient(&e);
+                    (e, again)
+                }
+                // The completion may have landed although its reply was lost
+                // (aborting it then says NoSuchUpload, a 404): the object is
+                // there, whole, or the upload starts again.
+                Err(Failed::Finish(e)) => {
+                    if self.uploaded_whole(staged, relative).await {
+                        return Ok(());
+                    }
+                    let again = shardfeed_format::retry::is_transient(&e)
+                        || matches!(e, object_store::Error::NotFound { .. });
+                    (e, again)
+                }
+            };
+            if !again || attempt >= policy.max_retries {
+                return Err(shardfeed_format::FormatError::Store {
+                    op: "upload",
+                    url: self.location.url_of(relative),
+                    error: shardfeed_format::StoreError(error),
+                }
+                .into());
             }
+            attempt += 1;
+            tracing::info!(
+                attempt,
+                shard = relative,
+                error = %shardfeed_format::redact::text(&error.to_string()),
+                "uploading the shard again after a transient error"
+            );
+            tokio::time::sleep(policy.backoff(attempt, salt)).await;
         }
+    }
+
+    /// Whether `relative` holds an object of the staged file's size.
+    async fn uploaded_whole(&self, staged: &Path, relative: &str) -> bool {
+        let Ok(size) = std::fs::metadata(staged).map(|m| m.len()) else {
+            return false;
+        };
+        let path = self.location.child(relative);
+        let head = || self.location.store().head(&path);
+        let found = self.location.retry().run(head, || {}).await;
+        found.is_ok_and(|meta| meta.size == size)
     }
 
     /// One attempt at [`StorePublish::upload`]; a failed multipart upload is
@@ -243,7 +264,8 @@ impl StorePublish {
         }
         .await;
         match written {
-            Ok(()) => writer.finish().await.map(|_| ()).map_err(Failed::Store),
+            // (finish aborts the upload itself when it fails.)
+            Ok(()) => writer.finish().await.map(|_| ()).map_err(Failed::Finish),
             Err(e) => {
                 let _ = writer.abort().await;
                 Err(e)
@@ -256,6 +278,9 @@ impl StorePublish {
 enum Failed {
     /// The store refused or failed a request.
     Store(object_store::Error),
+    /// Completing the upload failed: its parts, or the completion itself
+    /// (whose reply may have been lost after it landed).
+    Finish(object_store::Error),
     /// The staged file could not be read.
     Local(std::io::Error),
 }
