@@ -54,7 +54,7 @@ fn alive(pid: u32) -> bool {
 }
 
 /// Who holds a lock.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct Holder {
     command: String,
     run_id: String,
@@ -123,15 +123,17 @@ impl Lock {
             std::fs::create_dir_all(root)
                 .map_err(|e| PreprocessError::io("create output folder", root, e))?;
         }
+        let held = || Lock {
+            location: location.clone(),
+            handle: handle.clone(),
+            held: true,
+        };
         for _ in 0..2 {
-            match handle.block_on(create(location, &holder)) {
-                Ok(()) => {
-                    return Ok(Lock {
-                        location: location.clone(),
-                        handle: handle.clone(),
-                        held: true,
-                    });
-                }
+            // Transient failures are retried; a retry may find the lock a
+            // lost reply created: ours (see below).
+            let attempt = location.retry().run(|| create(location, &holder), || {});
+            match handle.block_on(attempt) {
+                Ok(()) => return Ok(held()),
                 Err(object_store::Error::AlreadyExists { .. }) => {}
                 Err(e) => {
                     return Err(shardfeed_format::FormatError::Store {
@@ -146,6 +148,9 @@ impl Lock {
                 // Released meanwhile: try again.
                 continue;
             };
+            if other == holder {
+                return Ok(held());
+            }
             if other.host == holder.host && !alive(other.pid) {
                 // A run on this machine that died: its files are ours to
                 // replace (a re-run completes the dataset).

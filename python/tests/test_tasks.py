@@ -98,9 +98,10 @@ def test_ray_job_with_four_tasks(tmp_path, where, request):
 
 
 def test_shard_to_a_flaky_store_uploads_again(tmp_path, moto_s3):
-    """A 503 on a shard's part, a reset before its upload completes, a completion whose reply is
-    cut short after it landed (its abort then says NoSuchUpload), and a 503 on the manifest: the
-    dataset is whole, every row once (the first of them failed the run before)."""
+    """A 503 on the dataset's lock and a lock whose reply is cut short after it landed, a 503 on
+    a shard's part, a reset before its upload completes, a completion whose reply is cut short
+    after it landed (its abort then says NoSuchUpload), and a 503 on the manifest: the dataset
+    is whole, every row once (the first of them failed the run before)."""
     from fault_proxy import Fault, FaultProxy
 
     inputs = write_inputs(tmp_path)
@@ -108,6 +109,8 @@ def test_shard_to_a_flaky_store_uploads_again(tmp_path, moto_s3):
     proxy = FaultProxy(
         (upstream[0], int(upstream[1])),
         [
+            Fault("PUT", "_shardfeed.lock", "503"),
+            Fault("PUT", "_shardfeed.lock", "cut"),
             Fault("PUT", "partNumber=", "503"),
             Fault("POST", "uploadId=", "reset"),
             Fault("POST", "uploadId=", "cut"),
@@ -118,7 +121,8 @@ def test_shard_to_a_flaky_store_uploads_again(tmp_path, moto_s3):
     try:
         flaky = {**moto_s3, "aws_endpoint": proxy.endpoint}
         summary = shardfeed.shard(inputs, out, row_group_rows=200, storage_options=flaky)
-        assert sorted(a for _, _, a in proxy.injected) == ["503", "503", "cut", "reset"], proxy.injected
+        injected = sorted(a for _, _, a in proxy.injected)
+        assert injected == ["503", "503", "503", "cut", "cut", "reset"], proxy.injected
     finally:
         proxy.close()
     assert summary["rows"] == 4000
