@@ -305,6 +305,14 @@ async fn find_remote(input: &str, storage: &[(String, String)]) -> Result<Vec<Fo
     Ok(found)
 }
 
+/// An answer of the Hub's API, read whole.
+struct HubAnswer {
+    status: reqwest::StatusCode,
+    /// Its `Link` headers (the next page of a file list).
+    links: Vec<String>,
+    body: bytes::Bytes,
+}
+
 /// The files of a Hugging Face Hub repository under `input`
 /// (`hf://datasets/ORG/NAME[@REV]/PATH_GLOB`): the revision resolved to its
 /// commit through the Hub's API (so a later push does not change what the
@@ -320,12 +328,46 @@ async fn find_hf(input: &str, storage: &[(String, String)]) -> Result<Vec<Found>
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| index_error(&name, e.to_string()))?;
-    let get = |url: String| {
-        let mut request = client.get(url);
-        if let Some(value) = hub.authorization() {
-            request = request.header(reqwest::header::AUTHORIZATION, value);
+    // One API answer read whole; connection failures, a body cut short, 429
+    // and 5xx answers are retried with backoff (the Hub rate-limits).
+    let policy = shardfeed_format::RetryPolicy::default();
+    let salt = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let get = async |url: &str| -> std::result::Result<HubAnswer, String> {
+        let mut attempt = 0;
+        loop {
+            let mut request = client.get(url);
+            if let Some(value) = hub.authorization() {
+                request = request.header(reqwest::header::AUTHORIZATION, value);
+            }
+            let answer = match request.send().await {
+                Ok(response) => {
+                    let status = response.status();
+                    let links: Vec<String> = (response.headers().get_all(reqwest::header::LINK))
+                        .iter()
+                        .filter_map(|v| v.to_str().ok().map(str::to_string))
+                        .collect();
+                    response.bytes().await.map(|body| HubAnswer {
+                        status,
+                        links,
+                        body,
+                    })
+                }
+                Err(e) => Err(e),
+            };
+            let again = match &answer {
+                Ok(a) => a.status.as_u16() == 429 || a.status.is_server_error(),
+                Err(e) => !e.is_builder(),
+            };
+            if !again || attempt >= policy.max_retries {
+                return answer
+                    .map_err(|e| shardfeed_format::redact::text(&e.without_url().to_string()));
+            }
+            attempt += 1;
+            tracing::info!(attempt, "asking the Hub again after a transient failure");
+            tokio::time::sleep(policy.backoff(attempt, salt)).await;
         }
-        request.send()
     };
     let refused = |status: reqwest::StatusCode| {
         let why = match (status.as_u16(), hub.has_token()) {
@@ -338,22 +380,12 @@ async fn find_hf(input: &str, storage: &[(String, String)]) -> Result<Vec<Found>
         index_error(&name, why)
     };
     let api = format!("{}/api/{}/{}", hub.endpoint, repo.kind, repo.repo);
-    let response = get(format!("{api}/revision/{}", repo.revision_in_path()))
-        .await
-        .map_err(|e| {
-            index_error(
-                &name,
-                shardfeed_format::redact::text(&e.without_url().to_string()),
-            )
-        })?;
-    if !response.status().is_success() {
-        return Err(refused(response.status()));
+    let revision = format!("{api}/revision/{}", repo.revision_in_path());
+    let response = get(&revision).await.map_err(|e| index_error(&name, e))?;
+    if !response.status.is_success() {
+        return Err(refused(response.status));
     }
-    let body = response
-        .bytes()
-        .await
-        .map_err(|e| index_error(&name, e.without_url().to_string()))?;
-    let info: serde_json::Value = serde_json::from_slice(&body)
+    let info: serde_json::Value = serde_json::from_slice(&response.body)
         .map_err(|e| index_error(&name, format!("the Hub's answer is not JSON: {e}")))?;
     let sha = info
         .get("sha")
@@ -377,27 +409,17 @@ async fn find_hf(input: &str, storage: &[(String, String)]) -> Result<Vec<Found>
         if !asked.insert(url.clone()) {
             return Err(index_error(&name, "the Hub's file list links a page twice"));
         }
-        let response = get(url)
-            .await
-            .map_err(|e| index_error(&name, e.without_url().to_string()))?;
-        if !response.status().is_success() {
-            return Err(refused(response.status()));
+        let response = get(&url).await.map_err(|e| index_error(&name, e))?;
+        if !response.status.is_success() {
+            return Err(refused(response.status));
         }
         // Pages follow `Link: <...>; rel="next"`, only on the endpoint.
-        next = response
-            .headers()
-            .get_all(reqwest::header::LINK)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
+        next = (response.links.iter())
             .flat_map(|v| v.split(','))
             .find(|l| l.contains("rel=\"next\""))
             .and_then(|l| Some(l.split_once('<')?.1.split_once('>')?.0.to_string()))
             .filter(|u| u.starts_with(&format!("{}/", hub.endpoint)));
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| index_error(&name, e.without_url().to_string()))?;
-        let entries: Vec<serde_json::Value> = serde_json::from_slice(&body)
+        let entries: Vec<serde_json::Value> = serde_json::from_slice(&response.body)
             .map_err(|e| index_error(&name, format!("the Hub's file list is not JSON: {e}")))?;
         for entry in entries {
             if entry.get("type").and_then(|t| t.as_str()) != Some("file") {

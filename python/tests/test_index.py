@@ -726,6 +726,8 @@ class FakeHub:
         self.commits: dict[str, dict[str, bytes]] = {}
         self.refs: dict[tuple[str, str], str] = {}
         self.resolve_auth: list[str | None] = []
+        # Answers the API gives before its real ones, one a request: an HTTP status, or "reset".
+        self.api_faults: list[int | str] = []
         # Set to another FakeHub: `resolve/` redirects there (the Hub's CDN), by another host name.
         self.cdn: FakeHub | None = None
         hub = self
@@ -763,6 +765,12 @@ class FakeHub:
                     return self.reply(302, headers=[("Location", f"http://localhost:{port}{self.path}")])
                 if repo == "org/private" and auth != "Bearer hf_secret" and hub.cdn is None and not hub.is_cdn:
                     return self.reply(401, b'{"error":"Invalid credentials"}')
+                if parts[:2] == ["api", "datasets"] and hub.api_faults:
+                    fault = hub.api_faults.pop(0)
+                    if fault == "reset":
+                        self.close_connection = True
+                        return self.connection.close()
+                    return self.reply(fault, b'{"error":"injected"}', [("Retry-After", "0")])
                 if parts[:2] == ["api", "datasets"] and parts[4] == "revision":
                     sha = hub.refs.get((repo, "/".join(parts[5:])))
                     if sha is None:
@@ -854,6 +862,23 @@ def test_hf_datasets_indexed_at_a_pinned_commit(tmp_path, hub):
     pinned = str(tmp_path / "pinned")
     assert shardfeed.index(f"hf://datasets/org/public@{'a' * 40}/data", pinned)["files"] == 4
     assert all(a is None for a in hub.resolve_auth)
+
+
+def test_hf_api_rate_limits_and_failures_are_retried(tmp_path, hub):
+    """429s, 5xx answers and a reset connection from the Hub's API (the revision, the pages of
+    the file tree) are asked again with backoff: the index is whole (the first failed it)."""
+    tables = [make_table(i * 200, 200) for i in range(5)]
+    hub.push("org/public", "d" * 40, {f"train-{i}.parquet": parquet_bytes(t) for i, t in enumerate(tables)})
+    hub.api_faults = [429, 503, "reset", 500]
+    index = str(tmp_path / "index")
+    assert shardfeed.index("hf://datasets/org/public", index)["files"] == 5
+    assert hub.api_faults == []
+    assert sorted(r[0] for r in read_rows(index)) == list(range(1000))
+    # What stays refused is refused at once: a 404 is not asked again.
+    hub.api_faults = [404, 429]
+    with pytest.raises(shardfeed.ShardfeedError, match="not found on the Hub"):
+        shardfeed.index("hf://datasets/org/public", str(tmp_path / "again"))
+    assert hub.api_faults == [429]
 
 
 def test_hf_private_datasets_need_a_token_that_is_never_shown(tmp_path, hub, monkeypatch):
