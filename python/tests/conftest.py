@@ -112,6 +112,19 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def s3_client(options: dict):
+    """A boto3 client of the S3 server `options` (`moto_s3`'s storage options) point at."""
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=options["aws_endpoint"],
+        aws_access_key_id=options["aws_access_key_id"],
+        aws_secret_access_key=options["aws_secret_access_key"],
+        region_name=options["aws_region"],
+    )
+
+
 @pytest.fixture(scope="session")
 def moto_s3():
     """moto's S3 server on a free loopback port, with a bucket; yields storage options."""

@@ -93,6 +93,16 @@ class FaultProxy:
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    @classmethod
+    def before(cls, options: dict, faults: list[Fault]) -> "FaultProxy":
+        """A proxy in front of the server of `options` (`moto_s3`'s storage options)."""
+        host, port = options["aws_endpoint"].removeprefix("http://").split(":")
+        return cls((host, int(port)), faults)
+
+    def options(self, options: dict) -> dict:
+        """`options` with their endpoint moved to this proxy."""
+        return {**options, "aws_endpoint": self.endpoint}
+
     def close(self):
         self.server.shutdown()
         self.server.server_close()

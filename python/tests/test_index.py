@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardfeed
+from conftest import s3_client
 
 SCHEMA = pa.schema(
     [
@@ -662,17 +663,9 @@ def test_elastic_resume_on_an_index_from_2_ranks_to_3(tmp_path):
 
 
 def test_s3_files_indexed_and_read_in_place(tmp_path, moto_s3):
-    import boto3
-
     data = tmp_path / "data"
     table = write_files(data, "pyarrow", 1500, 3, row_group_size=300)
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=moto_s3["aws_endpoint"],
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
+    s3 = s3_client(moto_s3)
     for f in sorted(data.iterdir()):
         s3.upload_file(str(f), "test-bucket", f"raw/{f.name}")
     s3.put_object(Bucket="test-bucket", Key="raw/_SUCCESS", Body=b"")
@@ -1130,24 +1123,15 @@ def test_slabs_grow_for_batches_past_the_estimate(tmp_path):
 def test_index_retries_a_flaky_stores_reads(tmp_path, moto_s3):
     """A 503, a reset connection and a body cut short while footers are read are retried: the
     index is whole and reads every row (it failed on the first of them before)."""
-    import boto3
-
     from fault_proxy import Fault, FaultProxy
 
     data = tmp_path / "data"
     table = write_files(data, "pyarrow", 1200, 3, row_group_size=300)
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=moto_s3["aws_endpoint"],
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
+    s3 = s3_client(moto_s3)
     for f in sorted(data.iterdir()):
         s3.upload_file(str(f), "test-bucket", f"flaky/{f.name}")
-    upstream = moto_s3["aws_endpoint"].removeprefix("http://").split(":")
-    proxy = FaultProxy(
-        (upstream[0], int(upstream[1])),
+    proxy = FaultProxy.before(
+        moto_s3,
         [
             Fault("GET", "part-000.parquet", "503"),
             Fault("GET", "part-001.parquet", "reset"),
@@ -1155,8 +1139,8 @@ def test_index_retries_a_flaky_stores_reads(tmp_path, moto_s3):
         ],
     )
     try:
-        flaky = {**moto_s3, "aws_endpoint": proxy.endpoint}
         index = str(tmp_path / "index")
+        flaky = proxy.options(moto_s3)
         summary = shardfeed.index("s3://test-bucket/flaky", index, storage_options=flaky)
         assert sorted(a for _, _, a in proxy.injected) == ["503", "cut", "reset"], proxy.injected
     finally:

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardfeed
-from conftest import kinds_table, shard_tables
+from conftest import kinds_table, s3_client, shard_tables
 
 TASKS = 4
 
@@ -105,9 +105,8 @@ def test_shard_to_a_flaky_store_uploads_again(tmp_path, moto_s3):
     from fault_proxy import Fault, FaultProxy
 
     inputs = write_inputs(tmp_path)
-    upstream = moto_s3["aws_endpoint"].removeprefix("http://").split(":")
-    proxy = FaultProxy(
-        (upstream[0], int(upstream[1])),
+    proxy = FaultProxy.before(
+        moto_s3,
         [
             Fault("PUT", "_shardfeed.lock", "503"),
             Fault("PUT", "_shardfeed.lock", "cut"),
@@ -119,7 +118,7 @@ def test_shard_to_a_flaky_store_uploads_again(tmp_path, moto_s3):
     )
     out = "s3://test-bucket/" + tmp_path.name + "/flaky"
     try:
-        flaky = {**moto_s3, "aws_endpoint": proxy.endpoint}
+        flaky = proxy.options(moto_s3)
         summary = shardfeed.shard(inputs, out, row_group_rows=200, storage_options=flaky)
         injected = sorted(a for _, _, a in proxy.injected)
         assert injected == ["503", "503", "503", "cut", "cut", "reset"], proxy.injected
@@ -138,24 +137,15 @@ def test_remote_inputs_and_verify_survive_a_flaky_store(tmp_path, moto_s3):
     """`shard` of S3 inputs and `verify` of an S3 dataset through a store that answers 503,
     resets a listing and cuts bodies short: retried (a download again, verify's stream from
     where it broke); every row once (each failed on its first fault before)."""
-    import boto3
-
     from fault_proxy import Fault, FaultProxy
 
     inputs = write_inputs(tmp_path)
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=moto_s3["aws_endpoint"],
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
+    s3 = s3_client(moto_s3)
     raw = f"{tmp_path.name}/raw"
     for path in inputs:
         s3.upload_file(path, "test-bucket", f"{raw}/{Path(path).name}")
-    upstream = moto_s3["aws_endpoint"].removeprefix("http://").split(":")
-    proxy = FaultProxy(
-        (upstream[0], int(upstream[1])),
+    proxy = FaultProxy.before(
+        moto_s3,
         [
             Fault("GET", "list-type", "reset"),
             Fault("GET", "raw/big.parquet", "503"),
@@ -167,7 +157,7 @@ def test_remote_inputs_and_verify_survive_a_flaky_store(tmp_path, moto_s3):
     out = f"s3://test-bucket/{tmp_path.name}/remote"
     local = str(tmp_path / "from-s3")
     try:
-        flaky = {**moto_s3, "aws_endpoint": proxy.endpoint}
+        flaky = proxy.options(moto_s3)
         shardfeed.shard(f"s3://test-bucket/{raw}", local, row_group_rows=200, storage_options=flaky)
         shardfeed.shard(local, out, storage_options=moto_s3)
         report = shardfeed.verify(out, storage_options=flaky)

@@ -504,10 +504,10 @@ fn a_folder_input_is_shuffled_by_permuting_its_files() {
     );
 }
 
-#[test]
-fn globs_and_folders_of_parquet_files_expand_in_sorted_order() {
-    let tmp = tempdir();
-    let dir = tmp.path().join("in");
+/// Three snappy Parquet files of 600 generated text rows in `tmp/in`, and
+/// those rows.
+fn text_parquet_inputs(tmp: &Path) -> (std::path::PathBuf, RecordBatch) {
+    let dir = tmp.join("in");
     generated(
         &dir,
         Kind::Text,
@@ -515,8 +515,14 @@ fn globs_and_folders_of_parquet_files_expand_in_sorted_order() {
         3,
         FileFormat::Parquet(Compression::SNAPPY),
     );
+    (dir, batch(Kind::Text, 0, 600, 7))
+}
+
+#[test]
+fn globs_and_folders_of_parquet_files_expand_in_sorted_order() {
+    let tmp = tempdir();
+    let (dir, expected) = text_parquet_inputs(tmp.path());
     std::fs::write(dir.join("_SUCCESS"), b"").unwrap();
-    let expected = batch(Kind::Text, 0, 600, 7);
     // In input order (--no-shuffle): rows as the inputs expand.
     let stored = |dir: &Path| concat(&read_dataset(dir).1);
     let by_glob = tmp.path().join("glob");
@@ -539,15 +545,7 @@ fn globs_and_folders_of_parquet_files_expand_in_sorted_order() {
 #[test]
 fn a_dataset_or_an_index_given_to_shard_is_sharded_again() {
     let tmp = tempdir();
-    let dir = tmp.path().join("in");
-    generated(
-        &dir,
-        Kind::Text,
-        600,
-        3,
-        FileFormat::Parquet(Compression::SNAPPY),
-    );
-    let expected = batch(Kind::Text, 0, 600, 7);
+    let (dir, expected) = text_parquet_inputs(tmp.path());
     let stored = |dir: &Path| concat(&read_dataset(dir).1);
     let first = tmp.path().join("first");
     shard_small(&[s(&dir)], &first, &["--no-shuffle"]).success();
