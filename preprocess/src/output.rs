@@ -230,15 +230,32 @@ impl StorePublish {
         }
     }
 
-    /// Whether `relative` holds an object of the staged file's size.
+    /// Whether `relative` holds the staged file's bytes: its size, then
+    /// (only on this rare path) its CRC-32 read back, as a shard of another
+    /// run may lie there with the same size.
     async fn uploaded_whole(&self, staged: &Path, relative: &str) -> bool {
-        let Ok(size) = std::fs::metadata(staged).map(|m| m.len()) else {
+        use futures::TryStreamExt;
+        let Ok((size, crc)) = file_crc(staged) else {
             return false;
         };
         let path = self.location.child(relative);
-        let head = || self.location.store().head(&path);
-        let found = self.location.retry().run(head, || {}).await;
-        found.is_ok_and(|meta| meta.size == size)
+        let store = self.location.store();
+        let head = || store.head(&path);
+        let same_size =
+            (self.location.retry().run(head, || {}).await).is_ok_and(|meta| meta.size == size);
+        if !same_size {
+            return false;
+        }
+        let read_back = || async {
+            let mut hasher = crc32fast::Hasher::new();
+            let mut stream = store.get(&path).await?.into_stream();
+            while let Some(bytes) = stream.try_next().await? {
+                hasher.update(&bytes);
+            }
+            Ok(hasher.finalize())
+        };
+        let remote = self.location.retry().run(read_back, || {}).await;
+        remote.is_ok_and(|remote| remote == crc)
     }
 
     /// One attempt at [`StorePublish::upload`]; a failed multipart upload is
@@ -274,6 +291,23 @@ impl StorePublish {
     }
 }
 
+/// The length and CRC-32 of the file at `path`, read a piece at a time.
+fn file_crc(path: &Path) -> std::io::Result<(u64, u32)> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            return Ok((len, hasher.finalize()));
+        }
+        hasher.update(&buf[..n]);
+        len += n as u64;
+    }
+}
+
 /// Why an upload attempt failed.
 enum Failed {
     /// The store refused or failed a request.
@@ -302,4 +336,42 @@ pub(crate) async fn write_record(location: &Location, record: &TaskRecord) -> Re
     let relative = task_record_path(record.task_index, record.num_tasks);
     let body = serde_json::to_vec_pretty(record).expect("a task record always serializes");
     Ok(location.put(&relative, body).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+    use object_store::{ObjectStore, PutPayload};
+    use std::sync::Arc;
+
+    /// After a completion whose reply was lost, only the staged bytes count
+    /// as uploaded: an object of the same size with other bytes (a shard of
+    /// an earlier run) is not taken for them.
+    #[test]
+    fn an_upload_is_found_whole_only_with_the_staged_bytes() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = Arc::new(InMemory::new());
+        let location = Location::from_store(store.clone(), "ds".into(), "memory://ds");
+        let publish = StorePublish::new(location, runtime.handle().clone(), None).unwrap();
+        let staged = publish.staging_path("shards/part-0.parquet");
+        std::fs::write(&staged, b"the staged shard's bytes").unwrap();
+        let put = |bytes: &'static [u8]| {
+            let path = object_store::path::Path::from("ds/shards/part-0.parquet");
+            runtime
+                .block_on(store.put(&path, PutPayload::from_static(bytes)))
+                .unwrap();
+        };
+        let whole = || runtime.block_on(publish.uploaded_whole(&staged, "shards/part-0.parquet"));
+        assert!(!whole(), "nothing there");
+        put(b"an earlier run's bytes!!");
+        assert!(!whole(), "same size, other bytes");
+        put(b"the staged shard's bytes");
+        assert!(whole());
+        put(b"the staged shard's bytes and more");
+        assert!(!whole(), "other size");
+    }
 }
