@@ -342,7 +342,7 @@ pub(crate) async fn write_record(location: &Location, record: &TaskRecord) -> Re
 mod tests {
     use super::*;
     use object_store::memory::InMemory;
-    use object_store::{ObjectStore, PutPayload};
+    use object_store::PutPayload;
     use std::sync::Arc;
 
     /// After a completion whose reply was lost, only the staged bytes count
