@@ -341,8 +341,8 @@ pub(crate) async fn write_record(location: &Location, record: &TaskRecord) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use object_store::memory::InMemory;
     use object_store::PutPayload;
+    use object_store::memory::InMemory;
     use std::sync::Arc;
 
     /// After a completion whose reply was lost, only the staged bytes count
