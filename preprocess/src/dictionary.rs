@@ -158,6 +158,24 @@ fixed!(f64, true, |v, w| bits: v.to_bits(), greater: v.total_cmp(&w).is_gt(),
 /// is `descr`: a fixed-width column, or a list of one) here, or `None`
 /// where parquet's writer should: a type or layout this module does not
 /// write, no values, or a dictionary past the page size limit.
+/// Whether [`encode`] may take a column of `data_type` (numbers, or a list
+/// of them); for others it always declines.
+pub(crate) fn may_encode(data_type: &DataType) -> bool {
+    let leaf = match data_type {
+        DataType::List(item) | DataType::LargeList(item) => item.data_type(),
+        other => other,
+    };
+    matches!(
+        leaf,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::Float32
+            | DataType::Float64
+    )
+}
+
 pub(crate) fn encode(
     field: &Field,
     array: &ArrayRef,
@@ -176,19 +194,7 @@ pub(crate) fn encode(
     let Compression::ZSTD(level) = props.compression(path) else {
         return Ok(None);
     };
-    let leaf = match array.data_type() {
-        DataType::List(item) | DataType::LargeList(item) => item.data_type(),
-        other => other,
-    };
-    if !matches!(
-        leaf,
-        DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::Float32
-            | DataType::Float64
-    ) {
+    if !may_encode(array.data_type()) {
         return Ok(None);
     }
     let shape = match array.data_type() {

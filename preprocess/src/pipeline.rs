@@ -257,7 +257,7 @@ fn run(
     let group_bytes = options.effective_row_group_bytes();
     let tokens =
         (options.memory_budget / 4 / group_bytes.max(1)).clamp(2, 4 * threads as u64) as usize;
-    let (job_tx, job_rx) = bounded::<(u64, RecordBatch, u64)>(threads);
+    let (job_tx, job_rx) = bounded::<(u64, Vec<RecordBatch>, u64)>(threads);
     let (done_tx, done_rx) = unbounded::<Result<EncodedRowGroup>>();
     let (token_tx, token_rx) = bounded::<()>(tokens);
     for _ in 0..tokens {
@@ -308,33 +308,40 @@ fn run(
             let tokenizer = tokenizer.cloned();
             let failpoints = &options.failpoints;
             scope.spawn(move || {
-                for (seq, batch, raw) in jobs {
+                for (seq, batches, raw) in jobs {
                     // The tokenizer is another library reading untrusted text:
                     // a panic in it is this row group's error, not a crash.
-                    let tokenized = tokenizer.as_ref().map(|t| {
-                        shardfeed_format::panic::catch(|| t.apply(seq, &batch)).unwrap_or_else(
-                            |message| {
+                    let tokenized =
+                        tokenizer.as_ref().map(|t| {
+                            shardfeed_format::panic::catch(|| {
+                                let batch = concat_batches(&batches[0].schema(), &batches)
+                                    .map_err(|e| PreprocessError::Encode {
+                                        shard: format!("(row group {seq})"),
+                                        source: e.into(),
+                                    })?;
+                                t.apply(seq, &batch)
+                            })
+                            .unwrap_or_else(|message| {
                                 Err(PreprocessError::Tokenize {
                                     row_group: seq,
                                     reason: format!("the tokenizer panicked: {message}"),
                                 })
-                            },
-                        )
-                    });
-                    let batch = match tokenized {
-                        None => Ok(batch),
+                            })
+                        });
+                    let batches = match tokenized {
+                        None => Ok(batches),
                         Some(Ok((batch, n))) => {
                             tokens.fetch_add(n, Ordering::Relaxed);
-                            Ok(batch)
+                            Ok(vec![batch])
                         }
                         Some(Err(e)) => Err(e),
                     };
                     // The encoders (parquet's writer, the dictionary encoder)
                     // as well: a panic is this row group's error.
-                    let result = batch.and_then(|batch| {
+                    let result = batches.and_then(|batches| {
                         shardfeed_format::panic::catch(|| {
                             encode_failpoint(failpoints, seq);
-                            encoder.encode(seq, &batch, raw)
+                            encoder.encode(seq, &batches, raw)
                         })
                         .unwrap_or_else(|message| {
                             Err(parquet::errors::ParquetError::General(format!(
@@ -524,7 +531,7 @@ fn produce(
     inputs: &Inputs,
     options: &ShardOptions,
     receivers: Vec<Receiver<ReadMsg>>,
-    jobs: Sender<(u64, RecordBatch, u64)>,
+    jobs: Sender<(u64, Vec<RecordBatch>, u64)>,
     tokens: Receiver<()>,
 ) -> Result<()> {
     let batches = OrderedBatches {
@@ -534,11 +541,11 @@ fn produce(
         index: 0,
         schema: inputs.schema.clone(),
     };
-    let mut assembler = Assembler::new(inputs.schema.clone(), options);
+    let mut assembler = Assembler::new(options);
     let mut seq = 0u64;
-    let mut emit = |batch: RecordBatch, raw: u64| -> Result<()> {
+    let mut emit = |batches: Vec<RecordBatch>, raw: u64| -> Result<()> {
         tokens.recv().map_err(|_| PreprocessError::Cancelled)?;
-        jobs.send((seq, batch, raw))
+        jobs.send((seq, batches, raw))
             .map_err(|_| PreprocessError::Cancelled)?;
         seq += 1;
         Ok(())
@@ -576,7 +583,6 @@ fn produce(
 /// Cuts the row stream into row groups of a fixed row count or a target size
 /// (a smaller one once the rows seen average over [`LARGE_ROW_BYTES`]).
 struct Assembler {
-    schema: SchemaRef,
     rows_target: Option<u64>,
     bytes_target: u64,
     /// The target for large rows, where it differs.
@@ -589,9 +595,8 @@ struct Assembler {
 }
 
 impl Assembler {
-    fn new(schema: SchemaRef, options: &ShardOptions) -> Self {
+    fn new(options: &ShardOptions) -> Self {
         Assembler {
-            schema,
             rows_target: options.row_group_rows,
             // Token ids take ~1.5-2x the bytes of their text (4 bytes per
             // id, 2-3 bytes of text per id): half the target of text gives
@@ -631,7 +636,7 @@ impl Assembler {
     fn push(
         &mut self,
         mut batch: RecordBatch,
-        emit: &mut impl FnMut(RecordBatch, u64) -> Result<()>,
+        emit: &mut impl FnMut(Vec<RecordBatch>, u64) -> Result<()>,
     ) -> Result<()> {
         if self.rows_target.is_none() && self.large_target.is_some() {
             let (rows, bytes) = self.seen;
@@ -662,28 +667,20 @@ impl Assembler {
         Ok(())
     }
 
-    fn flush(&mut self, emit: &mut impl FnMut(RecordBatch, u64) -> Result<()>) -> Result<()> {
+    /// Emit the pending batches as one row group. They are not concatenated
+    /// here (on the one producer thread): the encoders write them column by
+    /// column, concatenating only the columns that need it.
+    fn flush(&mut self, emit: &mut impl FnMut(Vec<RecordBatch>, u64) -> Result<()>) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let batch = if self.pending.len() == 1 {
-            self.pending.pop().expect("one batch")
-        } else {
-            let b = concat_batches(&self.schema, &self.pending).map_err(|e| {
-                PreprocessError::Encode {
-                    shard: "(row group)".into(),
-                    source: e.into(),
-                }
-            })?;
-            self.pending.clear();
-            b
-        };
+        let batches = std::mem::take(&mut self.pending);
         let bytes = std::mem::take(&mut self.bytes);
         self.rows = 0;
-        emit(batch, bytes)
+        emit(batches, bytes)
     }
 
-    fn finish(mut self, emit: &mut impl FnMut(RecordBatch, u64) -> Result<()>) -> Result<()> {
+    fn finish(mut self, emit: &mut impl FnMut(Vec<RecordBatch>, u64) -> Result<()>) -> Result<()> {
         self.flush(emit)
     }
 }
