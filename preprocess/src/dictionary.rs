@@ -154,10 +154,6 @@ fixed!(f32, true, |v, w| bits: v.to_bits() as u64, greater: v.total_cmp(&w).is_g
 fixed!(f64, true, |v, w| bits: v.to_bits(), greater: v.total_cmp(&w).is_gt(),
     nan: v.is_nan(), integer: None);
 
-/// Encode `array` (the column of a top-level field whose only Parquet leaf
-/// is `descr`: a fixed-width column, or a list of one) here, or `None`
-/// where parquet's writer should: a type or layout this module does not
-/// write, no values, or a dictionary past the page size limit.
 /// Whether [`encode`] may take a column of `data_type` (numbers, or a list
 /// of them); for others it always declines.
 pub(crate) fn may_encode(data_type: &DataType) -> bool {
@@ -176,6 +172,10 @@ pub(crate) fn may_encode(data_type: &DataType) -> bool {
     )
 }
 
+/// Encode `array` (the column of a top-level field whose only Parquet leaf
+/// is `descr`: a fixed-width column, or a list of one) here, or `None`
+/// where parquet's writer should: a type or layout this module does not
+/// write, no values, or a dictionary past the page size limit.
 pub(crate) fn encode(
     field: &Field,
     array: &ArrayRef,

@@ -669,7 +669,10 @@ impl Assembler {
 
     /// Emit the pending batches as one row group. They are not concatenated
     /// here (on the one producer thread): the encoders write them column by
-    /// column, concatenating only the columns that need it.
+    /// column, concatenating only the columns that need it. A reader batch
+    /// cut between two row groups stays held until both are encoded: one
+    /// batch (a few MiB, bounded by the readers' batch size) per row group
+    /// in flight.
     fn flush(&mut self, emit: &mut impl FnMut(Vec<RecordBatch>, u64) -> Result<()>) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
