@@ -34,6 +34,22 @@ impl Crc32 {
     pub fn of(bytes: &[u8]) -> Self {
         Crc32(crc32fast::hash(bytes))
     }
+
+    /// Checksum of the first `len` bytes of `file`, read in 1 MiB pieces
+    /// (an error if the file is shorter).
+    pub fn of_file(file: &std::fs::File, len: u64) -> std::io::Result<Self> {
+        use std::os::unix::fs::FileExt;
+        let mut hasher = crc32fast::Hasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0u64;
+        while at < len {
+            let n = (len - at).min(buf.len() as u64) as usize;
+            file.read_exact_at(&mut buf[..n], at)?;
+            hasher.update(&buf[..n]);
+            at += n as u64;
+        }
+        Ok(Crc32(hasher.finalize()))
+    }
 }
 
 impl fmt::Display for Crc32 {

@@ -15,7 +15,7 @@ mod parts;
 pub(crate) mod stage;
 
 pub(crate) use local::LocalReads;
-use local::{BufferPool, Readers, crc_of_file, read_at};
+use local::{BufferPool, Readers, read_at};
 
 /// What the decode and collate stages need of the fetch context: whether
 /// the mapped shards whose bytes they used are still the files that were
@@ -339,7 +339,9 @@ impl FetchContext {
             // trusted by size (the cache's name holds the fingerprint), its
             // column chunks by the decoders' bound checks.
             let intact = tokio::task::spawn_blocking(move || match expected {
-                Some(expected) => crc_of_file(&copy, len).is_ok_and(|crc| crc == expected),
+                Some(expected) => {
+                    shardfeed_format::Crc32::of_file(&copy, len).is_ok_and(|crc| crc == expected)
+                }
                 None => true,
             })
             .await

@@ -20,23 +20,20 @@ use shardfeed_format::{ChunkChecksums, ChunkHash, ChunkHasher, Crc32, ShardEntry
 use crate::encode::EncodedRowGroup;
 use crate::{PreprocessError, Result};
 
-/// A `Write` that keeps a running CRC-32 and length of everything written,
-/// and checksums the column chunks [`ChunkTally`] is told of as their bytes
-/// pass.
+/// A `Write` that keeps a running CRC-32 of everything written, and hands
+/// it to [`ChunkTally`] (which counts it and checksums the column chunks it
+/// is told of).
 pub(crate) struct HashingWriter<W> {
     inner: W,
     hasher: crc32fast::Hasher,
-    len: u64,
     tally: Arc<Mutex<ChunkTally>>,
 }
 
 impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(buf)?;
-        let at = self.len;
         self.hasher.update(&buf[..n]);
-        self.len += n as u64;
-        lock(&self.tally).pass(at, &buf[..n]);
+        lock(&self.tally).pass(&buf[..n]);
         Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -69,12 +66,13 @@ impl ChunkTally {
         let after = self.pending.back().map_or(self.passed, |&(s, l, _)| s + l);
         if start >= after {
             self.pending.push_back((start, len, CHUNK_HASH.hasher()));
-            self.pass(self.passed, &[]);
+            self.pass(&[]);
         }
     }
 
-    /// `bytes` passed on to the file at offset `at`.
-    fn pass(&mut self, at: u64, bytes: &[u8]) {
+    /// `bytes` passed on to the file (after those passed before).
+    fn pass(&mut self, bytes: &[u8]) {
+        let at = self.passed;
         let end = at + bytes.len() as u64;
         self.passed = end;
         while let Some((start, len, hasher)) = self.pending.front_mut() {
@@ -135,7 +133,6 @@ impl OpenShard {
             // gathered here, a shard is written in 1 MiB system calls.
             inner: BufWriter::with_capacity(1 << 20, file),
             hasher: crc32fast::Hasher::new(),
-            len: 0,
             tally: tally.clone(),
         };
         let options = ArrowWriterOptions::new().with_properties((**props).clone());
@@ -246,7 +243,7 @@ impl OpenShard {
         ));
         let mut sink = self.writer.into_inner().map_err(encode_err)?;
         sink.flush().map_err(|e| io_err("write", e))?;
-        let bytes = sink.len;
+        let bytes = lock(&self.tally).passed;
         let crc32 = Crc32(sink.hasher.finalize());
 
         let mut tail = [0u8; 8];
@@ -323,7 +320,7 @@ mod tests {
                     tally.register(s, l);
                     late.next();
                 }
-                tally.pass(at as u64, &file[at..end]);
+                tally.pass(&file[at..end]);
                 at = end;
             }
             let want: Vec<_> = (chunks.iter())
@@ -345,9 +342,9 @@ mod tests {
     #[test]
     fn a_chunk_registered_behind_the_bytes_is_left_out() {
         let mut tally = ChunkTally::default();
-        tally.pass(0, &[1; 100]);
+        tally.pass(&[1; 100]);
         tally.register(50, 100);
-        tally.pass(100, &[2; 100]);
+        tally.pass(&[2; 100]);
         assert!(tally.done.is_empty() && tally.pending.is_empty());
     }
 }

@@ -3,7 +3,6 @@
 //! (mapped for large ones), and reads in pieces checksummed as they arrive.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -377,20 +376,6 @@ pub(super) fn read_at(
             Ok((Bytes::from_owner(pooled), hasher.map(|h| h.finish())))
         })
         .collect()
-}
-
-/// CRC-32 of the first `len` bytes of `file`, read in 1 MiB pieces.
-pub(super) fn crc_of_file(file: &File, len: u64) -> std::io::Result<shardfeed_format::Crc32> {
-    let mut hasher = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut at = 0u64;
-    while at < len {
-        let n = (len - at).min(buf.len() as u64) as usize;
-        file.read_exact_at(&mut buf[..n], at)?;
-        hasher.update(&buf[..n]);
-        at += n as u64;
-    }
-    Ok(shardfeed_format::Crc32(hasher.finalize()))
 }
 
 #[cfg(test)]
