@@ -73,14 +73,29 @@ impl RetryPolicy {
 
     /// Run `op` until it succeeds, fails permanently, or the policy runs out;
     /// `on_retry` is called before each retry.
-    pub async fn run<T, F, Fut>(
-        &self,
-        mut op: F,
-        mut on_retry: impl FnMut(),
-    ) -> object_store::Result<T>
+    pub async fn run<T, F, Fut>(&self, op: F, mut on_retry: impl FnMut()) -> object_store::Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = object_store::Result<T>>,
+    {
+        self.run_while(op, is_transient, true, |_| on_retry()).await
+    }
+
+    /// [`RetryPolicy::run`] for any operation: `op` is run again while
+    /// `again` says its error may go away, up to the retry count, and, when
+    /// `timed`, only within the policy's time (an operation that may take
+    /// long by itself, a whole upload, passes `false`).
+    pub async fn run_while<T, E, F, Fut>(
+        &self,
+        mut op: F,
+        again: impl Fn(&E) -> bool,
+        timed: bool,
+        mut on_retry: impl FnMut(&E),
+    ) -> Result<T, E>
+    where
+        E: std::fmt::Display,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
     {
         let started = Instant::now();
         let salt = std::time::SystemTime::now()
@@ -91,9 +106,9 @@ impl RetryPolicy {
             match op().await {
                 Ok(value) => return Ok(value),
                 Err(e)
-                    if is_transient(&e)
+                    if again(&e)
                         && attempt < self.max_retries
-                        && started.elapsed() < self.timeout =>
+                        && (!timed || started.elapsed() < self.timeout) =>
                 {
                     attempt += 1;
                     // The store's message may quote the request's URL (a SAS
@@ -103,7 +118,7 @@ impl RetryPolicy {
                         error = %crate::redact::text(&e.to_string()),
                         "retrying a storage request after a transient error"
                     );
-                    on_retry();
+                    on_retry(&e);
                     tokio::time::sleep(self.backoff(attempt, salt)).await;
                 }
                 Err(e) => return Err(e),

@@ -313,6 +313,26 @@ struct HubAnswer {
     body: bytes::Bytes,
 }
 
+/// Why an answer of the Hub's API may be asked for again.
+enum HubFailure {
+    /// No answer, or one cut short.
+    Http(reqwest::Error),
+    /// A 429 or a 5xx.
+    Busy(HubAnswer),
+}
+
+impl std::fmt::Display for HubFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HubFailure::Http(e) => {
+                let text = shardfeed_format::redact::text(&e.to_string());
+                f.write_str(&text)
+            }
+            HubFailure::Busy(answer) => write!(f, "the Hub answered HTTP {}", answer.status),
+        }
+    }
+}
+
 /// The files of a Hugging Face Hub repository under `input`
 /// (`hf://datasets/ORG/NAME[@REV]/PATH_GLOB`): the revision resolved to its
 /// commit through the Hub's API (so a later push does not change what the
@@ -331,42 +351,38 @@ async fn find_hf(input: &str, storage: &[(String, String)]) -> Result<Vec<Found>
     // One API answer read whole; connection failures, a body cut short, 429
     // and 5xx answers are retried with backoff (the Hub rate-limits).
     let policy = shardfeed_format::RetryPolicy::default();
-    let salt = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
     let get = async |url: &str| -> std::result::Result<HubAnswer, String> {
-        let mut attempt = 0;
-        loop {
+        let attempt = || async {
             let mut request = client.get(url);
             if let Some(value) = hub.authorization() {
                 request = request.header(reqwest::header::AUTHORIZATION, value);
             }
-            let answer = match request.send().await {
-                Ok(response) => {
-                    let status = response.status();
-                    let links: Vec<String> = (response.headers().get_all(reqwest::header::LINK))
-                        .iter()
-                        .filter_map(|v| v.to_str().ok().map(str::to_string))
-                        .collect();
-                    response.bytes().await.map(|body| HubAnswer {
-                        status,
-                        links,
-                        body,
-                    })
-                }
-                Err(e) => Err(e),
+            let response = request.send().await.map_err(HubFailure::Http)?;
+            let status = response.status();
+            let links: Vec<String> = (response.headers().get_all(reqwest::header::LINK))
+                .iter()
+                .filter_map(|v| v.to_str().ok().map(str::to_string))
+                .collect();
+            let body = response.bytes().await.map_err(HubFailure::Http)?;
+            let answer = HubAnswer {
+                status,
+                links,
+                body,
             };
-            let again = match &answer {
-                Ok(a) => a.status.as_u16() == 429 || a.status.is_server_error(),
-                Err(e) => !e.is_builder(),
-            };
-            if !again || attempt >= policy.max_retries {
-                return answer
-                    .map_err(|e| shardfeed_format::redact::text(&e.without_url().to_string()));
+            match status.as_u16() == 429 || status.is_server_error() {
+                true => Err(HubFailure::Busy(answer)),
+                false => Ok(answer),
             }
-            attempt += 1;
-            tracing::info!(attempt, "asking the Hub again after a transient failure");
-            tokio::time::sleep(policy.backoff(attempt, salt)).await;
+        };
+        let again = |failed: &HubFailure| match failed {
+            HubFailure::Http(e) => !e.is_builder(),
+            HubFailure::Busy(_) => true,
+        };
+        match policy.run_while(attempt, again, true, |_| {}).await {
+            Ok(answer) | Err(HubFailure::Busy(answer)) => Ok(answer),
+            Err(HubFailure::Http(e)) => {
+                Err(shardfeed_format::redact::text(&e.without_url().to_string()))
+            }
         }
     };
     let refused = |status: reqwest::StatusCode| {

@@ -186,47 +186,35 @@ impl StorePublish {
     /// the staged file, up to the location's retry count (every attempt
     /// may take long, so no time bound applies between them).
     async fn upload(&self, staged: &Path, relative: &str) -> Result<()> {
-        let policy = self.location.retry();
-        let salt = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let mut attempt = 0;
-        loop {
-            let (error, again) = match self.upload_once(staged, relative).await {
-                Ok(()) => return Ok(()),
-                Err(Failed::Local(e)) => return Err(PreprocessError::io("read", staged, e)),
-                Err(Failed::Store(e)) => {
-                    let again = shardfeed_format::retry::is_transient(&e);
-                    (e, again)
-                }
+        let attempt = || async {
+            match self.upload_once(staged, relative).await {
                 // The completion may have landed although its reply was lost
                 // (aborting it then says NoSuchUpload, a 404): the object is
                 // there, whole, or the upload starts again.
-                Err(Failed::Finish(e)) => {
-                    if self.uploaded_whole(staged, relative).await {
-                        return Ok(());
-                    }
-                    let again = shardfeed_format::retry::is_transient(&e)
-                        || matches!(e, object_store::Error::NotFound { .. });
-                    (e, again)
-                }
-            };
-            if !again || attempt >= policy.max_retries {
-                return Err(shardfeed_format::FormatError::Store {
+                Err(Failed::Finish(_)) if self.uploaded_whole(staged, relative).await => Ok(()),
+                other => other,
+            }
+        };
+        let again = |failed: &Failed| match failed {
+            Failed::Store(e) => shardfeed_format::retry::is_transient(e),
+            Failed::Finish(e) => {
+                shardfeed_format::retry::is_transient(e)
+                    || matches!(e, object_store::Error::NotFound { .. })
+            }
+            Failed::Local(_) => false,
+        };
+        let retry = self.location.retry();
+        match retry.run_while(attempt, again, false, |_| {}).await {
+            Ok(()) => Ok(()),
+            Err(Failed::Local(e)) => Err(PreprocessError::io("read", staged, e)),
+            Err(Failed::Store(error) | Failed::Finish(error)) => {
+                Err(shardfeed_format::FormatError::Store {
                     op: "upload",
                     url: self.location.url_of(relative),
                     error: shardfeed_format::StoreError(error),
                 }
-                .into());
+                .into())
             }
-            attempt += 1;
-            tracing::info!(
-                attempt,
-                shard = relative,
-                error = %shardfeed_format::redact::text(&error.to_string()),
-                "uploading the shard again after a transient error"
-            );
-            tokio::time::sleep(policy.backoff(attempt, salt)).await;
         }
     }
 
@@ -235,7 +223,11 @@ impl StorePublish {
     /// run may lie there with the same size.
     async fn uploaded_whole(&self, staged: &Path, relative: &str) -> bool {
         use futures::TryStreamExt;
-        let Ok((size, crc)) = file_crc(staged) else {
+        let local = std::fs::File::open(staged).and_then(|file| {
+            let size = file.metadata()?.len();
+            Ok((size, shardfeed_format::Crc32::of_file(&file, size)?))
+        });
+        let Ok((size, crc)) = local else {
             return false;
         };
         let path = self.location.child(relative);
@@ -255,7 +247,7 @@ impl StorePublish {
             Ok(hasher.finalize())
         };
         let remote = self.location.retry().run(read_back, || {}).await;
-        remote.is_ok_and(|remote| remote == crc)
+        remote.is_ok_and(|remote| remote == crc.0)
     }
 
     /// One attempt at [`StorePublish::upload`]; a failed multipart upload is
@@ -291,23 +283,6 @@ impl StorePublish {
     }
 }
 
-/// The length and CRC-32 of the file at `path`, read a piece at a time.
-fn file_crc(path: &Path) -> std::io::Result<(u64, u32)> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut len = 0u64;
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            return Ok((len, hasher.finalize()));
-        }
-        hasher.update(&buf[..n]);
-        len += n as u64;
-    }
-}
-
 /// Why an upload attempt failed.
 enum Failed {
     /// The store refused or failed a request.
@@ -317,6 +292,15 @@ enum Failed {
     Finish(object_store::Error),
     /// The staged file could not be read.
     Local(std::io::Error),
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Store(e) | Failed::Finish(e) => e.fmt(f),
+            Failed::Local(e) => e.fmt(f),
+        }
+    }
 }
 
 impl Publish for StorePublish {
