@@ -227,6 +227,9 @@ pub struct Batch {
     /// Where each row comes from, when asked for
     /// ([`crate::LoaderBuilder::row_ids`]).
     pub(crate) row_ids: Option<Vec<crate::RowId>>,
+    /// A packing mixture's source: the rows as they lie in the decoded row
+    /// groups, in place of collated columns ([`crate::collate::Handoff`]).
+    pub(crate) handoff: Option<Box<crate::collate::Handoff>>,
 }
 
 impl std::fmt::Debug for Batch {
@@ -346,6 +349,7 @@ impl Batch {
             held: None,
             filtered: 0,
             row_ids: None,
+            handoff: None,
         }
     }
 

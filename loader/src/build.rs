@@ -343,6 +343,29 @@ impl LoaderBuilder {
         // Elsewhere it would only be fresh memory the first epoch pays for
         // (10-90 MiB more peak RSS for the same throughput on tokens and
         // images).
+        // A packing mixture's source hands its rows on uncollated: the
+        // batches in flight (a slab each) hold the windows their rows lie
+        // in, as many as their rows reach back behind the one the collator
+        // is on. Room for those row groups comes on top of what the collator
+        // needs, so that the decoders never wait on a batch the consumer
+        // holds; where the budget has none, the source collates as usual.
+        let handoff_units = (self.handoff
+            && part_rows == 0
+            && images.is_none()
+            && self.steps.is_empty()
+            && plans.len() == 1
+            && matches!(self.list_mode, ListMode::Ragged))
+        .then(|| {
+            let window_rows = (window as u64).saturating_mul(min_group_rows).max(1);
+            let behind = (slabs as u64)
+                .saturating_mul(self.batch_size as u64)
+                .div_ceil(window_rows);
+            needed
+                .saturating_add(behind.saturating_mul(window as u64))
+                .min(units.max(needed))
+        })
+        .filter(|&with| sizes.unit_bytes.saturating_mul(with) <= self.byte_budget);
+        let needed = handoff_units.unwrap_or(needed);
         let fixed_width = plans.iter().all(ColumnPlan::is_fixed_width);
         let extra_window = if local && !(fixed_width && self.shuffle) {
             0
@@ -398,6 +421,7 @@ impl LoaderBuilder {
             images: images.cloned(),
             steps: self.steps.clone(),
             row_ids: self.row_ids,
+            handoff: handoff_units.is_some(),
         };
         Ok(Loader::from_parts(
             config, manifest, fetch, runtime, pool, counters, self.epoch,

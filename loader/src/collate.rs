@@ -31,7 +31,10 @@ use crate::shuffle::LoadedWindow;
 use crate::stage::injected;
 use crate::stats::Counters;
 
+mod handoff;
 mod lists;
+pub(crate) use handoff::Handoff;
+use handoff::{HandoffValues, handoff_values};
 use shardfeed_format::Manifest;
 
 struct Layout {
@@ -685,15 +688,21 @@ const MIXING_SAMPLE: u64 = 8;
 /// its batches' projected columns as the collator reads them (made once per
 /// window, not per collated batch).
 pub(crate) struct HeldWindow {
-    window: LoadedWindow,
+    /// Shared with the batches handed on uncollated ([`Handoff`]): its row
+    /// groups, and the budget they hold, stay until the last of them goes.
+    window: Arc<LoadedWindow>,
     sources: Vec<Vec<SourceColumn>>,
+    /// Whether each batch's list values may be handed on as they lie
+    /// ([`handoff_values`]), worked out once per window.
+    handoff: Option<Vec<Option<HandoffValues>>>,
 }
 
 impl HeldWindow {
     fn new(window: LoadedWindow) -> Self {
         HeldWindow {
-            window,
+            window: Arc::new(window),
             sources: Vec::new(),
+            handoff: None,
         }
     }
 }
@@ -1027,6 +1036,11 @@ impl Collator {
                     .collect();
             }
         }
+        if self.config.handoff
+            && let Some(batch) = self.handoff(index, &rows, started)?
+        {
+            return Ok(batch);
+        }
         let collation = Collation::from_sources(
             &self.config.plans,
             self.config.list_mode,
@@ -1100,7 +1114,55 @@ impl Collator {
             held,
             filtered: 0,
             row_ids: None,
+            handoff: None,
         })
+    }
+
+    /// The batch of `rows` handed on uncollated ([`Handoff`]) when every
+    /// source batch they come from allows it; `None`: collate it.
+    fn handoff(&mut self, index: u64, rows: &RowRefs, started: Instant) -> Result<Option<Batch>> {
+        match self.config.failpoints.hit("handoff", index) {
+            None => {}
+            // The batch collated as when its rows cannot be handed on.
+            Some(Action::Stop) => return Ok(None),
+            Some(action) => return Err(injected(Stage::Collate, action, &self.cancel)),
+        }
+        for held in &mut self.windows {
+            if held.handoff.is_none() {
+                held.handoff = Some(held.sources.iter().map(|c| handoff_values(c)).collect());
+            }
+        }
+        let sources: Vec<Option<&HandoffValues>> = (self.windows.iter())
+            .flat_map(|w| w.handoff.iter().flatten().map(Option::as_ref))
+            .collect();
+        let windows = self.windows.iter().map(|w| w.window.clone()).collect();
+        let Some(handoff) = Handoff::of(windows, &sources, rows) else {
+            return Ok(None);
+        };
+        // A slab still, so that a consumer holds no more of these batches
+        // than of collated ones (the budget reserves room for their windows).
+        let waiting = Instant::now();
+        let lease = self.pool.acquire(&self.cancel)?;
+        let blocked = waiting.elapsed();
+        Counters::add_time(&self.counters.collate_blocked_out_ns, blocked);
+        let lease = lease.ok_or(LoaderError::Closed)?;
+        Counters::add(&self.counters.handoff_batches, 1);
+        Counters::add_time(
+            &self.counters.collate_busy_ns,
+            started.elapsed().saturating_sub(blocked),
+        );
+        self.counters
+            .span("collate batch", started, crate::trace::Args::Index(index));
+        Ok(Some(Batch {
+            lease: Arc::new(lease),
+            rows: handoff.rows(),
+            columns: Vec::new(),
+            index,
+            held: None,
+            filtered: 0,
+            row_ids: None,
+            handoff: Some(Box::new(handoff)),
+        }))
     }
 }
 

@@ -161,6 +161,9 @@ pub struct LoaderBuilder {
     /// [`crate::plan::PlanOptions::keep_partial`]).
     pub(crate) keep_partial: bool,
     pub(crate) images: ImageOptions,
+    /// A packing mixture's source: hand its rows on uncollated where it can
+    /// ([`crate::collate::Handoff`]).
+    pub(crate) handoff: bool,
 }
 
 impl std::fmt::Debug for LoaderBuilder {
@@ -245,6 +248,7 @@ impl LoaderBuilder {
             row_ids: false,
             keep_partial: false,
             images: ImageOptions::default(),
+            handoff: false,
         }
     }
 
@@ -749,4 +753,6 @@ pub(crate) struct Config {
     pub steps: crate::map::Steps,
     /// [`LoaderBuilder::row_ids`].
     pub row_ids: bool,
+    /// Batches are handed on uncollated ([`crate::collate::Handoff`]).
+    pub handoff: bool,
 }

@@ -186,6 +186,15 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc
     }
 }
 
+/// Whether any address of `range` lies in one of this module's mappings
+/// (memory whose bytes are a shard's as it is now, not as it was checked).
+pub(crate) fn overlaps_mapping(range: Range<usize>) -> bool {
+    REGISTRY.iter().any(|slot| {
+        let start = slot.start.load(Ordering::Acquire);
+        start > CLAIMED && start < range.end && range.start < slot.end.load(Ordering::Acquire)
+    })
+}
+
 /// How a local shard failed to read: changed since it was opened (mapped
 /// or not), or an I/O error.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -578,6 +587,20 @@ mod tests {
     /// A file truncated under a live chunk: reading past its new end gives
     /// zeros instead of SIGBUS, and the chunk's shard and the set's check
     /// say it was truncated; a new chunk of it is refused.
+    #[test]
+    fn a_chunks_addresses_are_known_as_mapped_and_the_heaps_are_not() {
+        let (_, path, _, set, shard) = mapped(1 << 20, "overlaps", 5);
+        let (chunk, _) = shard.chunk(4096..70_000, None).unwrap();
+        let at = chunk.as_ptr() as usize;
+        assert!(overlaps_mapping(at..at + 1));
+        assert!(overlaps_mapping(at + chunk.len() - 1..at + chunk.len()));
+        let heap = vec![1u8; 1 << 16];
+        let h = heap.as_ptr() as usize;
+        assert!(!overlaps_mapping(h..h + heap.len()));
+        drop((chunk, shard, set));
+        std::fs::remove_file(path).unwrap();
+    }
+
     #[test]
     fn a_truncated_file_is_an_error_not_a_signal() {
         let (bytes, path, file, set, shard) = mapped(1 << 20, "truncated", 3);

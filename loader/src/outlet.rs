@@ -146,7 +146,8 @@ impl Outlet {
             .iter()
             .flat_map(|c| c.buffers())
             .map(|(_, b)| b.bytes())
-            .sum();
+            .sum::<usize>()
+            + batch.handoff.as_ref().map_or(0, |h| h.bytes());
         Counters::add(&counters.bytes, bytes as u64);
     }
 

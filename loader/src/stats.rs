@@ -35,6 +35,7 @@ pub(crate) struct Counters {
     pub collate_blocked_out_ns: AtomicU64,
     pub decode_queue: AtomicU64,
     pub oversize_batches: AtomicU64,
+    pub handoff_batches: AtomicU64,
     pub truncated_rows: AtomicU64,
     /// Rows a [`crate::LoaderBuilder::filter`] dropped.
     pub filtered_rows: AtomicU64,
@@ -349,6 +350,11 @@ pub struct Stats {
     pub output_queue: u64,
     /// Batches too large for a slab, given a one-off buffer.
     pub oversize_batches: u64,
+    /// A packing mixture's source: batches handed on as their rows lie in
+    /// the decoded row groups, without collating them (the packer copies
+    /// each row once, from there).
+    #[serde(default)]
+    pub handoff_batches: u64,
     /// List rows truncated to `pad_to`.
     pub truncated_rows: u64,
     /// Rows a [`crate::LoaderBuilder::filter`] dropped.
@@ -456,6 +462,7 @@ impl Counters {
             decode_queue: self.decode_queue.load(Ordering::Relaxed),
             output_queue: 0,
             oversize_batches: self.oversize_batches.load(Ordering::Relaxed),
+            handoff_batches: self.handoff_batches.load(Ordering::Relaxed),
             truncated_rows: self.truncated_rows.load(Ordering::Relaxed),
             filtered_rows: self.filtered_rows.load(Ordering::Relaxed),
             pinning: String::new(),

@@ -314,6 +314,11 @@ fn split_packing_keeps_every_token_of_every_document_once_in_order() {
     let batches: Vec<Packed> = m.by_ref().map(|b| packed(&b.unwrap())).collect();
     let stats = m.stats();
     assert!(batches.len() > 10);
+    // The packer read the documents where they were decoded (the sources
+    // handed their rows on uncollated).
+    for (s, source) in stats.sources.iter().enumerate() {
+        assert!(source.handoff_batches > 0, "source {s}: {source:?}");
+    }
     for b in &batches {
         check_packed(b, l, 0);
     }
@@ -344,6 +349,56 @@ fn split_packing_keeps_every_token_of_every_document_once_in_order() {
                 "source {s} doc {d}"
             );
         }
+    }
+}
+
+/// The sources hand their rows to the packer as they lie in the decoded
+/// row groups; collated into slabs first (every batch, or one), the packed
+/// batches are the same, in split and fit mode.
+#[test]
+fn packing_from_decoded_rows_equals_packing_from_collated_batches() {
+    let tmp = tempdir();
+    let l = 48;
+    let urls: Vec<String> = (0..2)
+        .map(|s| token_source(tmp.path(), &format!("s{s}"), s, [240, 120][s], 3 * l as u64))
+        .collect();
+    let sources: Vec<(String, f64)> = urls.into_iter().zip([0.7, 0.3]).collect();
+    for mode in [PackMode::Split, PackMode::Fit] {
+        let run = |failpoints: &str| {
+            let failpoints = failpoints.to_string();
+            let mut m = mixture(&sources)
+                .configure(move |b| match failpoints.as_str() {
+                    "" => b,
+                    spec => b.failpoints(spec),
+                })
+                .batch_size(3)
+                .pack_to(l)
+                .pack_mode(mode)
+                .drop_last(false)
+                .mix_stop(MixStop::AllExhausted)
+                .build()
+                .unwrap();
+            let batches: Vec<Packed> = m.by_ref().map(|b| packed(&b.unwrap())).collect();
+            let handed: Vec<u64> = m
+                .stats()
+                .sources
+                .iter()
+                .map(|s| s.handoff_batches)
+                .collect();
+            (batches, handed)
+        };
+        let (handed_on, counts) = run("");
+        assert!(handed_on.len() > 10, "{mode:?}");
+        assert!(counts.iter().all(|&n| n > 0), "{mode:?}: {counts:?}");
+        let (collated, counts) = run("handoff=stop");
+        assert_eq!(counts, vec![0, 0], "{mode:?}");
+        assert_eq!(handed_on, collated, "{mode:?}: every batch collated");
+        let (mixed, counts) = run("handoff=stop@1");
+        assert!(counts.iter().all(|&n| n > 0), "{mode:?}: {counts:?}");
+        assert_eq!(
+            handed_on, mixed,
+            "{mode:?}: batch 1 of each source collated"
+        );
     }
 }
 

@@ -154,6 +154,7 @@ impl Core {
             held: None,
             filtered: 0,
             row_ids: None,
+            handoff: None,
         }
     }
 

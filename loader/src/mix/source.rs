@@ -150,6 +150,16 @@ impl Source {
 
     pub(super) fn tokens(&self, column: usize) -> Result<Tokens<'_>> {
         let batch = self.batch.as_ref().expect("a row was drawn");
+        if let Some(handoff) = &batch.handoff {
+            return handoff.tokens(self.row).ok_or_else(|| {
+                LoaderError::stage(
+                    Stage::Pack,
+                    None,
+                    None,
+                    format!("row {} is not in its batch", self.row),
+                )
+            });
+        }
         let col = &batch.columns()[column];
         let ColumnLayout::Ragged { values, offsets } = &col.layout else {
             return Err(LoaderError::BadOption {
