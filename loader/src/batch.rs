@@ -385,6 +385,40 @@ impl Batch {
         &self.lease
     }
 
+    /// Row `row` of a ragged column whose buffers are `values` and
+    /// `offsets`: its values' bytes and their count. A batch handed on
+    /// uncollated ([`crate::collate::Handoff`]) reads them where they lie.
+    pub(crate) fn ragged_row(
+        &self,
+        values: &Buffer,
+        offsets: &Buffer,
+        row: usize,
+    ) -> Option<(&[u8], usize)> {
+        if let Some(handoff) = &self.handoff {
+            return handoff.row(row).map(|(bytes, count, _)| (bytes, count));
+        }
+        let offsets = self.typed::<i64>(offsets)?;
+        let a = usize::try_from(*offsets.get(row)?).ok()?;
+        let z = usize::try_from(*offsets.get(row + 1)?).ok()?;
+        let size = values.dtype.size();
+        Some((
+            self.bytes(values).get(a * size..z * size)?,
+            z.checked_sub(a)?,
+        ))
+    }
+
+    /// Row `row` of `column`'s validity: 1 where it holds a value (always,
+    /// without a mask), 0 where it is null.
+    pub(crate) fn valid_byte(&self, column: &Column, row: usize) -> u8 {
+        if let Some(handoff) = &self.handoff {
+            return handoff.row(row).map_or(1, |(_, _, valid)| valid);
+        }
+        column
+            .validity
+            .as_ref()
+            .map_or(1, |v| self.typed::<u8>(v).expect("u8")[row])
+    }
+
     /// The raw bytes of `buffer`.
     pub fn bytes(&self, buffer: &Buffer) -> &[u8] {
         &self.lease.slab().as_slice()[buffer.offset..buffer.offset + buffer.bytes()]

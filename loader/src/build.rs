@@ -353,7 +353,7 @@ impl LoaderBuilder {
             && part_rows == 0
             && images.is_none()
             && self.steps.is_empty()
-            && plans.len() == 1
+            && matches!(&plans[..], [p] if matches!(p.kind, crate::columns::Kind::List { .. }))
             && matches!(self.list_mode, ListMode::Ragged))
         .then(|| {
             let window_rows = (window as u64).saturating_mul(min_group_rows).max(1);
@@ -365,14 +365,22 @@ impl LoaderBuilder {
                 .min(units.max(needed))
         })
         .filter(|&with| sizes.unit_bytes.saturating_mul(with) <= self.byte_budget);
-        let needed = handoff_units.unwrap_or(needed);
         let fixed_width = plans.iter().all(ColumnPlan::is_fixed_width);
         let extra_window = if local && !(fixed_width && self.shuffle) {
             0
         } else {
             window as u64
         };
-        let in_flight = shape.in_flight(needed, extra_window, decode_threads);
+        // Batches handed on hold their windows in place of the read-ahead
+        // they would have let go: room for the row groups they may hold, no
+        // more (more read-ahead would only be memory touched afresh).
+        let in_flight = match handoff_units {
+            Some(units) => shape
+                .in_flight(needed, extra_window, decode_threads)
+                .max(sizes.unit_bytes.saturating_mul(units))
+                .min(self.byte_budget),
+            None => shape.in_flight(needed, extra_window, decode_threads),
+        };
         // Slabs for a transform's outputs, as many as the budget allows (and
         // larger ones for outputs larger than batches, within the budget).
         let slabs =
@@ -411,7 +419,10 @@ impl LoaderBuilder {
             plans,
             byte_budget: self.byte_budget,
             in_flight_bytes: in_flight,
-            needed_units: needed,
+            // Each row group's permits are at most a `needed_units`th of
+            // them, so that many always fit: with batches handed on, the
+            // windows they may hold too.
+            needed_units: handoff_units.unwrap_or(needed),
             part_rows,
             batch_bytes: sizes.batch_bytes,
             on_error: self.on_error,

@@ -1127,16 +1127,20 @@ impl Collator {
             Some(Action::Stop) => return Ok(None),
             Some(action) => return Err(injected(Stage::Collate, action, &self.cancel)),
         }
+        let [plan] = &self.config.plans[..] else {
+            return Ok(None);
+        };
         for held in &mut self.windows {
             if held.handoff.is_none() {
-                held.handoff = Some(held.sources.iter().map(|c| handoff_values(c)).collect());
+                let values = held.sources.iter().map(|c| handoff_values(plan, c));
+                held.handoff = Some(values.collect());
             }
         }
         let sources: Vec<Option<&HandoffValues>> = (self.windows.iter())
             .flat_map(|w| w.handoff.iter().flatten().map(Option::as_ref))
             .collect();
         let windows = self.windows.iter().map(|w| w.window.clone()).collect();
-        let Some(handoff) = Handoff::of(windows, &sources, rows) else {
+        let Some(handoff) = Handoff::of(windows, plan, &sources, rows) else {
             return Ok(None);
         };
         // A slab still, so that a consumer holds no more of these batches
@@ -1156,7 +1160,7 @@ impl Collator {
         Ok(Some(Batch {
             lease: Arc::new(lease),
             rows: handoff.rows(),
-            columns: Vec::new(),
+            columns: vec![handoff.column().clone()],
             index,
             held: None,
             filtered: 0,

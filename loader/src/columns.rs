@@ -109,7 +109,7 @@ impl ColumnPlan {
     }
 }
 
-fn primitive(dt: &DataType) -> Option<DType> {
+pub(crate) fn primitive(dt: &DataType) -> Option<DType> {
     Some(match dt {
         DataType::Int8 => DType::I8,
         DataType::Int16 => DType::I16,

@@ -320,8 +320,9 @@ impl MixtureBuilder {
             b.transform_slabs = 0;
             b.shared_slabs = false;
             b.row_ids = false;
-            // A packer reads its documents where they were decoded.
-            b.handoff = self.pack.is_some();
+            // The mixture (or its packer) reads the rows where they were
+            // decoded, where the source's one column is a list of numbers.
+            b.handoff = true;
             b.runtime = Some(runtime.clone());
             b.url = self.sources[i].0.clone();
             b.batch_size = self.read_batch;

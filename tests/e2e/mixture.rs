@@ -1051,3 +1051,94 @@ fn rows_copied_straight_from_the_sources_equal_rows_staged() {
     assert_eq!(staged, 0, "padded lists copied straight too");
     assert_eq!(padded, direct, "padded lists");
 }
+
+/// A source of one nullable `list<int32>` column: `docs` documents, every
+/// seventh null.
+fn nullable_token_source(dir: &Path, name: &str, source: usize, docs: u64) -> String {
+    let mut ids = ListBuilder::new(Int32Builder::new());
+    for d in 0..docs {
+        if d % 7 == 3 {
+            ids.append(false);
+            continue;
+        }
+        for t in 0..doc_len(source, d, 40) {
+            ids.values().append_value(token(source, d, t));
+        }
+        ids.append(true);
+    }
+    let batch =
+        RecordBatch::try_from_iter([("input_ids", Arc::new(ids.finish()) as ArrayRef)]).unwrap();
+    shard_batch(dir, name, &batch)
+}
+
+/// A mixture batch of one ragged list column: (source, tokens, valid) a row.
+fn list_rows(b: &Batch) -> Vec<(i32, Vec<i32>, u8)> {
+    let tokens = b.values::<i32>("input_ids").unwrap();
+    let offsets = b.offsets("input_ids").unwrap();
+    let valid = b
+        .validity("input_ids")
+        .expect("a nullable column has a mask");
+    (0..b.rows())
+        .map(|r| {
+            let row = tokens[offsets[r] as usize..offsets[r + 1] as usize].to_vec();
+            (sources_of(b)[r], row, valid[r])
+        })
+        .collect()
+}
+
+/// Sources of one list column hand their rows to the mixture as they lie in
+/// the decoded row groups; the mixture's batches (values, offsets, nulls,
+/// sources) are those of rows collated first, whether copied straight or
+/// staged, and whether every batch, one or none was handed on.
+#[test]
+fn rows_read_where_they_were_decoded_equal_rows_collated() {
+    let tmp = tempdir();
+    let a = nullable_token_source(tmp.path(), "a", 0, 700);
+    let b = nullable_token_source(tmp.path(), "b", 1, 300);
+    let sources = vec![(a, 0.7), (b, 0.3)];
+    let run = |prefetch: usize, failpoints: &'static str| {
+        let mut m = mixture(&sources)
+            .batch_size(100)
+            .mix_stop(MixStop::Never)
+            .configure(move |c| {
+                let c = c.prefetch(prefetch);
+                if failpoints.is_empty() {
+                    c
+                } else {
+                    c.failpoints(failpoints)
+                }
+            })
+            .build()
+            .unwrap();
+        let rows: Vec<_> = (0..25)
+            .map(|_| list_rows(&m.next().unwrap().unwrap()))
+            .collect();
+        let stats = m.stats();
+        let handed: Vec<u64> = stats.sources.iter().map(|s| s.handoff_batches).collect();
+        (rows, stats.staged_batches, handed)
+    };
+    let (handed_on, staged, handed) = run(8, "");
+    assert_eq!(staged, 0);
+    assert!(handed.iter().all(|&n| n > 0), "{handed:?}");
+    let nulls = handed_on.iter().flatten().filter(|r| r.2 == 0).count();
+    assert!(nulls > 0, "some rows are null");
+    assert!(
+        handed_on
+            .iter()
+            .flatten()
+            .filter(|r| r.2 == 0)
+            .all(|r| r.1.is_empty())
+    );
+    let (collated, _, handed) = run(8, "handoff=stop");
+    assert_eq!(handed, vec![0, 0]);
+    assert_eq!(collated, handed_on, "every batch collated");
+    let (mixed, _, _) = run(8, "handoff=stop@2");
+    assert_eq!(mixed, handed_on, "batch 2 of each source collated");
+    let (few, staged, handed) = run(1, "");
+    assert!(
+        staged > 0,
+        "rows staged when a source keeps too many batches"
+    );
+    assert!(handed.iter().all(|&n| n > 0), "{handed:?}");
+    assert_eq!(few, handed_on, "rows staged from batches handed on");
+}

@@ -1,32 +1,36 @@
-//! Rows handed on uncollated: a mixture that packs reads each document's
-//! tokens straight from the decoded row groups, where a collated batch would
-//! have them copied twice (into the source's slab, then into the packed
-//! one).
+//! Rows handed on uncollated: a mixture reads each row straight from the
+//! decoded row groups, where a collated batch would have it copied twice
+//! (into the source's slab, then into the mixture's, or the packer's).
 //!
-//! A source of a packing mixture has one projected column, a list of
-//! integers. Its collator then hands on, instead of a slab of the rows'
-//! values, the decoded arrays they lie in and each row's range of them
+//! A mixture's source whose one projected column is a list of numbers
+//! (token ids, most often) hands on, instead of a slab of the rows' values,
+//! the decoded arrays they lie in and each row's range of them
 //! ([`Handoff`]), holding the windows those arrays belong to: their row
 //! groups, and the share of the byte budget they took, are given back when
 //! the last batch naming them goes. The loader's build reserves room in the
-//! budget for the windows such batches hold ([`crate::budget`]), so holding
-//! them never stalls the decoders that the next batch waits for.
+//! budget for the windows such batches hold (`loader/src/build.rs`), so
+//! holding them never stalls the decoders that the next batch waits for;
+//! where the budget has no room, the source collates as before. To the
+//! mixture such a batch has the column a collated one has (name, ragged
+//! layout, a validity mask where the column is nullable), read through
+//! [`crate::Batch`]'s row accessors.
 //!
 //! Only values the process owns are handed on: a values buffer inside a
 //! mapping of a shard ([`crate::mapfile`]) is collated as before (a file
 //! changed after the batch's check must not change what it holds), and so
 //! are lists with null items (the slab reads them as zeros), dictionary
-//! values and value types a packer does not take. The failpoint `handoff`
-//! with the action `stop` collates a batch that could have been handed on
-//! (tests compare the two paths).
+//! values and values of another type than the column's plan. The failpoint
+//! `handoff` with the action `stop` collates a batch that could have been
+//! handed on (tests compare the two paths).
 
 use std::sync::Arc;
 
-use arrow_array::cast::AsArray;
-use arrow_array::types::{Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type};
-use arrow_array::{Array, ArrayRef, make_array};
+use arrow_buffer::Buffer as Bytes;
+use arrow_data::ArrayData;
 use arrow_schema::DataType;
 
+use crate::batch::{Buffer, Column, ColumnLayout, DType};
+use crate::columns::{ColumnPlan, Kind, primitive};
 use crate::gather::RowRefs;
 use crate::gather::kernels::SourceColumn;
 use crate::pack::Tokens;
@@ -35,33 +39,37 @@ use crate::shuffle::LoadedWindow;
 /// One decoded batch's list column, as a handoff reads it.
 #[derive(Clone)]
 pub(crate) struct HandoffValues {
-    /// The list's values: a primitive array of a token type without nulls.
-    values: ArrayRef,
+    /// The list's values, from the first (the child's offset applied).
+    values: Bytes,
+    /// Values in `values`.
+    len: usize,
     /// The list itself (offsets and row validity).
-    list: arrow_data::ArrayData,
+    list: ArrayData,
 }
 
 impl HandoffValues {
-    /// The values of row `row` as a range of [`HandoffValues::values`]
-    /// (empty for a null row); `None` for a row past the list.
-    fn range(&self, row: usize) -> Option<(usize, usize)> {
+    /// The values of row `row` as a range of elements of
+    /// [`HandoffValues::values`] (empty for a null row), and whether the
+    /// row is valid; `None` for a row past the list.
+    fn range(&self, row: usize) -> Option<(usize, usize, bool)> {
         if row >= self.list.len() {
             return None;
         }
         if self.list.nulls().is_some_and(|n| n.is_null(row)) {
-            return Some((0, 0));
+            return Some((0, 0, false));
         }
         let at = self.list.offset().checked_add(row)?;
+        let offsets = &self.list.buffers()[0];
         let (a, z) = match self.list.data_type() {
             DataType::List(_) => {
-                let o = self.list.buffers()[0].typed_data::<i32>();
+                let o: &[i32] = offsets.typed_data();
                 (
                     usize::try_from(*o.get(at)?).ok()?,
                     usize::try_from(*o.get(at + 1)?).ok()?,
                 )
             }
             DataType::LargeList(_) => {
-                let o = self.list.buffers()[0].typed_data::<i64>();
+                let o: &[i64] = offsets.typed_data();
                 (
                     usize::try_from(*o.get(at)?).ok()?,
                     usize::try_from(*o.get(at + 1)?).ok()?,
@@ -69,14 +77,15 @@ impl HandoffValues {
             }
             _ => return None,
         };
-        (a <= z && z <= self.values.len()).then_some((a, z))
+        (a <= z && z <= self.len).then_some((a, z, true))
     }
 }
 
-/// The list column of a decoded batch when its values may be handed on as
-/// they lie (see the module's documentation); `None` otherwise.
-pub(crate) fn handoff_values(columns: &[SourceColumn]) -> Option<HandoffValues> {
-    let [column] = columns else {
+/// The list column of a decoded batch (the only column of `columns`,
+/// planned as `plan`) when its values may be handed on as they lie (see the
+/// module's documentation); `None` otherwise.
+pub(crate) fn handoff_values(plan: &ColumnPlan, columns: &[SourceColumn]) -> Option<HandoffValues> {
+    let ([column], Kind::List { dtype, .. }) = (columns, plan.kind) else {
         return None;
     };
     let list = &column.data;
@@ -87,28 +96,28 @@ pub(crate) fn handoff_values(columns: &[SourceColumn]) -> Option<HandoffValues> 
         return None;
     }
     let child = &list.child_data()[0];
-    let supported = matches!(
-        child.data_type(),
-        DataType::Int32
-            | DataType::UInt32
-            | DataType::Int64
-            | DataType::UInt16
-            | DataType::Int16
-            | DataType::UInt8
-    );
-    if !supported || child.null_count() > 0 {
+    if primitive(child.data_type()) != Some(dtype)
+        || dtype == DType::Bool
+        || child.null_count() > 0
+        || child.buffers().len() != 1
+    {
         return None;
     }
-    let values = make_array(child.clone());
-    let bytes = child
-        .buffers()
-        .first()
-        .map(|b| b.as_ptr() as usize..b.as_ptr() as usize + b.len())?;
-    if crate::mapfile::overlaps_mapping(bytes) {
+    let size = dtype.size();
+    let from = child.offset().checked_mul(size)?;
+    let bytes = child.len().checked_mul(size)?;
+    let buffer = &child.buffers()[0];
+    if from.checked_add(bytes)? > buffer.len() {
+        return None;
+    }
+    let values = buffer.slice_with_length(from, bytes);
+    let at = values.as_ptr() as usize;
+    if crate::mapfile::overlaps_mapping(at..at + values.len()) {
         return None;
     }
     Some(HandoffValues {
         values,
+        len: child.len(),
         list: list.clone(),
     })
 }
@@ -118,23 +127,31 @@ pub(crate) struct Handoff {
     /// The windows the rows lie in: they, and the budget their row groups
     /// took, stay until the batch goes.
     _windows: Vec<Arc<LoadedWindow>>,
+    /// The column as a collated batch has it, its buffers empty.
+    column: Column,
+    dtype: DType,
     /// The values of each source batch the rows come from.
-    values: Vec<ArrayRef>,
-    /// Each row: its source batch (in `values`) and its range of values.
-    rows: Vec<(u32, usize, usize)>,
+    values: Vec<Bytes>,
+    /// Each row: its source batch (in `values`), its range of values (in
+    /// elements) and whether it is valid.
+    rows: Vec<(u32, usize, usize, bool)>,
 }
 
 impl Handoff {
-    /// The handoff of `rows` (source batch, row), the source batches being
-    /// those of `sources` in order; `None` where one of them may not be
-    /// handed on (the batch is collated).
+    /// The handoff of `rows` (source batch, row) of the column `plan`, the
+    /// source batches being those of `sources` in order; `None` where one
+    /// of them may not be handed on (the batch is collated).
     pub(crate) fn of(
         windows: Vec<Arc<LoadedWindow>>,
+        plan: &ColumnPlan,
         sources: &[Option<&HandoffValues>],
         rows: &RowRefs,
     ) -> Option<Handoff> {
+        let Kind::List { dtype, .. } = plan.kind else {
+            return None;
+        };
         let mut used: Vec<Option<u32>> = vec![None; sources.len()];
-        let mut values: Vec<ArrayRef> = Vec::new();
+        let mut values: Vec<Bytes> = Vec::new();
         let mut out = Vec::with_capacity(rows.len());
         for &(b, r) in rows {
             let source = (*sources.get(b as usize)?)?;
@@ -147,11 +164,26 @@ impl Handoff {
                     at
                 }
             };
-            let (a, z) = source.range(r as usize)?;
-            out.push((at, a, z));
+            let (a, z, valid) = source.range(r as usize)?;
+            out.push((at, a, z, valid));
         }
+        let empty = |dtype| Buffer {
+            dtype,
+            shape: vec![0],
+            offset: 0,
+        };
+        let column = Column {
+            name: plan.name.clone(),
+            layout: ColumnLayout::Ragged {
+                values: empty(dtype),
+                offsets: empty(DType::I64),
+            },
+            validity: plan.nullable.then(|| empty(DType::U8)),
+        };
         Some(Handoff {
             _windows: windows,
+            column,
+            dtype,
             values,
             rows: out,
         })
@@ -162,31 +194,43 @@ impl Handoff {
         self.rows.len()
     }
 
-    /// Bytes the rows would take collated: their values, and the offsets.
-    pub(crate) fn bytes(&self) -> usize {
-        let values: usize = (self.rows.iter())
-            .map(|&(at, a, z)| {
-                let width = self.values[at as usize]
-                    .data_type()
-                    .primitive_width()
-                    .unwrap_or(0);
-                (z - a) * width
-            })
-            .sum();
-        values + 8 * (self.rows.len() + 1)
+    /// The column, as a collated batch has it (its buffers empty: rows are
+    /// read with [`Handoff::row`]).
+    pub(crate) fn column(&self) -> &Column {
+        &self.column
     }
 
-    /// The tokens of row `row`.
+    /// Bytes the rows would take collated: their values, the offsets and
+    /// the validity.
+    pub(crate) fn bytes(&self) -> usize {
+        let values: usize = self.rows.iter().map(|&(_, a, z, _)| z - a).sum();
+        let validity = if self.column.validity.is_some() {
+            self.rows.len()
+        } else {
+            0
+        };
+        values * self.dtype.size() + 8 * (self.rows.len() + 1) + validity
+    }
+
+    /// Row `row`'s values as bytes, their count, and its validity (1 or 0).
+    pub(crate) fn row(&self, row: usize) -> Option<(&[u8], usize, u8)> {
+        let &(at, a, z, valid) = self.rows.get(row)?;
+        let size = self.dtype.size();
+        let bytes = self.values.get(at as usize)?.get(a * size..z * size)?;
+        Some((bytes, z - a, u8::from(valid)))
+    }
+
+    /// The tokens of row `row` (lists of integers).
     pub(crate) fn tokens(&self, row: usize) -> Option<Tokens<'_>> {
-        let &(at, a, z) = self.rows.get(row)?;
+        let &(at, a, z, _) = self.rows.get(row)?;
         let values = self.values.get(at as usize)?;
-        Some(match values.data_type() {
-            DataType::Int32 => Tokens::I32(&values.as_primitive::<Int32Type>().values()[a..z]),
-            DataType::UInt32 => Tokens::U32(&values.as_primitive::<UInt32Type>().values()[a..z]),
-            DataType::Int64 => Tokens::I64(&values.as_primitive::<Int64Type>().values()[a..z]),
-            DataType::UInt16 => Tokens::U16(&values.as_primitive::<UInt16Type>().values()[a..z]),
-            DataType::Int16 => Tokens::I16(&values.as_primitive::<Int16Type>().values()[a..z]),
-            DataType::UInt8 => Tokens::U8(&values.as_primitive::<UInt8Type>().values()[a..z]),
+        Some(match self.dtype {
+            DType::I32 => Tokens::I32(values.typed_data::<i32>().get(a..z)?),
+            DType::U32 => Tokens::U32(values.typed_data::<u32>().get(a..z)?),
+            DType::I64 => Tokens::I64(values.typed_data::<i64>().get(a..z)?),
+            DType::U16 => Tokens::U16(values.typed_data::<u16>().get(a..z)?),
+            DType::I16 => Tokens::I16(values.typed_data::<i16>().get(a..z)?),
+            DType::U8 => Tokens::U8(values.typed_data::<u8>().get(a..z)?),
             _ => return None,
         })
     }
@@ -195,7 +239,20 @@ impl Handoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_array::Array;
     use arrow_array::builder::{Int32Builder, ListBuilder};
+
+    fn plan(nullable: bool) -> ColumnPlan {
+        ColumnPlan {
+            name: "ids".into(),
+            source: 0,
+            kind: Kind::List {
+                dtype: DType::I32,
+                large: false,
+            },
+            nullable,
+        }
+    }
 
     fn column(rows: &[Option<Vec<Option<i32>>>]) -> SourceColumn {
         let mut b = ListBuilder::new(Int32Builder::new());
@@ -223,34 +280,60 @@ mod tests {
     }
 
     /// Rows of two batches, a null list among them, read back as the
-    /// collator would have laid them out (a null row empty), in any order.
+    /// collator would have laid them out (a null row empty and invalid), in
+    /// any order; sliced arrays included.
     #[test]
     fn rows_are_read_where_they_lie() {
+        let p = plan(true);
         let a = column(&[Some(vec![Some(1), Some(2)]), None, Some(vec![Some(3)])]);
-        let b = column(&[Some(vec![]), Some(vec![Some(7), Some(8), Some(9)])]);
-        let sources = [handoff_values(&[a]), handoff_values(&[b])];
+        let b = column(&[
+            Some(vec![Some(5)]),
+            Some(vec![]),
+            Some(vec![Some(7), Some(8), Some(9)]),
+        ]);
+        let b = SourceColumn {
+            data: arrow_array::make_array(b.data).slice(1, 2).into_data(),
+            key_bound: None,
+        };
+        let sources = [handoff_values(&p, &[a]), handoff_values(&p, &[b])];
         let refs: Vec<Option<&HandoffValues>> = sources.iter().map(Option::as_ref).collect();
         let rows = [(1, 1), (0, 2), (0, 1), (1, 0), (0, 0)];
-        let h = Handoff::of(Vec::new(), &refs, &rows).unwrap();
+        let h = Handoff::of(Vec::new(), &p, &refs, &rows).unwrap();
         assert_eq!(h.rows(), 5);
         let got: Vec<Vec<i32>> = (0..5).map(|r| ids(h.tokens(r).unwrap())).collect();
         assert_eq!(got, [vec![7, 8, 9], vec![3], vec![], vec![], vec![1, 2]]);
-        assert!(h.tokens(5).is_none());
-        assert_eq!(h.bytes(), 6 * 4 + 8 * 6);
+        let valid: Vec<u8> = (0..5).map(|r| h.row(r).unwrap().2).collect();
+        assert_eq!(valid, [1, 1, 0, 1, 1]);
+        let (bytes, count, _) = h.row(4).unwrap();
+        assert_eq!((bytes, count), (&[1, 0, 0, 0, 2, 0, 0, 0][..], 2));
+        assert!(h.tokens(5).is_none() && h.row(5).is_none());
+        assert_eq!(h.bytes(), 6 * 4 + 8 * 6 + 5);
+        assert_eq!(h.column().name, "ids");
+        assert!(h.column().validity.is_some());
     }
 
-    /// Null items (the slab reads them as zeros), another column count, or
-    /// a row past the list: collated instead.
+    /// Null items (the slab reads them as zeros), another value type than
+    /// the plan's, another column count, or a row past the list: collated
+    /// instead.
     #[test]
     fn what_a_slab_would_change_is_not_handed_on() {
-        assert!(handoff_values(&[column(&[Some(vec![Some(1), None])])]).is_none());
+        let p = plan(false);
+        assert!(handoff_values(&p, &[column(&[Some(vec![Some(1), None])])]).is_none());
+        let wide = ColumnPlan {
+            kind: Kind::List {
+                dtype: DType::I64,
+                large: false,
+            },
+            ..plan(false)
+        };
         let one = column(&[Some(vec![Some(1)])]);
-        assert!(handoff_values(&[one.clone(), one.clone()]).is_none());
-        assert!(handoff_values(&[]).is_none());
-        let sources = [handoff_values(&[one])];
+        assert!(handoff_values(&wide, std::slice::from_ref(&one)).is_none());
+        assert!(handoff_values(&p, &[one.clone(), one.clone()]).is_none());
+        assert!(handoff_values(&p, &[]).is_none());
+        let sources = [handoff_values(&p, &[one])];
         let refs: Vec<Option<&HandoffValues>> = sources.iter().map(Option::as_ref).collect();
-        assert!(Handoff::of(Vec::new(), &refs, &[(0, 1)]).is_none());
-        assert!(Handoff::of(Vec::new(), &refs, &[(1, 0)]).is_none());
-        assert!(Handoff::of(Vec::new(), &[None], &[(0, 0)]).is_none());
+        assert!(Handoff::of(Vec::new(), &p, &refs, &[(0, 1)]).is_none());
+        assert!(Handoff::of(Vec::new(), &p, &refs, &[(1, 0)]).is_none());
+        assert!(Handoff::of(Vec::new(), &p, &[None], &[(0, 0)]).is_none());
     }
 }

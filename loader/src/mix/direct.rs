@@ -116,8 +116,15 @@ fn row_of<'a>(batch: &'a Batch, c: usize, kind: &Kind, row: usize) -> Option<Row
                 items: &[],
             }
         }
-        ColumnLayout::Ragged { values, offsets }
-        | ColumnLayout::Bytes {
+        ColumnLayout::Ragged { values, offsets } => {
+            let (bytes, count) = batch.ragged_row(values, offsets, row)?;
+            Row {
+                bytes,
+                count: count as i64,
+                items: &[],
+            }
+        }
+        ColumnLayout::Bytes {
             values, offsets, ..
         } => {
             let (a, z) = span(offsets)?;
@@ -264,11 +271,7 @@ impl Core {
                     }
                 }
                 if let Some(at) = plan.validity_at {
-                    let column = &batch.columns()[c];
-                    slab[at + i] = column
-                        .validity
-                        .as_ref()
-                        .map_or(1, |b| batch.typed::<u8>(b).expect("u8")[r.row]);
+                    slab[at + i] = batch.valid_byte(&batch.columns()[c], r.row);
                 }
             }
             let buffer = |dtype: DType, shape: Vec<usize>, offset: usize| Buffer {

@@ -83,13 +83,12 @@ impl Staged {
             (Kind::Ragged { dtype }, ColumnLayout::Ragged { values, offsets })
                 if values.dtype == *dtype =>
             {
-                let size = dtype.size();
-                let offsets = batch.typed::<i64>(offsets).expect("offsets are i64");
-                let (a, z) = (offsets[row] as usize, offsets[row + 1] as usize);
-                self.values
-                    .extend_from_slice(&batch.bytes(values)[a * size..z * size]);
+                let (bytes, count) = batch
+                    .ragged_row(values, offsets, row)
+                    .ok_or_else(mismatch)?;
+                self.values.extend_from_slice(bytes);
                 let last = *self.offsets.last().expect("starts with 0");
-                self.offsets.push(last + (z - a) as i64);
+                self.offsets.push(last + count as i64);
             }
             (
                 Kind::Bytes { .. },
@@ -127,12 +126,12 @@ impl Staged {
             _ => return Err(mismatch()),
         }
         match (&mut self.validity, &column.validity) {
-            (Some(v), Some(valid)) => v.push(batch.typed::<u8>(valid).expect("u8")[row]),
+            (Some(v), Some(_)) => v.push(batch.valid_byte(column, row)),
             (Some(v), None) => v.push(1),
-            (None, Some(valid)) => {
+            (None, Some(_)) => {
                 // The first rows had no validity: they were all valid.
                 let mut v = vec![1u8; before];
-                v.push(batch.typed::<u8>(valid).expect("u8")[row]);
+                v.push(batch.valid_byte(column, row));
                 self.validity = Some(v);
             }
             (None, None) => {}
