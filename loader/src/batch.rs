@@ -227,9 +227,20 @@ pub struct Batch {
     /// Where each row comes from, when asked for
     /// ([`crate::LoaderBuilder::row_ids`]).
     pub(crate) row_ids: Option<Vec<crate::RowId>>,
-    /// A packing mixture's source: the rows as they lie in the decoded row
-    /// groups, in place of collated columns ([`crate::collate::Handoff`]).
-    pub(crate) handoff: Option<Box<crate::collate::Handoff>>,
+    /// A mixture's source: the rows as they lie in the decoded row groups,
+    /// in place of collated columns (see [`HandedOn`]).
+    pub(crate) handoff: Option<Box<dyn HandedOn>>,
+}
+
+/// The rows of a batch a mixture's source hands on uncollated, read where
+/// they lie in the decoded row groups (the collator's handoff module).
+pub(crate) trait HandedOn: Send + Sync {
+    /// Row `row`'s values as bytes, their count, and its validity (1 or 0).
+    fn row(&self, row: usize) -> Option<(&[u8], usize, u8)>;
+    /// The values of row `row` as tokens (lists of integers).
+    fn tokens(&self, row: usize) -> Option<crate::pack::Tokens<'_>>;
+    /// Bytes the rows would take collated.
+    fn bytes(&self) -> usize;
 }
 
 impl std::fmt::Debug for Batch {
@@ -387,7 +398,7 @@ impl Batch {
 
     /// Row `row` of a ragged column whose buffers are `values` and
     /// `offsets`: its values' bytes and their count. A batch handed on
-    /// uncollated ([`crate::collate::Handoff`]) reads them where they lie.
+    /// uncollated ([`HandedOn`]) reads them where they lie.
     pub(crate) fn ragged_row(
         &self,
         values: &Buffer,

@@ -33,8 +33,7 @@ use crate::stats::Counters;
 
 mod handoff;
 mod lists;
-pub(crate) use handoff::Handoff;
-use handoff::{HandoffValues, handoff_values};
+use handoff::HandoffValues;
 use shardfeed_format::Manifest;
 
 struct Layout {
@@ -688,12 +687,10 @@ const MIXING_SAMPLE: u64 = 8;
 /// its batches' projected columns as the collator reads them (made once per
 /// window, not per collated batch).
 pub(crate) struct HeldWindow {
-    /// Shared with the batches handed on uncollated ([`Handoff`]): its row
-    /// groups, and the budget they hold, stay until the last of them goes.
+    /// Shared with the batches handed on uncollated (module `handoff`).
     window: Arc<LoadedWindow>,
     sources: Vec<Vec<SourceColumn>>,
-    /// Whether each batch's list values may be handed on as they lie
-    /// ([`handoff_values`]), worked out once per window.
+    /// Each batch's list values, where they may be handed on as they lie.
     handoff: Option<Vec<Option<HandoffValues>>>,
 }
 
@@ -1116,57 +1113,6 @@ impl Collator {
             row_ids: None,
             handoff: None,
         })
-    }
-
-    /// The batch of `rows` handed on uncollated ([`Handoff`]) when every
-    /// source batch they come from allows it; `None`: collate it.
-    fn handoff(&mut self, index: u64, rows: &RowRefs, started: Instant) -> Result<Option<Batch>> {
-        match self.config.failpoints.hit("handoff", index) {
-            None => {}
-            // The batch collated as when its rows cannot be handed on.
-            Some(Action::Stop) => return Ok(None),
-            Some(action) => return Err(injected(Stage::Collate, action, &self.cancel)),
-        }
-        let [plan] = &self.config.plans[..] else {
-            return Ok(None);
-        };
-        for held in &mut self.windows {
-            if held.handoff.is_none() {
-                let values = held.sources.iter().map(|c| handoff_values(plan, c));
-                held.handoff = Some(values.collect());
-            }
-        }
-        let sources: Vec<Option<&HandoffValues>> = (self.windows.iter())
-            .flat_map(|w| w.handoff.iter().flatten().map(Option::as_ref))
-            .collect();
-        let windows = self.windows.iter().map(|w| w.window.clone()).collect();
-        let Some(handoff) = Handoff::of(windows, plan, &sources, rows) else {
-            return Ok(None);
-        };
-        // A slab still, so that a consumer holds no more of these batches
-        // than of collated ones (the budget reserves room for their windows).
-        let waiting = Instant::now();
-        let lease = self.pool.acquire(&self.cancel)?;
-        let blocked = waiting.elapsed();
-        Counters::add_time(&self.counters.collate_blocked_out_ns, blocked);
-        let lease = lease.ok_or(LoaderError::Closed)?;
-        Counters::add(&self.counters.handoff_batches, 1);
-        Counters::add_time(
-            &self.counters.collate_busy_ns,
-            started.elapsed().saturating_sub(blocked),
-        );
-        self.counters
-            .span("collate batch", started, crate::trace::Args::Index(index));
-        Ok(Some(Batch {
-            lease: Arc::new(lease),
-            rows: handoff.rows(),
-            columns: vec![handoff.column().clone()],
-            index,
-            held: None,
-            filtered: 0,
-            row_ids: None,
-            handoff: Some(Box::new(handoff)),
-        }))
     }
 }
 

@@ -24,17 +24,24 @@
 //! handed on (tests compare the two paths).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use arrow_buffer::Buffer as Bytes;
 use arrow_data::ArrayData;
 use arrow_schema::DataType;
 
-use crate::batch::{Buffer, Column, ColumnLayout, DType};
+use shardfeed_format::failpoint::Action;
+
+use super::Collator;
+use crate::batch::{Batch, Buffer, Column, ColumnLayout, DType, HandedOn};
 use crate::columns::{ColumnPlan, Kind, primitive};
+use crate::error::{LoaderError, Result, Stage};
 use crate::gather::RowRefs;
 use crate::gather::kernels::SourceColumn;
 use crate::pack::Tokens;
 use crate::shuffle::LoadedWindow;
+use crate::stage::injected;
+use crate::stats::Counters;
 
 /// One decoded batch's list column, as a handoff reads it.
 #[derive(Clone)]
@@ -199,10 +206,12 @@ impl Handoff {
     pub(crate) fn column(&self) -> &Column {
         &self.column
     }
+}
 
+impl HandedOn for Handoff {
     /// Bytes the rows would take collated: their values, the offsets and
     /// the validity.
-    pub(crate) fn bytes(&self) -> usize {
+    fn bytes(&self) -> usize {
         let values: usize = self.rows.iter().map(|&(_, a, z, _)| z - a).sum();
         let validity = if self.column.validity.is_some() {
             self.rows.len()
@@ -213,7 +222,7 @@ impl Handoff {
     }
 
     /// Row `row`'s values as bytes, their count, and its validity (1 or 0).
-    pub(crate) fn row(&self, row: usize) -> Option<(&[u8], usize, u8)> {
+    fn row(&self, row: usize) -> Option<(&[u8], usize, u8)> {
         let &(at, a, z, valid) = self.rows.get(row)?;
         let size = self.dtype.size();
         let bytes = self.values.get(at as usize)?.get(a * size..z * size)?;
@@ -221,7 +230,7 @@ impl Handoff {
     }
 
     /// The tokens of row `row` (lists of integers).
-    pub(crate) fn tokens(&self, row: usize) -> Option<Tokens<'_>> {
+    fn tokens(&self, row: usize) -> Option<Tokens<'_>> {
         let &(at, a, z, _) = self.rows.get(row)?;
         let values = self.values.get(at as usize)?;
         Some(match self.dtype {
@@ -233,6 +242,64 @@ impl Handoff {
             DType::U8 => Tokens::U8(values.typed_data::<u8>().get(a..z)?),
             _ => return None,
         })
+    }
+}
+
+impl Collator {
+    /// The batch of `rows` handed on uncollated ([`Handoff`]) when every
+    /// source batch they come from allows it; `None`: collate it.
+    pub(super) fn handoff(
+        &mut self,
+        index: u64,
+        rows: &RowRefs,
+        started: Instant,
+    ) -> Result<Option<Batch>> {
+        match self.config.failpoints.hit("handoff", index) {
+            None => {}
+            // The batch collated as when its rows cannot be handed on.
+            Some(Action::Stop) => return Ok(None),
+            Some(action) => return Err(injected(Stage::Collate, action, &self.cancel)),
+        }
+        let [plan] = &self.config.plans[..] else {
+            return Ok(None);
+        };
+        for held in &mut self.windows {
+            if held.handoff.is_none() {
+                let values = held.sources.iter().map(|c| handoff_values(plan, c));
+                held.handoff = Some(values.collect());
+            }
+        }
+        let sources: Vec<Option<&HandoffValues>> = (self.windows.iter())
+            .flat_map(|w| w.handoff.iter().flatten().map(Option::as_ref))
+            .collect();
+        let windows = self.windows.iter().map(|w| w.window.clone()).collect();
+        let Some(handoff) = Handoff::of(windows, plan, &sources, rows) else {
+            return Ok(None);
+        };
+        // A slab still, so that a consumer holds no more of these batches
+        // than of collated ones (the budget reserves room for their windows).
+        let waiting = Instant::now();
+        let lease = self.pool.acquire(&self.cancel)?;
+        let blocked = waiting.elapsed();
+        Counters::add_time(&self.counters.collate_blocked_out_ns, blocked);
+        let lease = lease.ok_or(LoaderError::Closed)?;
+        Counters::add(&self.counters.handoff_batches, 1);
+        Counters::add_time(
+            &self.counters.collate_busy_ns,
+            started.elapsed().saturating_sub(blocked),
+        );
+        self.counters
+            .span("collate batch", started, crate::trace::Args::Index(index));
+        Ok(Some(Batch {
+            lease: Arc::new(lease),
+            rows: handoff.rows(),
+            columns: vec![handoff.column().clone()],
+            index,
+            held: None,
+            filtered: 0,
+            row_ids: None,
+            handoff: Some(Box::new(handoff)),
+        }))
     }
 }
 
