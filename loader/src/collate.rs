@@ -37,7 +37,6 @@ use handoff::HandoffValues;
 use shardfeed_format::Manifest;
 
 struct Layout {
-    buffers: Vec<Buffer>,
     total: usize,
 }
 
@@ -50,7 +49,6 @@ impl Layout {
             offset,
         };
         self.total = offset + buffer.bytes();
-        self.buffers.push(buffer.clone());
         buffer
     }
 }
@@ -158,10 +156,7 @@ impl<'a> Collation<'a> {
     /// Lay out the batch of `rows`; returns the columns and the bytes needed.
     pub(crate) fn layout(&self, rows: &RowRefs) -> (Vec<Column>, usize) {
         let n = rows.len();
-        let mut layout = Layout {
-            buffers: Vec::new(),
-            total: 0,
-        };
+        let mut layout = Layout { total: 0 };
         let mut columns = Vec::with_capacity(self.plans.len());
         for (c, plan) in self.plans.iter().enumerate() {
             let column_layout = match plan.kind {

@@ -335,15 +335,12 @@ pub(crate) fn gather_fixed(
         order: &[u32],
         out: &mut [u8],
     ) -> std::result::Result<(), String> {
-        let srcs: Vec<Fixed> = cols
-            .iter()
-            .map(|c| Fixed::of(&c.data, w, c.key_bound))
-            .collect();
         if let Some(runs) = runs {
             for run in runs {
                 let range = run.first as usize..run.first as usize + run.len;
                 let out = &mut out[run.at * w..(run.at + run.len) * w];
-                match srcs[run.source as usize] {
+                let col = cols[run.source as usize];
+                match Fixed::of(&col.data, w, col.key_bound) {
                     Fixed::Plain(values) => {
                         stream_copy(out, &values[range.start * w..range.end * w]);
                     }
@@ -385,6 +382,10 @@ pub(crate) fn gather_fixed(
             }
             return Ok(());
         }
+        let srcs: Vec<Fixed> = cols
+            .iter()
+            .map(|c| Fixed::of(&c.data, w, c.key_bound))
+            .collect();
         for &i in order {
             let (s, r) = rows[i as usize];
             let to = i as usize * w;
