@@ -145,34 +145,43 @@ pub(super) fn delta_values(
 
 /// Append `values` (at most 32) to `out`, each as its first `width`
 /// little-endian bytes (the low bytes: a value wrapped in a narrower
-/// physical width keeps them): laid out in a buffer on the stack (a loop
-/// the compiler vectorises), then one copy.
+/// physical width keeps them). A whole group is narrowed into an array it
+/// fills (no zeroing) and appended as that array's bytes, one copy; on a
+/// little-endian machine 64-bit values are appended as they lie.
 #[inline]
 fn push(values: &[u64], width: usize, out: &mut Vec<u8>) {
-    let mut bytes = [0u8; 32 * 8];
-    match width {
-        8 => {
-            for (b, v) in bytes.chunks_exact_mut(8).zip(values) {
-                b.copy_from_slice(&v.to_le_bytes());
+    use arrow_buffer::ToByteSlice;
+    #[cfg(target_endian = "little")]
+    if width == 8 {
+        out.extend_from_slice(values.to_byte_slice());
+        return;
+    }
+    if let (Ok(group), true) = (
+        <&[u64; 32]>::try_from(values),
+        cfg!(target_endian = "little"),
+    ) {
+        match width {
+            4 => {
+                let narrow: [u32; 32] = std::array::from_fn(|i| group[i] as u32);
+                out.extend_from_slice(narrow.to_byte_slice());
+                return;
             }
-        }
-        4 => {
-            for (b, v) in bytes.chunks_exact_mut(4).zip(values) {
-                b.copy_from_slice(&(*v as u32).to_le_bytes());
+            2 => {
+                let narrow: [u16; 32] = std::array::from_fn(|i| group[i] as u16);
+                out.extend_from_slice(narrow.to_byte_slice());
+                return;
             }
-        }
-        2 => {
-            for (b, v) in bytes.chunks_exact_mut(2).zip(values) {
-                b.copy_from_slice(&(*v as u16).to_le_bytes());
+            1 => {
+                let narrow: [u8; 32] = std::array::from_fn(|i| group[i] as u8);
+                out.extend_from_slice(&narrow);
+                return;
             }
-        }
-        _ => {
-            for (b, v) in bytes.iter_mut().zip(values) {
-                *b = *v as u8;
-            }
+            _ => {}
         }
     }
-    out.extend_from_slice(&bytes[..values.len() * width]);
+    for v in values {
+        out.extend_from_slice(&v.to_le_bytes()[..width]);
+    }
 }
 
 /// Unpack 32 deltas of `w` bits (LSB first) from `src` (fewer bytes than
