@@ -119,15 +119,22 @@ pub(super) fn delta_values(
                 (left * w).div_ceil(8)
             };
             let available = full.min(buf.len() - cur.pos);
-            let body = cur.take(available.max(needed), "a miniblock")?;
+            let start = cur.pos;
+            cur.take(available.max(needed), "a miniblock")?;
             let mut at = 0;
             let mut in_mini = 0;
             while in_mini < per_mini && left > 0 {
                 // The group's values (past the last value, a partial group's
-                // padding runs on: `last` is not used after it).
+                // padding runs on: `last` is not used after it). The group
+                // is read from the rest of the page, not of its miniblock:
+                // the unpacking reads 16 bytes past a group's, and a
+                // miniblock's last group (every group, with parquet's 32
+                // values a miniblock) would otherwise be copied into a
+                // zeroed buffer first. The bytes past the group do not
+                // change its values; where the page ends, they read as zeros.
                 unpack32(
                     w,
-                    &body[at.min(body.len())..],
+                    &buf[(start + at).min(buf.len())..],
                     min_delta,
                     &mut last,
                     &mut group,
