@@ -195,29 +195,42 @@ impl FeedBuilder {
         })
     }
 
-    /// A plain loader's builder whose shuffle window was left to the byte
-    /// budget, set to the window (and an index's parts) `states` were saved
-    /// with (the order follows them, and they follow the budget): so that a
-    /// job resumes with another `byte_budget`, or on a machine that chose
-    /// others. `None` when the window was given, for mixtures, and when the
-    /// states do not agree.
+    /// A builder whose shuffle window was left to the byte budget, set to
+    /// the window (and an index's parts) `states` were saved with (the order
+    /// follows them, and they follow the budget): so that a job resumes with
+    /// another `byte_budget`, or on a machine that chose others. A mixture's
+    /// sources all get it, so its states' sources must agree. `None` when the
+    /// window was given, when the states do not agree, and for mixture states
+    /// saved before sources' windows were recorded.
     pub fn with_order_of(&self, states: &[FeedState]) -> Option<FeedBuilder> {
-        let FeedBuilder::Loader(b) = self else {
-            return None;
-        };
-        if b.window.is_some() {
-            return None;
-        }
-        let mut orders = states.iter().map(|s| match s {
-            FeedState::Loader(s) => Some((s.window, s.part_rows)),
-            FeedState::Mixture(_) => None,
+        let mut orders = states.iter().flat_map(|s| -> Vec<Option<(usize, u64)>> {
+            match s {
+                FeedState::Loader(s) => vec![Some((s.window, s.part_rows))],
+                FeedState::Mixture(m) => m
+                    .sources
+                    .iter()
+                    .map(|s| s.window.zip(s.part_rows))
+                    .collect(),
+            }
         });
         let (window, part_rows) = orders.next()??;
-        orders.all(|o| o == Some((window, part_rows))).then(|| {
+        if !orders.all(|o| o == Some((window, part_rows))) {
+            return None;
+        }
+        let with = |b: &LoaderBuilder| {
             let mut b = b.clone().window(window);
             b.part_rows = Some(part_rows);
-            FeedBuilder::Loader(b)
-        })
+            b
+        };
+        match self {
+            FeedBuilder::Loader(b) if b.window.is_none() => Some(FeedBuilder::Loader(with(b))),
+            FeedBuilder::Mixture(m) if m.template.window.is_none() => {
+                let mut m = m.clone();
+                m.template = with(&m.template);
+                Some(FeedBuilder::Mixture(m))
+            }
+            _ => None,
+        }
     }
 }
 

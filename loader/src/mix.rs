@@ -98,7 +98,7 @@ pub const SOURCE_COLUMN: &str = "source";
 #[derive(Clone)]
 pub struct MixtureBuilder {
     sources: Vec<(String, f64)>,
-    template: LoaderBuilder,
+    pub(crate) template: LoaderBuilder,
     pack: Option<PackOptions>,
     pack_column: Option<String>,
     mix_stop: MixStop,
@@ -584,10 +584,15 @@ impl MixtureBuilder {
         let source_states = sources
             .iter()
             .zip(&weights)
-            .map(|(s, &weight)| SourceState {
-                url: shardfeed_format::redact::url(&s.url),
-                dataset: s.fingerprint.clone(),
-                weight,
+            .map(|(s, &weight)| {
+                let order = s.loader.state();
+                SourceState {
+                    url: shardfeed_format::redact::url(&s.url),
+                    dataset: s.fingerprint.clone(),
+                    weight,
+                    window: Some(order.window),
+                    part_rows: Some(order.part_rows),
+                }
             })
             .collect();
         let core = Core {

@@ -44,12 +44,25 @@ fn rebuilt_for(
         .map(|t| current.parse_state(t))
         .collect::<Result<Vec<_>, _>>()
         .ok()?;
-    let (FeedState::Loader(mine), Some(FeedState::Loader(saved))) =
-        (current.save(), states.first())
-    else {
-        return None;
+    // (window, part_rows) of the loader, or of each source of a mixture;
+    // `None` where a mixture state did not record them.
+    let orders = |state: &FeedState| -> Vec<Option<(usize, u64)>> {
+        match state {
+            FeedState::Loader(s) => vec![Some((s.window, s.part_rows))],
+            FeedState::Mixture(m) => m
+                .sources
+                .iter()
+                .map(|s| s.window.zip(s.part_rows))
+                .collect(),
+        }
     };
-    if (saved.window, saved.part_rows) == (mine.window, mine.part_rows) {
+    let (mine, saved) = (orders(&current.save()), orders(states.first()?));
+    let differs = mine.len() == saved.len()
+        && mine
+            .iter()
+            .zip(&saved)
+            .any(|(a, b)| a.is_some() && b.is_some() && a != b);
+    if !differs {
         return None;
     }
     let adopted = builder.with_order_of(&states)?;
@@ -57,7 +70,11 @@ fn rebuilt_for(
         0 => String::new(),
         n => format!(", read in parts of {n} rows"),
     };
-    let (window, part_rows) = (saved.window, saved.part_rows);
+    let first_differing = mine
+        .iter()
+        .zip(&saved)
+        .find_map(|(a, b)| a.zip(*b).filter(|(a, b)| a != b));
+    let ((mine_window, mine_parts), (window, part_rows)) = first_differing?;
     Some(
         adopted
             .build()
@@ -65,8 +82,8 @@ fn rebuilt_for(
                 reason: format!(
                     "the state was saved with shuffle windows of {window} row groups{} (this loader chose {}{} from its byte_budget), and a loader with them cannot be built: {}",
                     parts(part_rows),
-                    mine.window,
-                    parts(mine.part_rows),
+                    mine_window,
+                    parts(mine_parts),
                     match e {
                         LoaderError::BadState { reason } => reason,
                         other => other.to_string(),

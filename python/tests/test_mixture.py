@@ -188,6 +188,30 @@ def test_set_weights_and_refused_states_name_what_changed(sources, tmp_path):
         m.load_state_dict(state)
 
 
+def test_a_state_saved_with_other_shuffle_windows_resumes_with_them_or_is_refused(sources):
+    """A mixture's sources are read in the windows the state was saved with: a mixture whose
+    windows were left to the byte budget is rebuilt with them (the same batches follow); one
+    given other windows is refused, naming them (its order would differ)."""
+
+    def mixture(**options):
+        return shardfeed.Loader(sources, batch_size=20, seed=2, threads=2, mix_stop="never", **options)
+
+    saved = mixture(window=2)
+    for _ in range(5):
+        next(saved)
+    state = saved.state_dict()
+    assert [s["window"] for s in state["sources"]] == [2, 2, 2]
+    expected = [next(saved)["input_ids"].tolist() for _ in range(4)]
+
+    chosen = mixture()  # windows left to the byte budget: 8
+    chosen.load_state_dict(state)
+    assert [next(chosen)["input_ids"].tolist() for _ in range(4)] == expected
+    assert [s["window"] for s in chosen.state_dict()["sources"]] == [2, 2, 2]
+
+    with pytest.raises(ValueError, match="shuffle windows of 2 row groups when the state was saved but 3 here"):
+        mixture(window=3).load_state_dict(state)
+
+
 def test_a_single_dataset_packs_and_torch_takes_mixtures(sources):
     url = next(iter(sources))
     single = shardfeed.Loader(url, batch_size=2, pack_to=L, drop_last=False, threads=2)

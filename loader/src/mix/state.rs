@@ -27,6 +27,15 @@ pub struct SourceState {
     pub dataset: String,
     /// Its weight when the mixture was built.
     pub weight: f64,
+    /// Its shuffle window (row groups) and, for an index read in parts, the
+    /// rows of a part: its order follows them, and they follow the byte
+    /// budget the sources share, so a resume checks them. Absent in states
+    /// saved before they were recorded (then unchecked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<usize>,
+    /// See `window`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part_rows: Option<u64>,
 }
 
 /// The state of a [`Mixture`]: small (well under 4 KB for 8 sources),
@@ -312,6 +321,7 @@ impl Core {
             let saved = state.sources.get(i);
             match saved {
                 Some(saved) if saved.dataset == s.fingerprint => {
+                    same_windows(i, &url, saved, &self.source_states[i])?;
                     if saved.weight != self.initial_weights[i] {
                         changed.push(format!(
                             "source {i} ({url}) has weight {} in the state but {} here",
@@ -466,6 +476,9 @@ impl Core {
                     st.rank
                 ));
             }
+            for (i, (saved, mine)) in st.sources.iter().zip(&self.source_states).enumerate() {
+                same_windows(i, &saved.url, saved, mine)?;
+            }
             if st.window.is_some() {
                 return refuse("a state holds a fit-mode pack window".into());
             }
@@ -535,4 +548,34 @@ impl Core {
         self.epoch_start = draw.sources.iter().map(|s| (s.0, 0)).collect();
         Ok(())
     }
+}
+
+/// Refuse to continue source `i` from `saved` when it was read in other
+/// shuffle windows (or parts) than `mine`: its order follows them, so the
+/// rows after the state would not be the ones the saved mixture was to
+/// read (some twice, some not at all, in that source's epoch).
+fn same_windows(i: usize, url: &str, saved: &SourceState, mine: &SourceState) -> Result<()> {
+    let differs = |a: Option<u64>, b: Option<u64>| a.is_some() && b.is_some() && a != b;
+    if differs(
+        saved.window.map(|w| w as u64),
+        mine.window.map(|w| w as u64),
+    ) || differs(saved.part_rows, mine.part_rows)
+    {
+        let show = |s: &SourceState| {
+            let window = s.window.map_or("?".into(), |w| w.to_string());
+            match s.part_rows {
+                Some(rows) if rows > 0 => format!("{window} (parts of {rows} rows)"),
+                _ => window,
+            }
+        };
+        return Err(LoaderError::BadState {
+            reason: format!(
+                "source {i} ({url}) was read in shuffle windows of {} row groups when the state was saved but {} here: the order would differ. Windows follow the byte_budget the sources share; build the mixture with the byte_budget it was saved with, or with window {}",
+                show(saved),
+                show(mine),
+                saved.window.map_or("?".into(), |w| w.to_string())
+            ),
+        });
+    }
+    Ok(())
 }
