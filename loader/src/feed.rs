@@ -103,6 +103,20 @@ pub enum FeedState {
 }
 
 impl FeedState {
+    /// The shuffle window and an index's part rows the order was read in:
+    /// the loader's, or each source's of a mixture (`None` where a mixture
+    /// state from before they were recorded lacks them).
+    pub fn orders(&self) -> Vec<Option<(usize, u64)>> {
+        match self {
+            FeedState::Loader(s) => vec![Some((s.window, s.part_rows))],
+            FeedState::Mixture(m) => m
+                .sources
+                .iter()
+                .map(|s| s.window.zip(s.part_rows))
+                .collect(),
+        }
+    }
+
     /// The state as JSON text.
     pub fn to_json(&self) -> String {
         match self {
@@ -203,16 +217,7 @@ impl FeedBuilder {
     /// window was given, when the states do not agree, and for mixture states
     /// saved before sources' windows were recorded.
     pub fn with_order_of(&self, states: &[FeedState]) -> Option<FeedBuilder> {
-        let mut orders = states.iter().flat_map(|s| -> Vec<Option<(usize, u64)>> {
-            match s {
-                FeedState::Loader(s) => vec![Some((s.window, s.part_rows))],
-                FeedState::Mixture(m) => m
-                    .sources
-                    .iter()
-                    .map(|s| s.window.zip(s.part_rows))
-                    .collect(),
-            }
-        });
+        let mut orders = states.iter().flat_map(FeedState::orders);
         let (window, part_rows) = orders.next()??;
         if !orders.all(|o| o == Some((window, part_rows))) {
             return None;

@@ -38,25 +38,12 @@ fn rebuilt_for(
     texts: &[String],
     allow_changed: bool,
 ) -> Option<Result<Box<dyn Feed>, LoaderError>> {
-    use shardfeed_loader::FeedState;
     let states = texts
         .iter()
         .map(|t| current.parse_state(t))
         .collect::<Result<Vec<_>, _>>()
         .ok()?;
-    // (window, part_rows) of the loader, or of each source of a mixture;
-    // `None` where a mixture state did not record them.
-    let orders = |state: &FeedState| -> Vec<Option<(usize, u64)>> {
-        match state {
-            FeedState::Loader(s) => vec![Some((s.window, s.part_rows))],
-            FeedState::Mixture(m) => m
-                .sources
-                .iter()
-                .map(|s| s.window.zip(s.part_rows))
-                .collect(),
-        }
-    };
-    let (mine, saved) = (orders(&current.save()), orders(states.first()?));
+    let (mine, saved) = (current.save().orders(), states.first()?.orders());
     let differs = mine.len() == saved.len()
         && mine
             .iter()

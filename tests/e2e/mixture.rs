@@ -582,6 +582,16 @@ fn a_state_of_other_datasets_or_weights_is_refused_naming_the_change() {
     );
 }
 
+/// The `input_ids` of the next `n` batches of `m`.
+fn next_ids(m: &mut Mixture, n: usize) -> Vec<Vec<i32>> {
+    (0..n)
+        .map(|_| {
+            let batch = m.next().unwrap().unwrap();
+            batch.values::<i32>("input_ids").unwrap().to_vec()
+        })
+        .collect()
+}
+
 /// A source's order follows its shuffle window, and the window follows the
 /// byte budget the sources share: a state is resumed only by sources read in
 /// the windows it was saved with (a mixture built with another budget would
@@ -605,16 +615,7 @@ fn a_state_saved_with_other_shuffle_windows_is_refused_naming_them() {
     }
     let state = m.state();
     assert_eq!(state.sources[1].window, Some(2));
-    let after: Vec<Vec<i32>> = (0..4)
-        .map(|_| {
-            m.next()
-                .unwrap()
-                .unwrap()
-                .values::<i32>("input_ids")
-                .unwrap()
-                .to_vec()
-        })
-        .collect();
+    let after = next_ids(&mut m, 4);
 
     let mut wider = build(3);
     let err = wider.resume(&state).unwrap_err().to_string();
@@ -633,16 +634,7 @@ fn a_state_saved_with_other_shuffle_windows_is_refused_naming_them() {
 
     let mut same = build(2);
     same.resume(&state).unwrap();
-    let again: Vec<Vec<i32>> = (0..4)
-        .map(|_| {
-            same.next()
-                .unwrap()
-                .unwrap()
-                .values::<i32>("input_ids")
-                .unwrap()
-                .to_vec()
-        })
-        .collect();
+    let again = next_ids(&mut same, 4);
     assert_eq!(again, after, "the same windows continue exactly");
 
     // A state from before windows were recorded: resumed as before.
