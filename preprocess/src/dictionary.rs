@@ -382,26 +382,33 @@ impl<T: Fixed> Dictionary<T> {
                     .max(Self::SLOTS),
             );
         }
-        let mask = self.slots.len() - 1;
-        let mut slot = self.slot(bits);
-        let key = loop {
-            match self.slots[slot] {
-                0 => break None,
-                entry if self.values[entry as usize - 1].bits() == bits => break Some(entry - 1),
-                _ => slot = (slot + 1) & mask,
-            }
-        };
-        let key = key.unwrap_or_else(|| {
-            self.values.push(value);
-            let key = self.values.len() as u32;
-            self.slots[slot] = key;
-            if self.values.len() * 2 > self.slots.len() {
-                self.grow();
-            }
-            key - 1
-        });
+        let key = self.hashed(value, bits);
         self.last = Some((bits, key));
         key
+    }
+
+    /// The key of `value` (of bit pattern `bits`) in the hashed table, added
+    /// if new (the table grows past half full). Inlined into the bulk loop of
+    /// [`Dictionary::intern_all_hashed`], where a call a value cost a third
+    /// of the interning.
+    #[inline(always)]
+    fn hashed(&mut self, value: T, bits: u64) -> u32 {
+        let mask = self.slots.len() - 1;
+        let mut slot = self.slot(bits);
+        loop {
+            match self.slots[slot] {
+                0 => break,
+                entry if self.values[entry as usize - 1].bits() == bits => return entry - 1,
+                _ => slot = (slot + 1) & mask,
+            }
+        }
+        self.values.push(value);
+        let key = self.values.len() as u32;
+        self.slots[slot] = key;
+        if self.values.len() * 2 > self.slots.len() {
+            self.grow();
+        }
+        key - 1
     }
 
     /// The values in the order of their bit patterns, and the keys of
@@ -492,8 +499,8 @@ impl<T: Fixed> Dictionary<T> {
     }
 
     /// [`Dictionary::intern`] over `values` through the hashed table, in one
-    /// loop: the run check and the table's probe inline, no call a value
-    /// (floats and wide integers took a third of a chunk's encoding there).
+    /// loop: the run check and the table's probe ([`Dictionary::hashed`])
+    /// inline, no call a value.
     fn intern_all_hashed(&mut self, values: &[T], keys: &mut Vec<u32>) {
         let mut last = self.last;
         for &value in values {
@@ -504,24 +511,7 @@ impl<T: Fixed> Dictionary<T> {
                 keys.push(key);
                 continue;
             }
-            let mask = self.slots.len() - 1;
-            let mut slot = self.slot(bits);
-            let key = loop {
-                let entry = self.slots[slot];
-                if entry == 0 {
-                    self.values.push(value);
-                    let key = self.values.len() as u32;
-                    self.slots[slot] = key;
-                    if self.values.len() * 2 > self.slots.len() {
-                        self.grow();
-                    }
-                    break key - 1;
-                }
-                if self.values[entry as usize - 1].bits() == bits {
-                    break entry - 1;
-                }
-                slot = (slot + 1) & mask;
-            };
+            let key = self.hashed(value, bits);
             keys.push(key);
             last = Some((bits, key));
         }
