@@ -22,7 +22,7 @@ use crate::batch::Batch;
 use crate::config::LoaderBuilder;
 use crate::error::{LoaderError, Result};
 use crate::loader::Loader;
-use crate::mix::{Mixture, MixtureBuilder, MixtureState, MixtureStats};
+use crate::mix::{Mixture, MixtureBuilder, MixtureState, MixtureStats, SourceState};
 use crate::pinned::Pinning;
 use crate::state::LoaderState;
 use crate::stats::Stats;
@@ -109,11 +109,7 @@ impl FeedState {
     pub fn orders(&self) -> Vec<Option<(usize, u64)>> {
         match self {
             FeedState::Loader(s) => vec![Some((s.window, s.part_rows))],
-            FeedState::Mixture(m) => m
-                .sources
-                .iter()
-                .map(|s| s.window.zip(s.part_rows))
-                .collect(),
+            FeedState::Mixture(m) => m.sources.iter().map(SourceState::order).collect(),
         }
     }
 

@@ -44,24 +44,19 @@ fn rebuilt_for(
         .collect::<Result<Vec<_>, _>>()
         .ok()?;
     let (mine, saved) = (current.save().orders(), states.first()?.orders());
-    let differs = mine.len() == saved.len()
-        && mine
-            .iter()
-            .zip(&saved)
-            .any(|(a, b)| a.is_some() && b.is_some() && a != b);
-    if !differs {
+    if mine.len() != saved.len() {
         return None;
     }
+    // The first loader or source read in other windows than the state's.
+    let ((mine_window, mine_parts), (window, part_rows)) = mine
+        .iter()
+        .zip(&saved)
+        .find_map(|(a, b)| a.zip(*b).filter(|(a, b)| a != b))?;
     let adopted = builder.with_order_of(&states)?;
     let parts = |rows: u64| match rows {
         0 => String::new(),
         n => format!(", read in parts of {n} rows"),
     };
-    let first_differing = mine
-        .iter()
-        .zip(&saved)
-        .find_map(|(a, b)| a.zip(*b).filter(|(a, b)| a != b));
-    let ((mine_window, mine_parts), (window, part_rows)) = first_differing?;
     Some(
         adopted
             .build()

@@ -38,6 +38,14 @@ pub struct SourceState {
     pub part_rows: Option<u64>,
 }
 
+impl SourceState {
+    /// The shuffle window and part rows the source was read in, where the
+    /// state recorded them.
+    pub fn order(&self) -> Option<(usize, u64)> {
+        self.window.zip(self.part_rows)
+    }
+}
+
 /// The state of a [`Mixture`]: small (well under 4 KB for 8 sources),
 /// versioned, tied to the sources' datasets and the options that shape the
 /// order.
@@ -477,7 +485,8 @@ impl Core {
                 ));
             }
             for (i, (saved, mine)) in st.sources.iter().zip(&self.source_states).enumerate() {
-                same_windows(i, &saved.url, saved, mine)?;
+                // Named by this mixture's (redacted) URL, not the state's text.
+                same_windows(i, &mine.url, saved, mine)?;
             }
             if st.window.is_some() {
                 return refuse("a state holds a fit-mode pack window".into());
@@ -555,27 +564,24 @@ impl Core {
 /// rows after the state would not be the ones the saved mixture was to
 /// read (some twice, some not at all, in that source's epoch).
 fn same_windows(i: usize, url: &str, saved: &SourceState, mine: &SourceState) -> Result<()> {
-    let differs = |a: Option<u64>, b: Option<u64>| a.is_some() && b.is_some() && a != b;
-    if differs(
-        saved.window.map(|w| w as u64),
-        mine.window.map(|w| w as u64),
-    ) || differs(saved.part_rows, mine.part_rows)
-    {
-        let show = |s: &SourceState| {
-            let window = s.window.map_or("?".into(), |w| w.to_string());
-            match s.part_rows {
-                Some(rows) if rows > 0 => format!("{window} (parts of {rows} rows)"),
-                _ => window,
-            }
-        };
-        return Err(LoaderError::BadState {
-            reason: format!(
-                "source {i} ({url}) was read in shuffle windows of {} row groups when the state was saved but {} here: the order would differ. Windows follow the byte_budget the sources share; build the mixture with the byte_budget it was saved with, or with window {}",
-                show(saved),
-                show(mine),
-                saved.window.map_or("?".into(), |w| w.to_string())
-            ),
-        });
+    let (Some(was), Some(is)) = (saved.order(), mine.order()) else {
+        return Ok(());
+    };
+    if was == is {
+        return Ok(());
     }
-    Ok(())
+    let parts = |rows: u64| match rows {
+        0 => String::new(),
+        rows => format!(" (parts of {rows} rows)"),
+    };
+    Err(LoaderError::BadState {
+        reason: format!(
+            "source {i} ({url}) was read in shuffle windows of {} row groups{} when the state was saved but {}{} here: the order would differ. Windows follow the byte_budget the sources share; build the mixture with the byte_budget it was saved with, or with window {}",
+            was.0,
+            parts(was.1),
+            is.0,
+            parts(is.1),
+            was.0
+        ),
+    })
 }
