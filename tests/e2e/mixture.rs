@@ -1059,6 +1059,20 @@ fn mix_rows(b: &Batch) -> Vec<MixRow> {
         .collect()
 }
 
+/// A mixture of `sources` in batches of 100 rows that never ends, its
+/// sources' options set by `configure`.
+fn endless_100(
+    sources: &[(String, f64)],
+    configure: impl FnOnce(shardfeed_loader::LoaderBuilder) -> shardfeed_loader::LoaderBuilder,
+) -> Mixture {
+    mixture(sources)
+        .batch_size(100)
+        .mix_stop(MixStop::Never)
+        .configure(configure)
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn rows_copied_straight_from_the_sources_equal_rows_staged() {
     // With 8 batches collated ahead, a source keeps the few 64-row batches a
@@ -1072,15 +1086,10 @@ fn rows_copied_straight_from_the_sources_equal_rows_staged() {
     let b = text_source(tmp.path(), "b", 1, 300);
     let sources = vec![(a, 0.7), (b, 0.3)];
     let run = |prefetch: usize, pad: bool| {
-        let mut m = mixture(&sources)
-            .batch_size(100)
-            .mix_stop(MixStop::Never)
-            .configure(|c| {
-                let c = c.prefetch(prefetch);
-                if pad { c.pad_to(9, 0.0) } else { c }
-            })
-            .build()
-            .unwrap();
+        let mut m = endless_100(&sources, |c| {
+            let c = c.prefetch(prefetch);
+            if pad { c.pad_to(9, 0.0) } else { c }
+        });
         let mut rows = Vec::new();
         for _ in 0..25 {
             let batch = m.next().unwrap().unwrap();
@@ -1164,19 +1173,14 @@ fn rows_read_where_they_were_decoded_equal_rows_collated() {
     let b = nullable_token_source(tmp.path(), "b", 1, 300);
     let sources = vec![(a, 0.7), (b, 0.3)];
     let run = |prefetch: usize, failpoints: &'static str| {
-        let mut m = mixture(&sources)
-            .batch_size(100)
-            .mix_stop(MixStop::Never)
-            .configure(move |c| {
-                let c = c.prefetch(prefetch);
-                if failpoints.is_empty() {
-                    c
-                } else {
-                    c.failpoints(failpoints)
-                }
-            })
-            .build()
-            .unwrap();
+        let mut m = endless_100(&sources, |c| {
+            let c = c.prefetch(prefetch);
+            if failpoints.is_empty() {
+                c
+            } else {
+                c.failpoints(failpoints)
+            }
+        });
         let rows: Vec<_> = (0..25)
             .map(|_| list_rows(&m.next().unwrap().unwrap()))
             .collect();
