@@ -225,7 +225,11 @@ impl HandedOn for Handoff {
     fn row(&self, row: usize) -> Option<(&[u8], usize, u8)> {
         let &(at, a, z, valid) = self.rows.get(row)?;
         let size = self.dtype.size();
-        let bytes = self.values.get(at as usize)?.get(a * size..z * size)?;
+        // Checked here too, though `range` bounds z by the values' length.
+        let bytes = self
+            .values
+            .get(at as usize)?
+            .get(a.checked_mul(size)?..z.checked_mul(size)?)?;
         Some((bytes, z - a, u8::from(valid)))
     }
 
