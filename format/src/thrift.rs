@@ -209,43 +209,212 @@ impl<'a> Thrift<'a> {
     }
 
     /// parquet.thrift `PageHeader`, with its data, dictionary or V2 header.
+    ///
+    /// A required field that is missing, or a field this reader uses that
+    /// has another Thrift type than parquet.thrift gives it, is an error: a
+    /// skipped `encoding` would otherwise read as PLAIN (0) and decode the
+    /// page's bytes as something they are not.
     pub fn page_header(&mut self) -> ThriftResult<Header> {
         let mut h = Header {
             is_compressed: true,
             ..Header::default()
         };
         let mut last = 0;
+        let mut seen = 0u32;
         while let Some((id, ty)) = self.field(&mut last)? {
             match (id, ty) {
-                (1, T_I32) => h.page_type = self.i32()?,
-                (2, T_I32) => h.uncompressed = self.i32()?,
-                (3, T_I32) => h.compressed = self.i32()?,
-                (5 | 7 | 8, T_STRUCT) => {
-                    h.has_body |= match id {
+                (1..=3, T_I32) => {
+                    let v = self.i32()?;
+                    match id {
+                        1 => h.page_type = v,
+                        2 => h.uncompressed = v,
+                        _ => h.compressed = v,
+                    }
+                    seen |= 1 << id;
+                }
+                (1..=3, t) => {
+                    let what =
+                        ["type", "uncompressed_page_size", "compressed_page_size"][id as usize - 1];
+                    return Err(format!(
+                        "a page header's {what} has Thrift type {t}, not i32"
+                    ));
+                }
+                (5 | 7 | 8, t) if t != T_STRUCT => {
+                    return Err(format!(
+                        "a page header's field {id} has Thrift type {t}, not struct"
+                    ));
+                }
+                (5 | 7 | 8, _) => {
+                    let body = match id {
                         5 => h.page_type == DATA_PAGE,
                         7 => h.page_type == DICTIONARY_PAGE,
                         _ => h.page_type == DATA_PAGE_V2,
                     };
-                    let mut last = 0;
-                    while let Some((field, t)) = self.field(&mut last)? {
-                        match (id, field, t) {
-                            (_, 1, T_I32) => h.num_values = self.i32()?,
-                            (5 | 7, 2, T_I32) | (8, 4, T_I32) => h.encoding = self.i32()?,
-                            (5, 3, T_I32) => h.def_encoding = self.i32()?,
-                            (5, 4, T_I32) => h.rep_encoding = self.i32()?,
-                            (8, 2, T_I32) => h.num_nulls = self.i32()?,
-                            (8, 3, T_I32) => h.num_rows = self.i32()?,
-                            (8, 5, T_I32) => h.def_bytes = self.i32()?,
-                            (8, 6, T_I32) => h.rep_bytes = self.i32()?,
-                            (8, 7, T_TRUE) => h.is_compressed = true,
-                            (8, 7, T_FALSE) => h.is_compressed = false,
-                            (_, _, t) => self.skip(t, 1)?,
-                        }
+                    if !body || h.has_body {
+                        // Another page type's header (or a second one):
+                        // not this page's.
+                        self.skip(T_STRUCT, 0)?;
+                        continue;
                     }
+                    h.has_body = true;
+                    self.body_header(id, &mut h)?;
                 }
                 (_, t) => self.skip(t, 0)?,
             }
         }
+        for (id, what) in [
+            (1, "type"),
+            (2, "uncompressed_page_size"),
+            (3, "compressed_page_size"),
+        ] {
+            if seen & (1 << id) == 0 {
+                return Err(format!("a page header without its {what}"));
+            }
+        }
         Ok(h)
+    }
+
+    /// The fields of a `DataPageHeader` (`id` 5), `DictionaryPageHeader`
+    /// (7) or `DataPageHeaderV2` (8) into `h`: each required one present,
+    /// with its type.
+    fn body_header(&mut self, id: i16, h: &mut Header) -> ThriftResult<()> {
+        let (name, required): (&str, &[(i16, &str)]) = match id {
+            5 => (
+                "data page header",
+                &[
+                    (1, "num_values"),
+                    (2, "encoding"),
+                    (3, "definition_level_encoding"),
+                    (4, "repetition_level_encoding"),
+                ],
+            ),
+            7 => (
+                "dictionary page header",
+                &[(1, "num_values"), (2, "encoding")],
+            ),
+            _ => (
+                "V2 data page header",
+                &[
+                    (1, "num_values"),
+                    (2, "num_nulls"),
+                    (3, "num_rows"),
+                    (4, "encoding"),
+                    (5, "definition_levels_byte_length"),
+                    (6, "repetition_levels_byte_length"),
+                ],
+            ),
+        };
+        let mut seen = 0u32;
+        let mut last = 0;
+        while let Some((field, t)) = self.field(&mut last)? {
+            let target = match (id, field) {
+                (_, 1) => Some(&mut h.num_values),
+                (5 | 7, 2) | (8, 4) => Some(&mut h.encoding),
+                (5, 3) => Some(&mut h.def_encoding),
+                (5, 4) => Some(&mut h.rep_encoding),
+                (8, 2) => Some(&mut h.num_nulls),
+                (8, 3) => Some(&mut h.num_rows),
+                (8, 5) => Some(&mut h.def_bytes),
+                (8, 6) => Some(&mut h.rep_bytes),
+                _ => None,
+            };
+            match (target, t) {
+                (Some(target), T_I32) => {
+                    *target = self.i32()?;
+                    seen |= 1 << field;
+                }
+                (Some(_), t) => {
+                    let what = required
+                        .iter()
+                        .find(|(f, _)| *f == field)
+                        .map_or("field", |(_, w)| w);
+                    return Err(format!("a {name}'s {what} has Thrift type {t}, not i32"));
+                }
+                (None, T_TRUE) if id == 8 && field == 7 => h.is_compressed = true,
+                (None, T_FALSE) if id == 8 && field == 7 => h.is_compressed = false,
+                (None, t) if id == 8 && field == 7 => {
+                    return Err(format!(
+                        "a {name}'s is_compressed has Thrift type {t}, not bool"
+                    ));
+                }
+                (None, t) => self.skip(t, 1)?,
+            }
+        }
+        match required.iter().find(|(f, _)| seen & (1 << f) == 0) {
+            Some((_, what)) => Err(format!("a {name} without its {what}")),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A V2 page header in the compact protocol: `type` 3, sizes 50, then
+    /// the V2 header's fields (`fields`: (delta-encoded id byte, value
+    /// bytes)), then the stops.
+    fn v2_header(fields: &[(u8, &[u8])]) -> Vec<u8> {
+        let mut bytes = vec![0x15, 0x06, 0x15, 0x64, 0x15, 0x64, 0x5c];
+        for (head, value) in fields {
+            bytes.push(*head);
+            bytes.extend_from_slice(value);
+        }
+        bytes.extend_from_slice(&[0x00, 0x00]);
+        bytes
+    }
+
+    /// num_values 12, num_nulls 0, num_rows 12, encoding 5
+    /// (DELTA_BINARY_PACKED), level lengths 2 and 0, is_compressed false.
+    const FIELDS: [(u8, &[u8]); 7] = [
+        (0x15, &[0x18]),
+        (0x15, &[0x00]),
+        (0x15, &[0x18]),
+        (0x15, &[0x0a]),
+        (0x15, &[0x04]),
+        (0x15, &[0x00]),
+        (0x12, &[]),
+    ];
+
+    #[test]
+    fn a_v2_header_parses_with_every_field() {
+        let bytes = v2_header(&FIELDS);
+        let mut thrift = Thrift::new(&bytes);
+        let h = thrift.page_header().unwrap();
+        assert_eq!(thrift.at, bytes.len());
+        assert_eq!(
+            (h.page_type, h.uncompressed, h.compressed, h.has_body),
+            (DATA_PAGE_V2, 50, 50, true)
+        );
+        assert_eq!(
+            (h.num_values, h.num_nulls, h.num_rows, h.encoding),
+            (12, 0, 12, 5)
+        );
+        assert_eq!((h.def_bytes, h.rep_bytes, h.is_compressed), (2, 0, false));
+    }
+
+    /// An `encoding` written with another type (one byte of a real file's
+    /// header changed: i32 to i64), or left out, is refused naming it: a
+    /// skipped encoding would read as PLAIN and decode delta-packed bytes as
+    /// plain values.
+    #[test]
+    fn a_required_field_missing_or_of_another_type_is_refused_naming_it() {
+        let mut fields = FIELDS.to_vec();
+        fields[3].0 = 0x16;
+        let e = Thrift::new(&v2_header(&fields)).page_header().unwrap_err();
+        assert!(e.contains("encoding has Thrift type 6, not i32"), "{e}");
+        // Left out: the next field's id is written as a delta of 2.
+        let mut fields = FIELDS.to_vec();
+        fields.remove(3);
+        fields[3].0 = 0x25;
+        let e = Thrift::new(&v2_header(&fields)).page_header().unwrap_err();
+        assert!(
+            e.contains("V2 data page header without its encoding"),
+            "{e}"
+        );
+        // The page's sizes: compressed_page_size left out.
+        let bytes = [0x15, 0x06, 0x15, 0x64, 0x00];
+        let e = Thrift::new(&bytes).page_header().unwrap_err();
+        assert!(e.contains("without its compressed_page_size"), "{e}");
     }
 }
