@@ -335,8 +335,17 @@ pub(super) fn flat_page(page: Page, def_levels: bool) -> std::result::Result<Fla
             buf,
             num_values,
             encoding,
+            def_level_encoding,
             ..
         } => {
+            // Levels in another encoding, read as RLE, would give other
+            // values without an error (BIT_PACKED ones went to parquet's
+            // reader above).
+            if def_levels && def_level_encoding != Encoding::RLE {
+                return Err(format!(
+                    "definition levels encoded as {def_level_encoding} are not supported"
+                ));
+            }
             let (buf, def) = if def_levels {
                 // Length-prefixed RLE definition levels, then the values.
                 let (def, rest) = length_prefixed(&buf, 0)?;

@@ -210,6 +210,52 @@ fn damaged_page_headers_are_errors() {
     }
 }
 
+/// A V1 page of a nullable column whose definition levels the header says
+/// are PLAIN (one byte of the header changed from RLE) is refused naming
+/// the encoding: read as RLE, they would give other values. (BIT_PACKED
+/// levels send the column to parquet's reader.)
+#[test]
+fn definition_levels_in_another_encoding_are_refused() {
+    use arrow_array::{Int64Array, RecordBatch};
+    let values = Int64Array::from_iter((0..5000).map(|i| (i % 7 != 0).then_some(i)));
+    let batch = RecordBatch::try_from_iter([("v", Arc::new(values) as ArrayRef)]).unwrap();
+    let properties = parquet::file::properties::WriterProperties::builder()
+        .set_dictionary_enabled(false)
+        .set_compression(parquet::basic::Compression::UNCOMPRESSED)
+        .build();
+    let (file, arrow) = write_parquet(&batch, Some(properties));
+    let chunk = arrow.metadata().row_group(0).column(0).clone();
+    let leaf = fixed_leaf(&arrow, 0).unwrap();
+    let decode = |bytes: Vec<u8>| {
+        decode_fixed(
+            Arc::new(Bytes::from(bytes)),
+            &chunk,
+            &leaf,
+            5000,
+            5000,
+            &DataType::Int64,
+            &LIMITS,
+        )
+    };
+    assert!(decode(file.to_vec()).is_ok());
+    // The first data page header's encoding (PLAIN), then its level
+    // encodings (RLE, zigzag 6): the definition levels' made PLAIN.
+    let (start, len) = chunk.byte_range();
+    let (start, len) = (start as usize, len as usize);
+    let at = file[start..start + len]
+        .windows(6)
+        .position(|w| w == [0x15, 0x00, 0x15, 0x06, 0x15, 0x06])
+        .expect("a V1 data page header")
+        + start;
+    let mut bytes = file.to_vec();
+    bytes[at + 3] = 0x00;
+    let error = decode(bytes).unwrap_err().to_string();
+    assert!(
+        error.contains("definition levels encoded as PLAIN are not supported"),
+        "{error}"
+    );
+}
+
 /// The own reader's errors say what was wrong and where: a page cut short
 /// names its column and where the page starts in its chunk; a column asked
 /// to decode more than the budget names the column, count and limit; bytes
