@@ -173,24 +173,32 @@ fn int64_chunk() -> (
     (file, arrow, chunk)
 }
 
+/// The 5,000 `Int64` rows of `chunk` (column 0 of the file `arrow`
+/// describes) decoded by the own decoder from the file's `bytes`.
+fn decode_int64(
+    bytes: Vec<u8>,
+    arrow: &ArrowReaderMetadata,
+    chunk: &parquet::file::metadata::ColumnChunkMetaData,
+) -> parquet::errors::Result<ArrayRef> {
+    let leaf = fixed_leaf(arrow, 0).unwrap();
+    decode_fixed(
+        Arc::new(Bytes::from(bytes)),
+        chunk,
+        &leaf,
+        5000,
+        5000,
+        &DataType::Int64,
+        &LIMITS,
+    )
+}
+
 /// Truncated or scrambled column chunk bytes give errors, never a panic.
 #[test]
 fn damaged_page_headers_are_errors() {
     let (file, arrow, chunk) = int64_chunk();
     let (start, len) = chunk.byte_range();
     let (start, len) = (start as usize, len as usize);
-    let leaf = fixed_leaf(&arrow, 0).unwrap();
-    let decode = |bytes: Vec<u8>| {
-        decode_fixed(
-            Arc::new(Bytes::from(bytes)),
-            &chunk,
-            &leaf,
-            5000,
-            5000,
-            &DataType::Int64,
-            &LIMITS,
-        )
-    };
+    let decode = |bytes: Vec<u8>| decode_int64(bytes, &arrow, &chunk);
     assert!(decode(file.to_vec()).is_ok());
     let mut failures = 0;
     // Every byte of the chunk's first 64 (page headers) scrambled in turn,
@@ -225,18 +233,7 @@ fn definition_levels_in_another_encoding_are_refused() {
         .build();
     let (file, arrow) = write_parquet(&batch, Some(properties));
     let chunk = arrow.metadata().row_group(0).column(0).clone();
-    let leaf = fixed_leaf(&arrow, 0).unwrap();
-    let decode = |bytes: Vec<u8>| {
-        decode_fixed(
-            Arc::new(Bytes::from(bytes)),
-            &chunk,
-            &leaf,
-            5000,
-            5000,
-            &DataType::Int64,
-            &LIMITS,
-        )
-    };
+    let decode = |bytes: Vec<u8>| decode_int64(bytes, &arrow, &chunk);
     assert!(decode(file.to_vec()).is_ok());
     // The first data page header's encoding (PLAIN), then its level
     // encodings (RLE, zigzag 6): the definition levels' made PLAIN.
