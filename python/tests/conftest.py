@@ -83,6 +83,18 @@ def make_dataset(root: Path, table: pa.Table, files: int, **options) -> str:
     return str(out)
 
 
+@pytest.fixture
+def ctrl_c():
+    """Python's own Ctrl-C handler for the test, whatever the process inherited: a process
+    started in the background of a shell without job control ignores SIGINT, and a test
+    that sends one to end a wait would then wait for ever."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="session")
 def kinds_dataset(tmp_path_factory) -> str:
     """3000 rows of every column kind, 2 shards, row groups of 250 rows."""

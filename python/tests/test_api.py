@@ -153,7 +153,7 @@ def test_close_and_context_manager(tokens_dataset):
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals")
-def test_ctrl_c_interrupts_a_wait(tokens_dataset, monkeypatch):
+def test_ctrl_c_interrupts_a_wait(tokens_dataset, monkeypatch, ctrl_c):
     # The fetch stage blocks until the loader is closed (a failpoint): the
     # first next() waits for sure, whenever the signal comes.
     monkeypatch.setenv("SHARDFEED_FAILPOINTS", "fetch=block")

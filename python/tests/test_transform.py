@@ -532,7 +532,7 @@ def test_row_errors_name_the_row(dataset):
 
 
 @pytest.mark.parametrize("mode", [dict(transform_threads=1), dict(transform_processes=1)])
-def test_ctrl_c_interrupts_a_wait_on_the_transform(dataset, mode, tmp_path):
+def test_ctrl_c_interrupts_a_wait_on_the_transform(dataset, mode, tmp_path, ctrl_c):
     """SIGINT while the caller waits on a transform that does not finish: KeyboardInterrupt
     from next(), and the loader still closes cleanly."""
     import threading
