@@ -61,6 +61,9 @@ const T_SET: u8 = 10;
 const T_MAP: u8 = 11;
 const T_STRUCT: u8 = 12;
 
+/// `PageHeader`'s required fields 1 to 3 (each an i32), by name.
+const PAGE_HEADER_FIELDS: [&str; 3] = ["type", "uncompressed_page_size", "compressed_page_size"];
+
 /// Nesting allowed in skipped values (a corrupt header cannot recurse deeper).
 const MAX_DEPTH: usize = 32;
 
@@ -233,8 +236,7 @@ impl<'a> Thrift<'a> {
                     seen |= 1 << id;
                 }
                 (1..=3, t) => {
-                    let what =
-                        ["type", "uncompressed_page_size", "compressed_page_size"][id as usize - 1];
+                    let what = PAGE_HEADER_FIELDS[id as usize - 1];
                     return Err(format!(
                         "a page header's {what} has Thrift type {t}, not i32"
                     ));
@@ -262,12 +264,8 @@ impl<'a> Thrift<'a> {
                 (_, t) => self.skip(t, 0)?,
             }
         }
-        for (id, what) in [
-            (1, "type"),
-            (2, "uncompressed_page_size"),
-            (3, "compressed_page_size"),
-        ] {
-            if seen & (1 << id) == 0 {
+        for (i, what) in PAGE_HEADER_FIELDS.iter().enumerate() {
+            if seen & (1 << (i + 1)) == 0 {
                 return Err(format!("a page header without its {what}"));
             }
         }
