@@ -19,6 +19,8 @@ mod generate;
 mod inspect;
 mod progress;
 mod report;
+#[cfg(all(feature = "mimalloc", target_os = "linux"))]
+mod trim;
 
 /// shardfeed: shard datasets into zstd Parquet, then stream them to GPUs.
 #[derive(Parser)]
@@ -42,8 +44,9 @@ enum Command {
     /// of the budget and those in flight between reading, encoding and
     /// writing are capped to a quarter of it; a --shuffle
     /// spills rows to buckets on disk, each sized to a quarter of the budget, and
-    /// permutes one bucket at a time. Below the default budget, freed memory is
-    /// returned to the OS at once (a little slower).
+    /// permutes one bucket at a time. Below the default budget, freed memory goes
+    /// back to the OS whenever the process's resident size passes the budget
+    /// plus 64 MiB (above it, it is kept for reuse).
     Shard(ShardArgs),
     /// Write the manifest of a split run (`shard --num-tasks N --task-index I`)
     /// once every task has finished: checks every task's record, schema and
@@ -361,16 +364,26 @@ pub fn keep_c_heap() {
     }
 }
 
+/// Bytes a `shard` process holds beside its `--memory-budget` before it hands
+/// freed memory back (the binary, its threads' stacks and allocator caches,
+/// parquet's and the readers' working buffers).
+#[cfg(all(feature = "mimalloc", target_os = "linux"))]
+const PROCESS_BYTES: u64 = 64 << 20;
+
 /// mimalloc's `purge_delay` option (milliseconds before freed memory goes back to the OS).
 #[cfg(feature = "mimalloc")]
 pub const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 fn run_shard(args: &ShardArgs) -> Result<()> {
     let mut options = shard_options(args)?;
-    // A tight budget was asked for: hand freed memory back at once, at some
-    // cost in speed, so the process stays near the budget (the binary's
-    // allocator; the Python package's has its own decay).
-    #[cfg(feature = "mimalloc")]
+    // A budget below the default was asked for: freed memory goes back to
+    // the system whenever the process passes the budget plus
+    // [`PROCESS_BYTES`] (the binary's allocator; the Python package's has
+    // its own decay).
+    #[cfg(all(feature = "mimalloc", target_os = "linux"))]
+    let _trim = (options.memory_budget < shardfeed_preprocess::DEFAULT_MEMORY_BUDGET)
+        .then(|| trim::Trim::start(options.memory_budget.saturating_add(PROCESS_BYTES)));
+    #[cfg(all(feature = "mimalloc", not(target_os = "linux")))]
     if options.memory_budget < shardfeed_preprocess::DEFAULT_MEMORY_BUDGET {
         // SAFETY: sets an allocator option; valid at any time.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };

@@ -23,7 +23,8 @@ fn main() -> ExitCode {
     // Decoded row groups are large buffers freed and reallocated all the time:
     // keep freed memory instead of returning it to the OS, so it is reused
     // instead of page-faulted (and zeroed) in again. Memory stays bounded by
-    // the configured budgets; `shard` under a small budget purges at once.
+    // the configured budgets; `shard` under a small budget hands freed memory
+    // back when the process passes it (`trim.rs`).
     // SAFETY: sets an allocator option; valid at any time.
     #[cfg(feature = "mimalloc")]
     unsafe {
