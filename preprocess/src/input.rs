@@ -9,6 +9,7 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, BinaryArray, Int32Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::schema::types::ColumnPath;
 use serde::Serialize;
 
 pub use crate::input_format::InputFormat;
@@ -755,7 +756,7 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
             Ok(match source {
                 Source::File { path, format, .. } => match format {
                     InputFormat::Parquet => {
-                        let builder = parquet_builder(path)?;
+                        let (builder, _) = parquet_builder(path, &[])?;
                         // Every Parquet input is probed here before any of
                         // its pages is read (the ratio below reads one row
                         // group).
@@ -871,12 +872,20 @@ fn guarded<T>(path: &Path, f: impl FnOnce() -> Result<T>) -> Result<T> {
 /// A Parquet reader of `path`. A file whose footer says it holds fewer rows
 /// than its row groups do (old writers left the file-level count at 0) is
 /// read by its row groups' counts: parquet's reader would read no row of it.
-fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<RowGroupFile>> {
-    use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+/// Its binary and string columns at `large` are read as views, and then the
+/// file's own schema comes with the reader, for [`crate::view::unview`].
+fn parquet_builder(
+    path: &Path,
+    large: &[ColumnPath],
+) -> Result<(
+    ParquetRecordBatchReaderBuilder<RowGroupFile>,
+    Option<SchemaRef>,
+)> {
+    use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
     use parquet::file::metadata::{FileMetaData, ParquetMetaData};
     let file = open_file(path)?;
     let err = |e| PreprocessError::read(path, None, e);
-    let metadata =
+    let mut metadata =
         shardfeed_format::panic::catch(|| ArrowReaderMetadata::load(&file, Default::default()))
             .map_err(|panic| {
                 PreprocessError::read(
@@ -886,32 +895,37 @@ fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<RowGro
                 )
             })?
             .map_err(err)?;
-    let md = metadata.metadata();
-    let file = RowGroupFile::new(file, md).map_err(|e| PreprocessError::io("stat", path, e))?;
+    let md = metadata.metadata().clone();
     let groups: i64 = md
         .row_groups()
         .iter()
         .map(|g| g.num_rows().max(0))
         .fold(0, i64::saturating_add);
-    if md.file_metadata().num_rows() == groups {
-        return Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(
-            file, metadata,
-        ));
+    let viewed = crate::view::viewed_schema(metadata.schema(), large);
+    let file_schema = viewed.as_ref().map(|_| metadata.schema().clone());
+    let options = match viewed {
+        Some(schema) => ArrowReaderOptions::new().with_schema(schema),
+        None => ArrowReaderOptions::new(),
+    };
+    if md.file_metadata().num_rows() != groups {
+        let f = md.file_metadata();
+        let fixed = FileMetaData::new(
+            f.version(),
+            groups,
+            f.created_by().map(str::to_string),
+            f.key_value_metadata().cloned(),
+            f.schema_descr_ptr(),
+            f.column_orders().cloned(),
+        );
+        let fixed = ParquetMetaData::new(fixed, md.row_groups().to_vec());
+        metadata = ArrowReaderMetadata::try_new(Arc::new(fixed), options).map_err(err)?;
+    } else if file_schema.is_some() {
+        metadata = ArrowReaderMetadata::try_new(md.clone(), options).map_err(err)?;
     }
-    let f = md.file_metadata();
-    let fixed = FileMetaData::new(
-        f.version(),
-        groups,
-        f.created_by().map(str::to_string),
-        f.key_value_metadata().cloned(),
-        f.schema_descr_ptr(),
-        f.column_orders().cloned(),
-    );
-    let fixed = ParquetMetaData::new(fixed, md.row_groups().to_vec());
-    let metadata = ArrowReaderMetadata::try_new(std::sync::Arc::new(fixed), Default::default())
-        .map_err(err)?;
-    Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(
-        file, metadata,
+    let file = RowGroupFile::new(file, &md).map_err(|e| PreprocessError::io("stat", path, e))?;
+    Ok((
+        ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata),
+        file_schema,
     ))
 }
 
@@ -1159,13 +1173,26 @@ pub(crate) type BatchIter = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>
 ///
 /// A line of a text input longer than `max_value` bytes is refused naming
 /// the file and the line, before it is held: one value must fit the budget.
-pub(crate) fn open(source: &Source, schema: &SchemaRef, max_value: u64) -> Result<BatchIter> {
+/// The binary and string columns of a Parquet input at `large` (columns of
+/// large values) are read as views of their pages and copied once
+/// (`view.rs`); they come out in their own types all the same.
+pub(crate) fn open(
+    source: &Source,
+    schema: &SchemaRef,
+    max_value: u64,
+    large: &[ColumnPath],
+) -> Result<BatchIter> {
     let path = source.display_path();
-    let batches = guarded(&path, || open_unguarded(source, schema, max_value))?;
+    let batches = guarded(&path, || open_unguarded(source, schema, max_value, large))?;
     Ok(Box::new(Guarded::new(batches, path)))
 }
 
-fn open_unguarded(source: &Source, schema: &SchemaRef, max_value: u64) -> Result<BatchIter> {
+fn open_unguarded(
+    source: &Source,
+    schema: &SchemaRef,
+    max_value: u64,
+    large: &[ColumnPath],
+) -> Result<BatchIter> {
     match source {
         Source::File {
             path,
@@ -1175,7 +1202,7 @@ fn open_unguarded(source: &Source, schema: &SchemaRef, max_value: u64) -> Result
             let path = path.clone();
             match format {
                 InputFormat::Parquet => {
-                    let builder = parquet_builder(&path)?;
+                    let (builder, file_schema) = parquet_builder(&path, large)?;
                     let meta = builder.metadata();
                     let rows = meta.file_metadata().num_rows().max(1) as u64;
                     let bytes: i64 = meta
@@ -1193,7 +1220,12 @@ fn open_unguarded(source: &Source, schema: &SchemaRef, max_value: u64) -> Result
                         .build()
                         .map_err(|e| PreprocessError::read(&path, None, e))?;
                     Ok(Box::new(reader.map(move |r| {
-                        r.map_err(|e| PreprocessError::read(&path, None, e))
+                        let batch = r.map_err(|e| PreprocessError::read(&path, None, e))?;
+                        match &file_schema {
+                            Some(schema) => crate::view::unview(batch, schema)
+                                .map_err(|e| PreprocessError::read(&path, None, e)),
+                            None => Ok(batch),
+                        }
                     })))
                 }
                 InputFormat::Ipc => {
@@ -1484,5 +1516,138 @@ mod tests {
         cut.extend_from_slice(b"\xc3\"\n");
         assert_eq!(scan(&cut), Some((2, "field 2 is not UTF-8".into())));
         assert_eq!(scan(b"a,b\n1,2\n"), None);
+    }
+}
+
+#[cfg(test)]
+mod view_tests {
+    use std::sync::Arc;
+
+    use arrow_array::builder::{BinaryBuilder, LargeStringBuilder, StringBuilder};
+    use arrow_array::{ArrayRef, Int64Array, LargeBinaryArray, RecordBatch, StructArray};
+    use arrow_schema::{DataType, Field, Fields};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+    use parquet::schema::types::ColumnPath;
+
+    use super::{InputFormat, Source, open};
+
+    /// Columns of large values, nullable and not, of every offset width, at
+    /// the top level and in a struct (as Hugging Face stores an `image`),
+    /// with nulls, empty values and multi-byte characters, beside columns
+    /// read as before.
+    fn batch(rows: usize) -> RecordBatch {
+        let mut next = 0x2545_F491_4F6C_DD1Du64;
+        let mut random = move || {
+            next ^= next << 13;
+            next ^= next >> 7;
+            next ^= next << 17;
+            next
+        };
+        let mut blobs = BinaryBuilder::new();
+        let mut docs = StringBuilder::new();
+        let mut large_docs = LargeStringBuilder::new();
+        let mut paths = StringBuilder::new();
+        let mut bytes = BinaryBuilder::new();
+        let mut large = Vec::new();
+        for i in 0..rows {
+            let len = (random() % 3000) as usize;
+            let blob: Vec<u8> = (0..len).map(|_| random() as u8).collect();
+            match i % 11 {
+                3 => blobs.append_null(),
+                5 => blobs.append_value(b""),
+                // A value repeated: parquet's writer puts it in its dictionary.
+                7 => blobs.append_value(b"the same value each time"),
+                _ => blobs.append_value(&blob),
+            }
+            let doc = format!("{i} \u{e9}t\u{e9} \u{1f600} {}", "mot ".repeat(len / 8));
+            if i % 13 == 4 {
+                docs.append_null();
+            } else {
+                docs.append_value(&doc);
+            }
+            large_docs.append_value(&doc);
+            paths.append_value(format!("img/{i}.jpg"));
+            bytes.append_value(&blob[..len / 2]);
+            large.push(blob);
+        }
+        let image = StructArray::new(
+            Fields::from(vec![
+                Field::new("bytes", DataType::Binary, false),
+                Field::new("path", DataType::Utf8, false),
+            ]),
+            vec![Arc::new(bytes.finish()), Arc::new(paths.finish())],
+            None,
+        );
+        RecordBatch::try_from_iter_with_nullable([
+            (
+                "id",
+                Arc::new(Int64Array::from_iter_values(0..rows as i64)) as ArrayRef,
+                false,
+            ),
+            ("blob", Arc::new(blobs.finish()), true),
+            (
+                "large_blob",
+                Arc::new(LargeBinaryArray::from_iter_values(large.iter())),
+                false,
+            ),
+            ("doc", Arc::new(docs.finish()), true),
+            ("large_doc", Arc::new(large_docs.finish()), false),
+            ("image", Arc::new(image), false),
+        ])
+        .unwrap()
+    }
+
+    /// Reading the columns of large values as views gives the batches
+    /// parquet's reader gives: the same types, schema and values, through
+    /// dictionary and `PLAIN` pages, V1 and V2, several row groups.
+    #[test]
+    fn large_values_read_as_views_equal_the_values_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = batch(700);
+        let large: Vec<ColumnPath> = ["blob", "large_blob", "doc", "large_doc"]
+            .into_iter()
+            .map(ColumnPath::from)
+            .chain([ColumnPath::new(vec!["image".into(), "bytes".into()])])
+            .collect();
+        for (k, v2) in [(0, false), (1, true)] {
+            let path = dir.path().join(format!("in{k}.parquet"));
+            let props = WriterProperties::builder()
+                .set_writer_version(if v2 {
+                    parquet::file::properties::WriterVersion::PARQUET_2_0
+                } else {
+                    parquet::file::properties::WriterVersion::PARQUET_1_0
+                })
+                // Dictionaries that fill up (PLAIN pages after them), small
+                // pages and several row groups.
+                .set_dictionary_page_size_limit(64 << 10)
+                .set_data_page_size_limit(32 << 10)
+                .set_max_row_group_row_count(Some(300))
+                .build();
+            let mut writer = ArrowWriter::try_new(
+                std::fs::File::create(&path).unwrap(),
+                written.schema(),
+                Some(props),
+            )
+            .unwrap();
+            writer.write(&written).unwrap();
+            writer.close().unwrap();
+            let source = Source::File {
+                path,
+                format: InputFormat::Parquet,
+                row_groups: None,
+            };
+            let read = |large: &[ColumnPath]| -> Vec<RecordBatch> {
+                open(&source, &written.schema(), u64::MAX, large)
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap()
+            };
+            let (whole, viewed) = (read(&[]), read(&large));
+            assert!(whole.len() > 1);
+            assert_eq!(viewed, whole);
+            let all = arrow_select::concat::concat_batches(&written.schema(), &viewed).unwrap();
+            assert_eq!(all.columns(), written.columns());
+        }
     }
 }

@@ -37,6 +37,7 @@ mod run;
 mod shuffle;
 mod task;
 mod tokenize;
+mod view;
 mod writer;
 
 pub use error::{BoxError, PreprocessError, Result};

@@ -199,7 +199,7 @@ struct Written {
 fn binary_columns_of(inputs: &Inputs, schema: &SchemaRef, max_value: u64) -> BinaryColumns {
     match inputs.sources.first() {
         Some(source @ Source::File { .. }) if has_binary_leaf(schema) => {
-            match input::open(source, schema, max_value).map(|mut batches| batches.next()) {
+            match input::open(source, schema, max_value, &[]).map(|mut batches| batches.next()) {
                 Ok(Some(Ok(batch))) => BinaryColumns::of(&batch),
                 _ => BinaryColumns::default(),
             }
@@ -241,6 +241,11 @@ fn run(
     } else {
         binary_columns_of(inputs, &schema, options.max_value_bytes())
     };
+    // Their values are read as views of the input's pages, copied once.
+    let large: Vec<ColumnPath> = (binary.stored.iter())
+        .chain(&binary.no_dictionary)
+        .cloned()
+        .collect();
     let props = writer_properties(options.zstd_level, &binary.stored, &binary.no_dictionary)
         .map_err(|source| PreprocessError::Encode {
             shard: "(all)".into(),
@@ -286,17 +291,22 @@ fn run(
         skipped: &null_texts,
     });
 
+    let reading = Reading {
+        schema: &schema,
+        max_value: options.max_value_bytes(),
+        large: &large,
+        texts: texts.as_ref(),
+    };
+
     std::thread::scope(|scope| {
         for _ in 0..readers {
             scope.spawn(|| {
                 read_sources(
                     &inputs.sources,
-                    &schema,
-                    options.max_value_bytes(),
+                    &reading,
                     &read_tx,
                     &next_source,
                     &cancelled,
-                    texts.as_ref(),
                 )
             });
         }
@@ -405,17 +415,27 @@ struct TextCheck<'a> {
     skipped: &'a AtomicU64,
 }
 
+/// How readers open and check each source.
+struct Reading<'a> {
+    /// The dataset's schema.
+    schema: &'a SchemaRef,
+    /// Bytes one value may take.
+    max_value: u64,
+    /// Columns of large values, read as views (`view.rs`).
+    large: &'a [ColumnPath],
+    /// Texts' checks, when tokenizing.
+    texts: Option<&'a TextCheck<'a>>,
+}
+
 /// Reader thread: take the next unread source, send its batches in order
 /// (texts checked when tokenizing). A panic while reading a source is that
 /// source's error: its consumer is never left waiting for a thread that died.
 fn read_sources(
     sources: &[Source],
-    schema: &SchemaRef,
-    max_value: u64,
+    reading: &Reading,
     senders: &[Sender<ReadMsg>],
     next: &AtomicUsize,
     cancelled: &AtomicBool,
-    texts: Option<&TextCheck>,
 ) {
     loop {
         if cancelled.load(Ordering::Relaxed) {
@@ -426,16 +446,15 @@ fn read_sources(
             return;
         };
         let tx = &senders[i];
-        let go_on =
-            shardfeed_format::panic::catch(|| read_source(source, schema, max_value, tx, texts))
-                .unwrap_or_else(|panic| {
-                    let _ = tx.send(ReadMsg::Failed(PreprocessError::read(
-                        source.display_path(),
-                        None,
-                        format!("reading it failed: {panic}"),
-                    )));
-                    true
-                });
+        let go_on = shardfeed_format::panic::catch(|| read_source(source, reading, tx))
+            .unwrap_or_else(|panic| {
+                let _ = tx.send(ReadMsg::Failed(PreprocessError::read(
+                    source.display_path(),
+                    None,
+                    format!("reading it failed: {panic}"),
+                )));
+                true
+            });
         if !go_on {
             return;
         }
@@ -444,14 +463,8 @@ fn read_sources(
 
 /// Send `source`'s batches to `tx`, then its end (or its first error).
 /// False when the consumer is gone.
-fn read_source(
-    source: &Source,
-    schema: &SchemaRef,
-    max_value: u64,
-    tx: &Sender<ReadMsg>,
-    texts: Option<&TextCheck>,
-) -> bool {
-    let batches = match input::open(source, schema, max_value) {
+fn read_source(source: &Source, reading: &Reading, tx: &Sender<ReadMsg>) -> bool {
+    let batches = match input::open(source, reading.schema, reading.max_value, reading.large) {
         Ok(b) => b,
         Err(e) => {
             let _ = tx.send(ReadMsg::Failed(e));
@@ -460,7 +473,7 @@ fn read_source(
     };
     let mut row = 0u64;
     for batch in batches {
-        let batch = match (batch, texts) {
+        let batch = match (batch, reading.texts) {
             (Ok(b), Some(t)) => {
                 let first = row;
                 row += b.num_rows() as u64;

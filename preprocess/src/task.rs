@@ -100,7 +100,7 @@ fn scatter(
     let mut rows = 0u64;
     let batches = inputs.sources.iter().flat_map(|source| {
         let opened: Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>>> =
-            match crate::input::open(source, &inputs.schema, options.max_value_bytes()) {
+            match crate::input::open(source, &inputs.schema, options.max_value_bytes(), &[]) {
                 Ok(it) => it,
                 Err(e) => Box::new(std::iter::once(Err(e))),
             };
