@@ -37,6 +37,8 @@ pub mod failpoint;
 pub mod fault;
 pub mod location;
 mod manifest;
+#[cfg(unix)]
+pub mod mapping;
 pub mod panic;
 pub mod permute;
 pub mod redact;

@@ -7,15 +7,16 @@
 //! and each is taken back here:
 //! - **A file truncated while it is mapped** (`cp` or `rsync --inplace`
 //!   over a live dataset) raises `SIGBUS` on the next touch of a page past
-//!   its new end, which would kill the process. A handler, installed once
-//!   and chaining to whatever handler was there before, looks the address up
-//!   among this module's mappings: when it lies in one, it maps a zero page
-//!   over the faulting page and marks the mapping, and the read goes on
-//!   with zeros. The mark fails the chunk being read (checked after its
-//!   checksum) and the batch being made (checked before it is handed on),
-//!   with an error naming the shard. A fault anywhere else goes to the
-//!   previous handler (Rust's stack overflow report, Python's
-//!   `faulthandler`), or kills the process as it would have.
+//!   its new end, which would kill the process. The handler of
+//!   `shardfeed_format::mapping`, installed once and chaining to whatever
+//!   handler was there before, looks the address up among the registered
+//!   mappings: when it lies in one, it maps a zero page over the faulting
+//!   page and marks the mapping, and the read goes on with zeros. The mark
+//!   fails the chunk being read (checked after its checksum) and the batch
+//!   being made (checked before it is handed on), with an error naming the
+//!   shard. A fault anywhere else goes to the previous handler (Rust's
+//!   stack overflow report, Python's `faulthandler`), or kills the process
+//!   as it would have.
 //! - **The bytes used are the bytes checked**: `pread`'s copy is what its
 //!   checksum covered, where a mapping shows the file as it is now. Each
 //!   mapping records the file's identity, size and times when it is made;
@@ -37,163 +38,14 @@
 
 use std::fs::File;
 use std::ops::Range;
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
+use shardfeed_format::mapping::{FileChange, MappedFile};
 use shardfeed_format::{ChunkHash, ChunkSum};
 
-/// Mappings registered for the `SIGBUS` handler at once; a shard that finds
-/// no free slot is read with `pread`.
-const SLOTS: usize = 1024;
-
-/// A registered mapping, as the signal handler sees it: `start..end`
-/// (`start == 0`: free), and whether a fault was absorbed in it.
-struct Slot {
-    start: AtomicUsize,
-    end: AtomicUsize,
-    faulted: AtomicBool,
-}
-
-#[allow(clippy::declare_interior_mutable_const)] // one fresh slot per element
-const FREE: Slot = Slot {
-    start: AtomicUsize::new(0),
-    end: AtomicUsize::new(0),
-    faulted: AtomicBool::new(false),
-};
-
-static REGISTRY: [Slot; SLOTS] = [FREE; SLOTS];
-
-/// A slot taken but not yet published: matches no address (its `end` is
-/// set before its `start`).
-const CLAIMED: usize = 1;
-
-/// The system's page size, read at installation.
-static PAGE: AtomicUsize = AtomicUsize::new(4096);
-
-/// The `SIGBUS` action found at installation, called for faults outside
-/// this module's mappings.
-static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
-
-/// Whether the handler is installed (tried once per process).
-static INSTALLED: OnceLock<bool> = OnceLock::new();
-
-/// Install the `SIGBUS` handler (once per process); false when it could not
-/// be (mappings are then not used).
-fn install() -> bool {
-    *INSTALLED.get_or_init(|| {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        if page <= 0 || !(page as usize).is_power_of_two() {
-            return false;
-        }
-        PAGE.store(page as usize, Ordering::Relaxed);
-        // SAFETY: sigaction with a null new action only reads the current
-        // one into `old`, a zeroed sigaction (a valid bit pattern).
-        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) } != 0 {
-            return false;
-        }
-        let _ = PREVIOUS.set(old);
-        // SAFETY: a zeroed sigaction is valid; the handler is an
-        // `extern "C"` function of the SA_SIGINFO signature, and its mask
-        // is initialised by sigemptyset.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_sigbus as *const () as libc::sighandler_t;
-            action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut()) == 0
-        }
-    })
-}
-
-/// The `SIGBUS` handler. Async-signal-safe: atomics, `mmap`, `sigaction`,
-/// `raise`, and the previous handler.
-extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler;
-    // errno is thread-local, saved and restored around our calls.
-    unsafe {
-        let errno = *libc::__errno_location();
-        let addr = (*info).si_addr() as usize;
-        let page = PAGE.load(Ordering::Relaxed);
-        for slot in &REGISTRY {
-            let start = slot.start.load(Ordering::Acquire);
-            if start <= CLAIMED {
-                continue;
-            }
-            let end = slot.end.load(Ordering::Acquire);
-            if (start..end).contains(&addr) {
-                let at = addr & !(page - 1);
-                // A private zero page over the page past the file's end:
-                // the faulting read goes on and reads zeros.
-                let mapped = libc::mmap(
-                    at as *mut libc::c_void,
-                    page,
-                    libc::PROT_READ,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                    -1,
-                    0,
-                );
-                if mapped != libc::MAP_FAILED {
-                    slot.faulted.store(true, Ordering::Release);
-                    *libc::__errno_location() = errno;
-                    return;
-                }
-                break;
-            }
-        }
-        *libc::__errno_location() = errno;
-        chain(sig, info, context);
-    }
-}
-
-/// Hand a fault that is not ours to the action that was there before.
-///
-/// # Safety
-/// Called from the signal handler with its arguments.
-unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
-    let previous = PREVIOUS.get();
-    let handler = previous.map_or(libc::SIG_DFL, |p| p.sa_sigaction);
-    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
-        // SAFETY: restores the default action; a fault then happens again
-        // on return and ends the process as it would have without us; a
-        // signal sent by a process is raised again.
-        unsafe {
-            let mut default: libc::sigaction = std::mem::zeroed();
-            default.sa_sigaction = libc::SIG_DFL;
-            libc::sigemptyset(&mut default.sa_mask);
-            libc::sigaction(sig, &default, std::ptr::null_mut());
-            if (*info).si_code <= 0 {
-                libc::raise(sig);
-            }
-        }
-        return;
-    }
-    let flags = previous.map_or(0, |p| p.sa_flags);
-    // SAFETY: the previous action's handler, called with the signature its
-    // flags declare.
-    unsafe {
-        if flags & libc::SA_SIGINFO != 0 {
-            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                std::mem::transmute(handler);
-            f(sig, info, context);
-        } else {
-            let f: extern "C" fn(libc::c_int) = std::mem::transmute(handler);
-            f(sig);
-        }
-    }
-}
-
-/// Whether any address of `range` lies in one of this module's mappings
-/// (memory whose bytes are a shard's as it is now, not as it was checked).
-pub(crate) fn overlaps_mapping(range: Range<usize>) -> bool {
-    REGISTRY.iter().any(|slot| {
-        let start = slot.start.load(Ordering::Acquire);
-        start > CLAIMED && start < range.end && range.start < slot.end.load(Ordering::Acquire)
-    })
-}
+pub(crate) use shardfeed_format::mapping::overlaps_mapping;
 
 /// How a local shard failed to read: changed since it was opened (mapped
 /// or not), or an I/O error.
@@ -218,39 +70,12 @@ impl From<std::io::Error> for Changed {
     }
 }
 
-/// What `fstat` says about a file: a write, a truncation or a rename over
-/// it changes at least one of these. (Not its change time, which links,
-/// `chmod` and backups move too.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime: (i64, i64),
-}
-
-impl Stamp {
-    fn of(file: &File) -> std::io::Result<Self> {
-        use std::os::unix::fs::MetadataExt;
-        let m = file.metadata()?;
-        Ok(Stamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.size(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-        })
-    }
-}
-
 /// A whole shard mapped read-only, registered with the `SIGBUS` handler.
 pub(crate) struct MappedShard {
     /// The shard's index in the manifest.
     pub shard: u32,
-    ptr: NonNull<u8>,
-    len: usize,
-    slot: usize,
+    map: MappedFile,
     file: Arc<File>,
-    stamp: Stamp,
     /// Chunks whose bytes are still referenced.
     live: AtomicUsize,
     /// Chunks made so far, and as of the last check that found none live.
@@ -265,63 +90,16 @@ pub(crate) struct MappedShard {
     sums: std::sync::Mutex<std::collections::HashMap<(usize, usize), ChunkSum>>,
 }
 
-// SAFETY: the mapping is read-only and lives until drop; the rest is
-// atomics and shared handles.
-unsafe impl Send for MappedShard {}
-// SAFETY: as above.
-unsafe impl Sync for MappedShard {}
-
 impl MappedShard {
     /// Map the first `len` bytes of `file` (the manifest's size, checked
     /// against the file by the caller). `None` when mappings cannot be used:
     /// no handler, no free slot, an empty file, or `mmap` refused.
     fn map(shard: u32, file: Arc<File>, len: u64, set: &Arc<MapSet>) -> Option<Self> {
-        use std::os::fd::AsRawFd;
-        let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
-        if !install() {
-            return None;
-        }
-        let stamp = Stamp::of(&file).ok()?;
-        if stamp.len != len as u64 {
-            return None;
-        }
-        let slot = REGISTRY.iter().position(|s| {
-            s.start
-                .compare_exchange(0, CLAIMED, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        })?;
-        // SAFETY: a new shared read-only mapping of an open file (no fixed
-        // address); the result is checked before use.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        let ptr = (ptr != libc::MAP_FAILED)
-            .then_some(ptr)
-            .and_then(|p| NonNull::new(p.cast::<u8>()));
-        let Some(ptr) = ptr else {
-            REGISTRY[slot].start.store(0, Ordering::Release);
-            return None;
-        };
-        let entry = &REGISTRY[slot];
-        entry.faulted.store(false, Ordering::Relaxed);
-        entry
-            .end
-            .store(ptr.as_ptr() as usize + len, Ordering::Release);
-        entry.start.store(ptr.as_ptr() as usize, Ordering::Release);
+        let map = MappedFile::map(&file, len)?;
         Some(MappedShard {
             shard,
-            ptr,
-            len,
-            slot,
+            map,
             file,
-            stamp,
             live: AtomicUsize::new(0),
             made: AtomicU64::new(0),
             seen: AtomicU64::new(0),
@@ -340,7 +118,7 @@ impl MappedShard {
         hash: Option<ChunkHash>,
     ) -> Result<(Bytes, Option<ChunkSum>), Changed> {
         let (start, end) = match (usize::try_from(range.start), usize::try_from(range.end)) {
-            (Ok(s), Ok(e)) if s <= e && e <= self.len => (s, e),
+            (Ok(s), Ok(e)) if s <= e && e <= self.map.len() => (s, e),
             // As a `pread` past the end: the file is shorter than the range.
             _ => return Err(Changed::Truncated),
         };
@@ -369,18 +147,15 @@ impl MappedShard {
     }
 
     fn faulted(&self) -> bool {
-        REGISTRY[self.slot].faulted.load(Ordering::Acquire)
+        self.map.faulted()
     }
 
     /// Whether the file is still what was mapped.
     pub(crate) fn check(&self) -> Result<(), Changed> {
-        if self.faulted() {
-            return Err(Changed::Truncated);
-        }
-        match Stamp::of(&self.file) {
-            Ok(now) if now == self.stamp => Ok(()),
-            Ok(now) => Err(Changed::Rewritten(now.len)),
-            Err(_) => Err(Changed::Rewritten(0)),
+        match self.map.changed(&self.file) {
+            None => Ok(()),
+            Some(FileChange::Truncated) => Err(Changed::Truncated),
+            Some(FileChange::Rewritten(len)) => Err(Changed::Rewritten(len)),
         }
     }
 }
@@ -395,12 +170,8 @@ impl Drop for MappedShard {
         {
             set.report(self.shard, changed);
         }
-        let entry = &REGISTRY[self.slot];
-        entry.start.store(0, Ordering::Release);
-        // SAFETY: the mapping made in `map`, unmapped once, here; no chunk
-        // references it (each holds an `Arc` of this shard).
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-        entry.end.store(0, Ordering::Release);
+        // The mapping goes with `map` (no chunk references it: each holds
+        // an `Arc` of this shard).
     }
 }
 
@@ -413,15 +184,9 @@ struct MapChunk {
 
 impl AsRef<[u8]> for MapChunk {
     fn as_ref(&self) -> &[u8] {
-        // SAFETY: `start <= end <= len` (checked in `chunk`), inside the
-        // live read-only mapping this chunk holds an `Arc` of. (A page past
-        // a truncated file's end reads as zeros: see the module's notes.)
-        unsafe {
-            std::slice::from_raw_parts(
-                self.shard.ptr.as_ptr().add(self.start),
-                self.end - self.start,
-            )
-        }
+        // `start <= end <= len`, checked in `chunk`. (A page past a
+        // truncated file's end reads as zeros: see the module's notes.)
+        self.shard.map.get(self.start..self.end).unwrap_or_default()
     }
 }
 
@@ -429,19 +194,7 @@ impl Drop for MapChunk {
     fn drop(&mut self) {
         // The pages wholly inside the chunk leave the process (the page
         // cache keeps them); a neighbour touching one maps it again.
-        let page = PAGE.load(Ordering::Relaxed);
-        let (from, to) = (self.start.next_multiple_of(page), self.end / page * page);
-        if to > from {
-            // SAFETY: a page-aligned range inside the live mapping; dropping
-            // pages of a read-only file mapping loses nothing.
-            unsafe {
-                libc::madvise(
-                    self.shard.ptr.as_ptr().add(from).cast(),
-                    to - from,
-                    libc::MADV_DONTNEED,
-                )
-            };
-        }
+        self.shard.map.drop_pages(self.start..self.end);
         self.shard.live.fetch_sub(1, Ordering::AcqRel);
     }
 }

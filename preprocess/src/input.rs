@@ -11,6 +11,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::schema::types::ColumnPath;
 use serde::Serialize;
+use shardfeed_format::mapping::FileChange;
 
 pub use crate::input_format::InputFormat;
 use crate::options::READ_BATCH_ROWS;
@@ -756,7 +757,7 @@ fn probe(sources: &[Source], options: &ShardOptions) -> Result<(SchemaRef, u64)>
             Ok(match source {
                 Source::File { path, format, .. } => match format {
                     InputFormat::Parquet => {
-                        let (builder, _) = parquet_builder(path, &[])?;
+                        let builder = parquet_builder(path, &[])?.builder;
                         // Every Parquet input is probed here before any of
                         // its pages is read (the ratio below reads one row
                         // group).
@@ -872,15 +873,9 @@ fn guarded<T>(path: &Path, f: impl FnOnce() -> Result<T>) -> Result<T> {
 /// A Parquet reader of `path`. A file whose footer says it holds fewer rows
 /// than its row groups do (old writers left the file-level count at 0) is
 /// read by its row groups' counts: parquet's reader would read no row of it.
-/// Its binary and string columns at `large` are read as views, and then the
-/// file's own schema comes with the reader, for [`crate::view::unview`].
-fn parquet_builder(
-    path: &Path,
-    large: &[ColumnPath],
-) -> Result<(
-    ParquetRecordBatchReaderBuilder<RowGroupFile>,
-    Option<SchemaRef>,
-)> {
+/// Its binary and string columns at `large` are read as views (see
+/// [`ParquetInput`]).
+fn parquet_builder(path: &Path, large: &[ColumnPath]) -> Result<ParquetInput> {
     use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
     use parquet::file::metadata::{FileMetaData, ParquetMetaData};
     let file = open_file(path)?;
@@ -922,11 +917,36 @@ fn parquet_builder(
     } else if file_schema.is_some() {
         metadata = ArrowReaderMetadata::try_new(md.clone(), options).map_err(err)?;
     }
-    let file = RowGroupFile::new(file, &md).map_err(|e| PreprocessError::io("stat", path, e))?;
-    Ok((
-        ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata),
+    let file =
+        RowGroupFile::new(file, &md, true).map_err(|e| PreprocessError::io("stat", path, e))?;
+    Ok(ParquetInput {
+        map_check: file.map_check(),
+        builder: ParquetRecordBatchReaderBuilder::new_with_metadata(file, metadata),
         file_schema,
-    ))
+    })
+}
+
+/// The error of an input changed while it was read.
+fn changed_error(path: &Path, change: FileChange) -> PreprocessError {
+    let what = match change {
+        FileChange::Truncated => "the file was truncated while it was read".to_string(),
+        FileChange::Rewritten(len) => {
+            format!("the file changed while it was read (now {len} bytes)")
+        }
+    };
+    PreprocessError::read(path, None, what)
+}
+
+/// A Parquet input opened for reading.
+struct ParquetInput {
+    builder: ParquetRecordBatchReaderBuilder<RowGroupFile>,
+    /// The file's own schema, where columns are read as views: each batch
+    /// is turned back into it ([`crate::view::unview`]).
+    file_schema: Option<SchemaRef>,
+    /// The file's mapping, where it is read through one: checked after
+    /// each batch, so that no batch made of a file changed under it (zeros
+    /// past a truncation, another file's bytes) is handed on.
+    map_check: Option<crate::parquet_file::MapCheck>,
 }
 
 /// Arrow bytes per Parquet uncompressed byte, measured on the first row
@@ -1202,7 +1222,11 @@ fn open_unguarded(
             let path = path.clone();
             match format {
                 InputFormat::Parquet => {
-                    let (builder, file_schema) = parquet_builder(&path, large)?;
+                    let ParquetInput {
+                        builder,
+                        file_schema,
+                        map_check,
+                    } = parquet_builder(&path, large)?;
                     let meta = builder.metadata();
                     let rows = meta.file_metadata().num_rows().max(1) as u64;
                     let bytes: i64 = meta
@@ -1220,7 +1244,22 @@ fn open_unguarded(
                         .build()
                         .map_err(|e| PreprocessError::read(&path, None, e))?;
                     Ok(Box::new(reader.map(move |r| {
-                        let batch = r.map_err(|e| PreprocessError::read(&path, None, e))?;
+                        // A file changed under its mapping is reported as
+                        // such, whatever its bytes made of the batch (zeros
+                        // past a truncation read as a damaged page).
+                        let changed = || map_check.as_ref().and_then(|m| m.changed());
+                        let batch = match r {
+                            Ok(batch) => batch,
+                            Err(e) => {
+                                return Err(match changed() {
+                                    Some(change) => changed_error(&path, change),
+                                    None => PreprocessError::read(&path, None, e),
+                                });
+                            }
+                        };
+                        if let Some(change) = changed() {
+                            return Err(changed_error(&path, change));
+                        }
                         match &file_schema {
                             Some(schema) => crate::view::unview(batch, schema)
                                 .map_err(|e| PreprocessError::read(&path, None, e)),
@@ -1648,6 +1687,107 @@ mod view_tests {
             assert_eq!(viewed, whole);
             let all = arrow_select::concat::concat_batches(&written.schema(), &viewed).unwrap();
             assert_eq!(all.columns(), written.columns());
+        }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod changed_tests {
+    use std::sync::Arc;
+    use std::time::{Duration, SystemTime};
+
+    use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+
+    use super::{InputFormat, Source, open};
+
+    /// A Parquet file of 20,000 rows of 1 KiB values in row groups of 2,000
+    /// (several batches), its modification time far in the past.
+    fn written(path: &std::path::Path) -> RecordBatch {
+        let rows = 20_000i64;
+        let ids = Int64Array::from_iter_values(0..rows);
+        let values = BinaryArray::from_iter_values((0..rows).map(|i| vec![(i % 251) as u8; 1024]));
+        let batch = RecordBatch::try_from_iter([
+            ("id", Arc::new(ids) as ArrayRef),
+            ("value", Arc::new(values) as ArrayRef),
+        ])
+        .unwrap();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(2000))
+            .set_dictionary_enabled(false)
+            .build();
+        let file = std::fs::File::create(path).unwrap();
+        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let old = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_times(std::fs::FileTimes::new().set_modified(old))
+            .unwrap();
+        batch
+    }
+
+    /// An input truncated (past the next batch's pages: through a mapping,
+    /// their touch raises `SIGBUS`), or written in place, while `shard`
+    /// reads it: the next batch is an error naming the file and the change,
+    /// never a crash or a batch of other bytes; an input left alone reads
+    /// whole.
+    #[test]
+    fn an_input_changed_while_it_is_read_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        for change in ["none", "truncated", "written"] {
+            let path = dir.path().join(format!("{change}.parquet"));
+            let whole = written(&path);
+            let source = Source::File {
+                path: path.clone(),
+                format: InputFormat::Parquet,
+                row_groups: None,
+            };
+            let mut batches = open(&source, &whole.schema(), u64::MAX, &[]).unwrap();
+            let first = batches.next().unwrap().unwrap();
+            assert!(first.num_rows() < whole.num_rows());
+            let len = std::fs::metadata(&path).unwrap().len();
+            match change {
+                "truncated" => std::fs::File::options()
+                    .write(true)
+                    .open(&path)
+                    .unwrap()
+                    .set_len(len / 10)
+                    .unwrap(),
+                "written" => {
+                    use std::os::unix::fs::FileExt;
+                    let f = std::fs::File::options().write(true).open(&path).unwrap();
+                    f.write_all_at(&[0xAB; 4096], len / 2).unwrap();
+                }
+                _ => {}
+            }
+            let rest: Vec<_> = batches.collect();
+            if change == "none" {
+                let mut all = vec![first];
+                all.extend(rest.into_iter().map(Result::unwrap));
+                let all = arrow_select::concat::concat_batches(&whole.schema(), &all).unwrap();
+                assert_eq!(all, whole);
+                continue;
+            }
+            let error = rest
+                .iter()
+                .find_map(|r| r.as_ref().err())
+                .unwrap_or_else(|| panic!("{change}: no error"))
+                .to_string();
+            assert!(
+                error.contains(&format!("{change}.parquet")) && error.contains("while it was read"),
+                "{error}"
+            );
+            // Every batch before the error holds the rows written.
+            let good: Vec<RecordBatch> = std::iter::once(first)
+                .chain(rest.into_iter().map_while(Result::ok))
+                .collect();
+            let good = arrow_select::concat::concat_batches(&whole.schema(), &good).unwrap();
+            assert_eq!(good, whole.slice(0, good.num_rows()), "{change}");
         }
     }
 }

@@ -6,17 +6,26 @@
 //! pages of a few KiB) `shard` made 237,000 reads for 407 MB, a third of its
 //! CPU time. [`RowGroupFile`] reads the column chunks of a row group with one
 //! positioned read and serves the pages from memory.
+//!
+//! Where the file can be mapped (`shardfeed_format::mapping`), pages are
+//! served from the mapping instead, without the kernel's copy into a read
+//! buffer (on the blob set of docs/performance-notes.md, `shard --no-shuffle` took
+//! 10% less time); pages far behind the reads leave the process as the
+//! reads go on. A file truncated or rewritten while it is read is found by
+//! [`MapCheck::changed`], which the reader asks after every batch.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use bytes::{Buf, Bytes};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::reader::{ChunkReader, Length};
+use shardfeed_format::mapping::{FileChange, MappedFile};
 
 /// The most bytes one read brings in: a larger row group is read in pieces
 /// of this size (as its pages are asked for), so memory stays bounded
@@ -44,12 +53,48 @@ pub(crate) struct RowGroupFile {
     kept: Mutex<std::collections::VecDeque<(u64, Bytes)>>,
     /// Reads made.
     reads: std::sync::atomic::AtomicU64,
+    /// The whole file mapped, where it could be.
+    map: Option<Arc<MappedFile>>,
+    /// Where the pages of the mapping dropped from the process end.
+    dropped: std::sync::atomic::AtomicU64,
+}
+
+/// A mapped input file, to check for changes after each batch read from it.
+pub(crate) struct MapCheck {
+    map: Arc<MappedFile>,
+    file: Arc<File>,
+}
+
+impl MapCheck {
+    /// How the file changed since it was mapped, if it did: bytes read from
+    /// it since may be zeros or another file's.
+    pub(crate) fn changed(&self) -> Option<FileChange> {
+        self.map.changed(&self.file)
+    }
+}
+
+/// A range of a mapped file handed to parquet's reader.
+struct MapRange {
+    map: Arc<MappedFile>,
+    range: Range<usize>,
+}
+
+impl AsRef<[u8]> for MapRange {
+    fn as_ref(&self) -> &[u8] {
+        // Inside the mapping: checked where it is made.
+        self.map.get(self.range.clone()).unwrap_or_default()
+    }
 }
 
 impl RowGroupFile {
-    /// `file`, whose footer is `metadata`.
-    pub(crate) fn new(file: File, metadata: &ParquetMetaData) -> io::Result<Self> {
+    /// `file`, whose footer is `metadata`; mapped where `mapped` and the
+    /// system allow it.
+    pub(crate) fn new(file: File, metadata: &ParquetMetaData, mapped: bool) -> io::Result<Self> {
         let len = file.metadata()?.len();
+        let map = mapped
+            .then(|| MappedFile::map(&file, len))
+            .flatten()
+            .map(Arc::new);
         let mut groups: Vec<Range<u64>> = metadata
             .row_groups()
             .iter()
@@ -73,13 +118,40 @@ impl RowGroupFile {
             groups,
             kept: Mutex::new(Default::default()),
             reads: Default::default(),
+            map,
+            dropped: Default::default(),
         })
     }
 
-    /// The bytes of the file from `start` on, at least `min` of them: from
-    /// a kept read where one holds them, else from a new read of the rest
-    /// of the row group holding `start` (at most [`MAX_READ`] bytes unless
-    /// `min` is more).
+    /// The check of its mapping, where it is mapped.
+    pub(crate) fn map_check(&self) -> Option<MapCheck> {
+        self.map.as_ref().map(|map| MapCheck {
+            map: map.clone(),
+            file: self.file.clone(),
+        })
+    }
+
+    /// Where a read from `start` ends: the end of the row group holding
+    /// `start` (at most [`MAX_READ`] bytes on, unless `want_end` is further),
+    /// within the file.
+    fn end_of_read(&self, start: u64, want_end: u64) -> u64 {
+        let i = self.groups.partition_point(|g| g.start <= start);
+        // Outside the footer's row groups (a damaged footer): 64 KiB, so a
+        // page header there is not read a few bytes per system call.
+        let group_end = match i.checked_sub(1).map(|i| &self.groups[i]) {
+            Some(g) if start < g.end => g.end,
+            _ => start.saturating_add(64 << 10),
+        };
+        group_end
+            .min(start.saturating_add(MAX_READ))
+            .max(want_end)
+            .min(self.len)
+    }
+
+    /// The bytes of the file from `start` on, at least `min` of them, to the
+    /// end of the row group holding `start` (at most [`MAX_READ`] bytes
+    /// unless `min` is more): from the mapping where the file is mapped,
+    /// else from a kept read where one holds them, else from a new read.
     fn bytes_from(&self, start: u64, min: usize) -> parquet::errors::Result<Bytes> {
         let min = min as u64;
         let want_end = start.checked_add(min).filter(|&end| end <= self.len);
@@ -89,6 +161,31 @@ impl RowGroupFile {
                 self.len
             )));
         };
+        let end = self.end_of_read(start, want_end);
+        if let Some(map) = &self.map {
+            // Within the file (`want_end <= len`), so within the mapping.
+            let range = usize::try_from(start).unwrap_or(usize::MAX)
+                ..usize::try_from(end).unwrap_or(usize::MAX);
+            if map.get(range.clone()).is_some() {
+                // parquet's reader goes through the file forwards, a batch's
+                // row groups at a time: the pages more than [`MAX_KEPT`]
+                // bytes before this read leave the process (a later read of
+                // them maps them again), so that it holds about as much of
+                // the file as the reads kept on the other path.
+                let behind = start.saturating_sub(MAX_KEPT as u64);
+                let before = self.dropped.fetch_max(behind, Ordering::AcqRel);
+                if behind > before {
+                    map.drop_pages(
+                        usize::try_from(before).unwrap_or(usize::MAX)
+                            ..usize::try_from(behind).unwrap_or(usize::MAX),
+                    );
+                }
+                return Ok(Bytes::from_owner(MapRange {
+                    map: map.clone(),
+                    range,
+                }));
+            }
+        }
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         for (at, bytes) in kept.iter().rev() {
             let end = at + bytes.len() as u64;
@@ -96,17 +193,6 @@ impl RowGroupFile {
                 return Ok(bytes.slice((start - at) as usize..));
             }
         }
-        let i = self.groups.partition_point(|g| g.start <= start);
-        // Outside the footer's row groups (a damaged footer): 64 KiB, so a
-        // page header there is not read a few bytes per system call.
-        let group_end = match i.checked_sub(1).map(|i| &self.groups[i]) {
-            Some(g) if start < g.end => g.end,
-            _ => start.saturating_add(64 << 10),
-        };
-        let end = group_end
-            .min(start.saturating_add(MAX_READ))
-            .max(want_end)
-            .min(self.len);
         // Read into fresh capacity without zeroing it first (`read_to_end`
         // tracks what is filled); the handle's cursor is only moved here,
         // under the lock (a `PageRead` reads at its own offsets).
@@ -189,15 +275,23 @@ mod tests {
 
     /// A file of `groups` row-group ranges and filler bytes `i as u8`.
     fn file_of(len: usize, groups: &[(u64, u64)]) -> RowGroupFile {
+        file_mapped_or_not(len, groups, false)
+    }
+
+    /// [`file_of`], its pages served from a mapping where `mapped`.
+    fn file_mapped_or_not(len: usize, groups: &[(u64, u64)], mapped: bool) -> RowGroupFile {
         let mut f = tempfile::tempfile().unwrap();
         let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
         f.write_all(&bytes).unwrap();
+        let map = mapped.then(|| Arc::new(MappedFile::map(&f, len as u64).expect("mapped")));
         RowGroupFile {
             file: Arc::new(f),
             len: len as u64,
             groups: groups.iter().map(|&(a, b)| a..b).collect(),
             kept: Mutex::new(Default::default()),
             reads: Default::default(),
+            map,
+            dropped: Default::default(),
         }
     }
 
@@ -205,20 +299,30 @@ mod tests {
         range.map(|i| (i % 251) as u8).collect()
     }
 
-    /// Pages come back byte for byte wherever they lie: inside a row group,
-    /// across its end, in a group larger than one read, outside any group;
-    /// a reader runs on past the bytes read into the file itself.
+    /// Pages come back byte for byte wherever they lie, read or mapped:
+    /// inside a row group, across its end, in a group larger than one read,
+    /// outside any group, after pages far behind were dropped; a reader runs
+    /// on past the bytes served into the file itself.
     #[test]
     fn pages_read_from_memory_match_the_file() {
-        let len = (MAX_READ as usize) * 2 + 5000;
-        let f = file_of(len, &[(100, 3000), (3000, MAX_READ * 2 + 4000)]);
+        for mapped in [false, true] {
+            pages_match_the_file(mapped);
+        }
+    }
+
+    fn pages_match_the_file(mapped: bool) {
+        let len = (MAX_READ as usize) * 2 + MAX_KEPT + 5000;
+        let big = MAX_READ * 2 + MAX_KEPT as u64 + 4000;
+        let f = file_mapped_or_not(len, &[(100, 3000), (3000, big)], mapped);
         for (start, n) in [
             (100u64, 50usize),
             (150, 2850),
             (2990, 100),
             (3000, 10),
             (MAX_READ + 2990, 20),
+            (big - 100, 50),
             (5, 10),
+            (200, 1000),
             (len as u64 - 7, 7),
         ] {
             let got = f.get_bytes(start, n).unwrap();
