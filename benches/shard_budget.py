@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""`shard` under memory budgets: wall time, peak RSS and page faults of builds, interleaved.
+"""`shard` under memory budgets: wall time, CPU time, peak RSS and page faults of builds,
+interleaved.
 
 Each build shards each input (default shuffle, or `--no-shuffle`) under each budget, in a fresh
-process, `--repeat` rounds with the builds alternating; medians of wall time and faults, the
-largest peak RSS. Inputs as `benches/shard_peers.py` generates them (`shardfeed generate KIND
---size 300MB --files 8 -o DIR/KIND/in`).
+process, `--repeat` rounds with the builds alternating; medians of wall and CPU time and of
+faults, the largest peak RSS. With `--budgets 1GiB` (the default budget), an A/B of two builds.
+Inputs as `benches/shard_peers.py` generates them (`shardfeed generate KIND --size 300MB
+--files 8 -o DIR/KIND/in`).
 
     python3 benches/shard_budget.py --bins old=OLD,new=NEW --inputs tokens=DIR,images=DIR \\
         --budgets 256MiB,512MiB --repeat 3
@@ -22,7 +24,8 @@ def run(binary, inputs, out, budget, shuffle):
     _, status, usage = os.wait4(p.pid, 0)
     if status != 0:
         raise SystemExit(f"{' '.join(args)} failed ({status})")
-    return time.perf_counter() - t, usage.ru_maxrss * 1024, usage.ru_minflt
+    return (time.perf_counter() - t, usage.ru_maxrss * 1024, usage.ru_minflt,
+            usage.ru_utime + usage.ru_stime)
 
 
 def main():
@@ -36,8 +39,8 @@ def main():
     bins = dict(b.split("=", 1) for b in args.bins.split(","))
     inputs = dict(i.split("=", 1) for i in args.inputs.split(","))
     out = os.path.join(tempfile.mkdtemp(), "out")
-    print("| input | budget | build | wall s (median) | peak RSS MiB (max) | page faults (median) |")
-    print("|---|---|---|---|---|---|")
+    print("| input | budget | build | wall s (median) | CPU s (median) | peak RSS MiB (max) | page faults (median) |")
+    print("|---|---|---|---|---|---|---|")
     for kind, path in inputs.items():
         for budget in args.budgets.split(","):
             runs = {name: [] for name in bins}
@@ -45,8 +48,9 @@ def main():
                 for name, binary in bins.items():
                     runs[name].append(run(binary, path, out, budget, not args.no_shuffle))
             for name, r in runs.items():
-                print(f"| {kind} | {budget} | {name} | {statistics.median(x[0] for x in r):.2f} | "
-                      f"{max(x[1] for x in r) >> 20} | {statistics.median(x[2] for x in r):,.0f} |")
+                print(f"| {kind} | {budget} | {name} | {statistics.median(x[0] for x in r):.3f} | "
+                      f"{statistics.median(x[3] for x in r):.3f} | {max(x[1] for x in r) >> 20} | "
+                      f"{statistics.median(x[2] for x in r):,.0f} |")
     shutil.rmtree(os.path.dirname(out), ignore_errors=True)
 
 
