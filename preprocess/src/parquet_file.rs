@@ -10,15 +10,14 @@
 //! Where the file can be mapped (`shardfeed_format::mapping`), pages are
 //! served from the mapping instead, without the kernel's copy into a read
 //! buffer (on the blob set of docs/performance-notes.md, `shard --no-shuffle` took
-//! 10% less time); pages far behind the reads leave the process as the
-//! reads go on. A file truncated or rewritten while it is read is found by
+//! 10% less time); the pages of the blocks least recently read leave the
+//! process as the reads go on. A file truncated or rewritten while it is read is found by
 //! [`MapCheck::changed`], which the reader asks after every batch.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use bytes::{Buf, Bytes};
@@ -55,8 +54,10 @@ pub(crate) struct RowGroupFile {
     reads: std::sync::atomic::AtomicU64,
     /// The whole file mapped, where it could be.
     map: Option<Arc<MappedFile>>,
-    /// Where the pages of the mapping dropped from the process end.
-    dropped: std::sync::atomic::AtomicU64,
+    /// Blocks of the mapping ([`MAX_READ`] bytes each, by index) touched
+    /// lately, least recent first: past [`MAX_KEPT`] bytes of them besides
+    /// the latest read's, the oldest leave the process.
+    touched: Mutex<std::collections::VecDeque<u64>>,
 }
 
 /// A mapped input file, to check for changes after each batch read from it.
@@ -119,7 +120,7 @@ impl RowGroupFile {
             kept: Mutex::new(Default::default()),
             reads: Default::default(),
             map,
-            dropped: Default::default(),
+            touched: Default::default(),
         })
     }
 
@@ -129,6 +130,29 @@ impl RowGroupFile {
             map: map.clone(),
             file: self.file.clone(),
         })
+    }
+
+    /// Note the blocks of `range` (of the file, mapped) as the latest used;
+    /// the pages of the least recent ones past [`MAX_KEPT`] bytes leave the
+    /// process (a later read maps them again), so that it holds about as
+    /// much of the file as the reads kept on the other path, whatever order
+    /// the reader goes in.
+    fn touch(&self, map: &MappedFile, range: Range<u64>) {
+        let (first, last) = (
+            range.start / MAX_READ,
+            range.end.max(range.start + 1).saturating_sub(1) / MAX_READ,
+        );
+        let mut touched = self.touched.lock().unwrap_or_else(|p| p.into_inner());
+        touched.retain(|b| !(first..=last).contains(b));
+        touched.extend(first..=last);
+        let keep = (MAX_KEPT as u64 / MAX_READ).saturating_add(last - first + 1);
+        while touched.len() as u64 > keep {
+            let Some(block) = touched.pop_front() else {
+                break;
+            };
+            let at = |b: u64| usize::try_from(b.saturating_mul(MAX_READ)).unwrap_or(usize::MAX);
+            map.drop_pages(at(block)..at(block + 1));
+        }
     }
 
     /// Where a read from `start` ends: the end of the row group holding
@@ -167,19 +191,7 @@ impl RowGroupFile {
             let range = usize::try_from(start).unwrap_or(usize::MAX)
                 ..usize::try_from(end).unwrap_or(usize::MAX);
             if map.get(range.clone()).is_some() {
-                // parquet's reader goes through the file forwards, a batch's
-                // row groups at a time: the pages more than [`MAX_KEPT`]
-                // bytes before this read leave the process (a later read of
-                // them maps them again), so that it holds about as much of
-                // the file as the reads kept on the other path.
-                let behind = start.saturating_sub(MAX_KEPT as u64);
-                let before = self.dropped.fetch_max(behind, Ordering::AcqRel);
-                if behind > before {
-                    map.drop_pages(
-                        usize::try_from(before).unwrap_or(usize::MAX)
-                            ..usize::try_from(behind).unwrap_or(usize::MAX),
-                    );
-                }
+                self.touch(map, start..end);
                 return Ok(Bytes::from_owner(MapRange {
                     map: map.clone(),
                     range,
@@ -291,7 +303,7 @@ mod tests {
             kept: Mutex::new(Default::default()),
             reads: Default::default(),
             map,
-            dropped: Default::default(),
+            touched: Default::default(),
         }
     }
 
@@ -301,7 +313,7 @@ mod tests {
 
     /// Pages come back byte for byte wherever they lie, read or mapped:
     /// inside a row group, across its end, in a group larger than one read,
-    /// outside any group, after pages far behind were dropped; a reader runs
+    /// outside any group, after the blocks read least lately were dropped; a reader runs
     /// on past the bytes served into the file itself.
     #[test]
     fn pages_read_from_memory_match_the_file() {
@@ -336,6 +348,42 @@ mod tests {
         let mut all = Vec::new();
         r.read_to_end(&mut all).unwrap();
         assert_eq!(all, expected(2000..len));
+    }
+
+    /// A mapped file keeps the blocks read lately, at most [`MAX_KEPT`]
+    /// bytes of them besides the latest read's, and drops the least recent
+    /// (whatever order the reads go in); every read still sees its bytes.
+    #[test]
+    fn a_mapped_file_keeps_the_blocks_read_lately() {
+        let blocks = 12u64;
+        let len = (blocks * MAX_READ) as usize;
+        let f = file_mapped_or_not(len, &[(0, len as u64)], true);
+        let keep = MAX_KEPT as u64 / MAX_READ;
+        let touched = || {
+            f.touched
+                .lock()
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>()
+        };
+        for b in 0..blocks {
+            let at = b * MAX_READ + 10;
+            let got = f.get_bytes(at, 100).unwrap();
+            assert_eq!(got, expected(at as usize..at as usize + 100));
+        }
+        assert_eq!(touched(), (blocks - 1 - keep..blocks).collect::<Vec<_>>());
+        // Back to an early block, then a read across three blocks: the
+        // latest last, the oldest gone.
+        let got = f.get_bytes(MAX_READ + 5, 10).unwrap();
+        assert_eq!(got, expected(MAX_READ as usize + 5..MAX_READ as usize + 15));
+        let (start, n) = (3 * MAX_READ - 1, (MAX_READ + 2) as usize);
+        let got = f.get_bytes(start, n).unwrap();
+        assert_eq!(got, expected(start as usize..start as usize + n));
+        let t = touched();
+        assert_eq!(&t[t.len() - 3..], &[2, 3, 4]);
+        assert_eq!(t.len() as u64, keep + 3);
+        assert!(t.contains(&1) && !t.contains(&0));
     }
 
     /// parquet's reader asks for column 0 of each row group a batch spans,
