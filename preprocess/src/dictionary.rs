@@ -41,7 +41,7 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::{ColumnChunkMetaData, PageEncodingStats};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::statistics::{Statistics, ValueStatistics};
-use parquet::file::writer::{SerializedPageWriter, SerializedRowGroupWriter, TrackedWrite};
+use parquet::file::writer::{SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
 
 use crate::delta::varint;
@@ -59,12 +59,9 @@ impl DictionaryChunk {
         self.close.bytes_written
     }
 
-    /// Append the chunk to `row_group` (its next column).
-    pub(crate) fn append_to_row_group<W: std::io::Write + Send>(
-        self,
-        row_group: &mut SerializedRowGroupWriter<'_, W>,
-    ) -> Result<(), ParquetError> {
-        row_group.append_column(&self.bytes, self.close)
+    /// Its bytes and what parquet's writer needs to splice them.
+    pub(crate) fn into_parts(self) -> (Vec<Bytes>, ColumnCloseResult) {
+        (vec![self.bytes], self.close)
     }
 }
 
@@ -623,7 +620,7 @@ thread_local! {
 }
 
 /// `data` compressed at `level`.
-fn compress(level: i32, data: &[u8]) -> Result<Vec<u8>, ParquetError> {
+pub(crate) fn compress(level: i32, data: &[u8]) -> Result<Vec<u8>, ParquetError> {
     ZSTD.with_borrow_mut(|slot| {
         if slot.as_ref().is_none_or(|(l, _)| *l != level) {
             let compressor = zstd::bulk::Compressor::new(level)
@@ -1161,7 +1158,7 @@ fn extremes<T: Fixed>(values: &[T]) -> (Option<T>, Option<T>) {
 }
 
 /// A page header's count, which Parquet stores in 32 bits.
-fn page_count(n: usize, what: &str) -> Result<u32, ParquetError> {
+pub(crate) fn page_count(n: usize, what: &str) -> Result<u32, ParquetError> {
     u32::try_from(n).map_err(|_| ParquetError::General(format!("a data page of {n} {what}")))
 }
 
@@ -1172,7 +1169,7 @@ const MIN_RUN: usize = 8;
 /// of equal values: runs of [`MIN_RUN`] or more as RLE runs, the rest
 /// bit-packed in groups of 8 (the last group padded with zeros). Consecutive
 /// runs of one value are merged first.
-struct Hybrid {
+pub(crate) struct Hybrid {
     width: u8,
     out: Vec<u8>,
     /// Values waiting to be bit-packed.
@@ -1184,7 +1181,7 @@ struct Hybrid {
 }
 
 impl Hybrid {
-    fn new(width: u8) -> Self {
+    pub(crate) fn new(width: u8) -> Self {
         Hybrid {
             width,
             out: Vec::new(),
@@ -1195,7 +1192,7 @@ impl Hybrid {
     }
 
     /// `count` values `value` (below `1 << width`).
-    fn push(&mut self, value: u32, count: usize) {
+    pub(crate) fn push(&mut self, value: u32, count: usize) {
         if count == 0 {
             return;
         }
@@ -1234,14 +1231,14 @@ impl Hybrid {
     }
 
     /// Add each value's count to `histogram` (levels: small values).
-    fn histogram(&self, histogram: &mut [i64]) {
+    pub(crate) fn histogram(&self, histogram: &mut [i64]) {
         for (h, c) in histogram.iter_mut().zip(&self.counts) {
             *h += c;
         }
     }
 
     /// Append the encoding to `out`.
-    fn finish(mut self, out: &mut Vec<u8>) {
+    pub(crate) fn finish(mut self, out: &mut Vec<u8>) {
         if let Some((v, n)) = self.run.take() {
             self.emit(v, n);
         }

@@ -32,6 +32,7 @@ mod options;
 mod output;
 mod parquet_file;
 mod pipeline;
+mod plain;
 mod remote;
 mod run;
 mod shuffle;
