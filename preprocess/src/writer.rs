@@ -519,9 +519,20 @@ mod tests {
             .collect();
         assert_eq!(kinds, ["dictionary", "plain", "parquet", "plain"]);
 
+        /// Shards staged and published in a folder.
+        struct Folder(std::path::PathBuf);
+        impl Publish for Folder {
+            fn staging_path(&self, relative: &str) -> PathBuf {
+                self.0.join(format!("{relative}.tmp"))
+            }
+            fn publish(&self, staged: &Path, relative: &str) -> Result<()> {
+                std::fs::rename(staged, self.0.join(relative)).unwrap();
+                Ok(())
+            }
+        }
         let dir = tempfile::tempdir().unwrap();
-        let publish = crate::output::LocalPublish::new(dir.path(), "t").unwrap();
-        let relative = "shards/a.parquet".to_string();
+        let publish = Folder(dir.path().to_path_buf());
+        let relative = "a.parquet".to_string();
         let mut shard = OpenShard::create(relative.clone(), &publish, &schema, &props).unwrap();
         for seq in 0..groups.len() {
             shard.append(encode(seq)).unwrap();
