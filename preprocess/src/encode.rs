@@ -293,10 +293,11 @@ pub(crate) struct Encoder {
     schema: SchemaRef,
     factory: ArrowRowGroupWriterFactory,
     props: WriterPropertiesPtr,
-    /// The only Parquet leaf of each top-level field that has one (a
-    /// primitive column, or a list of one; `None` for the others), for
-    /// [`dictionary::encode`].
-    flat: Vec<Option<ColumnDescPtr>>,
+    /// The Parquet leaves of each top-level field, in order. A field with
+    /// one (a primitive column, or a list of one) may be encoded by
+    /// [`dictionary::encode`]; leaves of large values, at the top level or
+    /// in a struct, by [`plain::encode`].
+    leaves: Vec<Vec<ColumnDescPtr>>,
 }
 
 impl Encoder {
@@ -309,27 +310,18 @@ impl Encoder {
         let parquet_schema = ArrowSchemaConverter::new()
             .with_coerce_types(props.coerce_types())
             .convert(&schema)?;
-        // Top-level fields with one leaf: a fixed-width column, or a list of
-        // one ([`dictionary::encode`] checks the type and levels).
-        let mut leaves = vec![0usize; schema.fields().len()];
-        let mut flat: Vec<Option<ColumnDescPtr>> = vec![None; schema.fields().len()];
+        let mut leaves = vec![Vec::new(); schema.fields().len()];
         for (leaf, descr) in parquet_schema.columns().iter().enumerate() {
             let root = parquet_schema.get_column_root_idx(leaf);
-            if let (Some(n), Some(slot)) = (leaves.get_mut(root), flat.get_mut(root)) {
-                *n += 1;
-                *slot = Some(descr.clone());
-            }
-        }
-        for (slot, n) in flat.iter_mut().zip(leaves) {
-            if n != 1 {
-                *slot = None;
+            if let Some(of_root) = leaves.get_mut(root) {
+                of_root.push(descr.clone());
             }
         }
         Ok(Encoder {
             schema,
             factory,
             props,
-            flat,
+            leaves,
         })
     }
 
@@ -346,7 +338,13 @@ impl Encoder {
         let mut next = writers.into_iter();
         let mut chunks = Vec::with_capacity(next.len());
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        for (i, (field, flat)) in self.schema.fields().iter().zip(&self.flat).enumerate() {
+        for (i, (field, leaves)) in self.schema.fields().iter().zip(&self.leaves).enumerate() {
+            // A field with one leaf: a fixed-width column, or a list of one
+            // ([`dictionary::encode`] checks the type and levels).
+            let flat = match leaves.as_slice() {
+                [one] => Some(one),
+                _ => None,
+            };
             let whole = match flat {
                 Some(_) if dictionary::may_encode(field.data_type()) => {
                     let parts: Vec<&dyn arrow_array::Array> =
@@ -366,15 +364,37 @@ impl Encoder {
                 chunks.push(EncodedChunk::Dictionary(chunk));
                 continue;
             }
-            if let (Some(descr), None) = (flat, &whole) {
-                let columns: Vec<&ArrayRef> = batches.iter().map(|b| b.column(i)).collect();
-                if let Some(chunk) =
-                    plain::encode(&columns, descr, &self.props, UNCOMPRESSED_BELOW)?
-                {
-                    next.next();
-                    chunks.push(EncodedChunk::Plain(chunk));
-                    continue;
+            let mut own = match whole {
+                None => self.plain_leaves(i, batches)?,
+                Some(_) => Vec::new(),
+            };
+            if own.iter().any(Option::is_some) {
+                // Some leaves encoded here, the others by their writers.
+                let mut writers = Vec::with_capacity(own.len());
+                for chunk in &own {
+                    let writer = next.next().ok_or_else(|| {
+                        ParquetError::General("more leaves than column writers".into())
+                    })?;
+                    writers.push(chunk.is_none().then_some(writer));
                 }
+                if writers.iter().any(Option::is_some) {
+                    for batch in batches {
+                        let computed = compute_leaves(field, batch.column(i))?;
+                        for (writer, leaf) in writers.iter_mut().zip(computed) {
+                            if let Some(writer) = writer {
+                                writer.write(&leaf)?;
+                            }
+                        }
+                    }
+                }
+                for (chunk, writer) in own.iter_mut().zip(writers) {
+                    chunks.push(match (chunk.take(), writer) {
+                        (Some(chunk), _) => EncodedChunk::Plain(chunk),
+                        (None, Some(writer)) => EncodedChunk::Parquet(writer.close()?),
+                        (None, None) => unreachable!("a writer for every leaf not encoded here"),
+                    });
+                }
+                continue;
             }
             let columns: Vec<&ArrayRef> = match &whole {
                 Some(column) => vec![column],
@@ -403,6 +423,63 @@ impl Encoder {
             raw_bytes,
             encoded_bytes,
         })
+    }
+
+    /// The chunks [`plain::encode`] makes of field `i`'s leaves, one entry
+    /// a leaf (`None` where parquet's writer writes it): a top-level binary
+    /// or string column, or the binary and string fields of a top-level
+    /// struct whose every field is one leaf (Hugging Face's
+    /// `image: {bytes, path}`); empty for other fields.
+    fn plain_leaves(
+        &self,
+        i: usize,
+        batches: &[RecordBatch],
+    ) -> Result<Vec<Option<PlainChunk>>, ParquetError> {
+        let field = self.schema.field(i);
+        let descrs = &self.leaves[i];
+        let large = |t: &DataType| {
+            matches!(
+                t,
+                DataType::Binary | DataType::LargeBinary | DataType::Utf8 | DataType::LargeUtf8
+            )
+        };
+        let encode = |leaves: Vec<plain::Leaf<'_>>, levels, descr| {
+            plain::encode(&leaves, levels, descr, &self.props, UNCOMPRESSED_BELOW)
+        };
+        match (field.data_type(), descrs.as_slice()) {
+            (t, [descr]) if large(t) => {
+                let leaves = (batches.iter())
+                    .map(|b| plain::Leaf {
+                        values: b.column(i),
+                        outer: None,
+                    })
+                    .collect();
+                Ok(vec![encode(leaves, (false, field.is_nullable()), descr)?])
+            }
+            (DataType::Struct(children), _) if children.len() == descrs.len() => {
+                let mut own = Vec::with_capacity(children.len());
+                for (j, (child, descr)) in children.iter().zip(descrs).enumerate() {
+                    if !large(child.data_type()) {
+                        own.push(None);
+                        continue;
+                    }
+                    let mut leaves = Vec::with_capacity(batches.len());
+                    for batch in batches {
+                        let Some(parent) = batch.column(i).as_struct_opt() else {
+                            return Ok(Vec::new());
+                        };
+                        leaves.push(plain::Leaf {
+                            values: parent.column(j),
+                            outer: arrow_array::Array::nulls(parent).cloned(),
+                        });
+                    }
+                    let levels = (field.is_nullable(), child.is_nullable());
+                    own.push(encode(leaves, levels, descr)?);
+                }
+                Ok(own)
+            }
+            _ => Ok(Vec::new()),
+        }
     }
 }
 
@@ -626,7 +703,9 @@ pub(crate) mod tests {
     /// encodings, page kinds, levels), within 3% of its size.
     #[test]
     fn large_values_read_back_as_parquets_own() {
-        use arrow_array::{BinaryArray, LargeBinaryArray, LargeStringArray};
+        use arrow_array::{BinaryArray, LargeBinaryArray, LargeStringArray, StructArray};
+        use arrow_buffer::NullBuffer;
+        use arrow_schema::{Field, Fields};
         let rows = 400usize;
         let mut next = random();
         let mut bytes = |n: usize| (0..n).map(|_| next() as u8).collect::<Vec<u8>>();
@@ -672,12 +751,35 @@ pub(crate) mod tests {
                 "nothing",
                 Arc::new(BinaryArray::from_iter((0..rows).map(|_| None::<&[u8]>))),
             ),
+            (
+                // As Hugging Face stores an image: a nullable struct of its
+                // bytes (stored) and path (parquet's writer), both nullable.
+                "pic",
+                Arc::new(StructArray::new(
+                    Fields::from(vec![
+                        Field::new("bytes", DataType::Binary, true),
+                        Field::new("path", DataType::Utf8, true),
+                    ]),
+                    vec![
+                        Arc::new(BinaryArray::from_iter((0..rows).map(|i| {
+                            (i % 13 != 6).then(|| images[(i * 7) % rows].as_slice())
+                        }))),
+                        Arc::new(StringArray::from_iter(
+                            (0..rows).map(|i| (i % 17 != 2).then(|| format!("{i}.jpg"))),
+                        )),
+                    ],
+                    Some(NullBuffer::from_iter((0..rows).map(|i| i % 11 != 4))),
+                )),
+            ),
         ];
         let batch = RecordBatch::try_from_iter(columns).unwrap();
         let path = |name: &str| ColumnPath::new(vec![name.to_string()]);
         let props = writer_properties(
             3,
-            &[path("image")],
+            &[
+                path("image"),
+                ColumnPath::new(vec!["pic".into(), "bytes".into()]),
+            ],
             &[
                 path("doc"),
                 path("raw"),
@@ -697,15 +799,18 @@ pub(crate) mod tests {
             .map(|w| batch.slice(w[0], w[1] - w[0]))
             .collect();
         let (ours, kinds) = ours_with(&parts, props);
-        assert_eq!(kinds, vec![true; batch.num_columns()]);
+        let mut all_but_path = vec![true; batch.num_columns() + 1];
+        all_but_path[batch.num_columns()] = false;
+        assert_eq!(kinds, all_but_path);
         let (their_batch, theirs) = read(&Bytes::from(theirs));
         let (our_batch, ours) = read(&ours);
         assert_eq!(our_batch, batch);
         assert_eq!(their_batch, batch);
         let (theirs, ours) = (theirs.row_group(0), ours.row_group(0));
         let mut compressed_pages = 0;
-        for (c, field) in batch.schema().fields().iter().enumerate() {
-            let (t, o, name) = (theirs.column(c), ours.column(c), field.name());
+        for c in 0..theirs.num_columns() {
+            let (t, o) = (theirs.column(c), ours.column(c));
+            let name = t.column_path().string();
             assert_eq!(o.statistics(), t.statistics(), "{name}");
             assert_eq!(
                 o.unencoded_byte_array_data_bytes(),
@@ -734,8 +839,9 @@ pub(crate) mod tests {
                 compressed_pages += 1;
             }
         }
-        // The texts compress; the images and random bytes are stored.
-        assert_eq!(compressed_pages, 2);
+        // The texts (and the paths) compress; the images and random bytes
+        // are stored.
+        assert_eq!(compressed_pages, 3);
     }
 
     /// Binary and string columns of every offset width, at the top level

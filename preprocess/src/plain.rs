@@ -1,7 +1,8 @@
 //! Column chunks of large binary and string values (the columns
 //! [`BinaryColumns`](crate::encode::BinaryColumns) stores as they are or
-//! writes without a dictionary), `PLAIN`-encoded here instead of by
-//! parquet's writer.
+//! writes without a dictionary, at the top level or as fields of a
+//! top-level struct, as Hugging Face stores an image's bytes),
+//! `PLAIN`-encoded here instead of by parquet's writer.
 //!
 //! parquet's writer appends each value to a page buffer that grows from
 //! empty for every page (each doubling copies what it holds), then copies
@@ -13,7 +14,8 @@
 //! writer hands on to the file without another copy.
 //!
 //! The chunk is what parquet's writer makes of such a column with the
-//! shards' writer properties: V2 `PLAIN` data pages cut once they reach
+//! shards' writer properties: definition levels for a nullable value and a
+//! nullable struct, V2 `PLAIN` data pages cut once they reach
 //! `data_page_size_limit` bytes or `data_page_row_count_limit` rows, each
 //! stored compressed only where zstd shrinks it below the V2 ratio threshold
 //! (never in a column stored uncompressed), and chunk statistics as parquet
@@ -26,6 +28,7 @@ use std::io::Write;
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef};
+use arrow_buffer::NullBuffer;
 use arrow_schema::DataType;
 use bytes::Bytes;
 use parquet::basic::{Compression, ConvertedType, Encoding, LogicalType, PageType};
@@ -100,17 +103,29 @@ impl<'a> Values<'a> {
     }
 }
 
-/// Encode the column whose arrays (one per batch, in row order) are
-/// `columns` (the only Parquet leaf of a top-level field, `descr`) here, or
-/// `None` where parquet's writer should: a type this module does not write,
-/// a column written with a dictionary or another encoding, no rows.
+/// One batch's part of a leaf column: its values, and the nulls of the
+/// struct holding them (`None` for a top-level column, or a struct without
+/// nulls).
+pub(crate) struct Leaf<'a> {
+    pub values: &'a ArrayRef,
+    pub outer: Option<NullBuffer>,
+}
+
+/// Encode the leaf column `descr` whose parts (one per batch, in row order)
+/// are `leaves` here, or `None` where parquet's writer should: a type this
+/// module does not write, a column written with a dictionary or another
+/// encoding, nulls where its levels have none, no rows. The leaf is a
+/// top-level column, or a field of a top-level struct (`levels.0`: the
+/// struct adds a definition level); `levels.1`: the value adds one.
 pub(crate) fn encode(
-    columns: &[&ArrayRef],
+    leaves: &[Leaf<'_>],
+    levels: (bool, bool),
     descr: &ColumnDescPtr,
     props: &WriterProperties,
     v2_ratio: f64,
 ) -> Result<Option<PlainChunk>, ParquetError> {
     let path = descr.path();
+    let max_def = levels.0 as i16 + levels.1 as i16;
     if props.dictionary_enabled(path)
         || props.writer_version() != WriterVersion::PARQUET_2_0
         || props.encoding(path).is_some_and(|e| e != Encoding::PLAIN)
@@ -119,7 +134,7 @@ pub(crate) fn encode(
         || props.write_page_header_statistics(path)
         || props.content_defined_chunking().is_some()
         || descr.max_rep_level() != 0
-        || descr.max_def_level() > 1
+        || descr.max_def_level() != max_def
     {
         return Ok(None);
     }
@@ -128,16 +143,27 @@ pub(crate) fn encode(
         Compression::ZSTD(level) => Some(level.compression_level()),
         _ => return Ok(None),
     };
-    let Some(values) = columns
-        .iter()
-        .map(|c| Values::of(c))
-        .collect::<Option<Vec<_>>>()
-    else {
-        return Ok(None);
-    };
-    let rows: usize = values.iter().map(|v| v.array().len()).sum();
-    let nullable = descr.max_def_level() == 1;
-    if rows == 0 || (!nullable && values.iter().any(|v| v.array().null_count() > 0)) {
+    let mut parts = Vec::with_capacity(leaves.len());
+    for leaf in leaves {
+        let Some(values) = Values::of(leaf.values) else {
+            return Ok(None);
+        };
+        let inner = values
+            .array()
+            .logical_nulls()
+            .filter(|n| n.null_count() > 0);
+        let outer = leaf.outer.clone().filter(|n| n.null_count() > 0);
+        if (!levels.0 && outer.is_some()) || (!levels.1 && inner.is_some()) {
+            return Ok(None);
+        }
+        parts.push(Part {
+            values,
+            outer,
+            inner,
+        });
+    }
+    let rows: usize = parts.iter().map(|p| p.values.array().len()).sum();
+    if rows == 0 {
         return Ok(None);
     }
     let chunk = Chunk {
@@ -145,9 +171,34 @@ pub(crate) fn encode(
         props,
         level,
         v2_ratio,
-        nullable,
+        outer_level: levels.0,
+        max_def,
     };
-    chunk.encode(&values, rows).map(Some)
+    chunk.encode(&parts, rows).map(Some)
+}
+
+/// A batch's part of the leaf, with the nulls that set its levels.
+struct Part<'a> {
+    values: Values<'a>,
+    /// The struct's nulls (a null struct: level 0).
+    outer: Option<NullBuffer>,
+    /// The values' nulls.
+    inner: Option<NullBuffer>,
+}
+
+impl Part<'_> {
+    /// Row `i`'s definition level, of at most `max`: 0 under a null
+    /// struct, one short of `max` for a null value in a struct, `max` for a
+    /// value.
+    fn level(&self, i: usize, outer_level: bool, max: i16) -> i16 {
+        if self.outer.as_ref().is_some_and(|n| n.is_null(i)) {
+            0
+        } else if self.inner.as_ref().is_some_and(|n| n.is_null(i)) {
+            outer_level as i16
+        } else {
+            max
+        }
+    }
 }
 
 /// One chunk's settings.
@@ -157,8 +208,10 @@ struct Chunk<'a> {
     /// zstd's level, `None` for a column stored uncompressed.
     level: Option<i32>,
     v2_ratio: f64,
-    /// Whether the column has a definition level (may hold nulls).
-    nullable: bool,
+    /// Whether a struct holding the values adds a definition level.
+    outer_level: bool,
+    /// The leaf's definition level of a value (0: no levels written).
+    max_def: i16,
 }
 
 /// The rows of one data page: runs of rows of the arrays, and its counts.
@@ -178,11 +231,11 @@ struct Totals<'a> {
     value_bytes: i64,
     min: Option<&'a [u8]>,
     max: Option<&'a [u8]>,
-    def_histogram: [i64; 2],
+    def_histogram: [i64; 3],
 }
 
 impl Chunk<'_> {
-    fn encode(&self, values: &[Values<'_>], rows: usize) -> Result<PlainChunk, ParquetError> {
+    fn encode(&self, parts: &[Part<'_>], rows: usize) -> Result<PlainChunk, ParquetError> {
         let path = self.descr.path();
         let size_limit = self.props.column_data_page_size_limit(path).max(1);
         let row_limit = self.props.column_data_page_row_count_limit(path).max(1);
@@ -191,19 +244,18 @@ impl Chunk<'_> {
             value_bytes: 0,
             min: None,
             max: None,
-            def_histogram: [0; 2],
+            def_histogram: [0; 3],
         };
         let mut pages = Vec::new();
         let mut page = PageRows::default();
-        for (k, array) in values.iter().enumerate() {
-            let nulls = array.array().logical_nulls();
-            let len = array.array().len();
+        for (k, part) in parts.iter().enumerate() {
+            let len = part.values.array().len();
             let mut i = 0;
             while i < len {
                 let start = i;
                 while i < len && page.rows < row_limit && page.bytes < size_limit {
-                    if nulls.as_ref().is_none_or(|n| n.is_valid(i)) {
-                        page.bytes += 4 + array.value(i).len();
+                    if part.level(i, self.outer_level, self.max_def) == self.max_def {
+                        page.bytes += 4 + part.values.value(i).len();
                         page.values += 1;
                     }
                     page.rows += 1;
@@ -211,12 +263,12 @@ impl Chunk<'_> {
                 }
                 page.runs.push((k, start..i));
                 if page.rows >= row_limit || page.bytes >= size_limit {
-                    pages.push(self.page(values, std::mem::take(&mut page), &mut totals)?);
+                    pages.push(self.page(parts, std::mem::take(&mut page), &mut totals)?);
                 }
             }
         }
         if page.rows > 0 {
-            pages.push(self.page(values, page, &mut totals)?);
+            pages.push(self.page(parts, page, &mut totals)?);
         }
         self.assemble(pages, rows, totals)
     }
@@ -225,17 +277,17 @@ impl Chunk<'_> {
     /// value's length and bytes, compressed where that pays.
     fn page<'a>(
         &self,
-        values: &[Values<'a>],
+        parts: &[Part<'a>],
         page: PageRows,
         totals: &mut Totals<'a>,
     ) -> Result<CompressedPage, ParquetError> {
+        let (outer, max) = (self.outer_level, self.max_def);
         let mut levels = Vec::new();
-        if self.nullable {
-            let mut def = Hybrid::new(1);
+        if max > 0 {
+            let mut def = Hybrid::new(if max > 1 { 2 } else { 1 });
             for (k, run) in &page.runs {
-                let nulls = values[*k].array().logical_nulls();
                 for i in run.clone() {
-                    def.push(nulls.as_ref().is_none_or(|n| n.is_valid(i)) as u32, 1);
+                    def.push(parts[*k].level(i, outer, max) as u32, 1);
                 }
             }
             def.histogram(&mut totals.def_histogram);
@@ -244,13 +296,12 @@ impl Chunk<'_> {
         let mut buf = Vec::with_capacity(levels.len() + page.bytes);
         buf.extend_from_slice(&levels);
         for (k, run) in &page.runs {
-            let array = values[*k];
-            let nulls = array.array().logical_nulls();
+            let part = &parts[*k];
             for i in run.clone() {
-                if nulls.as_ref().is_some_and(|n| n.is_null(i)) {
+                if part.level(i, outer, max) != max {
                     continue;
                 }
-                let value = array.value(i);
+                let value = part.values.value(i);
                 let len = u32::try_from(value.len()).map_err(|_| {
                     ParquetError::General(format!("a value of {} bytes", value.len()))
                 })?;
@@ -336,9 +387,11 @@ impl Chunk<'_> {
             builder = builder
                 .set_statistics(self.statistics(&totals))
                 .set_unencoded_byte_array_data_bytes(Some(totals.value_bytes))
-                .set_definition_level_histogram(
-                    self.nullable.then(|| totals.def_histogram.to_vec().into()),
-                );
+                .set_definition_level_histogram((self.max_def > 0).then(|| {
+                    totals.def_histogram[..=self.max_def as usize]
+                        .to_vec()
+                        .into()
+                }));
         }
         Ok(PlainChunk {
             parts,
