@@ -35,21 +35,21 @@ use arrow_buffer::NullBuffer;
 use arrow_schema::{DataType, Field};
 use bytes::Bytes;
 use parquet::basic::{Compression, Encoding, PageType};
-use parquet::column::page::{CompressedPage, Page, PageWriter};
+use parquet::column::page::{CompressedPage, Page};
 use parquet::column::writer::ColumnCloseResult;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{ColumnChunkMetaData, PageEncodingStats};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::statistics::{Statistics, ValueStatistics};
-use parquet::file::writer::{SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
 
 use crate::delta::varint;
+use crate::plain::{Written, write_pages};
 
 /// A column chunk encoded here, to be spliced into a row group as parquet's
 /// own chunks are.
 pub(crate) struct DictionaryChunk {
-    bytes: Bytes,
+    parts: Vec<Bytes>,
     close: ColumnCloseResult,
 }
 
@@ -61,7 +61,7 @@ impl DictionaryChunk {
 
     /// Its bytes and what parquet's writer needs to splice them.
     pub(crate) fn into_parts(self) -> (Vec<Bytes>, ColumnCloseResult) {
-        (vec![self.bytes], self.close)
+        (self.parts, self.close)
     }
 }
 
@@ -968,27 +968,13 @@ impl Chunk<'_> {
         } = encoded;
         let (max_def, max_rep) = (self.descr.max_def_level(), self.descr.max_rep_level());
         let data_pages = pages.len();
-        // Each page's bytes, and a header of well under 64 bytes each.
-        let size = (pages.iter().map(|p| p.data().len() + 64)).sum::<usize>()
-            + dictionary_page.as_ref().map_or(0, |p| p.data().len() + 64);
-        let mut sink = TrackedWrite::new(Vec::with_capacity(size));
-        let mut page_writer = SerializedPageWriter::new(&mut sink);
-        let (mut compressed, mut uncompressed) = (0, 0);
-        let mut dictionary_offset = None;
-        if let Some(page) = dictionary_page {
-            let spec = page_writer.write_page(page)?;
-            dictionary_offset = Some(spec.offset as i64);
-            (compressed, uncompressed) = (spec.compressed_size, spec.uncompressed_size);
-        }
-        let mut data_offset = None;
-        for page in pages {
-            let spec = page_writer.write_page(page)?;
-            data_offset.get_or_insert(spec.offset);
-            compressed += spec.compressed_size;
-            uncompressed += spec.uncompressed_size;
-        }
-        page_writer.close()?;
-        let bytes = Bytes::from(sink.into_inner()?);
+        let Written {
+            parts,
+            dictionary_offset,
+            data_offset,
+            compressed,
+            uncompressed,
+        } = write_pages(dictionary_page, pages)?;
 
         let mut builder = ColumnChunkMetaData::builder(self.descr.clone())
             .set_compression(self.props.compression(self.descr.path()))
@@ -1023,14 +1009,14 @@ impl Chunk<'_> {
         let metadata = builder.build()?;
         Ok(DictionaryChunk {
             close: ColumnCloseResult {
-                bytes_written: bytes.len() as u64,
+                bytes_written: parts.iter().map(|p| p.len() as u64).sum(),
                 rows_written: rows as u64,
                 metadata,
                 bloom_filter: None,
                 column_index: None,
                 offset_index: None,
             },
-            bytes,
+            parts,
         })
     }
 

@@ -350,23 +350,13 @@ impl Chunk<'_> {
         totals: Totals<'_>,
     ) -> Result<PlainChunk, ParquetError> {
         let data_pages = pages.len();
-        let mut sink = TrackedWrite::new(Parts {
-            next: (pages.iter())
-                .map(|p| p.compressed_page().buffer().clone())
-                .collect(),
-            ..Default::default()
-        });
-        let mut page_writer = SerializedPageWriter::new(&mut sink);
-        let (mut compressed, mut uncompressed) = (0, 0);
-        let mut data_offset = None;
-        for page in pages {
-            let spec = page_writer.write_page(page)?;
-            data_offset.get_or_insert(spec.offset);
-            compressed += spec.compressed_size;
-            uncompressed += spec.uncompressed_size;
-        }
-        page_writer.close()?;
-        let parts = sink.into_inner()?.finish();
+        let Written {
+            parts,
+            data_offset,
+            compressed,
+            uncompressed,
+            ..
+        } = write_pages(None, pages)?;
         let bytes_written = parts.iter().map(|p| p.len() as u64).sum();
 
         let mut builder = ColumnChunkMetaData::builder(self.descr.clone())
@@ -449,6 +439,55 @@ impl Chunk<'_> {
             .with_min_is_exact(!min_cut),
         )
     }
+}
+
+/// A column chunk's pages as written: their bytes, and where and how large
+/// they are in the chunk.
+pub(crate) struct Written {
+    /// Headers and data, in order (a page's data its own buffer, not copied).
+    pub parts: Vec<Bytes>,
+    pub dictionary_offset: Option<i64>,
+    pub data_offset: Option<u64>,
+    pub compressed: usize,
+    pub uncompressed: usize,
+}
+
+/// Write a chunk's pages (its dictionary page first, if any) with parquet's
+/// page writer, which writes their headers.
+pub(crate) fn write_pages(
+    dictionary_page: Option<CompressedPage>,
+    pages: Vec<CompressedPage>,
+) -> Result<Written, ParquetError> {
+    let all = || dictionary_page.iter().chain(&pages);
+    let mut sink = TrackedWrite::new(Parts {
+        next: all()
+            .map(|p| p.compressed_page().buffer().clone())
+            .collect(),
+        ..Default::default()
+    });
+    let mut page_writer = SerializedPageWriter::new(&mut sink);
+    let (mut compressed, mut uncompressed) = (0, 0);
+    let mut dictionary_offset = None;
+    if let Some(page) = dictionary_page {
+        let spec = page_writer.write_page(page)?;
+        dictionary_offset = Some(spec.offset as i64);
+        (compressed, uncompressed) = (spec.compressed_size, spec.uncompressed_size);
+    }
+    let mut data_offset = None;
+    for page in pages {
+        let spec = page_writer.write_page(page)?;
+        data_offset.get_or_insert(spec.offset);
+        compressed += spec.compressed_size;
+        uncompressed += spec.uncompressed_size;
+    }
+    page_writer.close()?;
+    Ok(Written {
+        parts: sink.into_inner()?.finish(),
+        dictionary_offset,
+        data_offset,
+        compressed,
+        uncompressed,
+    })
 }
 
 /// `data` (bytes past `length`) cut to at most `length` bytes at a character
