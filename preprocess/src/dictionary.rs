@@ -44,7 +44,7 @@ use parquet::file::statistics::{Statistics, ValueStatistics};
 use parquet::schema::types::ColumnDescPtr;
 
 use crate::delta::varint;
-use crate::plain::{Written, write_pages};
+use crate::pages::{Written, write_pages};
 
 /// A column chunk encoded here, to be spliced into a row group as parquet's
 /// own chunks are.

@@ -30,6 +30,7 @@ mod lock;
 mod measure;
 mod options;
 mod output;
+mod pages;
 mod parquet_file;
 mod pipeline;
 mod plain;

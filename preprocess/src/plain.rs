@@ -23,26 +23,23 @@
 //! cut at a character boundary). Tests in `encode.rs` compare chunks with
 //! parquet's.
 
-use std::collections::VecDeque;
-use std::io::Write;
-
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef};
 use arrow_buffer::NullBuffer;
 use arrow_schema::DataType;
 use bytes::Bytes;
 use parquet::basic::{Compression, ConvertedType, Encoding, LogicalType, PageType};
-use parquet::column::page::{CompressedPage, Page, PageWriter};
+use parquet::column::page::{CompressedPage, Page};
 use parquet::column::writer::ColumnCloseResult;
 use parquet::data_type::ByteArray;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{ColumnChunkMetaData, PageEncodingStats};
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::file::statistics::{Statistics, ValueStatistics};
-use parquet::file::writer::{SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnDescPtr;
 
 use crate::dictionary::{Hybrid, compress, page_count};
+use crate::pages::{Written, write_pages};
 
 /// A column chunk encoded here: its bytes as its pages' headers and data, in
 /// file order, to be handed on to the file as they are.
@@ -441,55 +438,6 @@ impl Chunk<'_> {
     }
 }
 
-/// A column chunk's pages as written: their bytes, and where and how large
-/// they are in the chunk.
-pub(crate) struct Written {
-    /// Headers and data, in order (a page's data its own buffer, not copied).
-    pub parts: Vec<Bytes>,
-    pub dictionary_offset: Option<i64>,
-    pub data_offset: Option<u64>,
-    pub compressed: usize,
-    pub uncompressed: usize,
-}
-
-/// Write a chunk's pages (its dictionary page first, if any) with parquet's
-/// page writer, which writes their headers.
-pub(crate) fn write_pages(
-    dictionary_page: Option<CompressedPage>,
-    pages: Vec<CompressedPage>,
-) -> Result<Written, ParquetError> {
-    let all = || dictionary_page.iter().chain(&pages);
-    let mut sink = TrackedWrite::new(Parts {
-        next: all()
-            .map(|p| p.compressed_page().buffer().clone())
-            .collect(),
-        ..Default::default()
-    });
-    let mut page_writer = SerializedPageWriter::new(&mut sink);
-    let (mut compressed, mut uncompressed) = (0, 0);
-    let mut dictionary_offset = None;
-    if let Some(page) = dictionary_page {
-        let spec = page_writer.write_page(page)?;
-        dictionary_offset = Some(spec.offset as i64);
-        (compressed, uncompressed) = (spec.compressed_size, spec.uncompressed_size);
-    }
-    let mut data_offset = None;
-    for page in pages {
-        let spec = page_writer.write_page(page)?;
-        data_offset.get_or_insert(spec.offset);
-        compressed += spec.compressed_size;
-        uncompressed += spec.uncompressed_size;
-    }
-    page_writer.close()?;
-    Ok(Written {
-        parts: sink.into_inner()?.finish(),
-        dictionary_offset,
-        data_offset,
-        compressed,
-        uncompressed,
-    })
-}
-
 /// `data` (bytes past `length`) cut to at most `length` bytes at a character
 /// boundary (at most 3 bytes short of it), its last character that can be
 /// incremented without changing its width incremented and what follows it
@@ -520,56 +468,6 @@ fn increment(mut data: Vec<u8>) -> Option<Vec<u8>> {
         }
     }
     None
-}
-
-/// Where a chunk's page writer writes: the pages' headers are gathered into
-/// parts of their own, and a page's data, handed on whole (the page writer
-/// writes a page's data in one call, which a buffer at least as large passes
-/// on as it is), is kept as the page's own buffer instead of copied.
-#[derive(Default)]
-struct Parts {
-    parts: Vec<Bytes>,
-    /// Bytes written since the last part.
-    pending: Vec<u8>,
-    /// The pages' data not written yet, in order.
-    next: VecDeque<Bytes>,
-}
-
-impl Parts {
-    fn finish(mut self) -> Vec<Bytes> {
-        if !self.pending.is_empty() {
-            self.parts.push(std::mem::take(&mut self.pending).into());
-        }
-        self.parts
-    }
-}
-
-impl Write for Parts {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        // The very memory of a page's data (a page small enough to be
-        // buffered with its header arrives copied, and is copied here).
-        let whole = (self.next.iter())
-            .position(|d| d.as_ptr() == buf.as_ptr() && d.len() == buf.len() && !buf.is_empty());
-        match whole {
-            Some(k) => {
-                let data = self
-                    .next
-                    .drain(..=k)
-                    .next_back()
-                    .expect("k is in the queue");
-                if !self.pending.is_empty() {
-                    self.parts.push(std::mem::take(&mut self.pending).into());
-                }
-                self.parts.push(data);
-            }
-            None => self.pending.extend_from_slice(buf),
-        }
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[cfg(test)]
