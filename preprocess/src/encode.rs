@@ -766,45 +766,69 @@ pub(crate) mod tests {
                     .set_data_page_row_count_limit(1 + (next() % 100) as usize)
                     .build(),
             );
-            let options = ArrowWriterOptions::new().with_properties((*props).clone());
-            let mut theirs = Vec::new();
-            let mut writer =
-                ArrowWriter::try_new_with_options(&mut theirs, batch.schema(), options).unwrap();
-            writer.write(&batch).unwrap();
-            writer.close().unwrap();
             let mut cuts = vec![0, rows];
             for _ in 0..(next() % 4) {
                 cuts.push((next() % (rows as u64 + 1)) as usize);
             }
             cuts.sort_unstable();
-            let parts: Vec<RecordBatch> = (cuts.windows(2))
-                .map(|w| batch.slice(w[0], w[1] - w[0]))
-                .collect();
-            let (ours, kinds) = ours_with(&parts, props);
+            let (kinds, theirs, ours) = plain_and_parquets(&batch, &cuts, props);
             assert_eq!(kinds, vec![true; 3], "case {case}");
-            let (their_batch, theirs) = read(&Bytes::from(theirs));
-            let (our_batch, ours) = read(&ours);
-            assert_eq!(our_batch, batch, "case {case}");
-            assert_eq!(their_batch, batch, "case {case}");
             let (theirs, ours) = (theirs.row_group(0), ours.row_group(0));
             for c in 0..theirs.num_columns() {
-                let (t, o) = (theirs.column(c), ours.column(c));
-                let name = t.column_path().string();
-                assert_eq!(o.statistics(), t.statistics(), "case {case}: {name}");
-                assert_eq!(
-                    o.unencoded_byte_array_data_bytes(),
-                    t.unencoded_byte_array_data_bytes(),
-                    "case {case}: {name}"
-                );
-                assert_eq!(
-                    o.definition_level_histogram(),
-                    t.definition_level_histogram(),
-                    "case {case}: {name}"
-                );
-                assert_eq!(o.num_values(), t.num_values(), "case {case}: {name}");
-                assert_eq!(o.compression(), t.compression(), "case {case}: {name}");
+                same_leaf_metadata(theirs.column(c), ours.column(c), &format!("case {case}"));
             }
         }
+    }
+
+    /// `batch` written by parquet's writer with `props`, and split at `cuts`
+    /// through [`Encoder`] with the same properties: both read back as
+    /// `batch`; the kind of each chunk the encoder made (own or parquet's),
+    /// and the metadata of both files.
+    fn plain_and_parquets(
+        batch: &RecordBatch,
+        cuts: &[usize],
+        props: WriterPropertiesPtr,
+    ) -> (Vec<bool>, Arc<ParquetMetaData>, Arc<ParquetMetaData>) {
+        let options = ArrowWriterOptions::new().with_properties((*props).clone());
+        let mut theirs = Vec::new();
+        let mut writer =
+            ArrowWriter::try_new_with_options(&mut theirs, batch.schema(), options).unwrap();
+        writer.write(batch).unwrap();
+        writer.close().unwrap();
+        let parts: Vec<RecordBatch> = (cuts.windows(2))
+            .map(|w| batch.slice(w[0], w[1] - w[0]))
+            .collect();
+        let (ours, kinds) = ours_with(&parts, props);
+        let (their_batch, theirs) = read(&Bytes::from(theirs));
+        let (our_batch, ours) = read(&ours);
+        assert_eq!(&our_batch, batch);
+        assert_eq!(&their_batch, batch);
+        (kinds, theirs, ours)
+    }
+
+    /// A leaf column chunk made here has what parquet's writer gives the
+    /// same column: statistics, value bytes, level histogram, values and
+    /// codec (`what` names the case).
+    fn same_leaf_metadata(
+        theirs: &parquet::file::metadata::ColumnChunkMetaData,
+        ours: &parquet::file::metadata::ColumnChunkMetaData,
+        what: &str,
+    ) {
+        let (t, o) = (theirs, ours);
+        let name = format!("{what}: {}", t.column_path().string());
+        assert_eq!(o.statistics(), t.statistics(), "{name}");
+        assert_eq!(
+            o.unencoded_byte_array_data_bytes(),
+            t.unencoded_byte_array_data_bytes(),
+            "{name}"
+        );
+        assert_eq!(
+            o.definition_level_histogram(),
+            t.definition_level_histogram(),
+            "{name}"
+        );
+        assert_eq!(o.num_values(), t.num_values(), "{name}");
+        assert_eq!(o.compression(), t.compression(), "{name}");
     }
 
     /// Large binary and string values of every offset width, stored as they
@@ -902,35 +926,17 @@ pub(crate) mod tests {
             ],
         )
         .unwrap();
-        let options = ArrowWriterOptions::new().with_properties((*props).clone());
-        let mut theirs = Vec::new();
-        let mut writer =
-            ArrowWriter::try_new_with_options(&mut theirs, batch.schema(), options).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
         let cuts = [0, 1, 150, 151, 390, rows];
-        let parts: Vec<RecordBatch> = (cuts.windows(2))
-            .map(|w| batch.slice(w[0], w[1] - w[0]))
-            .collect();
-        let (ours, kinds) = ours_with(&parts, props);
+        let (kinds, theirs, ours) = plain_and_parquets(&batch, &cuts, props);
         let mut all_but_path = vec![true; batch.num_columns() + 1];
         all_but_path[batch.num_columns()] = false;
         assert_eq!(kinds, all_but_path);
-        let (their_batch, theirs) = read(&Bytes::from(theirs));
-        let (our_batch, ours) = read(&ours);
-        assert_eq!(our_batch, batch);
-        assert_eq!(their_batch, batch);
         let (theirs, ours) = (theirs.row_group(0), ours.row_group(0));
         let mut compressed_pages = 0;
         for c in 0..theirs.num_columns() {
             let (t, o) = (theirs.column(c), ours.column(c));
             let name = t.column_path().string();
-            assert_eq!(o.statistics(), t.statistics(), "{name}");
-            assert_eq!(
-                o.unencoded_byte_array_data_bytes(),
-                t.unencoded_byte_array_data_bytes(),
-                "{name}"
-            );
+            same_leaf_metadata(t, o, "");
             assert_eq!(o.encodings_mask(), t.encodings_mask(), "{name}");
             let kinds = |m: &parquet::file::metadata::ColumnChunkMetaData| {
                 (m.page_encoding_stats()).map(|stats| {
@@ -940,13 +946,6 @@ pub(crate) mod tests {
                 })
             };
             assert_eq!(kinds(o), kinds(t), "{name}");
-            assert_eq!(o.num_values(), t.num_values(), "{name}");
-            assert_eq!(o.compression(), t.compression(), "{name}");
-            assert_eq!(
-                o.definition_level_histogram(),
-                t.definition_level_histogram(),
-                "{name}"
-            );
             let ratio = o.compressed_size() as f64 / t.compressed_size() as f64;
             assert!((0.97..1.03).contains(&ratio), "{name}: {ratio}");
             if o.compressed_size() < o.uncompressed_size() * 9 / 10 {
