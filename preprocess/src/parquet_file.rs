@@ -140,7 +140,7 @@ impl RowGroupFile {
     fn touch(&self, map: &MappedFile, range: Range<u64>) {
         let (first, last) = (
             range.start / MAX_READ,
-            range.end.max(range.start + 1).saturating_sub(1) / MAX_READ,
+            range.end.saturating_sub(1).max(range.start) / MAX_READ,
         );
         let mut touched = self.touched.lock().unwrap_or_else(|p| p.into_inner());
         touched.retain(|b| !(first..=last).contains(b));
