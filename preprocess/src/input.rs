@@ -19,7 +19,7 @@ use crate::parquet_file::RowGroupFile;
 use crate::{PreprocessError, Result, ShardOptions};
 
 /// Target in-memory bytes of one batch read from an input.
-const READ_BATCH_BYTES: u64 = 2 << 20;
+pub(crate) const READ_BATCH_BYTES: u64 = 2 << 20;
 /// Files of a folder input read as one unit of work.
 const FILES_PER_UNIT: usize = 512;
 

@@ -18,6 +18,10 @@
 //! emitted, the next one is loaded, made one contiguous batch and permuted by
 //! another thread.
 //!
+//! Large rows of an input estimated to fit in half the budget are not
+//! written at all: each bucket holds them by index into the input batches,
+//! and the gather copies them straight from those ([`HOLD_DIVISOR`]).
+//!
 //! A bucket's parts of small rows are concatenated before they are written
 //! (fewer, larger IPC messages); parts of rows of 4 KiB or more are written as
 //! they are (one copy fewer).
@@ -56,6 +60,13 @@ use crate::{PreprocessError, Result};
 /// A bucket whose rows average fewer bytes is made one batch before its rows
 /// are taken in random order (cheaper than gathering from many batches).
 const CONTIGUOUS_BELOW_ROW_BYTES: u64 = 4096;
+/// Large rows (as [`CONTIGUOUS_BELOW_ROW_BYTES`] counts them) of an input
+/// estimated to fit in this fraction of the memory budget are held in
+/// memory, by index into the input batches: no copy into bucket parts, and
+/// no bucket files written and read back. Should the input be larger than
+/// its estimate, the rows held go to bucket files once the batches held pass
+/// that fraction, and every row after them.
+pub(crate) const HOLD_DIVISOR: u64 = 2;
 /// At most this many buckets in the scatter phase.
 const MAX_BUCKETS: u64 = 4096;
 /// A pending part at least this large is written as it is, not concatenated
@@ -70,10 +81,59 @@ pub(crate) fn bucket_count(input_bytes: u64, memory_budget: u64) -> u64 {
         .clamp(1, MAX_BUCKETS)
 }
 
+/// Rows a bucket holds in memory.
+#[derive(Clone)]
+enum Part {
+    /// A batch of the bucket's own rows.
+    Owned(RecordBatch),
+    /// Rows of an input batch, by index: large rows held without a copy
+    /// while the input batches held stay within [`HOLD_DIVISOR`].
+    Rows(RecordBatch, Vec<u32>),
+}
+
+impl Part {
+    fn num_rows(&self) -> usize {
+        match self {
+            Part::Owned(batch) => batch.num_rows(),
+            Part::Rows(_, rows) => rows.len(),
+        }
+    }
+
+    /// The batch its rows come from.
+    fn batch(&self) -> &RecordBatch {
+        match self {
+            Part::Owned(batch) | Part::Rows(batch, _) => batch,
+        }
+    }
+
+    /// Its rows as a batch of their own (a copy for rows held by index).
+    fn into_owned(self) -> Result<RecordBatch> {
+        match self {
+            Part::Owned(batch) => Ok(batch),
+            Part::Rows(batch, rows) => take_record_batch(&batch, &UInt32Array::from(rows))
+                .map_err(|e| PreprocessError::read("(shuffle bucket)", None, e)),
+        }
+    }
+
+    /// Row `i` of the part as a row of [`Part::batch`].
+    fn source_row(&self, i: usize) -> usize {
+        match self {
+            Part::Owned(_) => i,
+            Part::Rows(_, rows) => rows[i] as usize,
+        }
+    }
+}
+
+/// Whether the scatter holds large rows of an input estimated at
+/// `estimated_bytes` in memory ([`HOLD_DIVISOR`]).
+pub(crate) fn holds(estimated_bytes: u64, memory_budget: u64) -> bool {
+    estimated_bytes <= memory_budget / HOLD_DIVISOR
+}
+
 /// Where one bucket's rows are.
 enum Stored {
     /// Never written: every row is still in memory.
-    Memory(Vec<RecordBatch>),
+    Memory(Vec<Part>),
     /// Written to this file (one or more IPC streams, one after another).
     File(PathBuf),
     /// Got no rows.
@@ -83,7 +143,7 @@ enum Stored {
 struct Bucket {
     path: PathBuf,
     written: bool,
-    pending: Vec<RecordBatch>,
+    pending: Vec<Part>,
     pending_bytes: u64,
     pending_rows: u64,
 }
@@ -98,17 +158,27 @@ pub(crate) struct Spilled {
 
 /// Scatter `batches` into `count` buckets: a bucket is appended to its file
 /// under a new folder in `temp_dir` whenever its pending rows reach its share
-/// of 1/16 of `memory_budget`; one that never does stays in memory.
+/// of 1/16 of `memory_budget`; one that never does stays in memory. Large
+/// rows of an input whose `estimated_bytes` fit in half the budget are held
+/// in memory ([`HOLD_DIVISOR`]).
 pub(crate) fn scatter(
     batches: impl Iterator<Item = Result<RecordBatch>>,
     schema: &SchemaRef,
     seed: u64,
     count: u64,
-    memory_budget: u64,
+    (memory_budget, estimated_bytes): (u64, u64),
     temp_dir: Option<&Path>,
 ) -> Result<Spilled> {
     let dir = crate::output::temp_folder("shardfeed-shuffle", temp_dir)?;
     let flush_bytes = (memory_budget / 16 / count.max(1)).max(32 << 10);
+    let hold_bytes = if holds(estimated_bytes, memory_budget) {
+        memory_budget / HOLD_DIVISOR
+    } else {
+        0
+    };
+    // Bytes of the input batches held by index; `None` once rows are
+    // written to bucket files.
+    let mut held = Some(0u64);
     let mut buckets: Vec<Bucket> = (0..count)
         .map(|i| Bucket {
             path: dir.path().join(format!("bucket-{i:05}.arrows")),
@@ -118,7 +188,7 @@ pub(crate) fn scatter(
             pending_rows: 0,
         })
         .collect();
-    let (tx, rx) = bounded::<(PathBuf, Vec<RecordBatch>)>(1);
+    let (tx, rx) = bounded::<(PathBuf, Vec<Part>)>(1);
     let mut spill = SpillWriter::new(schema)?;
     let writer = std::thread::Builder::new()
         .name("shardfeed-spill".into())
@@ -143,6 +213,31 @@ pub(crate) fn scatter(
                 targets[b].push(i as u32);
                 row += 1;
             }
+            if let Some(so_far) = held {
+                let bytes = batch_bytes(&batch);
+                let rows = batch.num_rows().max(1) as u64;
+                if bytes / rows >= CONTIGUOUS_BELOW_ROW_BYTES
+                    && so_far.saturating_add(bytes) <= hold_bytes
+                {
+                    held = Some(so_far + bytes);
+                    for (b, indices) in targets.iter_mut().enumerate() {
+                        if !indices.is_empty() {
+                            let share = bytes * indices.len() as u64 / rows;
+                            buckets[b]
+                                .push(Part::Rows(batch.clone(), std::mem::take(indices)), share);
+                        }
+                    }
+                    continue;
+                }
+                // From here on rows go to bucket files: the rows held by
+                // index go first (copied out on the writer thread).
+                held = None;
+                if so_far > 0 {
+                    for bucket in &mut buckets {
+                        flush(bucket, schema, &tx)?;
+                    }
+                }
+            }
             for (b, indices) in targets.iter().enumerate() {
                 if indices.is_empty() {
                     continue;
@@ -151,13 +246,14 @@ pub(crate) fn scatter(
                 // A part owns its rows (a slice would keep its whole input
                 // batch alive until the bucket flushes: memory the budget
                 // does not see, with many small buckets).
-                if indices.len() == batch.num_rows() {
-                    bucket.push(batch.clone());
+                let part = if indices.len() == batch.num_rows() {
+                    batch.clone()
                 } else {
-                    let part = take_record_batch(&batch, &UInt32Array::from(indices.clone()))
-                        .map_err(|e| PreprocessError::read(&bucket.path, None, e))?;
-                    bucket.push(part);
-                }
+                    take_record_batch(&batch, &UInt32Array::from(indices.clone()))
+                        .map_err(|e| PreprocessError::read(&bucket.path, None, e))?
+                };
+                let bytes = batch_bytes(&part);
+                bucket.push(Part::Owned(part), bytes);
                 if bucket.pending_bytes >= flush_bytes {
                     flush(bucket, schema, &tx)?;
                 }
@@ -199,19 +295,15 @@ pub(crate) fn scatter(
 }
 
 impl Bucket {
-    fn push(&mut self, part: RecordBatch) {
-        self.pending_bytes += batch_bytes(&part);
+    fn push(&mut self, part: Part, bytes: u64) {
+        self.pending_bytes += bytes;
         self.pending_rows += part.num_rows() as u64;
         self.pending.push(part);
     }
 }
 
 /// Hand a bucket's pending rows to the writer thread.
-fn flush(
-    bucket: &mut Bucket,
-    schema: &SchemaRef,
-    tx: &Sender<(PathBuf, Vec<RecordBatch>)>,
-) -> Result<()> {
+fn flush(bucket: &mut Bucket, schema: &SchemaRef, tx: &Sender<(PathBuf, Vec<Part>)>) -> Result<()> {
     if bucket.pending.is_empty() {
         return Ok(());
     }
@@ -225,10 +317,14 @@ fn flush(
     let parts = if whole || parts.len() == 1 {
         parts
     } else {
-        vec![
+        let parts = parts
+            .into_iter()
+            .map(Part::into_owned)
+            .collect::<Result<Vec<_>>>()?;
+        vec![Part::Owned(
             concat_batches(schema, &parts)
                 .map_err(|e| PreprocessError::read(&bucket.path, None, e))?,
-        ]
+        )]
     };
     bucket.written = true;
     tx.send((bucket.path.clone(), parts))
@@ -265,7 +361,7 @@ impl SpillWriter {
     }
 
     /// Append `parts` to the stream in `path`.
-    fn append(&mut self, path: &Path, parts: &[RecordBatch]) -> Result<()> {
+    fn append(&mut self, path: &Path, parts: &[Part]) -> Result<()> {
         let err = |e: arrow_schema::ArrowError| PreprocessError::read(path, None, e);
         let io = |e: std::io::Error| PreprocessError::io("write", path, e);
         let file = OpenOptions::new()
@@ -284,7 +380,7 @@ impl SpillWriter {
         };
         let mut writer = StreamWriter::try_new(sink, &self.schema).map_err(err)?;
         for part in parts {
-            writer.write(part).map_err(err)?;
+            writer.write(&part.clone().into_owned()?).map_err(err)?;
         }
         // Not `finish` nor `into_inner`: those end the stream.
         writer.get_mut().inner.flush().map_err(io)
@@ -409,9 +505,10 @@ pub(crate) struct Gather {
 
 /// A loaded bucket's rows.
 enum Rows {
-    /// Batches not made one (large rows, or a column past 2 GiB of offsets),
-    /// and the row index in their concatenation where each starts.
-    Parts(Vec<RecordBatch>, Vec<u32>),
+    /// Parts not made one batch (large rows, rows held by index, or a column
+    /// past 2 GiB of offsets), and the row index in their concatenation
+    /// where each starts.
+    Parts(Vec<Part>, Vec<u32>),
     /// The rows already in the order they go out in (taken from one batch
     /// on the loading thread, off the thread that feeds the encoders):
     /// chunks are slices.
@@ -447,7 +544,9 @@ impl Gather {
                 let parts = match stored {
                     Stored::Memory(parts) => parts,
                     Stored::Empty => Vec::new(),
-                    Stored::File(path) => read_bucket(&path)?,
+                    Stored::File(path) => {
+                        read_bucket(&path)?.into_iter().map(Part::Owned).collect()
+                    }
                 };
                 permute(&schema, parts, seed, chunk_bytes)
             })
@@ -475,19 +574,15 @@ impl Gather {
 
 /// Make a bucket's rows one batch where possible and order them by a
 /// seeded shuffle.
-fn permute(
-    schema: &SchemaRef,
-    parts: Vec<RecordBatch>,
-    seed: u64,
-    chunk_bytes: u64,
-) -> Result<Permuted> {
+fn permute(schema: &SchemaRef, parts: Vec<Part>, seed: u64, chunk_bytes: u64) -> Result<Permuted> {
     let mut starts = Vec::with_capacity(parts.len());
     let mut rows = 0u64;
     let mut bytes = 0u64;
     for part in &parts {
         starts.push(rows);
         rows += part.num_rows() as u64;
-        bytes += batch_bytes(part);
+        let whole = part.batch().num_rows().max(1) as u64;
+        bytes += batch_bytes(part.batch()) * part.num_rows() as u64 / whole;
     }
     let too_many = || PreprocessError::BadOption {
         option: "--memory-budget",
@@ -498,7 +593,7 @@ fn permute(
     };
     let n = u32::try_from(rows).map_err(|_| too_many())?;
     let per_row = bytes / u64::from(n).max(1);
-    let parts_of = |parts: Vec<RecordBatch>, starts: Vec<u64>| -> Result<Rows> {
+    let parts_of = |parts: Vec<Part>, starts: Vec<u64>| -> Result<Rows> {
         let starts = starts
             .into_iter()
             .map(|s| u32::try_from(s).map_err(|_| too_many()))
@@ -514,16 +609,21 @@ fn permute(
             .map(Rows::InOrder)
             .map_err(|e| PreprocessError::read("(shuffle bucket)", None, e))
     };
+    let owned = parts.iter().all(|p| matches!(p, Part::Owned(_)));
     let rows = match parts.len() {
-        1 => in_order(&parts[0], &mut order)?,
         // Large rows are copied once either way and gain nothing from being
-        // contiguous first: emit from the parts.
-        _ if per_row >= CONTIGUOUS_BELOW_ROW_BYTES => parts_of(parts, starts)?,
-        _ => match concat_batches(schema, &parts) {
-            Ok(one) => in_order(&one, &mut order)?,
-            // Offsets past i32: emit from the parts instead (same rows, same order).
-            Err(_) => parts_of(parts, starts)?,
-        },
+        // contiguous first: emit from the parts (and rows held by index
+        // from the input batches that hold them).
+        _ if per_row >= CONTIGUOUS_BELOW_ROW_BYTES || !owned => parts_of(parts, starts)?,
+        1 => in_order(parts[0].batch(), &mut order)?,
+        _ => {
+            let batches: Vec<&RecordBatch> = parts.iter().map(Part::batch).collect();
+            match concat_batches(schema, batches) {
+                Ok(one) => in_order(&one, &mut order)?,
+                // Offsets past i32: emit from the parts instead (same rows, same order).
+                Err(_) => parts_of(parts, starts)?,
+            }
+        }
     };
     // Rows per chunk so a chunk is about `chunk_bytes`.
     let chunk_rows = (chunk_bytes / per_row.max(1)).clamp(1, 1 << 16) as usize;
@@ -552,10 +652,10 @@ impl Permuted {
                     .iter()
                     .map(|&row| {
                         let part = starts.partition_point(|&s| s <= row) - 1;
-                        (part, (row - starts[part]) as usize)
+                        (part, parts[part].source_row((row - starts[part]) as usize))
                     })
                     .collect();
-                let parts: Vec<&RecordBatch> = parts.iter().collect();
+                let parts: Vec<&RecordBatch> = parts.iter().map(Part::batch).collect();
                 interleave_record_batch(&parts, &pairs)
             }
         };
@@ -635,12 +735,13 @@ mod tests {
 
     /// (id, text) of every row the shuffle emits, in order.
     fn shuffled(count: u64, budget: u64, chunk_bytes: u64) -> (Vec<(i64, Option<String>)>, usize) {
-        shuffled_padded(count, budget, chunk_bytes, 0)
+        shuffled_padded(count, (budget, 0), chunk_bytes, 0)
     }
 
+    /// `budget`: the memory budget and the input's estimated size.
     fn shuffled_padded(
         count: u64,
-        budget: u64,
+        budget: (u64, u64),
         chunk_bytes: u64,
         pad: usize,
     ) -> (Vec<(i64, Option<String>)>, usize) {
@@ -721,7 +822,9 @@ mod tests {
 
     /// Parts of rows of 5 KB and more are written without being
     /// concatenated: the same rows, in the same order as when every bucket
-    /// stays in memory, and as small rows at the same positions.
+    /// stays in memory (rows held by index in the input batches), as when
+    /// the input outgrows its estimate while held (the rows held written
+    /// out), and as small rows at the same positions.
     #[test]
     fn large_rows_are_shuffled_like_small_ones() {
         let ids = |rows: &[(i64, Option<String>)]| -> Vec<i64> {
@@ -729,17 +832,25 @@ mod tests {
             ids.sort();
             ids
         };
-        let (got, files) = shuffled_padded(7, 4 << 20, 1 << 20, 5000);
+        // ~100 MB of rows, estimated too large to hold under 4 MiB.
+        let (got, files) = shuffled_padded(7, (4 << 20, u64::MAX), 1 << 20, 5000);
         assert_eq!(
             files, 7,
             "every bucket went to disk, appended to many times"
         );
+        // Estimated to fit: the first batch is held, the second passes
+        // half the budget and everything goes to disk.
+        let (outgrown, files) = shuffled_padded(7, (4 << 20, 0), 1 << 20, 5000);
+        assert_eq!(files, 7);
+        assert_eq!(outgrown, got);
         assert_eq!(ids(&got), (0..ROWS).collect::<Vec<_>>());
         assert!(got.iter().all(|(i, text)| {
             text.as_ref()
                 .is_none_or(|t| t.len() >= 5000 && t.starts_with(&format!("row {i} ")))
         }));
-        assert_eq!(got, shuffled_padded(7, 1 << 40, 4096, 5000).0);
+        let (held, files) = shuffled_padded(7, (1 << 40, 0), 4096, 5000);
+        assert_eq!(files, 0);
+        assert_eq!(held, got);
         let small_order: Vec<i64> = shuffled(7, 4 << 20, 1 << 20)
             .0
             .iter()
@@ -773,7 +884,7 @@ mod tests {
                 &schema,
                 1,
                 count,
-                budget,
+                (budget, 0),
                 Some(temp.path()),
             )
             .unwrap();
@@ -799,7 +910,8 @@ mod tests {
     #[test]
     fn parts_emit_like_one_batch() {
         let (schema, batches) = input(3000, 250);
-        let one = permute(&schema, batches.clone(), 9, 10_000).unwrap();
+        let owned = batches.iter().cloned().map(Part::Owned).collect();
+        let one = permute(&schema, owned, 9, 10_000).unwrap();
         let mut starts = Vec::new();
         let mut rows = 0u32;
         for b in &batches {
@@ -810,7 +922,7 @@ mod tests {
         let mut order: Vec<u32> = (0..rows).collect();
         SplitMix64::new(9).shuffle(&mut order);
         let mut parts = Permuted {
-            rows: Rows::Parts(batches, starts),
+            rows: Rows::Parts(batches.into_iter().map(Part::Owned).collect(), starts),
             order,
             len: rows as usize,
             at: 0,

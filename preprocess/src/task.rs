@@ -128,7 +128,8 @@ fn scatter(
         &inputs.schema,
         task_seed,
         task.count as u64,
-        options.memory_budget,
+        // Every bucket becomes a file for the other tasks: nothing is held.
+        (options.memory_budget, u64::MAX),
         temp.as_deref(),
     )?;
     let (_dir, files) = spilled.into_files()?;
