@@ -19,6 +19,7 @@
 //! # Ok::<(), shardfeed_preprocess::PreprocessError>(())
 //! ```
 
+mod column_spill;
 mod delta;
 mod dictionary;
 mod encode;

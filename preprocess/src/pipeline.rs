@@ -589,6 +589,7 @@ fn produce(
                 count,
                 (options.memory_budget, inputs.estimated_bytes),
                 options.temp_dir.as_deref(),
+                false,
             )?;
             if let Some(p) = &options.progress {
                 p.phase("gather");

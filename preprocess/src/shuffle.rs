@@ -26,6 +26,10 @@
 //! (fewer, larger IPC messages); parts of rows of 4 KiB or more are written as
 //! they are (one copy fewer).
 //!
+//! A table of fixed-width columns only takes another path for the same
+//! order: raw column bytes instead of Arrow batches ([`column_spill`]),
+//! flushed at 1/64 of the budget.
+//!
 //! Memory: 1/16 of the budget for the pending rows of all buckets (at least
 //! 32 KiB each); during gather, the bucket being emitted and the next one.
 //! Holding more (a whole input that would fit in the budget, say) was tried
@@ -51,9 +55,10 @@ use arrow_schema::SchemaRef;
 use arrow_select::concat::concat_batches;
 use arrow_select::interleave::interleave_record_batch;
 use arrow_select::take::take_record_batch;
-use crossbeam_channel::{Sender, bounded};
+use crossbeam_channel::{Receiver, Sender, bounded};
 use shardfeed_format::permute::{SplitMix64, hash_words};
 
+use crate::column_spill::{self, Layout, Pending, Source};
 use crate::measure::batch_bytes;
 use crate::{PreprocessError, Result};
 
@@ -67,6 +72,9 @@ const CONTIGUOUS_BELOW_ROW_BYTES: u64 = 4096;
 /// its estimate, the rows held go to bucket files once the batches held pass
 /// that fraction, and every row after them.
 pub(crate) const HOLD_DIVISOR: u64 = 2;
+/// Buckets of raw columns ([`column_spill`]) are flushed at their share of
+/// this fraction of the memory budget.
+const COLUMN_FLUSH_DIVISOR: u64 = 64;
 /// At most this many buckets in the scatter phase.
 const MAX_BUCKETS: u64 = 4096;
 /// A pending part at least this large is written as it is, not concatenated
@@ -136,6 +144,10 @@ enum Stored {
     Memory(Vec<Part>),
     /// Written to this file (one or more IPC streams, one after another).
     File(PathBuf),
+    /// Fixed-width columns never written ([`column_spill`]).
+    Columns(Pending),
+    /// Fixed-width columns written to this file, and the rows of each flush.
+    ColumnFile(PathBuf, Vec<usize>),
     /// Got no rows.
     Empty,
 }
@@ -146,6 +158,16 @@ struct Bucket {
     pending: Vec<Part>,
     pending_bytes: u64,
     pending_rows: u64,
+    /// Rows of fixed-width columns ([`column_spill`]), and the rows of each
+    /// flush of them written so far.
+    columns: Pending,
+    flushes: Vec<usize>,
+}
+
+/// What the spill writer thread writes.
+enum Spill {
+    Parts(PathBuf, Vec<Part>),
+    Columns(PathBuf, Pending),
 }
 
 /// Rows scattered to buckets, waiting to be gathered.
@@ -154,13 +176,17 @@ pub(crate) struct Spilled {
     buckets: Vec<Stored>,
     schema: SchemaRef,
     seed: u64,
+    /// Where buckets are raw fixed-width columns ([`column_spill`]).
+    layout: Option<Arc<Layout>>,
 }
 
 /// Scatter `batches` into `count` buckets: a bucket is appended to its file
 /// under a new folder in `temp_dir` whenever its pending rows reach its share
 /// of 1/16 of `memory_budget`; one that never does stays in memory. Large
 /// rows of an input whose `estimated_bytes` fit in half the budget are held
-/// in memory ([`HOLD_DIVISOR`]).
+/// in memory ([`HOLD_DIVISOR`]). A table of fixed-width columns is
+/// scattered as raw columns ([`column_spill`]) unless the buckets are
+/// wanted `as_files` ([`Spilled::into_files`], read by other processes).
 pub(crate) fn scatter(
     batches: impl Iterator<Item = Result<RecordBatch>>,
     schema: &SchemaRef,
@@ -168,8 +194,18 @@ pub(crate) fn scatter(
     count: u64,
     (memory_budget, estimated_bytes): (u64, u64),
     temp_dir: Option<&Path>,
+    as_files: bool,
 ) -> Result<Spilled> {
     let dir = crate::output::temp_folder("shardfeed-shuffle", temp_dir)?;
+    let layout = Layout::of(schema)
+        .filter(|l| !as_files && l.row_bytes() < CONTIGUOUS_BELOW_ROW_BYTES)
+        .map(Arc::new);
+    // A bucket of raw columns is flushed at its share of 1/64 of the budget
+    // (no IPC message to amortise; a quarter of the memory).
+    let flush_rows = layout.as_ref().map_or(0, |l| {
+        let bytes = (memory_budget / COLUMN_FLUSH_DIVISOR / count.max(1)).max(32 << 10);
+        (bytes / l.row_bytes().max(1)).max(1) as usize
+    });
     let flush_bytes = (memory_budget / 16 / count.max(1)).max(32 << 10);
     let hold_bytes = if holds(estimated_bytes, memory_budget) {
         memory_budget / HOLD_DIVISOR
@@ -186,15 +222,26 @@ pub(crate) fn scatter(
             pending: Vec::new(),
             pending_bytes: 0,
             pending_rows: 0,
+            columns: Pending::new(flush_rows),
+            flushes: Vec::new(),
         })
         .collect();
-    let (tx, rx) = bounded::<(PathBuf, Vec<Part>)>(1);
+    let (tx, rx) = bounded::<Spill>(1);
+    // Column buffers come back from the writer to be filled again.
+    let (back_tx, back_rx) = bounded::<Pending>(count as usize);
     let mut spill = SpillWriter::new(schema)?;
     let writer = std::thread::Builder::new()
         .name("shardfeed-spill".into())
         .spawn(move || -> Result<()> {
-            for (path, parts) in rx {
-                spill.append(&path, &parts)?;
+            for job in rx {
+                match job {
+                    Spill::Parts(path, parts) => spill.append(&path, &parts)?,
+                    Spill::Columns(path, mut pending) => {
+                        pending.append_to(&path)?;
+                        pending.clear();
+                        let _ = back_tx.try_send(pending);
+                    }
+                }
             }
             spill.finish()
         })
@@ -212,6 +259,17 @@ pub(crate) fn scatter(
                 let b = ((h as u128 * count as u128) >> 64) as usize;
                 targets[b].push(i as u32);
                 row += 1;
+            }
+            if let Some(layout) = &layout {
+                let mut pendings: Vec<&mut Pending> =
+                    buckets.iter_mut().map(|b| &mut b.columns).collect();
+                column_spill::scatter_batch(layout, &batch, &targets, &mut pendings);
+                for bucket in &mut buckets {
+                    if bucket.columns.rows() >= flush_rows {
+                        flush_columns(bucket, flush_rows, &back_rx, &tx)?;
+                    }
+                }
+                continue;
             }
             if let Some(so_far) = held {
                 let bytes = batch_bytes(&batch);
@@ -262,6 +320,9 @@ pub(crate) fn scatter(
         for bucket in &mut buckets {
             if bucket.written {
                 flush(bucket, schema, &tx)?;
+                if bucket.columns.rows() > 0 {
+                    flush_columns(bucket, flush_rows, &back_rx, &tx)?;
+                }
             }
         }
         Ok(())
@@ -277,8 +338,12 @@ pub(crate) fn scatter(
     let buckets = buckets
         .into_iter()
         .map(|b| {
-            if b.written {
+            if !b.flushes.is_empty() {
+                Stored::ColumnFile(b.path, b.flushes)
+            } else if b.written {
                 Stored::File(b.path)
+            } else if b.columns.rows() > 0 {
+                Stored::Columns(b.columns)
             } else if b.pending.is_empty() {
                 Stored::Empty
             } else {
@@ -291,6 +356,7 @@ pub(crate) fn scatter(
         buckets,
         schema: schema.clone(),
         seed,
+        layout,
     })
 }
 
@@ -302,8 +368,24 @@ impl Bucket {
     }
 }
 
+/// Hand a bucket's fixed-width columns to the writer thread (taking back a
+/// written one's buffers where there is one).
+fn flush_columns(
+    bucket: &mut Bucket,
+    rows: usize,
+    back: &Receiver<Pending>,
+    tx: &Sender<Spill>,
+) -> Result<()> {
+    let spare = back.try_recv().unwrap_or_else(|_| Pending::new(rows));
+    let pending = std::mem::replace(&mut bucket.columns, spare);
+    bucket.flushes.push(pending.rows());
+    bucket.written = true;
+    tx.send(Spill::Columns(bucket.path.clone(), pending))
+        .map_err(|_| PreprocessError::Cancelled)
+}
+
 /// Hand a bucket's pending rows to the writer thread.
-fn flush(bucket: &mut Bucket, schema: &SchemaRef, tx: &Sender<(PathBuf, Vec<Part>)>) -> Result<()> {
+fn flush(bucket: &mut Bucket, schema: &SchemaRef, tx: &Sender<Spill>) -> Result<()> {
     if bucket.pending.is_empty() {
         return Ok(());
     }
@@ -327,7 +409,7 @@ fn flush(bucket: &mut Bucket, schema: &SchemaRef, tx: &Sender<(PathBuf, Vec<Part
         )]
     };
     bucket.written = true;
-    tx.send((bucket.path.clone(), parts))
+    tx.send(Spill::Parts(bucket.path.clone(), parts))
         .map_err(|_| PreprocessError::Cancelled)
 }
 
@@ -364,11 +446,7 @@ impl SpillWriter {
     fn append(&mut self, path: &Path, parts: &[Part]) -> Result<()> {
         let err = |e: arrow_schema::ArrowError| PreprocessError::read(path, None, e);
         let io = |e: std::io::Error| PreprocessError::io("write", path, e);
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(io)?;
+        let file = column_spill::open_append(path)?;
         let new = file.metadata().map_err(io)?.len() == 0;
         if new {
             self.created.push(path.to_path_buf());
@@ -426,11 +504,9 @@ impl<W: Write> Write for SkipHeader<'_, W> {
     }
 }
 
-/// Read a bucket file: mapped into memory, the batches point into the page
-/// cache (no copy, no fresh memory), and the file is deleted at once (its
-/// pages live until the last batch is dropped).
-fn read_bucket(path: &Path) -> Result<Vec<RecordBatch>> {
-    let err = |e: arrow_schema::ArrowError| PreprocessError::read(path, None, e);
+/// Map a bucket file into memory and delete it (its pages live until the
+/// mapping is dropped).
+fn map_bucket(path: &Path) -> Result<memmap2::Mmap> {
     let io = |e: std::io::Error| PreprocessError::io("read", path, e);
     let file = std::fs::File::open(path).map_err(io)?;
     if file.metadata().map_err(io)?.len() == 0 {
@@ -441,6 +517,15 @@ fn read_bucket(path: &Path) -> Result<Vec<RecordBatch>> {
     // again; nothing else truncates it while it is mapped.
     let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(io)?;
     let _ = std::fs::remove_file(path);
+    Ok(map)
+}
+
+/// Read a bucket file: mapped into memory, the batches point into the page
+/// cache (no copy, no fresh memory), and the file is deleted at once (its
+/// pages live until the last batch is dropped).
+fn read_bucket(path: &Path) -> Result<Vec<RecordBatch>> {
+    let err = |e: arrow_schema::ArrowError| PreprocessError::read(path, None, e);
+    let map = map_bucket(path)?;
     let len = map.len();
     let ptr = std::ptr::NonNull::new(map.as_ptr().cast_mut()).expect("a mapping is not null");
     // SAFETY: `ptr` points to `len` readable bytes owned by `map`, which the
@@ -465,6 +550,13 @@ impl Spilled {
         let mut files = Vec::with_capacity(self.buckets.len());
         for (i, stored) in self.buckets.into_iter().enumerate() {
             let path = self.dir.path().join(format!("bucket-{i:05}.arrows"));
+            if matches!(stored, Stored::Columns(_) | Stored::ColumnFile(..)) {
+                return Err(PreprocessError::read(
+                    &path,
+                    None,
+                    "a bucket of raw columns asked for as an IPC file",
+                ));
+            }
             if let Stored::Memory(parts) = &stored {
                 let mut writer = SpillWriter::new(&self.schema)?;
                 writer.append(&path, parts)?;
@@ -485,6 +577,7 @@ impl Spilled {
             schema: self.schema,
             seed: self.seed,
             chunk_bytes: chunk_bytes.max(1),
+            layout: self.layout,
             _dir: self.dir,
         }
     }
@@ -499,6 +592,7 @@ pub(crate) struct Gather {
     schema: SchemaRef,
     seed: u64,
     chunk_bytes: u64,
+    layout: Option<Arc<Layout>>,
     // Declared last: dropped after a loading thread was joined.
     _dir: tempfile::TempDir,
 }
@@ -538,6 +632,7 @@ impl Gather {
         let schema = self.schema.clone();
         let seed = hash_words(&[self.seed, i as u64, 0x6761_7468]);
         let chunk_bytes = self.chunk_bytes;
+        let layout = self.layout.clone();
         let handle = std::thread::Builder::new()
             .name("shardfeed-gather".into())
             .spawn(move || {
@@ -546,6 +641,23 @@ impl Gather {
                     Stored::Empty => Vec::new(),
                     Stored::File(path) => {
                         read_bucket(&path)?.into_iter().map(Part::Owned).collect()
+                    }
+                    Stored::Columns(pending) => {
+                        return permute_columns(
+                            layout,
+                            Source::Memory(&pending),
+                            seed,
+                            chunk_bytes,
+                        );
+                    }
+                    Stored::ColumnFile(path, flushes) => {
+                        let map = map_bucket(&path)?;
+                        return permute_columns(
+                            layout,
+                            Source::File(&map, &flushes, &path),
+                            seed,
+                            chunk_bytes,
+                        );
                     }
                 };
                 permute(&schema, parts, seed, chunk_bytes)
@@ -570,6 +682,36 @@ impl Gather {
         }
         Some(permuted)
     }
+}
+
+/// A bucket of raw fixed-width columns ([`column_spill`]) in the order of a
+/// seeded shuffle: the same order [`permute`] gives the same rows.
+fn permute_columns(
+    layout: Option<Arc<Layout>>,
+    source: Source<'_>,
+    seed: u64,
+    chunk_bytes: u64,
+) -> Result<Permuted> {
+    let layout = layout.ok_or(PreprocessError::Cancelled)?;
+    let rows = source.rows();
+    let n = u32::try_from(rows).map_err(|_| PreprocessError::BadOption {
+        option: "--memory-budget",
+        reason: format!(
+            "a shuffle bucket would hold {rows} rows, more than the 2^32 a bucket can \
+             hold; lower the budget (more, smaller buckets) or shard with --no-shuffle"
+        ),
+    })?;
+    let mut order: Vec<u32> = (0..n).collect();
+    SplitMix64::new(seed).shuffle(&mut order);
+    let batch = column_spill::take(&layout, source, &order)?;
+    let chunk_rows = (chunk_bytes / layout.row_bytes().max(1)).clamp(1, 1 << 16) as usize;
+    Ok(Permuted {
+        rows: Rows::InOrder(batch),
+        order: Vec::new(),
+        len: n as usize,
+        at: 0,
+        chunk_rows,
+    })
 }
 
 /// Make a bucket's rows one batch where possible and order them by a
@@ -754,6 +896,7 @@ mod tests {
             count,
             budget,
             Some(temp.path()),
+            false,
         )
         .unwrap();
         let files = spilled
@@ -863,6 +1006,87 @@ mod tests {
         );
     }
 
+    /// A table of fixed-width columns (nullable or not, some with nulls,
+    /// input batches that are slices) goes through raw column buckets: the
+    /// same rows in the same order as through Arrow batches, whether buckets
+    /// stay in memory or are appended to their files many times.
+    #[test]
+    fn fixed_width_columns_are_shuffled_like_arrow_batches() {
+        use arrow_array::{Decimal128Array, Float32Array, Int8Array, Int16Array};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int8, true),
+            Field::new("b", DataType::Int16, false),
+            Field::new("c", DataType::Float32, true),
+            Field::new("d", DataType::Int64, false),
+            Field::new("e", DataType::Decimal128(20, 3), true),
+        ]));
+        let batches: Vec<RecordBatch> = (0..ROWS)
+            .step_by(400)
+            .map(|start| {
+                let ids: Vec<i64> = (start..start + 400).collect();
+                let batch = RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(Int8Array::from_iter(
+                            ids.iter().map(|i| (i % 5 != 0).then_some(*i as i8)),
+                        )),
+                        Arc::new(Int16Array::from_iter_values(ids.iter().map(|i| *i as i16))),
+                        Arc::new(Float32Array::from_iter_values(
+                            ids.iter().map(|i| *i as f32),
+                        )),
+                        Arc::new(Int64Array::from(ids.clone())),
+                        Arc::new(
+                            Decimal128Array::from_iter(
+                                ids.iter()
+                                    .map(|i| (i % 3 != 0).then_some(*i as i128 * 1001)),
+                            )
+                            .with_precision_and_scale(20, 3)
+                            .unwrap(),
+                        ),
+                    ],
+                )
+                .unwrap();
+                // Every other batch a slice (an offset into its buffers).
+                if start % 800 == 0 {
+                    batch.slice(100, 300)
+                } else {
+                    batch
+                }
+            })
+            .collect();
+        assert!(Layout::of(&schema).is_some());
+        for (count, budget) in [(1, 1 << 30), (7, 256 << 10), (300, 1 << 20)] {
+            let run = |as_files: bool| {
+                let temp = tempfile::tempdir().unwrap();
+                let spilled = scatter(
+                    batches.clone().into_iter().map(Ok),
+                    &schema,
+                    9,
+                    count,
+                    (budget, u64::MAX),
+                    Some(temp.path()),
+                    as_files,
+                )
+                .unwrap();
+                let column_files = spilled
+                    .buckets
+                    .iter()
+                    .filter(|b| matches!(b, Stored::ColumnFile(..)))
+                    .count();
+                let out: Vec<RecordBatch> = spilled.gather(8192).map(Result::unwrap).collect();
+                (concat_batches(&schema, &out).unwrap(), column_files)
+            };
+            let (columns, files) = run(false);
+            let (arrow, no_files) = run(true);
+            assert_eq!(no_files, 0);
+            assert_eq!(files, if budget < 1 << 20 { count as usize } else { 0 });
+            let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+            assert_eq!(columns.num_rows(), rows);
+            assert!(columns.column(0).null_count() > 0 && columns.column(4).null_count() > 0);
+            assert_eq!(columns, arrow, "{count} buckets, budget {budget}");
+        }
+    }
+
     #[test]
     fn bucket_counts() {
         assert_eq!(bucket_count(0, 1000), 1);
@@ -886,6 +1110,7 @@ mod tests {
                 count,
                 (budget, 0),
                 Some(temp.path()),
+                true,
             )
             .unwrap();
             let (_dir, files) = spilled.into_files().unwrap();

@@ -131,6 +131,7 @@ fn scatter(
         // Every bucket becomes a file for the other tasks: nothing is held.
         (options.memory_budget, u64::MAX),
         temp.as_deref(),
+        true,
     )?;
     let (_dir, files) = spilled.into_files()?;
     let publish = output::publisher(

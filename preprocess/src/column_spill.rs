@@ -1,0 +1,375 @@
+//! Shuffle buckets of fixed-width columns, kept as raw column bytes.
+//!
+//! A table whose every column is fixed-width (integers, floats, dates,
+//! timestamps, decimals; nullable or not) is scattered without Arrow batches
+//! in between: each row's values are copied straight from the input batch
+//! into its bucket's buffer for that column (one buffer a column, reused
+//! after every flush), a full bucket is appended to its file as those bytes
+//! as they are, and the gather takes each column in its permuted order
+//! from the mapped file. Against bucket parts made with `take`, concatenated,
+//! written as Arrow IPC (one more copy in its encoder), mapped back and
+//! concatenated again: the scatter's two copies become one, the encoder's
+//! goes, the gather's concatenation is made in one small buffer reused by
+//! every column, and the parts take no fresh memory
+//! (docs/performance-notes.md).
+//!
+//! A bucket file is its flushes one after another; a flush is, for each
+//! column in schema order, the column's values (`rows * width` bytes) and,
+//! for a nullable column, one byte a row (1 valid, 0 null). The rows of each
+//! flush are kept in memory, not in the file: the file is this process's own
+//! and its length is checked against them before it is read.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use arrow_array::{ArrayRef, RecordBatch, make_array};
+use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer};
+use arrow_data::ArrayData;
+use arrow_schema::SchemaRef;
+#[cfg(test)]
+use std::sync::Arc;
+
+use crate::{PreprocessError, Result};
+
+/// The columns of a schema that can be spilled as raw bytes.
+pub(crate) struct Layout {
+    schema: SchemaRef,
+    /// Bytes a value of each column.
+    widths: Vec<usize>,
+    /// Whether each column may hold nulls (then it has a validity byte a row).
+    nullable: Vec<bool>,
+}
+
+impl Layout {
+    /// The layout of `schema`, where every column is fixed-width.
+    pub(crate) fn of(schema: &SchemaRef) -> Option<Layout> {
+        let mut widths = Vec::with_capacity(schema.fields().len());
+        let mut nullable = Vec::with_capacity(schema.fields().len());
+        for field in schema.fields() {
+            // Integers, floats, dates, times, decimals: one buffer of
+            // values. Booleans (bits), strings, lists and the rest take the
+            // Arrow path.
+            let width = field.data_type().primitive_width()?;
+            widths.push(width);
+            nullable.push(field.is_nullable());
+        }
+        if widths.is_empty() {
+            return None;
+        }
+        Some(Layout {
+            schema: schema.clone(),
+            widths,
+            nullable,
+        })
+    }
+
+    /// Bytes a row takes in a bucket (values and validity bytes).
+    pub(crate) fn row_bytes(&self) -> u64 {
+        let values: usize = self.widths.iter().sum();
+        (values + self.nullable.iter().filter(|n| **n).count()) as u64
+    }
+}
+
+/// One bucket's rows not yet written: a byte buffer a column.
+#[derive(Default)]
+pub(crate) struct Pending {
+    values: Vec<Vec<u8>>,
+    valid: Vec<Vec<u8>>,
+    rows: usize,
+    /// Rows its buffers are made for at once (they never grow by doubling:
+    /// fresh memory costs more than the copy).
+    capacity_rows: usize,
+}
+
+impl Pending {
+    /// Buffers for about `rows` rows, allocated as they are first used.
+    pub(crate) fn new(rows: usize) -> Pending {
+        Pending {
+            capacity_rows: rows,
+            ..Pending::default()
+        }
+    }
+
+    /// Rows held.
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Empty it, keeping its buffers' capacity.
+    pub(crate) fn clear(&mut self) {
+        self.values.iter_mut().for_each(Vec::clear);
+        self.valid.iter_mut().for_each(Vec::clear);
+        self.rows = 0;
+    }
+
+    /// Append its bytes to the bucket file at `path` (small columns are
+    /// gathered into larger writes; large ones are written as they are:
+    /// one vectored write of the whole flush was slower).
+    pub(crate) fn append_to(&self, path: &Path) -> Result<()> {
+        let io = |e: std::io::Error| PreprocessError::io("write", path, e);
+        let mut out = BufWriter::with_capacity(64 << 10, open_append(path)?);
+        for (c, values) in self.values.iter().enumerate() {
+            out.write_all(values).map_err(io)?;
+            if let Some(valid) = self.valid.get(c).filter(|v| !v.is_empty()) {
+                out.write_all(valid).map_err(io)?;
+            }
+        }
+        out.flush().map_err(io)
+    }
+}
+
+/// Open a bucket file to append to, creating it if it is new.
+pub(crate) fn open_append(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| PreprocessError::io("write", path, e))
+}
+
+/// Copy the rows of `batch` listed in `targets[b]` to `buckets[b]`, column
+/// by column (the input column stays in the caches while every bucket
+/// takes its rows).
+pub(crate) fn scatter_batch(
+    layout: &Layout,
+    batch: &RecordBatch,
+    targets: &[Vec<u32>],
+    buckets: &mut [&mut Pending],
+) {
+    for pending in buckets.iter_mut() {
+        pending.values.resize_with(layout.widths.len(), Vec::new);
+        pending.valid.resize_with(layout.widths.len(), Vec::new);
+    }
+    for (c, column) in batch.columns().iter().enumerate() {
+        let data = column.to_data();
+        let width = layout.widths[c];
+        let values = &data.buffers()[0].as_slice()[data.offset() * width..];
+        let nulls = data.nulls();
+        for (indices, pending) in targets.iter().zip(buckets.iter_mut()) {
+            if indices.is_empty() {
+                continue;
+            }
+            let wanted = pending.rows.max(pending.capacity_rows) + indices.len();
+            let out = &mut pending.values[c];
+            if out.capacity() < out.len() + indices.len() * width {
+                out.reserve_exact(wanted * width - out.len());
+            }
+            match width {
+                1 => gather_into::<1>(values, indices, out),
+                2 => gather_into::<2>(values, indices, out),
+                4 => gather_into::<4>(values, indices, out),
+                8 => gather_into::<8>(values, indices, out),
+                16 => gather_into::<16>(values, indices, out),
+                32 => gather_into::<32>(values, indices, out),
+                w => {
+                    for &i in indices {
+                        let at = i as usize * w;
+                        out.extend_from_slice(&values[at..at + w]);
+                    }
+                }
+            }
+            if layout.nullable[c] {
+                let valid = &mut pending.valid[c];
+                if valid.capacity() < valid.len() + indices.len() {
+                    valid.reserve_exact(wanted - valid.len());
+                }
+                match nulls {
+                    Some(nulls) => valid.extend(
+                        indices
+                            .iter()
+                            .map(|&i| u8::from(nulls.is_valid(i as usize))),
+                    ),
+                    None => valid.resize(valid.len() + indices.len(), 1),
+                }
+            }
+        }
+    }
+    for (indices, pending) in targets.iter().zip(buckets.iter_mut()) {
+        pending.rows += indices.len();
+    }
+}
+
+/// Append `src`'s values at `indices` (values of `W` bytes) to `out`.
+fn gather_into<const W: usize>(src: &[u8], indices: &[u32], out: &mut Vec<u8>) {
+    let (src, _) = src.as_chunks::<W>();
+    let start = out.len();
+    out.resize(start + indices.len() * W, 0);
+    let (dst, _) = out[start..].as_chunks_mut::<W>();
+    for (d, &i) in dst.iter_mut().zip(indices) {
+        *d = src[i as usize];
+    }
+}
+
+/// Where a bucket's bytes are.
+pub(crate) enum Source<'a> {
+    /// Never written: the one flush is still in memory.
+    Memory(&'a Pending),
+    /// A bucket file's bytes, the rows of each flush in it, and its path.
+    File(&'a [u8], &'a [usize], &'a Path),
+}
+
+impl Source<'_> {
+    /// Rows in the bucket.
+    pub(crate) fn rows(&self) -> u64 {
+        match self {
+            Source::Memory(pending) => pending.rows as u64,
+            Source::File(_, flushes, _) => flushes.iter().map(|&r| r as u64).sum(),
+        }
+    }
+}
+
+/// The bucket's rows in `order` (a permutation of them) as one batch.
+pub(crate) fn take(layout: &Layout, source: Source<'_>, order: &[u32]) -> Result<RecordBatch> {
+    let path = match source {
+        Source::Memory(_) => Path::new("(shuffle bucket)"),
+        Source::File(_, _, path) => path,
+    };
+    let corrupt = |what: String| PreprocessError::read(path, None, what);
+    let n = order.len();
+    // Per column, the byte ranges of its values and validity in each flush.
+    let columns = layout.widths.len();
+    let mut values: Vec<Vec<&[u8]>> = vec![Vec::new(); columns];
+    let mut valid: Vec<Vec<&[u8]>> = vec![Vec::new(); columns];
+    match source {
+        Source::Memory(pending) => {
+            for c in 0..columns {
+                values[c].push(pending.values.get(c).map_or(&[][..], Vec::as_slice));
+                valid[c].push(pending.valid.get(c).map_or(&[][..], Vec::as_slice));
+            }
+            if pending.rows != n {
+                return Err(corrupt(format!(
+                    "a bucket of {} rows permuted as {n}",
+                    pending.rows
+                )));
+            }
+        }
+        Source::File(bytes, flushes, _) => {
+            let mut at = 0usize;
+            let mut total = 0usize;
+            let mut cut = |len: usize| -> Result<&[u8]> {
+                let end = at
+                    .checked_add(len)
+                    .filter(|&end| end <= bytes.len())
+                    .ok_or_else(|| corrupt(format!("bucket file shorter than its {n} rows")))?;
+                let slice = &bytes[at..end];
+                at = end;
+                Ok(slice)
+            };
+            for &rows in flushes {
+                total = total
+                    .checked_add(rows)
+                    .ok_or_else(|| corrupt("bucket row count overflows".into()))?;
+                for c in 0..columns {
+                    let len = rows
+                        .checked_mul(layout.widths[c])
+                        .ok_or_else(|| corrupt("bucket size overflows".into()))?;
+                    values[c].push(cut(len)?);
+                    if layout.nullable[c] {
+                        valid[c].push(cut(rows)?);
+                    }
+                }
+            }
+            if at != bytes.len() || total != n {
+                return Err(corrupt(format!(
+                    "bucket file of {} bytes, {total} rows, read as {at} bytes, {n} rows",
+                    bytes.len()
+                )));
+            }
+        }
+    }
+    // A column of more than one flush is made one first, in a scratch
+    // buffer reused by every column (hot in the caches), then taken from.
+    let mut scratch: Vec<u8> = Vec::new();
+    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns);
+    for (c, field) in layout.schema.fields().iter().enumerate() {
+        let width = layout.widths[c];
+        let src: &[u8] = if let [one] = values[c][..] {
+            one
+        } else {
+            scratch.clear();
+            values[c]
+                .iter()
+                .for_each(|part| scratch.extend_from_slice(part));
+            &scratch
+        };
+        let mut out = Vec::new();
+        match width {
+            1 => gather_into::<1>(src, order, &mut out),
+            2 => gather_into::<2>(src, order, &mut out),
+            4 => gather_into::<4>(src, order, &mut out),
+            8 => gather_into::<8>(src, order, &mut out),
+            16 => gather_into::<16>(src, order, &mut out),
+            32 => gather_into::<32>(src, order, &mut out),
+            w => {
+                out.reserve(n * w);
+                for &i in order {
+                    let at = i as usize * w;
+                    out.extend_from_slice(&src[at..at + w]);
+                }
+            }
+        }
+        let nulls = if layout.nullable[c] {
+            let joined_valid;
+            let v: &[u8] = if valid[c].len() == 1 {
+                valid[c][0]
+            } else {
+                joined_valid = valid[c].concat();
+                &joined_valid
+            };
+            let bits = BooleanBuffer::collect_bool(n, |k| v[order[k] as usize] != 0);
+            Some(NullBuffer::new(bits)).filter(|nulls| nulls.null_count() > 0)
+        } else {
+            None
+        };
+        let data = ArrayData::builder(field.data_type().clone())
+            .len(n)
+            .add_buffer(Buffer::from_vec(out))
+            .nulls(nulls)
+            .build()
+            .map_err(|e| PreprocessError::read(path, None, e))?;
+        arrays.push(make_array(data));
+    }
+    RecordBatch::try_new(layout.schema.clone(), arrays)
+        .map_err(|e| PreprocessError::read(path, None, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::Int64Array;
+    use arrow_schema::{DataType, Field, Schema};
+
+    /// A bucket file whose length does not match its rows is an error
+    /// naming it, never a read past its end.
+    #[test]
+    fn a_bucket_file_of_the_wrong_length_is_an_error() {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, true)]));
+        let layout = Layout::of(&schema).unwrap();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from(vec![Some(1), None, Some(3)]))],
+        )
+        .unwrap();
+        let mut pending = Pending::new(3);
+        scatter_batch(&layout, &batch, &[vec![2, 0, 1]], &mut [&mut pending]);
+        let temp = tempfile::tempdir().unwrap();
+        let path = temp.path().join("bucket");
+        pending.append_to(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len() as u64, 3 * layout.row_bytes());
+        let got = take(&layout, Source::File(&bytes, &[3], &path), &[1, 2, 0]).unwrap();
+        let want = Int64Array::from(vec![Some(1), None, Some(3)]);
+        assert_eq!(got.column(0).as_ref(), &want as &dyn arrow_array::Array);
+        for (len, flushes) in [
+            (bytes.len() - 1, vec![3]),
+            (bytes.len(), vec![2]),
+            (0, vec![3]),
+        ] {
+            let err = take(&layout, Source::File(&bytes[..len], &flushes, &path), &[0])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("bucket"), "{err}");
+        }
+    }
+}
