@@ -1,7 +1,7 @@
 //! Shuffle buckets of fixed-width columns, kept as raw column bytes.
 //!
 //! A table whose every column is fixed-width (integers, floats, dates,
-//! timestamps, decimals; nullable or not) is scattered without Arrow batches
+//! timestamps, decimals) or boolean, nullable or not, is scattered without Arrow batches
 //! in between: each row's values are copied straight from the input batch
 //! into its bucket's buffer for that column (one buffer a column, reused
 //! after every flush), a full bucket is appended to its file as those bytes
@@ -14,7 +14,8 @@
 //! (docs/performance-notes.md).
 //!
 //! A bucket file is its flushes one after another; a flush is, for each
-//! column in schema order, the column's values (`rows * width` bytes) and,
+//! column in schema order, the column's values (`rows * width` bytes; a
+//! byte a boolean) and,
 //! for a nullable column, one byte a row (1 valid, 0 null). The rows of each
 //! flush are kept in memory, not in the file: the file is this process's own
 //! and its length is checked against them before it is read.
@@ -23,10 +24,11 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
+use arrow_array::cast::AsArray;
 use arrow_array::{ArrayRef, RecordBatch, make_array};
 use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow_data::ArrayData;
-use arrow_schema::SchemaRef;
+use arrow_schema::{DataType, SchemaRef};
 #[cfg(test)]
 use std::sync::Arc;
 
@@ -39,6 +41,8 @@ pub(crate) struct Layout {
     widths: Vec<usize>,
     /// Whether each column may hold nulls (then it has a validity byte a row).
     nullable: Vec<bool>,
+    /// Whether each column is boolean (bits in Arrow, a byte a row here).
+    boolean: Vec<bool>,
 }
 
 impl Layout {
@@ -46,13 +50,20 @@ impl Layout {
     pub(crate) fn of(schema: &SchemaRef) -> Option<Layout> {
         let mut widths = Vec::with_capacity(schema.fields().len());
         let mut nullable = Vec::with_capacity(schema.fields().len());
+        let mut boolean = Vec::with_capacity(schema.fields().len());
         for field in schema.fields() {
             // Integers, floats, dates, times, decimals: one buffer of
-            // values. Booleans (bits), strings, lists and the rest take the
-            // Arrow path.
-            let width = field.data_type().primitive_width()?;
+            // values; booleans: a byte each. Strings, lists and the rest
+            // take the Arrow path.
+            let is_bool = field.data_type() == &DataType::Boolean;
+            let width = if is_bool {
+                1
+            } else {
+                field.data_type().primitive_width()?
+            };
             widths.push(width);
             nullable.push(field.is_nullable());
+            boolean.push(is_bool);
         }
         if widths.is_empty() {
             return None;
@@ -61,6 +72,7 @@ impl Layout {
             schema: schema.clone(),
             widths,
             nullable,
+            boolean,
         })
     }
 
@@ -144,7 +156,11 @@ pub(crate) fn scatter_batch(
     for (c, column) in batch.columns().iter().enumerate() {
         let data = column.to_data();
         let width = layout.widths[c];
-        let values = &data.buffers()[0].as_slice()[data.offset() * width..];
+        let bits = layout.boolean[c].then(|| column.as_boolean().values());
+        let values = match bits {
+            Some(_) => &[][..],
+            None => &data.buffers()[0].as_slice()[data.offset() * width..],
+        };
         let nulls = data.nulls();
         for (indices, pending) in targets.iter().zip(buckets.iter_mut()) {
             if indices.is_empty() {
@@ -155,19 +171,9 @@ pub(crate) fn scatter_batch(
             if out.capacity() < out.len() + indices.len() * width {
                 out.reserve_exact(wanted * width - out.len());
             }
-            match width {
-                1 => gather_into::<1>(values, indices, out),
-                2 => gather_into::<2>(values, indices, out),
-                4 => gather_into::<4>(values, indices, out),
-                8 => gather_into::<8>(values, indices, out),
-                16 => gather_into::<16>(values, indices, out),
-                32 => gather_into::<32>(values, indices, out),
-                w => {
-                    for &i in indices {
-                        let at = i as usize * w;
-                        out.extend_from_slice(&values[at..at + w]);
-                    }
-                }
+            match bits {
+                Some(bits) => out.extend(indices.iter().map(|&i| u8::from(bits.value(i as usize)))),
+                None => gather(values, indices, width, out),
             }
             if layout.nullable[c] {
                 let valid = &mut pending.valid[c];
@@ -187,6 +193,24 @@ pub(crate) fn scatter_batch(
     }
     for (indices, pending) in targets.iter().zip(buckets.iter_mut()) {
         pending.rows += indices.len();
+    }
+}
+
+/// Append `src`'s values at `indices` (values of `width` bytes) to `out`.
+fn gather(src: &[u8], indices: &[u32], width: usize, out: &mut Vec<u8>) {
+    match width {
+        1 => gather_into::<1>(src, indices, out),
+        2 => gather_into::<2>(src, indices, out),
+        4 => gather_into::<4>(src, indices, out),
+        8 => gather_into::<8>(src, indices, out),
+        16 => gather_into::<16>(src, indices, out),
+        32 => gather_into::<32>(src, indices, out),
+        w => {
+            for &i in indices {
+                let at = i as usize * w;
+                out.extend_from_slice(&src[at..at + w]);
+            }
+        }
     }
 }
 
@@ -293,22 +317,13 @@ pub(crate) fn take(layout: &Layout, source: Source<'_>, order: &[u32]) -> Result
                 .for_each(|part| scratch.extend_from_slice(part));
             &scratch
         };
-        let mut out = Vec::new();
-        match width {
-            1 => gather_into::<1>(src, order, &mut out),
-            2 => gather_into::<2>(src, order, &mut out),
-            4 => gather_into::<4>(src, order, &mut out),
-            8 => gather_into::<8>(src, order, &mut out),
-            16 => gather_into::<16>(src, order, &mut out),
-            32 => gather_into::<32>(src, order, &mut out),
-            w => {
-                out.reserve(n * w);
-                for &i in order {
-                    let at = i as usize * w;
-                    out.extend_from_slice(&src[at..at + w]);
-                }
-            }
-        }
+        let buffer = if layout.boolean[c] {
+            BooleanBuffer::collect_bool(n, |k| src[order[k] as usize] != 0).into_inner()
+        } else {
+            let mut out = Vec::with_capacity(n * width);
+            gather(src, order, width, &mut out);
+            Buffer::from_vec(out)
+        };
         let nulls = if layout.nullable[c] {
             let joined_valid;
             let v: &[u8] = if valid[c].len() == 1 {
@@ -324,7 +339,7 @@ pub(crate) fn take(layout: &Layout, source: Source<'_>, order: &[u32]) -> Result
         };
         let data = ArrayData::builder(field.data_type().clone())
             .len(n)
-            .add_buffer(Buffer::from_vec(out))
+            .add_buffer(buffer)
             .nulls(nulls)
             .build()
             .map_err(|e| PreprocessError::read(path, None, e))?;
@@ -338,7 +353,7 @@ pub(crate) fn take(layout: &Layout, source: Source<'_>, order: &[u32]) -> Result
 mod tests {
     use super::*;
     use arrow_array::Int64Array;
-    use arrow_schema::{DataType, Field, Schema};
+    use arrow_schema::{Field, Schema};
 
     /// A bucket file whose length does not match its rows is an error
     /// naming it, never a read past its end.

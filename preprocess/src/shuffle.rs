@@ -26,7 +26,7 @@
 //! (fewer, larger IPC messages); parts of rows of 4 KiB or more are written as
 //! they are (one copy fewer).
 //!
-//! A table of fixed-width columns only takes another path for the same
+//! A table of fixed-width and boolean columns only takes another path for the same
 //! order: raw column bytes instead of Arrow batches ([`column_spill`]),
 //! flushed at 1/64 of the budget.
 //!
@@ -704,7 +704,9 @@ fn permute_columns(
     let mut order: Vec<u32> = (0..n).collect();
     SplitMix64::new(seed).shuffle(&mut order);
     let batch = column_spill::take(&layout, source, &order)?;
-    let chunk_rows = (chunk_bytes / layout.row_bytes().max(1)).clamp(1, 1 << 16) as usize;
+    // Chunks sized by the rows' Arrow bytes, as [`permute`] sizes them.
+    let per_row = batch_bytes(&batch) / u64::from(n).max(1);
+    let chunk_rows = (chunk_bytes / per_row.max(1)).clamp(1, 1 << 16) as usize;
     Ok(Permuted {
         rows: Rows::InOrder(batch),
         order: Vec::new(),
@@ -1006,19 +1008,20 @@ mod tests {
         );
     }
 
-    /// A table of fixed-width columns (nullable or not, some with nulls,
+    /// A table of fixed-width and boolean columns (nullable or not, some with nulls,
     /// input batches that are slices) goes through raw column buckets: the
     /// same rows in the same order as through Arrow batches, whether buckets
     /// stay in memory or are appended to their files many times.
     #[test]
     fn fixed_width_columns_are_shuffled_like_arrow_batches() {
-        use arrow_array::{Decimal128Array, Float32Array, Int8Array, Int16Array};
+        use arrow_array::{BooleanArray, Decimal128Array, Float32Array, Int8Array, Int16Array};
         let schema = Arc::new(Schema::new(vec![
             Field::new("a", DataType::Int8, true),
             Field::new("b", DataType::Int16, false),
             Field::new("c", DataType::Float32, true),
             Field::new("d", DataType::Int64, false),
             Field::new("e", DataType::Decimal128(20, 3), true),
+            Field::new("f", DataType::Boolean, true),
         ]));
         let batches: Vec<RecordBatch> = (0..ROWS)
             .step_by(400)
@@ -1043,6 +1046,9 @@ mod tests {
                             .with_precision_and_scale(20, 3)
                             .unwrap(),
                         ),
+                        Arc::new(BooleanArray::from_iter(
+                            ids.iter().map(|i| (i % 7 != 0).then_some(i % 3 == 1)),
+                        )),
                     ],
                 )
                 .unwrap();
@@ -1082,7 +1088,11 @@ mod tests {
             assert_eq!(files, if budget < 1 << 20 { count as usize } else { 0 });
             let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
             assert_eq!(columns.num_rows(), rows);
-            assert!(columns.column(0).null_count() > 0 && columns.column(4).null_count() > 0);
+            assert!(
+                [0, 4, 5]
+                    .iter()
+                    .all(|&c| columns.column(c).null_count() > 0)
+            );
             assert_eq!(columns, arrow, "{count} buckets, budget {budget}");
         }
     }
