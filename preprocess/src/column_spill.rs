@@ -142,13 +142,36 @@ pub(crate) fn open_append(path: &Path) -> Result<File> {
 
 /// Copy the rows of `batch` listed in `targets[b]` to `buckets[b]`, column
 /// by column (the input column stays in the caches while every bucket
-/// takes its rows).
+/// takes its rows). A batch whose columns are not of the layout's types, or
+/// has nulls where the layout keeps none, is an error (its bytes would be
+/// read at the wrong width, its nulls lost).
 pub(crate) fn scatter_batch(
     layout: &Layout,
     batch: &RecordBatch,
     targets: &[Vec<u32>],
     buckets: &mut [&mut Pending],
-) {
+) -> Result<()> {
+    let fields = layout.schema.fields();
+    if batch.num_columns() != fields.len()
+        || batch
+            .columns()
+            .iter()
+            .zip(fields.iter())
+            .any(|(column, field)| {
+                column.data_type() != field.data_type()
+                    || (!field.is_nullable() && column.null_count() > 0)
+            })
+    {
+        return Err(PreprocessError::read(
+            "(shuffle bucket)",
+            None,
+            format!(
+                "a batch of schema {:?} scattered as {:?}",
+                batch.schema(),
+                layout.schema
+            ),
+        ));
+    }
     for pending in buckets.iter_mut() {
         pending.values.resize_with(layout.widths.len(), Vec::new);
         pending.valid.resize_with(layout.widths.len(), Vec::new);
@@ -194,6 +217,7 @@ pub(crate) fn scatter_batch(
     for (indices, pending) in targets.iter().zip(buckets.iter_mut()) {
         pending.rows += indices.len();
     }
+    Ok(())
 }
 
 /// Append `src`'s values at `indices` (values of `width` bytes) to `out`.
@@ -367,7 +391,15 @@ mod tests {
         )
         .unwrap();
         let mut pending = Pending::new(3);
-        scatter_batch(&layout, &batch, &[vec![2, 0, 1]], &mut [&mut pending]);
+        scatter_batch(&layout, &batch, &[vec![2, 0, 1]], &mut [&mut pending]).unwrap();
+        // A batch of another type is refused, not read at the wrong width.
+        let other = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("x", DataType::Int32, true)])),
+            vec![Arc::new(arrow_array::Int32Array::from(vec![1, 2, 3]))],
+        )
+        .unwrap();
+        let mut unused = Pending::new(3);
+        assert!(scatter_batch(&layout, &other, &[vec![0]], &mut [&mut unused]).is_err());
         let temp = tempfile::tempdir().unwrap();
         let path = temp.path().join("bucket");
         pending.append_to(&path).unwrap();

@@ -263,7 +263,7 @@ pub(crate) fn scatter(
             if let Some(layout) = &layout {
                 let mut pendings: Vec<&mut Pending> =
                     buckets.iter_mut().map(|b| &mut b.columns).collect();
-                column_spill::scatter_batch(layout, &batch, &targets, &mut pendings);
+                column_spill::scatter_batch(layout, &batch, &targets, &mut pendings)?;
                 for bucket in &mut buckets {
                     if bucket.columns.rows() >= flush_rows {
                         flush_columns(bucket, flush_rows, &back_rx, &tx)?;
