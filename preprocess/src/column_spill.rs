@@ -249,6 +249,19 @@ fn gather_into<const W: usize>(src: &[u8], indices: &[u32], out: &mut Vec<u8>) {
     }
 }
 
+/// `parts` as one slice: the one part itself, or all of them copied into
+/// `scratch`.
+fn joined<'a>(parts: &[&'a [u8]], scratch: &'a mut Vec<u8>) -> &'a [u8] {
+    if let [one] = parts {
+        return one;
+    }
+    scratch.clear();
+    parts
+        .iter()
+        .for_each(|part| scratch.extend_from_slice(part));
+    scratch
+}
+
 /// Where a bucket's bytes are.
 pub(crate) enum Source<'a> {
     /// Never written: the one flush is still in memory.
@@ -326,21 +339,25 @@ pub(crate) fn take(layout: &Layout, source: Source<'_>, order: &[u32]) -> Result
             }
         }
     }
-    // A column of more than one flush is made one first, in a scratch
-    // buffer reused by every column (hot in the caches), then taken from.
-    let mut scratch: Vec<u8> = Vec::new();
+    // Every index below is a row of a column of exactly `n` values.
+    for c in 0..columns {
+        let sum = |parts: &[&[u8]]| parts.iter().map(|p| p.len()).sum::<usize>();
+        let want_valid = if layout.nullable[c] { n } else { 0 };
+        if Some(sum(&values[c])) != n.checked_mul(layout.widths[c]) || sum(&valid[c]) != want_valid
+        {
+            return Err(corrupt(format!(
+                "column {c} of a bucket of {n} rows holds {} bytes",
+                sum(&values[c])
+            )));
+        }
+    }
+    // A column of more than one flush is made one first, in scratch
+    // buffers reused by every column (hot in the caches), then taken from.
+    let (mut scratch, mut scratch_valid) = (Vec::new(), Vec::new());
     let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns);
     for (c, field) in layout.schema.fields().iter().enumerate() {
         let width = layout.widths[c];
-        let src: &[u8] = if let [one] = values[c][..] {
-            one
-        } else {
-            scratch.clear();
-            values[c]
-                .iter()
-                .for_each(|part| scratch.extend_from_slice(part));
-            &scratch
-        };
+        let src = joined(&values[c], &mut scratch);
         let buffer = if layout.boolean[c] {
             BooleanBuffer::collect_bool(n, |k| src[order[k] as usize] != 0).into_inner()
         } else {
@@ -349,13 +366,7 @@ pub(crate) fn take(layout: &Layout, source: Source<'_>, order: &[u32]) -> Result
             Buffer::from_vec(out)
         };
         let nulls = if layout.nullable[c] {
-            let joined_valid;
-            let v: &[u8] = if valid[c].len() == 1 {
-                valid[c][0]
-            } else {
-                joined_valid = valid[c].concat();
-                &joined_valid
-            };
+            let v = joined(&valid[c], &mut scratch_valid);
             let bits = BooleanBuffer::collect_bool(n, |k| v[order[k] as usize] != 0);
             Some(NullBuffer::new(bits)).filter(|nulls| nulls.null_count() > 0)
         } else {

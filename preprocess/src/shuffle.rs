@@ -144,9 +144,9 @@ enum Stored {
     Memory(Vec<Part>),
     /// Written to this file (one or more IPC streams, one after another).
     File(PathBuf),
-    /// Fixed-width columns never written ([`column_spill`]).
+    /// Raw columns never written ([`column_spill`]).
     Columns(Pending),
-    /// Fixed-width columns written to this file, and the rows of each flush.
+    /// Raw columns written to this file, and the rows of each flush.
     ColumnFile(PathBuf, Vec<usize>),
     /// Got no rows.
     Empty,
@@ -684,6 +684,17 @@ impl Gather {
     }
 }
 
+/// A bucket of more rows than a `u32` indexes.
+fn too_many_rows(rows: u64) -> PreprocessError {
+    PreprocessError::BadOption {
+        option: "--memory-budget",
+        reason: format!(
+            "a shuffle bucket would hold {rows} rows, more than the 2^32 a bucket can \
+             hold; lower the budget (more, smaller buckets) or shard with --no-shuffle"
+        ),
+    }
+}
+
 /// A bucket of raw fixed-width columns ([`column_spill`]) in the order of a
 /// seeded shuffle: the same order [`permute`] gives the same rows.
 fn permute_columns(
@@ -694,13 +705,7 @@ fn permute_columns(
 ) -> Result<Permuted> {
     let layout = layout.ok_or(PreprocessError::Cancelled)?;
     let rows = source.rows();
-    let n = u32::try_from(rows).map_err(|_| PreprocessError::BadOption {
-        option: "--memory-budget",
-        reason: format!(
-            "a shuffle bucket would hold {rows} rows, more than the 2^32 a bucket can \
-             hold; lower the budget (more, smaller buckets) or shard with --no-shuffle"
-        ),
-    })?;
+    let n = u32::try_from(rows).map_err(|_| too_many_rows(rows))?;
     let mut order: Vec<u32> = (0..n).collect();
     SplitMix64::new(seed).shuffle(&mut order);
     let batch = column_spill::take(&layout, source, &order)?;
@@ -728,13 +733,7 @@ fn permute(schema: &SchemaRef, parts: Vec<Part>, seed: u64, chunk_bytes: u64) ->
         let whole = part.batch().num_rows().max(1) as u64;
         bytes += batch_bytes(part.batch()) * part.num_rows() as u64 / whole;
     }
-    let too_many = || PreprocessError::BadOption {
-        option: "--memory-budget",
-        reason: format!(
-            "a shuffle bucket would hold {rows} rows, more than the 2^32 a bucket can \
-             hold; lower the budget (more, smaller buckets) or shard with --no-shuffle"
-        ),
-    };
+    let too_many = || too_many_rows(rows);
     let n = u32::try_from(rows).map_err(|_| too_many())?;
     let per_row = bytes / u64::from(n).max(1);
     let parts_of = |parts: Vec<Part>, starts: Vec<u64>| -> Result<Rows> {
