@@ -32,6 +32,25 @@ pub(crate) struct Shape {
     pub units: u64,
     /// Row groups one batch can touch: [`batch_groups`].
     pub batch_groups: u64,
+    /// The window of a dataset shuffled at shard time when the budget holds
+    /// two of it: [`DEFAULT_WINDOW`], or a mixture's source's share of it
+    /// ([`shared_window`]).
+    pub fitted_window: usize,
+}
+
+/// The default window of a mixture's source shuffled at shard time whose
+/// share of the mixture's rows is `share`: its share of [`DEFAULT_WINDOW`]'s
+/// row groups, at least [`MIN_FITTED_WINDOW`]. The sources together then
+/// hold about what one loader holds (two windows each): three sources
+/// weighted 0.6/0.3/0.1 get windows of 5, 2 and 2 (18 row groups held
+/// against 16), not 8 each (48), whose first touches cost a short run a
+/// tenth of its rate on a VM that clears every fresh page.
+pub(crate) fn shared_window(share: f64) -> usize {
+    let w = (DEFAULT_WINDOW as f64 * share).round();
+    if w.is_nan() {
+        return MIN_FITTED_WINDOW;
+    }
+    (w as usize).clamp(MIN_FITTED_WINDOW, DEFAULT_WINDOW)
 }
 
 /// Row groups a batch of `batch_size` rows can touch when the smallest row
@@ -60,17 +79,18 @@ impl Shape {
     }
 
     /// The window when none was asked for. A dataset shuffled at shard time
-    /// (or read in order, `fitted`): the default, or as large as the budget
+    /// (or read in order, `fitted`): `fitted_window`, or as large as the budget
     /// holds two of, down to [`MIN_FITTED_WINDOW`] (below it the default,
     /// which the budget check then refuses by name). Otherwise the windows
     /// alone mix the rows: a quarter of the budget's row groups, from the
     /// default up to [`MAX_AUTO_WINDOW`].
     pub(crate) fn auto_window(&self, fitted: bool) -> usize {
         if fitted {
-            return (MIN_FITTED_WINDOW..=DEFAULT_WINDOW)
+            let default = self.fitted_window.clamp(MIN_FITTED_WINDOW, DEFAULT_WINDOW);
+            return (MIN_FITTED_WINDOW..=default)
                 .rev()
                 .find(|&w| self.fits(w))
-                .unwrap_or(DEFAULT_WINDOW);
+                .unwrap_or(default);
         }
         usize::try_from(self.byte_budget / 4 / self.unit_bytes.max(1))
             .unwrap_or(MAX_AUTO_WINDOW)
@@ -224,6 +244,7 @@ mod tests {
             unit_bytes: unit_mib * MIB,
             units,
             batch_groups,
+            fitted_window: DEFAULT_WINDOW,
         }
     }
 
@@ -275,6 +296,34 @@ mod tests {
             ..shape(1024, 8, 1000, 3)
         };
         assert!(!forged.fits(8));
+    }
+
+    #[test]
+    fn mixture_sources_share_the_default_window_by_weight() {
+        assert_eq!(shared_window(0.6), 5);
+        assert_eq!(shared_window(0.3), 2);
+        assert_eq!(shared_window(0.1), 2);
+        assert_eq!(shared_window(0.5), 4);
+        assert_eq!(shared_window(1.0), DEFAULT_WINDOW);
+        assert_eq!(shared_window(0.0), MIN_FITTED_WINDOW);
+        assert_eq!(shared_window(f64::NAN), MIN_FITTED_WINDOW);
+        assert_eq!(shared_window(f64::INFINITY), DEFAULT_WINDOW);
+        // The shared window, or as many as the budget holds two of.
+        let five = Shape {
+            fitted_window: 5,
+            ..shape(1024, 8, 1000, 2)
+        };
+        assert_eq!(five.auto_window(true), 5);
+        let tight = Shape {
+            byte_budget: 64 * MIB,
+            ..five
+        };
+        assert_eq!(tight.auto_window(true), 3);
+        // Data not shuffled at shard time: the budget's quarter, as before.
+        assert_eq!(
+            five.auto_window(false),
+            shape(1024, 8, 1000, 2).auto_window(false)
+        );
     }
 
     #[test]

@@ -185,6 +185,9 @@ impl LoaderBuilder {
             unit_bytes: sizes.unit_bytes,
             units,
             batch_groups: budget::batch_groups(self.batch_size, min_group_rows),
+            fitted_window: self
+                .window_share
+                .map_or(DEFAULT_WINDOW, budget::shared_window),
         };
         let fitted = shuffled_at_shard_time || !self.shuffle;
         // An index's row groups are its writers' (hundreds of MB from
@@ -240,10 +243,28 @@ impl LoaderBuilder {
             None if part_rows > 0 => part_window(&shape),
             None => shape.auto_window(fitted),
         };
-        if self.window.is_none() && window < DEFAULT_WINDOW {
+        // The window one loader's default gives, without a mixture source's
+        // share: what a mixture state saved before sources' windows were
+        // recorded was read in.
+        let unshared_window = match self.window {
+            Some(w) => w,
+            None => {
+                let one = budget::Shape {
+                    fitted_window: DEFAULT_WINDOW,
+                    ..shape
+                };
+                if part_rows > 0 {
+                    part_window(&one)
+                } else {
+                    one.auto_window(fitted)
+                }
+            }
+        };
+        if self.window.is_none() && window < shape.fitted_window {
             tracing::info!(
-                "{}: shuffle windows of {window} row groups (not {DEFAULT_WINDOW}): byte_budget ({} bytes) holds two of that many",
+                "{}: shuffle windows of {window} row groups (not {}): byte_budget ({} bytes) holds two of that many",
                 location.url(),
+                shape.fitted_window,
                 self.byte_budget
             );
         }
@@ -395,6 +416,7 @@ impl LoaderBuilder {
             shuffle: self.shuffle,
             seed: self.seed,
             window,
+            unshared_window,
             rank,
             world_size,
             drop_last: self.drop_last,

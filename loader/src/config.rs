@@ -164,6 +164,10 @@ pub struct LoaderBuilder {
     /// A packing mixture's source: hand its rows on uncollated where it can
     /// ([`crate::collate::Handoff`]).
     pub(crate) handoff: bool,
+    /// A mixture's source: its share of the mixture's rows, which sizes its
+    /// default window where it was shuffled at shard time
+    /// ([`crate::budget::shared_window`]).
+    pub(crate) window_share: Option<f64>,
 }
 
 impl std::fmt::Debug for LoaderBuilder {
@@ -249,6 +253,7 @@ impl LoaderBuilder {
             keep_partial: false,
             images: ImageOptions::default(),
             handoff: false,
+            window_share: None,
         }
     }
 
@@ -411,6 +416,9 @@ impl LoaderBuilder {
     /// budget holds (at least 8, at most 256), so that sorted data (a
     /// class-sorted image folder, domains one after another) still gives
     /// batches that look random; raise `byte_budget` (or this) for more.
+    /// A mixture's sources shuffled at shard time share the default's row
+    /// groups by weight (sources weighted 0.6/0.3/0.1: 5, 2 and 2, at
+    /// least 2); given here, every source gets this window.
     pub fn window(mut self, row_groups: usize) -> Self {
         self.window = Some(row_groups);
         self
@@ -715,6 +723,9 @@ pub(crate) struct Config {
     pub shuffle: bool,
     pub seed: u64,
     pub window: usize,
+    /// The window without a mixture source's share of the default
+    /// ([`crate::budget::shared_window`]): `window` for a plain loader.
+    pub unshared_window: usize,
     pub rank: u64,
     pub world_size: u64,
     pub drop_last: bool,

@@ -208,26 +208,29 @@ impl FeedBuilder {
     /// A builder whose shuffle window was left to the byte budget, set to
     /// the window (and an index's parts) `states` were saved with (the order
     /// follows them, and they follow the budget): so that a job resumes with
-    /// another `byte_budget`, or on a machine that chose others. A mixture's
-    /// sources all get it, so its states' sources must agree. `None` when the
-    /// window was given, when the states do not agree, and for mixture states
-    /// saved before sources' windows were recorded.
+    /// another `byte_budget`, or on a machine that chose others. Each of a
+    /// mixture's sources gets its own, on which every rank's state must
+    /// agree. `None` when the window was given, when the states do not
+    /// agree, and where one lacks them (a mixture's state parsed by
+    /// [`Feed::parse_state`] has them).
     pub fn with_order_of(&self, states: &[FeedState]) -> Option<FeedBuilder> {
-        let mut orders = states.iter().flat_map(FeedState::orders);
-        let (window, part_rows) = orders.next()??;
-        if !orders.all(|o| o == Some((window, part_rows))) {
+        let first = states.first()?.orders();
+        let orders: Vec<(usize, u64)> = first.iter().copied().collect::<Option<_>>()?;
+        if !states.iter().all(|s| s.orders() == first) {
             return None;
         }
-        let with = |b: &LoaderBuilder| {
-            let mut b = b.clone().window(window);
-            b.part_rows = Some(part_rows);
-            b
-        };
         match self {
-            FeedBuilder::Loader(b) if b.window.is_none() => Some(FeedBuilder::Loader(with(b))),
+            FeedBuilder::Loader(b) if b.window.is_none() => {
+                let [(window, part_rows)] = orders.as_slice() else {
+                    return None;
+                };
+                let mut b = b.clone().window(*window);
+                b.part_rows = Some(*part_rows);
+                Some(FeedBuilder::Loader(b))
+            }
             FeedBuilder::Mixture(m) if m.template.window.is_none() => {
                 let mut m = m.clone();
-                m.template = with(&m.template);
+                m.source_orders = Some(orders);
                 Some(FeedBuilder::Mixture(m))
             }
             _ => None,
@@ -327,7 +330,7 @@ impl Feed for Mixture {
     }
 
     fn parse_state(&self, json: &str) -> Result<FeedState> {
-        MixtureState::from_json(json).map(|s| FeedState::Mixture(Box::new(s)))
+        MixtureState::from_json(json).map(|s| FeedState::Mixture(Box::new(self.with_orders(s))))
     }
 
     fn restore(&mut self, states: &[FeedState], allow_changed: bool) -> Result<()> {

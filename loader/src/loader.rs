@@ -126,6 +126,14 @@ impl Loader {
     }
 
     /// This loader's rank and number of ranks.
+    /// The window and part rows this loader would read in without a
+    /// mixture source's share of the default window: what a mixture state
+    /// that did not record its sources' windows was read in.
+    pub(crate) fn unshared_order(&self) -> (usize, u64) {
+        let c = &self.pipeline.config;
+        (c.unshared_window, c.part_rows)
+    }
+
     pub(crate) fn rank(&self) -> u64 {
         self.pipeline.config.rank
     }

@@ -103,6 +103,9 @@ pub struct MixtureBuilder {
     pack_column: Option<String>,
     mix_stop: MixStop,
     read_batch: usize,
+    /// Each source's window and part rows, where a state's are adopted
+    /// ([`crate::FeedBuilder::with_order_of`]).
+    pub(crate) source_orders: Option<Vec<(usize, u64)>>,
 }
 
 /// `sources` (URL, weight) with passwords in URLs hidden, for messages.
@@ -161,6 +164,7 @@ impl Loader {
             pack_column: None,
             mix_stop: MixStop::default(),
             read_batch: DEFAULT_READ_BATCH,
+            source_orders: None,
         }
     }
 }
@@ -263,7 +267,9 @@ impl MixtureBuilder {
     /// Every other option of the sources' loaders (threads, byte budget,
     /// storage options, cache, retries, ...): `f` gets the builder every
     /// source's loader is made from. The byte budget is shared: each source
-    /// gets an equal part of it.
+    /// gets an equal part of it. A window left to the budget is each
+    /// source's share of the default window where it was shuffled at shard
+    /// time ([`LoaderBuilder::window`]); one given is every source's.
     pub fn configure(mut self, f: impl FnOnce(LoaderBuilder) -> LoaderBuilder) -> Self {
         self.template = f(self.template);
         self
@@ -351,8 +357,15 @@ impl MixtureBuilder {
             let total: f64 = self.sources.iter().map(|s| s.1).sum();
             let share = self.sources[i].1 / total.max(f64::MIN_POSITIVE);
             b.decode_threads = ((cores as f64 * share).ceil() as usize).clamp(1, cores);
+            // Windows too (shuffled at shard time): the sources share one
+            // loader's default window's row groups.
+            b.window_share = Some(share);
             if columns.is_some() {
                 b.columns = columns;
+            }
+            if let Some(&(window, part_rows)) = self.source_orders.as_ref().and_then(|o| o.get(i)) {
+                b.window = Some(window);
+                b.part_rows = Some(part_rows);
             }
             b
         };
@@ -581,6 +594,7 @@ impl MixtureBuilder {
             .template
             .slow_warning
             .filter(|&(f, n)| f > 0.0 && n > 0);
+        let unshared_orders = sources.iter().map(|s| s.loader.unshared_order()).collect();
         let source_states = sources
             .iter()
             .zip(&weights)
@@ -623,6 +637,7 @@ impl MixtureBuilder {
             dropped_batches: 0,
             staged_batches: 0,
             source_states,
+            unshared_orders,
             staging: Vec::new(),
             steps: self.template.steps.clone(),
         };
@@ -878,6 +893,10 @@ pub(crate) struct Core {
     /// The sources as a state names them (made once: a state goes with
     /// every batch).
     source_states: Vec<SourceState>,
+    /// Each source's window and part rows without its share of the default
+    /// window ([`crate::budget::shared_window`]): what a state that did not
+    /// record its sources' windows was read in.
+    unshared_orders: Vec<(usize, u64)>,
     /// Unpacked batches: each column's rows, copied out of the sources'
     /// batches (buffers reused from batch to batch).
     staging: Vec<Staged>,

@@ -182,7 +182,8 @@ class Loader:
         single-rank job, given as it is, resumes so too. ``allow_changed=True``
         (mixtures) starts sources whose dataset or weight changed afresh. A loader whose
         ``window`` was left to ``byte_budget`` takes the state's window and an index's parts
-        (the order follows them), so a job resumes under another ``byte_budget``."""
+        (a mixture's: each source's; the order follows them), so a job resumes under another
+        ``byte_budget`` (or, for a mixture, other weights)."""
     def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> None:
         """Change a mixture's weights from the next batch on (recorded in the state)."""
     def stats(self) -> dict[str, Any]:

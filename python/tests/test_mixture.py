@@ -203,13 +203,39 @@ def test_a_state_saved_with_other_shuffle_windows_resumes_with_them_or_is_refuse
     assert [s["window"] for s in state["sources"]] == [2, 2, 2]
     expected = [next(saved)["input_ids"].tolist() for _ in range(4)]
 
-    chosen = mixture()  # windows left to the byte budget: 8
+    chosen = mixture()  # windows left to the byte budget: the default's 8 shared by weight
+    assert [s["window"] for s in chosen.state_dict()["sources"]] == [5, 2, 2]
     chosen.load_state_dict(state)
     assert [next(chosen)["input_ids"].tolist() for _ in range(4)] == expected
     assert [s["window"] for s in chosen.state_dict()["sources"]] == [2, 2, 2]
 
     with pytest.raises(ValueError, match="shuffle windows of 2 row groups when the state was saved but 3 here"):
         mixture(window=3).load_state_dict(state)
+
+    # Each source's own window: a reweighted mixture (whose windows would be 4, 3, 2)
+    # goes on with the saved 5, 2, 2, every unchanged source where it was.
+    default = mixture()
+    for _ in range(5):
+        next(default)
+    state = default.state_dict()
+    reweighted = {url: w for url, w in zip(sources, (0.5, 0.35, 0.15))}
+    m = shardfeed.Loader(reweighted, batch_size=20, seed=2, threads=2, mix_stop="never")
+    assert [s["window"] for s in m.state_dict()["sources"]] == [4, 3, 2]
+    m.load_state_dict(state, allow_changed=True)
+    assert [s["window"] for s in m.state_dict()["sources"]] == [5, 2, 2]
+    assert m.state_dict()["draw"]["sources"] == state["draw"]["sources"]
+
+    # A state saved before windows were recorded was read in windows of 8.
+    eight = mixture(window=8)
+    for _ in range(5):
+        next(eight)
+    old = eight.state_dict()
+    expected = [next(eight)["input_ids"].tolist() for _ in range(4)]
+    for s in old["sources"]:
+        del s["window"], s["part_rows"]
+    chosen = mixture()
+    chosen.load_state_dict(old)
+    assert [next(chosen)["input_ids"].tolist() for _ in range(4)] == expected
 
 
 def test_a_single_dataset_packs_and_torch_takes_mixtures(sources):

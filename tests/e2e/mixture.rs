@@ -596,7 +596,8 @@ fn next_ids(m: &mut Mixture, n: usize) -> Vec<Vec<i32>> {
 /// byte budget the sources share: a state is resumed only by sources read in
 /// the windows it was saved with (a mixture built with another budget would
 /// otherwise go on in another order, reading some rows twice and some not at
-/// all). States saved before windows were recorded are not checked.
+/// all). States saved before windows were recorded were read in one
+/// loader's default windows, and are checked against those.
 #[test]
 fn a_state_saved_with_other_shuffle_windows_is_refused_naming_them() {
     let tmp = tempdir();
@@ -637,16 +638,121 @@ fn a_state_saved_with_other_shuffle_windows_is_refused_naming_them() {
     let again = next_ids(&mut same, 4);
     assert_eq!(again, after, "the same windows continue exactly");
 
-    // A state from before windows were recorded: resumed as before.
+    // A state from before windows were recorded, resumed by a mixture
+    // given a window: taken as read in it.
     let mut old = state.clone();
     for s in &mut old.sources {
         (s.window, s.part_rows) = (None, None);
     }
     let text = old.to_json();
     assert!(!text.contains("part_rows"), "{text}");
-    build(3)
+    let mut old_same = build(2);
+    old_same
         .resume(&MixtureState::from_json(&text).unwrap())
         .unwrap();
+    assert_eq!(next_ids(&mut old_same, 4), after);
+}
+
+/// A mixture's sources shuffled at shard time share the default window's
+/// row groups by weight (holding about what one loader holds); a state
+/// saved with other windows (each source its own) is resumed by a builder
+/// that adopts them, and a state that recorded none was read in the
+/// default window of one loader (8), which a default mixture refuses by
+/// name and a rebuilt one adopts.
+#[test]
+fn sources_share_the_default_window_by_weight_and_states_keep_theirs() {
+    use shardfeed_loader::{FeedBuilder, FeedState};
+    let tmp = tempdir();
+    let a = token_source(tmp.path(), "a", 0, 400, 5);
+    let b = token_source(tmp.path(), "b", 1, 400, 5);
+    let build = |weights: [f64; 2], window: Option<usize>| {
+        mixture(&[(a.clone(), weights[0]), (b.clone(), weights[1])])
+            .batch_size(10)
+            .mix_stop(MixStop::Never)
+            .configure(move |l| match window {
+                Some(w) => l.window(w),
+                None => l,
+            })
+    };
+    let windows = |m: &Mixture| -> Vec<Option<usize>> {
+        m.state().sources.iter().map(|s| s.window).collect()
+    };
+    let mut m = build([0.7, 0.3], None).build().unwrap();
+    assert_eq!(windows(&m), [Some(6), Some(2)]);
+    assert_eq!(
+        windows(&build([0.5, 0.5], None).build().unwrap()),
+        [Some(4), Some(4)]
+    );
+    assert_eq!(
+        windows(&build([0.99, 0.01], None).build().unwrap()),
+        [Some(8), Some(2)]
+    );
+    for _ in 0..5 {
+        m.next().unwrap().unwrap();
+    }
+    let state = m.state();
+    let after = next_ids(&mut m, 6);
+
+    // Reweighted, whose default windows are 4 and 4: refused, or rebuilt
+    // with the state's 6 and 2, which continue each source where it was.
+    let reweighted = build([0.5, 0.5], None);
+    let err = reweighted
+        .clone()
+        .build()
+        .unwrap()
+        .resume_changed(&state)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("windows of 6 row groups") && err.contains("but 4 here"),
+        "{err}"
+    );
+    let saved = [FeedState::Mixture(Box::new(state.clone()))];
+    let adopted = FeedBuilder::Mixture(reweighted)
+        .with_order_of(&saved)
+        .expect("windows left to the budget adopt the state's");
+    let mut fresh = adopted.build().unwrap();
+    fresh.restore(&saved, true).unwrap();
+    let FeedState::Mixture(now) = fresh.save() else {
+        panic!("a mixture's state")
+    };
+    let now: Vec<_> = now.sources.iter().map(|s| s.window).collect();
+    assert_eq!(now, [Some(6), Some(2)]);
+
+    // The state of a mixture saved before windows were recorded (each
+    // source then read in windows of 8).
+    let mut eight = build([0.7, 0.3], Some(8)).build().unwrap();
+    for _ in 0..5 {
+        eight.next().unwrap().unwrap();
+    }
+    let mut old = eight.state();
+    let expected = next_ids(&mut eight, 6);
+    assert_ne!(expected, after, "windows of 8 read another order");
+    for s in &mut old.sources {
+        (s.window, s.part_rows) = (None, None);
+    }
+    let text = old.to_json();
+    let err = build([0.7, 0.3], None)
+        .build()
+        .unwrap()
+        .resume(&MixtureState::from_json(&text).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("windows of 8 row groups") && err.contains("but 6 here"),
+        "{err}"
+    );
+    let default = FeedBuilder::Mixture(build([0.7, 0.3], None));
+    let parsed = [default.build().unwrap().parse_state(&text).unwrap()];
+    let mut rebuilt = default.with_order_of(&parsed).unwrap().build().unwrap();
+    rebuilt.restore(&parsed, false).unwrap();
+    let ids: Vec<Vec<i32>> = (0..6)
+        .map(|_| {
+            let batch = rebuilt.next_batch(&mut || false).unwrap().unwrap();
+            batch.values::<i32>("input_ids").unwrap().to_vec()
+        })
+        .collect();
+    assert_eq!(ids, expected, "read on in windows of 8");
 }
 
 /// Run `old` ranks for `steps` batches each, save, then resume on `new`

@@ -324,12 +324,23 @@ impl Core {
         // Which saved source each of ours continues (None: starts afresh).
         let mut from: Vec<Option<usize>> = vec![None; n];
         let mut changed = Vec::new();
+        // Reported after what changed (new weights give new windows).
+        let mut other_windows = None;
         for (i, s) in self.streams.sources.iter().enumerate() {
             let url = shardfeed_format::redact::url(&s.url);
             let saved = state.sources.get(i);
             match saved {
                 Some(saved) if saved.dataset == s.fingerprint => {
-                    same_windows(i, &url, saved, &self.source_states[i])?;
+                    if other_windows.is_none() {
+                        other_windows = same_windows(
+                            i,
+                            &url,
+                            saved,
+                            &self.source_states[i],
+                            self.unshared_orders[i],
+                        )
+                        .err();
+                    }
                     if saved.weight != self.initial_weights[i] {
                         changed.push(format!(
                             "source {i} ({url}) has weight {} in the state but {} here",
@@ -356,6 +367,9 @@ impl Core {
                 "the mixture changed since the state was saved: {}; pass allow_changed=True to start the changed sources afresh",
                 changed.join("; ")
             ));
+        }
+        if let Some(e) = other_windows {
+            return Err(e);
         }
         let exact = changed.is_empty();
         let draw = DrawState {
@@ -486,7 +500,7 @@ impl Core {
             }
             for (i, (saved, mine)) in st.sources.iter().zip(&self.source_states).enumerate() {
                 // Named by this mixture's (redacted) URL, not the state's text.
-                same_windows(i, &mine.url, saved, mine)?;
+                same_windows(i, &mine.url, saved, mine, self.unshared_orders[i])?;
             }
             if st.window.is_some() {
                 return refuse("a state holds a fit-mode pack window".into());
@@ -562,11 +576,20 @@ impl Core {
 /// Refuse to continue source `i` from `saved` when it was read in other
 /// shuffle windows (or parts) than `mine`: its order follows them, so the
 /// rows after the state would not be the ones the saved mixture was to
-/// read (some twice, some not at all, in that source's epoch).
-fn same_windows(i: usize, url: &str, saved: &SourceState, mine: &SourceState) -> Result<()> {
-    let (Some(was), Some(is)) = (saved.order(), mine.order()) else {
+/// read (some twice, some not at all, in that source's epoch). A state
+/// that did not record them was read in one loader's default windows,
+/// `unshared` (sources did not yet share the default window).
+fn same_windows(
+    i: usize,
+    url: &str,
+    saved: &SourceState,
+    mine: &SourceState,
+    unshared: (usize, u64),
+) -> Result<()> {
+    let Some(is) = mine.order() else {
         return Ok(());
     };
+    let was = saved.order().unwrap_or(unshared);
     if was == is {
         return Ok(());
     }
@@ -576,7 +599,7 @@ fn same_windows(i: usize, url: &str, saved: &SourceState, mine: &SourceState) ->
     };
     Err(LoaderError::BadState {
         reason: format!(
-            "source {i} ({url}) was read in shuffle windows of {} row groups{} when the state was saved but {}{} here: the order would differ. Windows follow the byte_budget the sources share; build the mixture with the byte_budget it was saved with, or with window {}",
+            "source {i} ({url}) was read in shuffle windows of {} row groups{} when the state was saved but {}{} here: the order would differ. A source's default window follows its weight and the byte_budget the sources share; build the mixture with the weights and byte_budget it was saved with, or with the state's windows (FeedBuilder::with_order_of; the Python Loader adopts them itself; window {} where every source was read in it)",
             was.0,
             parts(was.1),
             is.0,

@@ -65,6 +65,9 @@ pub struct Mixture {
     progress: Progress,
     /// The consumer's side: waits, held slabs, counts, the slow warning.
     outlet: Outlet,
+    /// Each source's window and part rows without its share of the default
+    /// window: what a state that did not record its sources' was read in.
+    unshared_orders: Vec<(usize, u64)>,
 }
 
 impl std::fmt::Debug for Mixture {
@@ -90,6 +93,7 @@ impl Mixture {
             pool: core.pool.clone(),
             sources: core.source_stats(),
             progress: core.progress(),
+            unshared_orders: core.unshared_orders.clone(),
             core: Some(Box::new(core)),
             stale: false,
             running: None,
@@ -220,6 +224,21 @@ impl Mixture {
         self.len = Default::default();
         self.progress = core.progress();
         Ok(())
+    }
+
+    /// `state` with the windows (and part rows) of its sources that it did
+    /// not record, saved by a build that did not record them: one loader's
+    /// default windows, which those sources were read in. A loader rebuilt
+    /// with a state's windows ([`crate::FeedBuilder::with_order_of`]) then
+    /// reads them in these.
+    pub(crate) fn with_orders(&self, mut state: MixtureState) -> MixtureState {
+        for (saved, &(window, part_rows)) in state.sources.iter_mut().zip(&self.unshared_orders) {
+            if saved.window.is_none() {
+                saved.window = Some(window);
+                saved.part_rows = Some(part_rows);
+            }
+        }
+        state
     }
 
     /// Continue exactly where `state` was taken. A state of other datasets,
