@@ -195,10 +195,22 @@ impl LoaderBuilder {
         // windows of them touch, they are read in parts, each a unit.
         // Parts get the window that mixes best and fits, down to the
         // smallest fitted one.
+        // (An index's rows are not random samples: a mixture's share of the
+        // default window is not theirs.)
         let part_window = |s: &budget::Shape| {
             self.window.unwrap_or_else(|| {
                 let w = s.auto_window(fitted);
-                if s.fits(w) { w } else { s.auto_window(true) }
+                if s.fits(w) {
+                    w
+                } else if fitted {
+                    s.auto_window(true)
+                } else {
+                    budget::Shape {
+                        fitted_window: DEFAULT_WINDOW,
+                        ..*s
+                    }
+                    .auto_window(true)
+                }
             })
         };
         let mut part_rows = 0;
