@@ -44,7 +44,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Row groups per shuffle window (default: 8 for a dataset shuffled at
-    /// shard time, else as many as a quarter of the byte budget holds).
+    /// shard time, which `--mix` sources share by weight, at least 2 each;
+    /// else as many as a quarter of the byte budget holds). Given, every
+    /// `--mix` source's.
     #[arg(long)]
     pub window: Option<usize>,
     /// Batches collated ahead (default: as many as 128 MiB hold, 2 to 16, fewer where 4x the byte budget holds fewer slabs).
