@@ -44,7 +44,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Row groups per shuffle window (default: 8 for a dataset shuffled at
-    /// shard time, which `--mix` sources share by weight, at least 2 each;
+    /// shard time, which `--mix` sources share by weight, at least 2 each,
+    /// and a source of one list column two thirds of it (`--pack-to`: 5);
     /// else as many as a quarter of the byte budget holds). Given, every
     /// `--mix` source's.
     #[arg(long)]

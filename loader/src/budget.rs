@@ -46,7 +46,20 @@ pub(crate) struct Shape {
 /// against 16), not 8 each (48), whose first touches cost a short run a
 /// tenth of its rate on a VM that clears every fresh page.
 pub(crate) fn shared_window(share: f64) -> usize {
-    let w = (DEFAULT_WINDOW as f64 * share).round();
+    shared_window_of(share, DEFAULT_WINDOW as f64)
+}
+
+/// [`shared_window`] for a source that hands its rows on uncollated
+/// ([`crate::collate::Handoff`]): the batches in flight reach back to about
+/// one window more, so its share is of two thirds of [`DEFAULT_WINDOW`]
+/// (one packed dataset: 5, holding about what one loader's two windows of 8
+/// hold).
+pub(crate) fn handoff_window(share: f64) -> usize {
+    shared_window_of(share, DEFAULT_WINDOW as f64 * 2.0 / 3.0)
+}
+
+fn shared_window_of(share: f64, of: f64) -> usize {
+    let w = (of * share).round();
     if w.is_nan() {
         return MIN_FITTED_WINDOW;
     }
@@ -308,6 +321,9 @@ mod tests {
         assert_eq!(shared_window(0.0), MIN_FITTED_WINDOW);
         assert_eq!(shared_window(f64::NAN), MIN_FITTED_WINDOW);
         assert_eq!(shared_window(f64::INFINITY), DEFAULT_WINDOW);
+        assert_eq!(handoff_window(1.0), 5);
+        assert_eq!(handoff_window(0.6), 3);
+        assert_eq!(handoff_window(0.1), MIN_FITTED_WINDOW);
         // The shared window, or as many as the budget holds two of.
         let five = Shape {
             fitted_window: 5,

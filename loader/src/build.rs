@@ -180,14 +180,23 @@ impl LoaderBuilder {
             .filter(|&r| r > 0)
             .min()
             .unwrap_or(1);
+        // A mixture's source whose one column is a list of numbers hands
+        // its rows on uncollated (an index read in parts aside, below).
+        let hands_on = self.handoff
+            && images.is_none()
+            && self.steps.is_empty()
+            && matches!(&plans[..], [p] if matches!(p.kind, crate::columns::Kind::List { .. }))
+            && matches!(self.list_mode, ListMode::Ragged);
         let mut shape = budget::Shape {
             byte_budget: self.byte_budget,
             unit_bytes: sizes.unit_bytes,
             units,
             batch_groups: budget::batch_groups(self.batch_size, min_group_rows),
-            fitted_window: self
-                .window_share
-                .map_or(DEFAULT_WINDOW, budget::shared_window),
+            fitted_window: match self.window_share {
+                None => DEFAULT_WINDOW,
+                Some(share) if hands_on => budget::handoff_window(share),
+                Some(share) => budget::shared_window(share),
+            },
         };
         let fitted = shuffled_at_shard_time || !self.shuffle;
         // An index's row groups are its writers' (hundreds of MB from
@@ -382,22 +391,17 @@ impl LoaderBuilder {
         // is on. Room for those row groups comes on top of what the collator
         // needs, so that the decoders never wait on a batch the consumer
         // holds; where the budget has none, the source collates as usual.
-        let handoff_units = (self.handoff
-            && part_rows == 0
-            && images.is_none()
-            && self.steps.is_empty()
-            && matches!(&plans[..], [p] if matches!(p.kind, crate::columns::Kind::List { .. }))
-            && matches!(self.list_mode, ListMode::Ragged))
-        .then(|| {
-            let window_rows = (window as u64).saturating_mul(min_group_rows).max(1);
-            let behind = (slabs as u64)
-                .saturating_mul(self.batch_size as u64)
-                .div_ceil(window_rows);
-            needed
-                .saturating_add(behind.saturating_mul(window as u64))
-                .min(units.max(needed))
-        })
-        .filter(|&with| sizes.unit_bytes.saturating_mul(with) <= self.byte_budget);
+        let handoff_units = (hands_on && part_rows == 0)
+            .then(|| {
+                let window_rows = (window as u64).saturating_mul(min_group_rows).max(1);
+                let behind = (slabs as u64)
+                    .saturating_mul(self.batch_size as u64)
+                    .div_ceil(window_rows);
+                needed
+                    .saturating_add(behind.saturating_mul(window as u64))
+                    .min(units.max(needed))
+            })
+            .filter(|&with| sizes.unit_bytes.saturating_mul(with) <= self.byte_budget);
         let fixed_width = plans.iter().all(ColumnPlan::is_fixed_width);
         let extra_window = if local && !(fixed_width && self.shuffle) {
             0

@@ -418,7 +418,9 @@ impl LoaderBuilder {
     /// batches that look random; raise `byte_budget` (or this) for more.
     /// A mixture's sources shuffled at shard time share the default's row
     /// groups by weight (sources weighted 0.6/0.3/0.1: 5, 2 and 2, at
-    /// least 2); given here, every source gets this window.
+    /// least 2; sources that hand their rows on uncollated, two thirds of
+    /// them: one packed dataset reads windows of 5); given here, every
+    /// source gets this window.
     pub fn window(mut self, row_groups: usize) -> Self {
         self.window = Some(row_groups);
         self

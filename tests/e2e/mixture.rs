@@ -687,6 +687,21 @@ fn sources_share_the_default_window_by_weight_and_states_keep_theirs() {
         windows(&build([0.99, 0.01], None).build().unwrap()),
         [Some(8), Some(2)]
     );
+    // Sources that hand their rows on uncollated (one list column) hold
+    // about a window more: their share is of two thirds of the default.
+    let mut handing = build([0.7, 0.3], None)
+        .configure(|l| l.columns(["input_ids"]))
+        .build()
+        .unwrap();
+    assert_eq!(windows(&handing), [Some(4), Some(2)]);
+    handing.next().unwrap().unwrap();
+    assert!(
+        handing
+            .stats()
+            .sources
+            .iter()
+            .all(|s| s.handoff_batches > 0)
+    );
     for _ in 0..5 {
         m.next().unwrap().unwrap();
     }
