@@ -949,10 +949,16 @@ struct ParquetInput {
     map_check: Option<crate::parquet_file::MapCheck>,
 }
 
-/// Arrow bytes per Parquet uncompressed byte, measured on the first row
-/// group of `path`. A row group that fails to decode fails the run here,
-/// naming the file (the reader keeps failing if asked again, so its errors
-/// must never be skipped over).
+/// Decoded bytes [`arrow_to_parquet_ratio`] measures at most.
+const RATIO_SAMPLE_BYTES: u64 = 4 * READ_BATCH_BYTES;
+
+/// Arrow bytes per Parquet uncompressed byte, measured on the first rows
+/// of the first row group of `path` (batches of about [`READ_BATCH_BYTES`]
+/// until [`RATIO_SAMPLE_BYTES`] are decoded, scaled to the row group's
+/// rows): a writer's row group of 128 MB to 1 GB is not decoded whole on
+/// the main thread before the readers start. A batch that fails to decode
+/// fails the run here, naming the file (the reader keeps failing if asked
+/// again, so its errors must never be skipped over).
 fn arrow_to_parquet_ratio(
     builder: ParquetRecordBatchReaderBuilder<RowGroupFile>,
     path: &Path,
@@ -961,17 +967,28 @@ fn arrow_to_parquet_ratio(
         return Ok(1.0);
     };
     let encoded = first.total_byte_size().max(1) as f64;
+    let rows = first.num_rows().max(1) as u64;
+    let per_row = (first.total_byte_size().max(1) as u64)
+        .div_ceil(rows)
+        .max(1);
+    let batch_rows = (READ_BATCH_BYTES / per_row).clamp(1, 8192) as usize;
     let reader = builder
         .with_row_groups(vec![0])
-        .with_batch_size(8192)
+        .with_batch_size(batch_rows)
         .build()
         .map_err(|e| PreprocessError::read(path, Some("row group 0".into()), e))?;
-    let mut decoded = 0u64;
+    let (mut decoded, mut read) = (0u64, 0u64);
     let reader = reader.map(|r| r.map_err(|e| PreprocessError::read(path, None, e)));
     for batch in Guarded::new(reader, path.to_path_buf()) {
-        decoded += crate::measure::batch_bytes(&batch?);
+        let batch = batch?;
+        decoded += crate::measure::batch_bytes(&batch);
+        read += batch.num_rows() as u64;
+        if decoded >= RATIO_SAMPLE_BYTES {
+            break;
+        }
     }
-    Ok((decoded as f64 / encoded).max(1.0))
+    let whole = decoded as f64 * rows as f64 / read.max(1) as f64;
+    Ok((whole / encoded).max(1.0))
 }
 
 /// The first difference between two schemas' fields, ignoring schema-level metadata.
