@@ -280,6 +280,7 @@ impl Core {
     }
 
     pub(super) fn resume_with(&mut self, state: &MixtureState, allow_changed: bool) -> Result<()> {
+        let state = &recorded(state.clone(), &self.unshared_orders);
         self.check_state(state)?;
         let refuse = |reason: String| Err(LoaderError::BadState { reason });
         let n = self.streams.sources.len();
@@ -332,14 +333,7 @@ impl Core {
             match saved {
                 Some(saved) if saved.dataset == s.fingerprint => {
                     if other_windows.is_none() {
-                        other_windows = same_windows(
-                            i,
-                            &url,
-                            saved,
-                            &self.source_states[i],
-                            self.unshared_orders[i],
-                        )
-                        .err();
+                        other_windows = same_windows(i, &url, saved, &self.source_states[i]).err();
                     }
                     if saved.weight != self.initial_weights[i] {
                         changed.push(format!(
@@ -442,6 +436,11 @@ impl Core {
     /// that do not divide evenly. The blending counts restart (shares hold
     /// exactly from here). Fit-mode packing cannot be resumed elastically.
     pub fn resume_elastic(&mut self, states: &[MixtureState]) -> Result<()> {
+        let states: Vec<MixtureState> = states
+            .iter()
+            .map(|s| recorded(s.clone(), &self.unshared_orders))
+            .collect();
+        let states = states.as_slice();
         let refuse = |reason: String| Err(LoaderError::BadState { reason });
         let Some(first) = states.first() else {
             return refuse("no state to resume from".into());
@@ -500,7 +499,7 @@ impl Core {
             }
             for (i, (saved, mine)) in st.sources.iter().zip(&self.source_states).enumerate() {
                 // Named by this mixture's (redacted) URL, not the state's text.
-                same_windows(i, &mine.url, saved, mine, self.unshared_orders[i])?;
+                same_windows(i, &mine.url, saved, mine)?;
             }
             if st.window.is_some() {
                 return refuse("a state holds a fit-mode pack window".into());
@@ -576,20 +575,11 @@ impl Core {
 /// Refuse to continue source `i` from `saved` when it was read in other
 /// shuffle windows (or parts) than `mine`: its order follows them, so the
 /// rows after the state would not be the ones the saved mixture was to
-/// read (some twice, some not at all, in that source's epoch). A state
-/// that did not record them was read in one loader's default windows,
-/// `unshared` (sources did not yet share the default window).
-fn same_windows(
-    i: usize,
-    url: &str,
-    saved: &SourceState,
-    mine: &SourceState,
-    unshared: (usize, u64),
-) -> Result<()> {
-    let Some(is) = mine.order() else {
+/// read (some twice, some not at all, in that source's epoch).
+fn same_windows(i: usize, url: &str, saved: &SourceState, mine: &SourceState) -> Result<()> {
+    let (Some(was), Some(is)) = (saved.order(), mine.order()) else {
         return Ok(());
     };
-    let was = saved.order().unwrap_or(unshared);
     if was == is {
         return Ok(());
     }
@@ -607,4 +597,18 @@ fn same_windows(
             was.0
         ),
     })
+}
+
+/// `state` with the windows (and part rows) of the sources it did not
+/// record, saved by a build that did not record them: `unshared`, one
+/// loader's default windows for each source (sources did not yet share
+/// the default window), which those sources were read in.
+pub(super) fn recorded(mut state: MixtureState, unshared: &[(usize, u64)]) -> MixtureState {
+    for (saved, &(window, part_rows)) in state.sources.iter_mut().zip(unshared) {
+        if saved.window.is_none() {
+            saved.window = Some(window);
+            saved.part_rows = Some(part_rows);
+        }
+    }
+    state
 }

@@ -231,14 +231,8 @@ impl Mixture {
     /// default windows, which those sources were read in. A loader rebuilt
     /// with a state's windows ([`crate::FeedBuilder::with_order_of`]) then
     /// reads them in these.
-    pub(crate) fn with_orders(&self, mut state: MixtureState) -> MixtureState {
-        for (saved, &(window, part_rows)) in state.sources.iter_mut().zip(&self.unshared_orders) {
-            if saved.window.is_none() {
-                saved.window = Some(window);
-                saved.part_rows = Some(part_rows);
-            }
-        }
-        state
+    pub(crate) fn with_orders(&self, state: MixtureState) -> MixtureState {
+        super::state::recorded(state, &self.unshared_orders)
     }
 
     /// Continue exactly where `state` was taken. A state of other datasets,
