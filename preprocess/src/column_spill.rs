@@ -238,15 +238,23 @@ fn gather(src: &[u8], indices: &[u32], width: usize, out: &mut Vec<u8>) {
     }
 }
 
-/// Append `src`'s values at `indices` (values of `W` bytes) to `out`.
+/// Append `src`'s values at `indices` (values of `W` bytes) to `out`,
+/// written once into its spare capacity (not zeroed first: the zeroing
+/// was 3% of a shuffled table's CPU, every byte of it written again).
 fn gather_into<const W: usize>(src: &[u8], indices: &[u32], out: &mut Vec<u8>) {
     let (src, _) = src.as_chunks::<W>();
+    let bytes = indices.len() * W;
+    out.reserve(bytes);
     let start = out.len();
-    out.resize(start + indices.len() * W, 0);
-    let (dst, _) = out[start..].as_chunks_mut::<W>();
+    let (dst, _) = out.spare_capacity_mut()[..bytes].as_chunks_mut::<W>();
+    // `dst` is exactly one chunk an index.
     for (d, &i) in dst.iter_mut().zip(indices) {
-        *d = src[i as usize];
+        *d = src[i as usize].map(std::mem::MaybeUninit::new);
     }
+    // SAFETY: the loop wrote every one of the `bytes` bytes past `start`
+    // (`dst` is `indices.len()` chunks of `W`, each assigned; an index out
+    // of `src` panics before this line), and `reserve` made them capacity.
+    unsafe { out.set_len(start + bytes) };
 }
 
 /// `parts` as one slice: the one part itself, or all of them copied into
