@@ -158,6 +158,13 @@ struct Network {
 /// Rounds of every [`Permutation`] (one key each).
 const ROUNDS: usize = 4;
 
+/// Values one pass of the network takes side by side.
+const LANES: usize = 8;
+
+/// A permutation of at least this many eighths of its network's domain
+/// walks each value on alone ([`Network::apply_range`]).
+const SPARSE_EIGHTHS: u64 = 7;
+
 impl Network {
     fn new(len: u64, half_bits: u32) -> Self {
         Network { len, half_bits }
@@ -177,38 +184,117 @@ impl Network {
     }
 
     /// The permuted index of every position `first..first + out.len()` (all
-    /// below `len`), into `out`: the rounds of 8 neighbouring positions are
-    /// computed side by side, so they overlap instead of each waiting on its
-    /// own chain (of multiplications, or of table reads).
+    /// below `len`), into `out`, a block of positions at a time: one pass of
+    /// the network over the block, then passes over the values not yet
+    /// inside `0..len` (gathered, with their places), until none is left.
+    /// Every pass takes eight values side by side ([`Network::lanes`]).
+    /// Walking each value on alone after the first pass (kept where few
+    /// walk: [`SPARSE_EIGHTHS`]) cost ten times that pass where `len` is just
+    /// above a power of four: 3.6 passes a position on average, 35 ns a
+    /// position against 15 ns now for a window of 1.15 M rows (and 3 ns for
+    /// one of 255 K rows, whose domain it nearly fills), AMD EPYC Zen 3.
     #[inline(always)]
     fn apply_range(self, first: u64, out: &mut [u64], f: &impl Fn(usize, u64) -> u64) {
-        const LANES: usize = 8;
+        const BLOCK: usize = 512;
         debug_assert!(first + out.len() as u64 <= self.len);
-        let mask = (1u64 << self.half_bits) - 1;
-        let mut at = first;
-        let mut chunks = out.chunks_exact_mut(LANES);
-        for chunk in &mut chunks {
-            let mut left = [0u64; LANES];
-            let mut right = [0u64; LANES];
-            for i in 0..LANES {
-                let x = at + i as u64;
-                left[i] = x >> self.half_bits;
-                right[i] = x & mask;
+        // Where `len` nearly fills the network's domain (`2^(2 * half_bits)`,
+        // up to 2^64) few values walk on: each is walked alone as it is
+        // written, a branch seldom taken.
+        let domain = 1u128 << (2 * self.half_bits);
+        if u128::from(self.len) * 8 >= domain * u128::from(SPARSE_EIGHTHS) {
+            self.pass(out, Some(first), f, |y| self.walk(y, f));
+            return;
+        }
+        // The values still walking and their places in the block.
+        let mut walking = [0u64; BLOCK];
+        let mut places = [0u16; BLOCK];
+        let mut start = first;
+        for block in out.chunks_mut(BLOCK) {
+            self.pass(block, Some(start), f, |y| y);
+            start += block.len() as u64;
+            // Branch-free: whether a value lands inside is a coin toss. At
+            // the `j`th value at most `j` are walking, so the index is in
+            // the arrays.
+            let mut pending = 0;
+            for (j, &y) in block.iter().enumerate() {
+                walking[pending] = y;
+                places[pending] = j as u16;
+                pending += usize::from(y >= self.len);
             }
-            for k in 0..ROUNDS {
-                for i in 0..LANES {
-                    (left[i], right[i]) = (right[i], left[i] ^ f(k, right[i]));
+            while pending > 0 {
+                self.pass(&mut walking[..pending], None, f, |y| y);
+                let mut still = 0;
+                for p in 0..pending {
+                    let (y, j) = (walking[p], places[p]);
+                    block[usize::from(j)] = y;
+                    walking[still] = y;
+                    places[still] = j;
+                    still += usize::from(y >= self.len);
+                }
+                pending = still;
+            }
+        }
+    }
+
+    /// One pass of the network over every value of `xs` (each below
+    /// `2^(2 * half_bits)`), in place, or with `from`, over the positions
+    /// `from..from + xs.len()` into `xs`; each result given to `finish`
+    /// before it is written.
+    #[inline(always)]
+    fn pass(
+        self,
+        xs: &mut [u64],
+        from: Option<u64>,
+        f: &impl Fn(usize, u64) -> u64,
+        finish: impl Fn(u64) -> u64,
+    ) {
+        let mut chunks = xs.chunks_exact_mut(LANES);
+        match from {
+            Some(mut at) => {
+                for chunk in &mut chunks {
+                    let y = self.lanes(std::array::from_fn(|i| at + i as u64), f);
+                    for (o, y) in chunk.iter_mut().zip(y) {
+                        *o = finish(y);
+                    }
+                    at += LANES as u64;
+                }
+                for (o, at) in chunks.into_remainder().iter_mut().zip(at..) {
+                    *o = finish(self.feistel(at, f));
                 }
             }
-            for (i, o) in chunk.iter_mut().enumerate() {
-                let x = (left[i] << self.half_bits) | right[i];
-                *o = self.walk(x, f);
+            None => {
+                for chunk in &mut chunks {
+                    let y = self.lanes(std::array::from_fn(|i| chunk[i]), f);
+                    for (o, y) in chunk.iter_mut().zip(y) {
+                        *o = finish(y);
+                    }
+                }
+                for o in chunks.into_remainder() {
+                    *o = finish(self.feistel(*o, f));
+                }
             }
-            at += LANES as u64;
         }
-        for (o, at) in chunks.into_remainder().iter_mut().zip(at..) {
-            *o = self.walk(self.feistel(at, f), f);
+    }
+
+    /// One pass of the network over [`LANES`] values (each below
+    /// `2^(2 * half_bits)`), their rounds computed side by side so that they
+    /// overlap instead of each waiting on its own chain (of multiplications,
+    /// or of table reads).
+    #[inline(always)]
+    fn lanes(self, x: [u64; LANES], f: &impl Fn(usize, u64) -> u64) -> [u64; LANES] {
+        let mask = (1u64 << self.half_bits) - 1;
+        let mut left = [0u64; LANES];
+        let mut right = [0u64; LANES];
+        for i in 0..LANES {
+            left[i] = x[i] >> self.half_bits;
+            right[i] = x[i] & mask;
         }
+        for k in 0..ROUNDS {
+            for i in 0..LANES {
+                (left[i], right[i]) = (right[i], left[i] ^ f(k, right[i]));
+            }
+        }
+        std::array::from_fn(|i| (left[i] << self.half_bits) | right[i])
     }
 
     /// Cycle walking: `x` (one pass of the network) taken on through it
@@ -258,7 +344,7 @@ mod tests {
 
     #[test]
     fn apply_range_equals_apply_position_by_position() {
-        for len in [1u64, 7, 8, 9, 100, 4097, 257_128] {
+        for len in [1u64, 7, 8, 9, 100, 4097, 70_001, 257_128] {
             for seed in [0, 3] {
                 let p = Permutation::new(len, seed);
                 for first in [0, 1, len / 3] {
@@ -272,6 +358,16 @@ mod tests {
                     t.apply_range(first, &mut tabulated);
                     assert_eq!(tabulated, out, "len {len} seed {seed}");
                 }
+            }
+        }
+        // Huge permutations (a domain of up to 2^64), a few positions.
+        for len in [u64::MAX, (1 << 40) + 3, (1 << 41) - 1] {
+            let p = Permutation::new(len, 5);
+            let mut out = [0u64; 37];
+            p.apply_range(len / 2, &mut out);
+            for (i, &x) in out.iter().enumerate() {
+                assert!(x < len);
+                assert_eq!(x, p.apply(len / 2 + i as u64), "len {len}");
             }
         }
     }
