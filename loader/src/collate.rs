@@ -733,7 +733,22 @@ pub(crate) struct Collator {
     /// The last batch's rows (shard, row group, row), when `map_rows` seeds
     /// each row's generator from them.
     pub row_ids: Vec<RowId>,
+    /// Batches collated while a provisional window was held: past
+    /// [`PROVISIONAL_BATCHES`], the collator waits for its permuted version.
+    pub provisional_batches: usize,
 }
+
+/// Batches a provisional window (a pass's first window, sent before it is
+/// permuted) serves before the collator waits for its permuted version. Its
+/// rows are gathered at random from every column of the decoded window, a
+/// cache miss each where the window is large, on a core the permutation
+/// needs: a 40-column table read in place, whose one window is its 1.15 M
+/// rows, had nearly every batch of an epoch gathered so (its collate stage
+/// busy 650 ms in 3 epochs, 170 ms without) while the permutation, done
+/// twice over, arrived near the end; waiting after the first batch, its
+/// first epoch ran 9% faster (docs/performance-notes.md). The first batch
+/// still need not wait.
+pub(crate) const PROVISIONAL_BATCHES: usize = 1;
 
 impl Collator {
     /// Make sure window `index` is loaded (windows arrive in order).
@@ -796,7 +811,17 @@ impl Collator {
             }
         }
         while self.windows.iter().any(|w| w.provisional) {
-            let Ok(received) = self.windows_in.try_recv() else {
+            let received = if self.provisional_batches >= PROVISIONAL_BATCHES {
+                // Its permuted version is the next window the shuffle stage
+                // sends; a stage that stopped is reported by `load`.
+                let waiting = Instant::now();
+                let received = self.windows_in.recv();
+                Counters::add_time(&self.counters.collate_blocked_in_ns, waiting.elapsed());
+                received.ok()
+            } else {
+                self.windows_in.try_recv().ok()
+            };
+            let Some(received) = received else {
                 return;
             };
             match received {
@@ -844,6 +869,9 @@ impl Collator {
             };
             if let Err(LoaderError::Closed) = result {
                 return;
+            }
+            if self.windows.iter().any(|w| w.provisional) {
+                self.provisional_batches += 1;
             }
             let failed = result.is_err();
             let sending = Instant::now();

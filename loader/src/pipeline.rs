@@ -272,6 +272,7 @@ impl Pipeline {
                 manifest: self.manifest.clone(),
                 mapped: self.fetch.mapped_check(),
                 row_ids: Vec::new(),
+                provisional_batches: 0,
                 scratch: if self.config.images.is_some() {
                     (0..self.config.decode_threads.max(1))
                         .map(|_| Default::default())
