@@ -194,7 +194,12 @@ impl Pipeline {
         .spawn(&self.runtime);
 
         let mut threads = Vec::new();
+        // Each decode thread says when its priority is lowered: the pass
+        // starts with every one at its niceness, not whenever the system
+        // first runs it.
+        let (lowered_tx, lowered_rx) = bounded::<()>(config.decode_threads);
         for i in 0..config.decode_threads {
+            let lowered = lowered_tx.clone();
             let decoder = Decoder {
                 stash: stash.clone(),
                 rx: fetched_rx.clone(),
@@ -214,10 +219,19 @@ impl Pipeline {
                     .name(format!("shardfeed-decode-{i}"))
                     .spawn(move || {
                         lower_priority(decoder.config.decode_niceness);
+                        let _ = lowered.send(());
+                        drop(lowered);
                         decoder.run()
                     })
                     .expect("spawn a decode thread"),
             );
+        }
+        drop(lowered_tx);
+        // Ends early only where a thread is gone before it said so.
+        for _ in 0..config.decode_threads {
+            if lowered_rx.recv().is_err() {
+                break;
+            }
         }
         drop(decoded_tx);
         // One assembled window queued ahead of the collator: the shuffle stage
