@@ -790,8 +790,10 @@ impl Collator {
         while position < positions {
             let index = position / batch_size;
             let end = ((index + 1) * batch_size).min(positions);
-            self.upgrade();
+            let upgraded = self.upgrade();
             let result = match self.config.failpoints.hit("collate", index) {
+                // The permutation of the window held provisionally failed.
+                None if let Err(e) = upgraded => Err(e),
                 // A mapped shard that changed under the batch (or under the
                 // stages before: their errors arrive here) is the error,
                 // whatever was made of its bytes.

@@ -239,6 +239,13 @@ impl Shuffler {
                 }
             }
             let started = Instant::now();
+            // A failpoint for the permutation, after a provisional window
+            // was sent (the trust tests: its failure is the next batch's).
+            match self.config.failpoints.hit("permute", index as u64) {
+                None => {}
+                Some(Action::Stop) => return Err(LoaderError::Closed),
+                Some(action) => return Err(injected(Stage::Shuffle, action, &self.cancel)),
+            }
             let order = self.order(index)?;
             let (permuted, key_bounds) = permute(
                 std::mem::take(&mut batches),

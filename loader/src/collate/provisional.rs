@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use super::{Collator, HeldWindow};
+use crate::error::Result;
 use crate::shuffle::LoadedWindow;
 use crate::stats::Counters;
 
@@ -34,8 +35,11 @@ impl Collator {
 
     /// Between batches: replace provisional windows by their permuted
     /// versions, received already or arrived since, or, once a provisional
-    /// window has served [`PROVISIONAL_BATCHES`], waited for.
-    pub(super) fn upgrade(&mut self) {
+    /// window has served [`PROVISIONAL_BATCHES`], waited for. The shuffle
+    /// stage sends a window's permuted version (or its failure) right after
+    /// the provisional one: a failure received here is that window's, and
+    /// is the error of the next batch.
+    pub(super) fn upgrade(&mut self) -> Result<()> {
         for window in std::mem::take(&mut self.upgrades) {
             if let Some(held) = self.windows.iter_mut().find(|w| w.index == window.index) {
                 *held = HeldWindow::new(window);
@@ -53,7 +57,7 @@ impl Collator {
                 self.windows_in.try_recv().ok()
             };
             let Some(received) = received else {
-                return;
+                return Ok(());
             };
             match received {
                 Ok(window) if self.windows.iter().any(|w| w.index == window.index) => {
@@ -64,12 +68,14 @@ impl Collator {
                         .expect("found above");
                     *held = HeldWindow::new(window);
                 }
+                Err(e) => return Err(e),
                 other => {
-                    // A later window (or a failure): for `load`, in order.
+                    // A later window: for `load`, in order.
                     self.ahead.push_back(other);
-                    return;
+                    return Ok(());
                 }
             }
         }
+        Ok(())
     }
 }
