@@ -205,7 +205,9 @@ impl Network {
             self.pass(out, Some(first), f, |y| self.walk(y, f));
             return;
         }
-        // The values still walking and their places in the block.
+        // The values still walking and their places in the block (a place
+        // fits a `u16`).
+        const _: () = assert!(BLOCK <= 1 << 16);
         let mut walking = [0u64; BLOCK];
         let mut places = [0u16; BLOCK];
         let mut start = first;
@@ -249,30 +251,19 @@ impl Network {
         finish: impl Fn(u64) -> u64,
     ) {
         let mut chunks = xs.chunks_exact_mut(LANES);
-        match from {
-            Some(mut at) => {
-                for chunk in &mut chunks {
-                    let y = self.lanes(std::array::from_fn(|i| at + i as u64), f);
-                    for (o, y) in chunk.iter_mut().zip(y) {
-                        *o = finish(y);
-                    }
-                    at += LANES as u64;
-                }
-                for (o, at) in chunks.into_remainder().iter_mut().zip(at..) {
-                    *o = finish(self.feistel(at, f));
-                }
+        let mut at = from.unwrap_or(0);
+        for chunk in &mut chunks {
+            let x = std::array::from_fn(|i| match from {
+                Some(_) => at + i as u64,
+                None => chunk[i],
+            });
+            for (o, y) in chunk.iter_mut().zip(self.lanes(x, f)) {
+                *o = finish(y);
             }
-            None => {
-                for chunk in &mut chunks {
-                    let y = self.lanes(std::array::from_fn(|i| chunk[i]), f);
-                    for (o, y) in chunk.iter_mut().zip(y) {
-                        *o = finish(y);
-                    }
-                }
-                for o in chunks.into_remainder() {
-                    *o = finish(self.feistel(*o, f));
-                }
-            }
+            at += LANES as u64;
+        }
+        for (o, at) in chunks.into_remainder().iter_mut().zip(at..) {
+            *o = finish(self.feistel(if from.is_some() { at } else { *o }, f));
         }
     }
 

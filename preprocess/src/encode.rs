@@ -391,18 +391,17 @@ impl Encoder {
             };
             if own.iter().any(Option::is_some) {
                 // Some leaves encoded here, the others by their writers.
-                let mut next = match own.iter().any(Option::is_none) {
-                    true => Some(writers()?),
-                    false => None,
-                };
+                let mut next = own.iter().any(Option::is_none).then(writers).transpose()?;
                 let mut writers = Vec::with_capacity(own.len());
                 for chunk in &own {
-                    let writer = match &mut next {
-                        Some(next) => Some(next.next().ok_or_else(|| {
-                            ParquetError::General("more leaves than column writers".into())
-                        })?),
-                        None => None,
-                    };
+                    let writer = next
+                        .as_mut()
+                        .map(|next| {
+                            next.next().ok_or_else(|| {
+                                ParquetError::General("more leaves than column writers".into())
+                            })
+                        })
+                        .transpose()?;
                     writers.push(writer.filter(|_| chunk.is_none()));
                 }
                 if writers.iter().any(Option::is_some) {
