@@ -26,6 +26,24 @@ fn drain(loader: &mut Loader, column: &str) -> (Vec<Vec<i64>>, Option<LoaderErro
     (batches, None)
 }
 
+/// [`drain`] where an error must end the epoch (`what` names the case):
+/// the batches before it, the error, and the batches planned.
+fn drain_to_error(
+    loader: &mut Loader,
+    column: &str,
+    what: &str,
+) -> (Vec<Vec<i64>>, LoaderError, usize) {
+    let planned = loader.len() as usize;
+    let (batches, error) = drain(loader, column);
+    let error = error.unwrap_or_else(|| {
+        panic!(
+            "{what}: the epoch ended after {} of {planned} batches without an error",
+            batches.len()
+        )
+    });
+    (batches, error, planned)
+}
+
 fn tokens(dir: &Path) -> String {
     sharded(dir, Kind::Tokens, 1200, 40, 64 << 10)
 }
@@ -58,14 +76,7 @@ fn a_failed_or_stopped_stage_is_an_error_in_next_never_a_short_epoch() {
             .failpoints(spec)
             .build()
             .unwrap();
-        let planned = loader.len() as usize;
-        let (batches, error) = drain(&mut loader, "id");
-        let error = error.unwrap_or_else(|| {
-            panic!(
-                "{spec}: the epoch ended after {} of {planned} batches without an error",
-                batches.len()
-            )
-        });
+        let (batches, error, planned) = drain_to_error(&mut loader, "id", spec);
         assert!(batches.len() < planned, "{spec}");
         match &error {
             LoaderError::Stage { stage: s, .. } => assert_eq!(*s, stage, "{spec}: {error}"),
@@ -106,14 +117,8 @@ fn a_failed_permutation_after_a_provisional_window_is_an_error_in_next() {
             .failpoints(spec)
             .build()
             .unwrap();
-        let planned = loader.len() as usize;
-        let (batches, error) = drain(&mut loader, "c0");
-        let error = error.unwrap_or_else(|| {
-            panic!(
-                "{spec}, window {window}: the epoch ended after {} of {planned} batches without an error",
-                batches.len()
-            )
-        });
+        let (batches, error, _) =
+            drain_to_error(&mut loader, "c0", &format!("{spec}, window {window}"));
         // The first batch may come from the unpermuted window, or the
         // failure may arrive first: never more.
         assert!(
