@@ -404,10 +404,119 @@ fn aligned(array: &dyn Array, width: usize) -> bool {
 }
 
 /// The values of `dictionaries` (primitives of `T`'s width) at their keys,
-/// in `order` (indices into their `rows` rows concatenated): each segment
-/// looked up against its own dictionary first (in row order, so that the
-/// dictionary stays cached), then the window gathered.
+/// in `order` (indices into their `rows` rows concatenated).
+///
+/// Where it holds no more memory than the other way (see [`LookUp`]), the
+/// window's keys are gathered, a block at a time, and then looked up in the
+/// dictionaries concatenated: the random reads are over the keys (4 or 2
+/// bytes a row) and the dictionaries, not over a window of values (8 bytes a
+/// row for 8-byte values). Otherwise each segment is looked up against its
+/// own dictionary first (in row order), then the window of values gathered.
+/// Scratch benchmark (4 segments of 287,356 rows, 8-byte values, Zen 3):
+/// 2.3-11 ns a row the second way, 40-60% of that the first, for
+/// dictionaries of 100 to 287,356 values each.
 fn look_up<T: ArrowNativeType>(
+    dictionaries: &[&dyn AnyDictionaryArray],
+    order: &[u32],
+    rows: usize,
+) -> std::result::Result<arrow_buffer::Buffer, String> {
+    let values: usize = dictionaries.iter().map(|d| d.values().len().max(1)).sum();
+    match LookUp::choose(values, rows, std::mem::size_of::<T>()) {
+        LookUp::Keys16 => look_up_keys::<T, u16>(dictionaries, order, rows, values),
+        LookUp::Keys32 => look_up_keys::<T, u32>(dictionaries, order, rows, values),
+        LookUp::Values => look_up_values::<T>(dictionaries, order, rows),
+    }
+}
+
+/// How [`look_up`] puts a column's values in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LookUp {
+    /// The keys gathered (as `u16`), then looked up.
+    Keys16,
+    /// The keys gathered (as `u32`), then looked up.
+    Keys32,
+    /// The values looked up in row order, then gathered.
+    Values,
+}
+
+impl LookUp {
+    /// The way for a window of `rows` rows whose dictionaries hold `values`
+    /// values of `width` bytes (an empty dictionary counted as one): the
+    /// keys' way where its keys and the dictionaries' copy take no more than
+    /// the window of values the other way makes.
+    fn choose(values: usize, rows: usize, width: usize) -> LookUp {
+        let (key_width, way) = if values <= 1 << 16 {
+            (2, LookUp::Keys16)
+        } else if u32::try_from(values).is_ok() {
+            (4, LookUp::Keys32)
+        } else {
+            return LookUp::Values;
+        };
+        let keys = rows.saturating_mul(key_width);
+        let held = values.saturating_mul(width).saturating_add(keys);
+        if held <= rows.saturating_mul(width) {
+            way
+        } else {
+            LookUp::Values
+        }
+    }
+}
+
+/// [`look_up`] by the keys: every dictionary's values concatenated (an
+/// empty one given one default value, the one its null slots look up),
+/// every key checked against its own dictionary and shifted to its place in
+/// the concatenation (as `K`: `values`, the concatenation's length, fits
+/// it), then the keys gathered in `order` a block at a time and looked up.
+fn look_up_keys<T: ArrowNativeType, K: ArrowNativeType>(
+    dictionaries: &[&dyn AnyDictionaryArray],
+    order: &[u32],
+    rows: usize,
+    values: usize,
+) -> std::result::Result<arrow_buffer::Buffer, String> {
+    /// Positions whose keys are gathered before they are looked up.
+    const BLOCK: usize = 1024;
+    let mut all: Vec<T> = Vec::with_capacity(values);
+    let mut keys: Vec<K> = Vec::with_capacity(rows);
+    for d in dictionaries {
+        let own =
+            scalar_values::<T>(d.values().as_ref()).ok_or("dictionary values without a buffer")?;
+        let shift = all.len();
+        // A null slot's key past its dictionary is given as 0 (`extend_keys`):
+        // an empty dictionary's rows are all null, and look up the default
+        // value pushed for it.
+        if own.is_empty() {
+            all.push(T::default());
+        } else {
+            all.extend_from_slice(&own);
+        }
+        // Every key is below its dictionary's length (or 0) after the
+        // checks, so below `values` once shifted: it fits `K`.
+        extend_keys(d.keys(), own.len(), &mut keys, |k| {
+            K::from_usize(k + shift).unwrap_or_default()
+        })?;
+    }
+    // `order` is a permutation of the window's rows (the plan's; `permute`
+    // checked its length); indexing checks each index anyway, and a key
+    // past the values (none is) would read as the default.
+    let mut out: Vec<T> = Vec::with_capacity(order.len());
+    let mut block = [K::default(); BLOCK];
+    for positions in order.chunks(BLOCK) {
+        for (k, &g) in block.iter_mut().zip(positions) {
+            *k = keys[g as usize];
+        }
+        out.extend(
+            block[..positions.len()]
+                .iter()
+                .map(|&k| all.get(k.as_usize()).copied().unwrap_or_default()),
+        );
+    }
+    Ok(arrow_buffer::Buffer::from_vec(out))
+}
+
+/// [`look_up`] by the values: each segment looked up against its own
+/// dictionary first (in row order, so that the dictionary stays cached),
+/// then the window gathered.
+fn look_up_values<T: ArrowNativeType>(
     dictionaries: &[&dyn AnyDictionaryArray],
     order: &[u32],
     rows: usize,

@@ -496,3 +496,84 @@ fn values_not_aligned_to_their_width_stay_keys() {
     let expected = arrow_select::take::take(&all, &indices, None).unwrap();
     assert_eq!(got.as_ref(), expected.as_ref());
 }
+
+/// Every way `look_up` puts a window's values in order (keys gathered as
+/// `u16` or `u32`, or values gathered: chosen by the dictionaries' size
+/// against the rows) gives the values arrow's `take` gives, nulls kept,
+/// including a segment whose dictionary is empty and whose rows are null.
+#[test]
+fn every_way_of_looking_up_gives_the_values_in_order() {
+    use arrow_array::UInt32Array;
+    // (rows a segment, values a dictionary, the way expected)
+    let shapes = [
+        (20_000usize, 3_000usize, LookUp::Keys16),
+        (100_000, 30_000, LookUp::Keys32),
+        (20_000, 20_000, LookUp::Values),
+    ];
+    for (rows, distinct, way) in shapes {
+        let segment = |s: usize| -> ArrayRef {
+            let keys: Vec<Option<i32>> = (0..rows)
+                .map(|i| (i % 13 != 5).then_some(((i * 7919 + s) % distinct) as i32))
+                .collect();
+            let values =
+                Int64Array::from_iter_values((0..distinct as i64).map(|v| v * 3 - s as i64));
+            Arc::new(DictionaryArray::<Int32Type>::try_new(keys.into(), Arc::new(values)).unwrap())
+        };
+        let empty: ArrayRef = Arc::new(
+            DictionaryArray::<Int32Type>::try_new(
+                arrow_array::Int32Array::new_null(7),
+                Arc::new(Int64Array::from(Vec::<i64>::new())),
+            )
+            .unwrap(),
+        );
+        let arrays = [segment(1), empty, segment(2), segment(3)];
+        let total: usize = arrays.iter().map(|a| a.len()).sum();
+        let values: usize = arrays
+            .iter()
+            .map(|a| a.as_any_dictionary().values().len().max(1))
+            .sum();
+        assert_eq!(
+            LookUp::choose(values, total, 8),
+            way,
+            "{rows} rows, {distinct} values"
+        );
+        let order: Vec<u32> = (0..total as u64)
+            .map(|i| (i * 104_729 % total as u64) as u32)
+            .collect();
+        let batches: Vec<RecordBatch> = arrays
+            .iter()
+            .map(|a| RecordBatch::try_from_iter([("v", a.clone())]).unwrap())
+            .collect();
+        let (looked_up, bounds) = permute(batches, &order, 0, 1, 0).unwrap();
+        assert_eq!(bounds, [None]);
+        let plain: Vec<ArrayRef> = arrays
+            .iter()
+            .map(|a| {
+                let d = a.as_any_dictionary();
+                arrow_select::take::take(d.values(), d.keys(), None).unwrap()
+            })
+            .collect();
+        let refs: Vec<&dyn Array> = plain.iter().map(|a| a.as_ref()).collect();
+        let all = arrow_select::concat::concat(&refs).unwrap();
+        let expected = arrow_select::take::take(&all, &UInt32Array::from(order), None).unwrap();
+        assert_eq!(looked_up.column(0).as_ref(), expected.as_ref(), "{way:?}");
+        assert_eq!(looked_up.column(0).null_count(), expected.null_count());
+    }
+}
+
+/// The keys' way is taken only where it holds no more than the values'
+/// way, with keys as narrow as the dictionaries allow.
+#[test]
+fn the_way_of_looking_up_holds_no_more_than_the_values() {
+    // 1,000 rows of 8-byte values: 8,000 bytes the values' way.
+    assert_eq!(LookUp::choose(100, 1_000, 8), LookUp::Keys16);
+    assert_eq!(LookUp::choose(750, 1_000, 8), LookUp::Keys16); // 6,000 + 2,000
+    assert_eq!(LookUp::choose(751, 1_000, 8), LookUp::Values);
+    assert_eq!(LookUp::choose(1 << 16, 1 << 20, 8), LookUp::Keys16);
+    assert_eq!(LookUp::choose((1 << 16) + 1, 1 << 20, 8), LookUp::Keys32);
+    // 4-byte values: 2-byte keys and a dictionary of at most half the rows.
+    assert_eq!(LookUp::choose(500, 1_000, 4), LookUp::Keys16);
+    assert_eq!(LookUp::choose(501, 1_000, 4), LookUp::Values);
+    assert_eq!(LookUp::choose(1 << 17, 1 << 20, 4), LookUp::Values);
+    assert_eq!(LookUp::choose(usize::MAX, usize::MAX, 8), LookUp::Values);
+}
