@@ -143,17 +143,30 @@ fn window_keys<K: ArrowDictionaryKeyType>(
         None => {
             let mut shift = 0usize;
             // Every key of a dictionary of `len` values is below `len` after
-            // the checks, or 0 (a null slot's): at most
-            // `shift + max(len, 1) - 1`.
+            // the checks: at most `shift + len - 1` once shifted. An empty
+            // dictionary's rows are all null (`extend_keys` refuses any
+            // other key): their keys are 0, the window's first value (a
+            // key past the window's values would make the collator's
+            // lookups refuse the batch).
             for d in dictionaries {
                 let len = d.values().len();
-                bound = bound.max(shift + len.max(1) - 1);
-                extend_keys(d.keys(), len, &mut keys, |k| K::Native::usize_as(k + shift))?;
+                if len == 0 {
+                    extend_keys(d.keys(), 0, &mut keys, |_| K::Native::usize_as(0))?;
+                } else {
+                    bound = bound.max(shift + len - 1);
+                    extend_keys(d.keys(), len, &mut keys, |k| K::Native::usize_as(k + shift))?;
+                }
                 shift += len;
             }
-            let values: Vec<&dyn Array> =
-                dictionaries.iter().map(|d| d.values().as_ref()).collect();
-            arrow_select::concat::concat(&values).map_err(|e| e.to_string())?
+            if values_total == 0 && rows > 0 {
+                // Every dictionary empty, every row null: one null value for
+                // the keys (0) to point at.
+                arrow_array::new_null_array(dictionaries[0].values().data_type(), 1)
+            } else {
+                let values: Vec<&dyn Array> =
+                    dictionaries.iter().map(|d| d.values().as_ref()).collect();
+                arrow_select::concat::concat(&values).map_err(|e| e.to_string())?
+            }
         }
     };
     Ok(WindowKeys {
@@ -190,8 +203,9 @@ fn keyed<K: ArrowDictionaryKeyType>(
     // checked by `extend_keys` to lie inside its own dictionary (null slots
     // set to 0, inside it too), then shifted by the values before that
     // dictionary in the concatenation `values`, or kept (every dictionary is
-    // `values`), or mapped to its value's place in the merged `values`;
-    // their length fits `K`.
+    // `values`), or mapped to its value's place in the merged `values`; an
+    // empty dictionary's (null slots only) set to 0, the first of `values`
+    // (one null value where every dictionary is empty); their length fits `K`.
     let array: ArrayRef = Arc::new(unsafe {
         DictionaryArray::<K>::new_unchecked(
             PrimitiveArray::<K>::new(permuted.into(), nulls),

@@ -577,3 +577,67 @@ fn the_way_of_looking_up_holds_no_more_than_the_values() {
     assert_eq!(LookUp::choose(1 << 17, 1 << 20, 4), LookUp::Values);
     assert_eq!(LookUp::choose(usize::MAX, usize::MAX, 8), LookUp::Values);
 }
+
+/// A segment whose dictionary is empty (its rows all null), last in its
+/// window: its keys and the window's key bound stay inside the window's
+/// dictionary (the collator's lookups use the bound unchecked where it is
+/// inside, and search the keys otherwise).
+#[test]
+fn an_empty_dictionary_last_in_a_window_keeps_keys_inside() {
+    let full: ArrayRef = Arc::new(
+        DictionaryArray::<UInt16Type>::try_new(
+            vec![2u16, 0, 1].into(),
+            Arc::new(arrow_array::Int32Array::from(vec![10, 20, 30])),
+        )
+        .unwrap(),
+    );
+    let empty: ArrayRef = Arc::new(
+        DictionaryArray::<UInt16Type>::try_new(
+            arrow_array::UInt16Array::new_null(2),
+            Arc::new(arrow_array::Int32Array::from(Vec::<i32>::new())),
+        )
+        .unwrap(),
+    );
+    let batches: Vec<RecordBatch> = [full, empty]
+        .into_iter()
+        .map(|a| RecordBatch::try_from_iter_with_nullable([("v", a, true)]).unwrap())
+        .collect();
+    let (permuted, bounds) = permute(batches, &[4, 0, 3, 1, 2], 0, 1, usize::MAX).unwrap();
+    let d = permuted.column(0).as_any_dictionary();
+    assert_eq!(d.values().len(), 3);
+    assert!(bounds[0].is_some_and(|b| b.get() < 3), "{bounds:?}");
+    let keys = d.keys().to_data();
+    let keys: &[u8] = keys.buffers()[0].typed_data();
+    assert!(keys.iter().all(|&k| k < 3), "{keys:?}");
+    assert_eq!(
+        arrow_select::take::take(d.values(), d.keys(), None)
+            .unwrap()
+            .as_ref(),
+        &arrow_array::Int32Array::from(vec![None, Some(30), None, Some(10), Some(20)])
+            as &dyn Array
+    );
+}
+
+/// A window whose dictionaries are all empty (every row null) keeps its
+/// keys inside a dictionary of one null value.
+#[test]
+fn a_window_of_empty_dictionaries_keeps_keys_inside() {
+    let empty = |rows: usize| -> RecordBatch {
+        let array: ArrayRef = Arc::new(
+            DictionaryArray::<UInt16Type>::try_new(
+                arrow_array::UInt16Array::new_null(rows),
+                Arc::new(arrow_array::Int32Array::from(Vec::<i32>::new())),
+            )
+            .unwrap(),
+        );
+        RecordBatch::try_from_iter_with_nullable([("v", array, true)]).unwrap()
+    };
+    let (permuted, bounds) =
+        permute(vec![empty(2), empty(3)], &[4, 0, 3, 1, 2], 0, 1, usize::MAX).unwrap();
+    let d = permuted.column(0).as_any_dictionary();
+    assert_eq!(d.values().len(), 1);
+    assert_eq!(bounds, [Some(KeyBound(0))]);
+    assert_eq!(d.keys().null_count(), 5);
+    let keys = d.keys().to_data();
+    assert!(keys.buffers()[0].typed_data::<u8>().iter().all(|&k| k == 0));
+}
