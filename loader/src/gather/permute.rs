@@ -199,13 +199,12 @@ fn keyed<K: ArrowDictionaryKeyType>(
 ) -> (ArrayRef, KeyBound) {
     // Null rows (their keys index their dictionary too) keep their nulls.
     let nulls = permuted_nulls(&window.nulls, order);
-    // SAFETY: the keys, permuted, are those `window_keys` made: each
-    // checked by `extend_keys` to lie inside its own dictionary (null slots
-    // set to 0, inside it too), then shifted by the values before that
-    // dictionary in the concatenation `values`, or kept (every dictionary is
-    // `values`), or mapped to its value's place in the merged `values`; an
-    // empty dictionary's (null slots only) set to 0, the first of `values`
-    // (one null value where every dictionary is empty); their length fits `K`.
+    // SAFETY: the keys, permuted, are `window_keys`'s: each checked by
+    // `extend_keys` to lie inside its own dictionary (null slots set to 0,
+    // inside it too), then shifted by the values before it in `values`, kept
+    // (each dictionary is `values`) or mapped into the merged `values`; an
+    // empty dictionary's 0, `values`' first (one null value if all are
+    // empty); their length fits `K`.
     let array: ArrayRef = Arc::new(unsafe {
         DictionaryArray::<K>::new_unchecked(
             PrimitiveArray::<K>::new(permuted.into(), nulls),
