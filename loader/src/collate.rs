@@ -929,9 +929,14 @@ impl Collator {
                     segment_starts.push(segment_starts.last().expect("non-empty") + seg.rows());
                 }
             }
+            // The run's window rows (segment order), where they are needed.
+            let at_rows = if measure || need_ids || !loaded.permuted {
+                window.rows_at(position - window.start, run_end - window.start)
+            } else {
+                Vec::new()
+            };
             if measure {
-                for p in position..run_end {
-                    let row = window.row_at(p - window.start);
+                for &row in &at_rows {
                     sources.push((w, segment_starts.partition_point(|&x| x <= row) - 1));
                 }
             }
@@ -949,7 +954,7 @@ impl Collator {
                 let row = if loaded.permuted {
                     p - window.start
                 } else {
-                    window.row_at(p - window.start)
+                    at_rows[(p - position) as usize]
                 };
                 let segment = loaded.prefix.partition_point(|&x| x <= row) - 1;
                 if skips && loaded.skipped[segment] {
@@ -961,7 +966,7 @@ impl Collator {
                     (row - loaded.prefix[segment]) as u32,
                 ));
                 if need_ids {
-                    let at = window.row_at(p - window.start);
+                    let at = at_rows[(p - position) as usize];
                     let k = segment_starts.partition_point(|&x| x <= at) - 1;
                     let seg = &window.segments[k];
                     ids.push(RowId {

@@ -324,15 +324,22 @@ pub(crate) struct Window<'a> {
 }
 
 impl Window<'_> {
-    /// The window-local row (in segment order) emitted at window offset `offset`.
-    pub fn row_at(&self, offset: u64) -> u64 {
-        match &self.permutation {
-            Some(p) => p.apply(self.base + offset),
-            None => self.base + offset,
+    /// The window-local rows (in segment order) emitted at window offsets
+    /// `from..to`, in offset order: eight positions' rounds side by side
+    /// (see [`Permutation::apply_range`]), where one at a time each waits on
+    /// its own chain.
+    pub fn rows_at(&self, from: u64, to: u64) -> Vec<u64> {
+        let Some(p) = &self.permutation else {
+            return (self.base + from..self.base + to).collect();
+        };
+        let mut rows = vec![0u64; to.saturating_sub(from) as usize];
+        for (i, chunk) in rows.chunks_mut(1024).enumerate() {
+            p.apply_range(self.base + from + (i * 1024) as u64, chunk);
         }
+        rows
     }
 
-    /// [`Window::row_at`] of every offset of the window, in offset order.
+    /// [`Window::rows_at`] of every offset of the window (as `u32`).
     pub fn rows(&self) -> Vec<u32> {
         let Some(p) = &self.permutation else {
             return (self.base as u32..(self.base + self.rows) as u32).collect();
@@ -669,7 +676,8 @@ impl EpochPlan {
     pub fn locate(&self, position: u64) -> (usize, u32) {
         let w = self.window_of(position);
         let window = self.window(w);
-        let mut row = window.row_at(position - window.start);
+        let offset = position - window.start;
+        let mut row = window.rows_at(offset, offset + 1)[0];
         let first = window.first_segment;
         for (i, seg) in window.segments.iter().enumerate() {
             if row < seg.rows() {
@@ -972,6 +980,49 @@ mod tests {
         assert_eq!(sorted, (0..350).collect::<Vec<_>>());
         let plain = row_ids(&m, &EpochPlan::new(&m, opts(0, false)));
         assert_eq!(plain, (0..350).collect::<Vec<_>>());
+    }
+
+    /// A window's rows at any range of offsets are the same rows as the
+    /// whole window's, one permutation evaluation at a time, shuffled or not.
+    #[test]
+    fn rows_at_a_range_of_offsets_are_the_windows_rows() {
+        let m = manifest(&[vec![1000, 700], vec![1300, 5]]);
+        for shuffle in [true, false] {
+            let plan = EpochPlan::new(
+                &m,
+                PlanOptions {
+                    seed: 4,
+                    epoch: 2,
+                    rank: 0,
+                    world_size: 1,
+                    shuffle,
+                    window: 3,
+                    batch_size: 10,
+                    drop_last: false,
+                    first_slices: 8,
+                    keep_partial: false,
+                    part_rows: 0,
+                },
+            );
+            for w in 0..plan.window_count() {
+                let window = plan.window(w);
+                let all: Vec<u64> = window.rows().into_iter().map(u64::from).collect();
+                let p = window.permutation.as_ref();
+                for (i, &row) in all.iter().enumerate() {
+                    let one = p.map_or(window.base + i as u64, |p| p.apply(window.base + i as u64));
+                    assert_eq!(row, one, "window {w} offset {i}");
+                }
+                for (from, to) in [
+                    (0, window.rows),
+                    (1, 1),
+                    (3, 1030),
+                    (window.rows - 1, window.rows),
+                ] {
+                    let (from, to) = (from.min(window.rows), to.min(window.rows));
+                    assert_eq!(window.rows_at(from, to), all[from as usize..to as usize]);
+                }
+            }
+        }
     }
 }
 
