@@ -433,10 +433,11 @@ fn look_up<T: ArrowNativeType>(
     order: &[u32],
     rows: usize,
 ) -> std::result::Result<arrow_buffer::Buffer, String> {
+    use arrow_array::types::{Int32Type, UInt16Type};
     let values: usize = dictionaries.iter().map(|d| d.values().len().max(1)).sum();
     match LookUp::choose(values, rows, std::mem::size_of::<T>()) {
-        LookUp::Keys16 => look_up_keys::<T, u16>(dictionaries, order, rows, values),
-        LookUp::Keys32 => look_up_keys::<T, u32>(dictionaries, order, rows, values),
+        LookUp::Keys16 => look_up_keys::<T, UInt16Type>(dictionaries, order),
+        LookUp::Keys32 => look_up_keys::<T, Int32Type>(dictionaries, order),
         LookUp::Values => look_up_values::<T>(dictionaries, order, rows),
     }
 }
@@ -446,7 +447,7 @@ fn look_up<T: ArrowNativeType>(
 enum LookUp {
     /// The keys gathered (as `u16`), then looked up.
     Keys16,
-    /// The keys gathered (as `u32`), then looked up.
+    /// The keys gathered (as `i32`), then looked up.
     Keys32,
     /// The values looked up in row order, then gathered.
     Values,
@@ -460,7 +461,7 @@ impl LookUp {
     fn choose(values: usize, rows: usize, width: usize) -> LookUp {
         let (key_width, way) = if values <= 1 << 16 {
             (2, LookUp::Keys16)
-        } else if u32::try_from(values).is_ok() {
+        } else if i32::try_from(values).is_ok() {
             (4, LookUp::Keys32)
         } else {
             return LookUp::Values;
@@ -475,52 +476,33 @@ impl LookUp {
     }
 }
 
-/// [`look_up`] by the keys: every dictionary's values concatenated (an
-/// empty one given one default value, the one its null slots look up),
-/// every key checked against its own dictionary and shifted to its place in
-/// the concatenation (as `K`: `values`, the concatenation's length, fits
-/// it), then the keys gathered in `order` a block at a time and looked up.
-fn look_up_keys<T: ArrowNativeType, K: ArrowNativeType>(
+/// [`look_up`] by the keys: the window's keys with its dictionaries made
+/// one ([`window_keys`], which checks every key), gathered in `order` a
+/// block at a time and looked up in the one dictionary.
+fn look_up_keys<T: ArrowNativeType, K: ArrowDictionaryKeyType>(
     dictionaries: &[&dyn AnyDictionaryArray],
     order: &[u32],
-    rows: usize,
-    values: usize,
 ) -> std::result::Result<arrow_buffer::Buffer, String> {
     /// Positions whose keys are gathered before they are looked up.
     const BLOCK: usize = 1024;
-    let mut all: Vec<T> = Vec::with_capacity(values);
-    let mut keys: Vec<K> = Vec::with_capacity(rows);
-    for d in dictionaries {
-        let own =
-            scalar_values::<T>(d.values().as_ref()).ok_or("dictionary values without a buffer")?;
-        let shift = all.len();
-        // A null slot's key past its dictionary is given as 0 (`extend_keys`):
-        // an empty dictionary's rows are all null, and look up the default
-        // value pushed for it.
-        if own.is_empty() {
-            all.push(T::default());
-        } else {
-            all.extend_from_slice(&own);
-        }
-        // Every key is below its dictionary's length (or 0) after the
-        // checks, so below `values` once shifted: it fits `K`.
-        extend_keys(d.keys(), own.len(), &mut keys, |k| {
-            K::from_usize(k + shift).unwrap_or_default()
-        })?;
-    }
+    let window = window_keys::<K>(dictionaries, None)?;
+    // The dictionaries concatenated (a new buffer, or the one dictionary,
+    // whose alignment `look_up_width` checked).
+    let values =
+        scalar_values::<T>(window.values.as_ref()).ok_or("dictionary values without a buffer")?;
     // `order` is a permutation of the window's rows (the plan's; `permute`
     // checked its length); indexing checks each index anyway, and a key
     // past the values (none is) would read as the default.
     let mut out: Vec<T> = Vec::with_capacity(order.len());
-    let mut block = [K::default(); BLOCK];
+    let mut block = [K::Native::default(); BLOCK];
     for positions in order.chunks(BLOCK) {
         for (k, &g) in block.iter_mut().zip(positions) {
-            *k = keys[g as usize];
+            *k = window.keys[g as usize];
         }
         out.extend(
             block[..positions.len()]
                 .iter()
-                .map(|&k| all.get(k.as_usize()).copied().unwrap_or_default()),
+                .map(|k| values.get(k.as_usize()).copied().unwrap_or_default()),
         );
     }
     Ok(arrow_buffer::Buffer::from_vec(out))
