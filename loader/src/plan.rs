@@ -37,7 +37,7 @@
 //! pieces has [`EpochPlan::remaining`] pieces too, so resumes compose.
 
 use shardfeed_format::Manifest;
-use shardfeed_format::permute::{Permutation, hash_words};
+use shardfeed_format::permute::{Permutation, Tabulated, hash_words};
 
 /// A row range of one row group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -332,10 +332,8 @@ impl Window<'_> {
         let Some(p) = &self.permutation else {
             return (self.base + from..self.base + to).collect();
         };
-        let mut rows = vec![0u64; to.saturating_sub(from) as usize];
-        for (i, chunk) in rows.chunks_mut(1024).enumerate() {
-            p.apply_range(self.base + from + (i * 1024) as u64, chunk);
-        }
+        let mut rows = Vec::with_capacity(to.saturating_sub(from) as usize);
+        self.each_chunk(p, None, from, to, |chunk| rows.extend_from_slice(chunk));
         rows
     }
 
@@ -345,23 +343,38 @@ impl Window<'_> {
             return (self.base as u32..(self.base + self.rows) as u32).collect();
         };
         let mut rows = Vec::with_capacity(self.rows as usize);
-        let mut chunk = [0u64; 1024];
         // The rounds as tables when the window is long enough to pay for
         // them (see `Tabulated`).
         let tabulated = (self.rows >= p.len().isqrt())
             .then(|| p.tabulated())
             .flatten();
-        let mut at = 0;
-        while at < self.rows {
-            let n = (self.rows - at).min(chunk.len() as u64) as usize;
-            match &tabulated {
+        self.each_chunk(p, tabulated.as_ref(), 0, self.rows, |chunk| {
+            rows.extend(chunk.iter().map(|&r| r as u32))
+        });
+        rows
+    }
+
+    /// The rows at offsets `from..to` by `p` (or its `tabulated` rounds),
+    /// handed to `each` up to 1,024 at a time.
+    fn each_chunk(
+        &self,
+        p: &Permutation,
+        tabulated: Option<&Tabulated>,
+        from: u64,
+        to: u64,
+        mut each: impl FnMut(&[u64]),
+    ) {
+        let mut chunk = [0u64; 1024];
+        let mut at = from;
+        while at < to {
+            let n = (to - at).min(chunk.len() as u64) as usize;
+            match tabulated {
                 Some(t) => t.apply_range(self.base + at, &mut chunk[..n]),
                 None => p.apply_range(self.base + at, &mut chunk[..n]),
             }
-            rows.extend(chunk[..n].iter().map(|&r| r as u32));
+            each(&chunk[..n]);
             at += n as u64;
         }
-        rows
     }
 }
 
@@ -988,22 +1001,9 @@ mod tests {
     fn rows_at_a_range_of_offsets_are_the_windows_rows() {
         let m = manifest(&[vec![1000, 700], vec![1300, 5]]);
         for shuffle in [true, false] {
-            let plan = EpochPlan::new(
-                &m,
-                PlanOptions {
-                    seed: 4,
-                    epoch: 2,
-                    rank: 0,
-                    world_size: 1,
-                    shuffle,
-                    window: 3,
-                    batch_size: 10,
-                    drop_last: false,
-                    first_slices: 8,
-                    keep_partial: false,
-                    part_rows: 0,
-                },
-            );
+            #[rustfmt::skip]
+            let opts = PlanOptions { seed: 4, epoch: 2, rank: 0, world_size: 1, shuffle, window: 3, batch_size: 10, drop_last: false, first_slices: 8, keep_partial: false, part_rows: 0 };
+            let plan = EpochPlan::new(&m, opts);
             for w in 0..plan.window_count() {
                 let window = plan.window(w);
                 let all: Vec<u64> = window.rows().into_iter().map(u64::from).collect();
@@ -1012,13 +1012,9 @@ mod tests {
                     let one = p.map_or(window.base + i as u64, |p| p.apply(window.base + i as u64));
                     assert_eq!(row, one, "window {w} offset {i}");
                 }
-                for (from, to) in [
-                    (0, window.rows),
-                    (1, 1),
-                    (3, 1030),
-                    (window.rows - 1, window.rows),
-                ] {
-                    let (from, to) = (from.min(window.rows), to.min(window.rows));
+                let n = window.rows;
+                for (from, to) in [(0, n), (1, 1), (3, 1030), (n - 1, n)] {
+                    let (from, to) = (from.min(n), to.min(n));
                     assert_eq!(window.rows_at(from, to), all[from as usize..to as usize]);
                 }
             }
