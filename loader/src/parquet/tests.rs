@@ -929,14 +929,6 @@ fn mutated_compare(
             _ => bytes[at] = bytes[at].wrapping_add(1),
         }
     }
-    std::fs::write("/tmp/orig.parquet", &file).unwrap();
-    eprintln!(
-        "DBG start {start} end {end} at {:?}",
-        mutations
-            .iter()
-            .map(|m| start + ((end - start) as f64 * m.0) as usize)
-            .collect::<Vec<_>>()
-    );
     let mutated = Bytes::from(bytes);
     std::panic::catch_unwind(|| compare(&mutated, true, None)).map(|_| ())
 }
