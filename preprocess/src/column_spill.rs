@@ -270,6 +270,24 @@ fn joined<'a>(parts: &[&'a [u8]], scratch: &'a mut Vec<u8>) -> &'a [u8] {
     scratch
 }
 
+/// Column boundaries that cut columns of `widths` bytes a row into at most
+/// `workers` runs of about equal bytes: `[0, ..., widths.len()]`.
+fn shares(widths: &[usize], workers: usize) -> Vec<usize> {
+    let total: usize = widths.iter().map(|w| w.max(&1)).sum();
+    let workers = workers.clamp(1, widths.len().max(1));
+    let mut cuts = vec![0];
+    let mut so_far = 0;
+    for (c, w) in widths.iter().enumerate() {
+        so_far += w.max(&1);
+        // Cut after this column once its run reached its share.
+        if cuts.len() < workers && so_far * workers >= total * cuts.len() && c + 1 < widths.len() {
+            cuts.push(c + 1);
+        }
+    }
+    cuts.push(widths.len());
+    cuts
+}
+
 /// Where a bucket's bytes are.
 pub(crate) enum Source<'a> {
     /// Never written: the one flush is still in memory.
@@ -288,8 +306,14 @@ impl Source<'_> {
     }
 }
 
-/// The bucket's rows in `order` (a permutation of them) as one batch.
-pub(crate) fn take(layout: &Layout, source: Source<'_>, order: &[u32]) -> Result<RecordBatch> {
+/// The bucket's rows in `order` (a permutation of them) as one batch, its
+/// columns shared among `workers` threads (this one and `workers - 1` more).
+pub(crate) fn take(
+    layout: &Layout,
+    source: Source<'_>,
+    order: &[u32],
+    workers: usize,
+) -> Result<RecordBatch> {
     let path = match source {
         Source::Memory(_) => Path::new("(shuffle bucket)"),
         Source::File(_, _, path) => path,
@@ -360,12 +384,11 @@ pub(crate) fn take(layout: &Layout, source: Source<'_>, order: &[u32]) -> Result
         }
     }
     // A column of more than one flush is made one first, in scratch
-    // buffers reused by every column (hot in the caches), then taken from.
-    let (mut scratch, mut scratch_valid) = (Vec::new(), Vec::new());
-    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns);
-    for (c, field) in layout.schema.fields().iter().enumerate() {
+    // buffers reused by every column of a thread (hot in the caches), then
+    // taken from.
+    let column = |c: usize, scratch: &mut Vec<u8>, scratch_valid: &mut Vec<u8>| {
         let width = layout.widths[c];
-        let src = joined(&values[c], &mut scratch);
+        let src = joined(&values[c], scratch);
         let buffer = if layout.boolean[c] {
             BooleanBuffer::collect_bool(n, |k| src[order[k] as usize] != 0).into_inner()
         } else {
@@ -374,20 +397,55 @@ pub(crate) fn take(layout: &Layout, source: Source<'_>, order: &[u32]) -> Result
             Buffer::from_vec(out)
         };
         let nulls = if layout.nullable[c] {
-            let v = joined(&valid[c], &mut scratch_valid);
+            let v = joined(&valid[c], scratch_valid);
             let bits = BooleanBuffer::collect_bool(n, |k| v[order[k] as usize] != 0);
             Some(NullBuffer::new(bits)).filter(|nulls| nulls.null_count() > 0)
         } else {
             None
         };
-        let data = ArrayData::builder(field.data_type().clone())
+        let data = ArrayData::builder(layout.schema.field(c).data_type().clone())
             .len(n)
             .add_buffer(buffer)
             .nulls(nulls)
             .build()
             .map_err(|e| PreprocessError::read(path, None, e))?;
-        arrays.push(make_array(data));
-    }
+        Ok(make_array(data))
+    };
+    let columns_in = |range: std::ops::Range<usize>| -> Result<Vec<ArrayRef>> {
+        let (mut scratch, mut scratch_valid) = (Vec::new(), Vec::new());
+        range
+            .map(|c| column(c, &mut scratch, &mut scratch_valid))
+            .collect()
+    };
+    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns);
+    let cuts = shares(&layout.widths, workers);
+    // Every thread is joined before an error is returned (its own panic
+    // then becomes this bucket's error, not the scope's panic).
+    std::thread::scope(|scope| -> Result<()> {
+        let others: Vec<_> = (cuts.windows(2).skip(1))
+            .map(|w| {
+                let range = w[0]..w[1];
+                scope.spawn(move || columns_in(range))
+            })
+            .collect();
+        let first = columns_in(cuts[0]..cuts[1]);
+        let rest: Vec<Result<Vec<ArrayRef>>> = (others.into_iter())
+            .map(|other| {
+                other.join().unwrap_or_else(|_| {
+                    Err(PreprocessError::read(
+                        path,
+                        None,
+                        "a thread taking its columns panicked",
+                    ))
+                })
+            })
+            .collect();
+        arrays.extend(first?);
+        for taken in rest {
+            arrays.extend(taken?);
+        }
+        Ok(())
+    })?;
     RecordBatch::try_new(layout.schema.clone(), arrays)
         .map_err(|e| PreprocessError::read(path, None, e))
 }
@@ -424,7 +482,7 @@ mod tests {
         pending.append_to(&path).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(bytes.len() as u64, 3 * layout.row_bytes());
-        let got = take(&layout, Source::File(&bytes, &[3], &path), &[1, 2, 0]).unwrap();
+        let got = take(&layout, Source::File(&bytes, &[3], &path), &[1, 2, 0], 1).unwrap();
         let want = Int64Array::from(vec![Some(1), None, Some(3)]);
         assert_eq!(got.column(0).as_ref(), &want as &dyn arrow_array::Array);
         for (len, flushes) in [
@@ -432,10 +490,34 @@ mod tests {
             (bytes.len(), vec![2]),
             (0, vec![3]),
         ] {
-            let err = take(&layout, Source::File(&bytes[..len], &flushes, &path), &[0])
-                .unwrap_err()
-                .to_string();
+            let err = take(
+                &layout,
+                Source::File(&bytes[..len], &flushes, &path),
+                &[0],
+                1,
+            )
+            .unwrap_err()
+            .to_string();
             assert!(err.contains("bucket"), "{err}");
+        }
+    }
+
+    /// Columns are cut into runs of about equal bytes, one a worker, each
+    /// column in exactly one run, in order.
+    #[test]
+    fn columns_are_shared_in_runs_of_about_equal_bytes() {
+        assert_eq!(shares(&[8, 8, 8, 8], 2), vec![0, 2, 4]);
+        assert_eq!(shares(&[8, 8, 8, 8], 1), vec![0, 4]);
+        assert_eq!(shares(&[8, 1, 1, 1, 1, 1, 1, 8], 2), vec![0, 4, 8]);
+        // More workers than columns: a column each.
+        assert_eq!(shares(&[4, 4], 5), vec![0, 1, 2]);
+        assert_eq!(shares(&[4], 3), vec![0, 1]);
+        for workers in 1..6 {
+            let widths = [1, 2, 4, 8, 16, 1, 1, 8, 4];
+            let cuts = shares(&widths, workers);
+            assert!(cuts.windows(2).all(|w| w[0] < w[1]), "{cuts:?}");
+            assert_eq!((cuts[0], *cuts.last().unwrap()), (0, widths.len()));
+            assert!(cuts.len() - 1 <= workers);
         }
     }
 }

@@ -594,7 +594,8 @@ fn produce(
             if let Some(p) = &options.progress {
                 p.phase("gather");
             }
-            for batch in spilled.gather(options.effective_row_group_bytes()) {
+            let workers = options.effective_threads();
+            for batch in spilled.gather(options.effective_row_group_bytes(), workers) {
                 assembler.push(batch?, &mut emit)?;
             }
         }

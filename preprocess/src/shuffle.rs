@@ -568,9 +568,11 @@ impl Spilled {
     }
 
     /// Each bucket in turn, loaded and permuted, in batches of about
-    /// `chunk_bytes`.
-    pub(crate) fn gather(self, chunk_bytes: u64) -> Gather {
+    /// `chunk_bytes`; the first bucket's raw columns are taken by `workers`
+    /// threads (nothing else runs until it is ready).
+    pub(crate) fn gather(self, chunk_bytes: u64, workers: usize) -> Gather {
         Gather {
+            first_workers: workers.max(1),
             buckets: self.buckets.into_iter().enumerate().collect(),
             loading: None,
             current: None,
@@ -593,6 +595,10 @@ pub(crate) struct Gather {
     seed: u64,
     chunk_bytes: u64,
     layout: Option<Arc<Layout>>,
+    /// Threads that take the first bucket's raw columns: the encoders wait
+    /// for it, so the cores are free (every later bucket is taken by one
+    /// thread while the one before it is encoded).
+    first_workers: usize,
     // Declared last: dropped after a loading thread was joined.
     _dir: tempfile::TempDir,
 }
@@ -633,6 +639,7 @@ impl Gather {
         let seed = hash_words(&[self.seed, i as u64, 0x6761_7468]);
         let chunk_bytes = self.chunk_bytes;
         let layout = self.layout.clone();
+        let workers = std::mem::replace(&mut self.first_workers, 1);
         let handle = std::thread::Builder::new()
             .name("shardfeed-gather".into())
             .spawn(move || {
@@ -647,7 +654,7 @@ impl Gather {
                             layout,
                             Source::Memory(&pending),
                             seed,
-                            chunk_bytes,
+                            (chunk_bytes, workers),
                         );
                     }
                     Stored::ColumnFile(path, flushes) => {
@@ -656,7 +663,7 @@ impl Gather {
                             layout,
                             Source::File(&map, &flushes, &path),
                             seed,
-                            chunk_bytes,
+                            (chunk_bytes, workers),
                         );
                     }
                 };
@@ -696,19 +703,20 @@ fn too_many_rows(rows: u64) -> PreprocessError {
 }
 
 /// A bucket of raw fixed-width columns ([`column_spill`]) in the order of a
-/// seeded shuffle: the same order [`permute`] gives the same rows.
+/// seeded shuffle: the same order [`permute`] gives the same rows; its
+/// columns taken by `workers` threads.
 fn permute_columns(
     layout: Option<Arc<Layout>>,
     source: Source<'_>,
     seed: u64,
-    chunk_bytes: u64,
+    (chunk_bytes, workers): (u64, usize),
 ) -> Result<Permuted> {
     let layout = layout.ok_or(PreprocessError::Cancelled)?;
     let rows = source.rows();
     let n = u32::try_from(rows).map_err(|_| too_many_rows(rows))?;
     let mut order: Vec<u32> = (0..n).collect();
     SplitMix64::new(seed).shuffle(&mut order);
-    let batch = column_spill::take(&layout, source, &order)?;
+    let batch = column_spill::take(&layout, source, &order, workers)?;
     // Chunks sized by the rows' Arrow bytes, as [`permute`] sizes them.
     let per_row = batch_bytes(&batch) / u64::from(n).max(1);
     let chunk_rows = (chunk_bytes / per_row.max(1)).clamp(1, 1 << 16) as usize;
@@ -906,7 +914,7 @@ mod tests {
             .filter(|b| matches!(b, Stored::File(_)))
             .count();
         let mut out = Vec::new();
-        for batch in spilled.gather(chunk_bytes) {
+        for batch in spilled.gather(chunk_bytes, 1) {
             let batch = batch.unwrap();
             let ids = batch
                 .column(0)
@@ -1078,7 +1086,8 @@ mod tests {
                     .iter()
                     .filter(|b| matches!(b, Stored::ColumnFile(..)))
                     .count();
-                let out: Vec<RecordBatch> = spilled.gather(8192).map(Result::unwrap).collect();
+                // The first bucket's columns taken by three threads.
+                let out: Vec<RecordBatch> = spilled.gather(8192, 3).map(Result::unwrap).collect();
                 (concat_batches(&schema, &out).unwrap(), column_files)
             };
             let (columns, files) = run(false);
