@@ -59,6 +59,11 @@ impl DictionaryChunk {
         self.close.bytes_written
     }
 
+    /// Its bytes, in order.
+    pub(crate) fn parts(&self) -> &[Bytes] {
+        &self.parts
+    }
+
     /// Its bytes and what parquet's writer needs to splice them.
     pub(crate) fn into_parts(self) -> (Vec<Bytes>, ColumnCloseResult) {
         (self.parts, self.close)

@@ -54,6 +54,11 @@ impl PlainChunk {
         self.close.bytes_written
     }
 
+    /// Its bytes, in order.
+    pub(crate) fn parts(&self) -> &[Bytes] {
+        &self.parts
+    }
+
     /// Its bytes (in order) and what parquet's writer needs to splice them.
     pub(crate) fn into_parts(self) -> (Vec<Bytes>, ColumnCloseResult) {
         (self.parts, self.close)

@@ -16,9 +16,9 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterPropertiesPtr;
 use parquet::file::writer::SerializedFileWriter;
-use shardfeed_format::{ChunkChecksums, ChunkHash, ChunkHasher, Crc32, ShardEntry};
+use shardfeed_format::{ChunkChecksums, ChunkHasher, Crc32, ShardEntry};
 
-use crate::encode::{ChunkParts, EncodedRowGroup};
+use crate::encode::{CHUNK_HASH, ChunkParts, EncodedRowGroup};
 use crate::{PreprocessError, Result};
 
 /// A `Write` that keeps a running CRC-32 of everything written, and hands
@@ -50,13 +50,19 @@ struct Splice {
     len: u64,
     /// Its bytes, `None` once written.
     parts: Option<Vec<Bytes>>,
+    /// The file's CRC-32 over its bytes, taken by its encoder.
+    crc: crc32fast::Hasher,
 }
 
 impl<W: Write> HashingWriter<W> {
-    fn pass_on(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.inner.write_all(bytes)?;
-        self.hasher.update(bytes);
-        lock(&self.tally).pass(bytes);
+    /// Write a spliced chunk's bytes, whose sums its encoder took: the
+    /// file's CRC-32 is combined with theirs, the tally passes them over.
+    fn pass_on(&mut self, parts: &[Bytes], crc: &crc32fast::Hasher) -> std::io::Result<()> {
+        for part in parts {
+            self.inner.write_all(part)?;
+            lock(&self.tally).pass(part);
+        }
+        self.hasher.combine(crc);
         Ok(())
     }
 }
@@ -65,15 +71,19 @@ impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         loop {
             let (at, end, parts) = match lock(&self.splices).front_mut() {
-                Some(s) if s.at <= self.handed => (s.at, s.at + s.len, s.parts.take()),
+                Some(s) if s.at <= self.handed => (
+                    s.at,
+                    s.at + s.len,
+                    s.parts.take().map(|p| (p, s.crc.clone())),
+                ),
                 Some(s) => (s.at, s.at + s.len, None),
                 None => (u64::MAX, u64::MAX, None),
             };
             // A chunk's placeholders: its bytes go in their place, all of
             // them at its first placeholder.
             if at <= self.handed {
-                for part in parts.iter().flatten() {
-                    self.pass_on(part)?;
+                if let Some((parts, crc)) = parts {
+                    self.pass_on(&parts, &crc)?;
                 }
                 let n = (buf.len() as u64).min(end - self.handed);
                 self.handed += n;
@@ -147,20 +157,30 @@ pub(crate) struct ChunkTally {
     /// Bytes passed on to the file so far.
     passed: u64,
     /// Chunks registered whose bytes have not all passed, in file order:
-    /// offset, length and the checksum of what has passed.
-    pending: VecDeque<(u64, u64, ChunkHasher)>,
+    /// offset, length and the checksum of what has passed (or the whole
+    /// chunk's, where its encoder took it).
+    pending: VecDeque<(u64, u64, Sum)>,
     /// Each chunk summed: its offset, length and checksum, in file order.
     done: Vec<(u64, u64, u64)>,
 }
 
+/// A chunk's checksum: taken as its bytes pass, or taken already.
+enum Sum {
+    Passing(ChunkHasher),
+    Taken(u64),
+}
+
 impl ChunkTally {
-    /// Sum the chunk at `start` of `len` bytes as its bytes pass. A chunk
-    /// registered where bytes already passed is left out (the footer's
-    /// ranges are then read back: see [`OpenShard::finish`]).
-    fn register(&mut self, start: u64, len: u64) {
+    /// Sum the chunk at `start` of `len` bytes as its bytes pass, or take
+    /// `sum` for it (its bytes' checksum, taken by its encoder) when they
+    /// have passed. A chunk registered where bytes already passed is left
+    /// out (the footer's ranges are then read back: see
+    /// [`OpenShard::finish`]).
+    fn register(&mut self, start: u64, len: u64, sum: Option<u64>) {
         let after = self.pending.back().map_or(self.passed, |&(s, l, _)| s + l);
         if start >= after {
-            self.pending.push_back((start, len, CHUNK_HASH.hasher()));
+            let sum = sum.map_or_else(|| Sum::Passing(CHUNK_HASH.hasher()), Sum::Taken);
+            self.pending.push_back((start, len, sum));
             self.pass(&[]);
         }
     }
@@ -177,12 +197,18 @@ impl ChunkTally {
             }
             let from = (*start).max(at);
             let to = stop.min(end);
-            hasher.update(&bytes[(from - at) as usize..(to - at) as usize]);
+            if let Sum::Passing(hasher) = hasher {
+                hasher.update(&bytes[(from - at) as usize..(to - at) as usize]);
+            }
             if to < stop {
                 break;
             }
-            let (start, len, hasher) = self.pending.pop_front().expect("a chunk pending");
-            self.done.push((start, len, hasher.finish().value));
+            let (start, len, sum) = self.pending.pop_front().expect("a chunk pending");
+            let value = match sum {
+                Sum::Passing(hasher) => hasher.finish().value,
+                Sum::Taken(value) => value,
+            };
+            self.done.push((start, len, value));
         }
     }
 }
@@ -198,10 +224,6 @@ pub(crate) trait Publish: Send + Sync {
     /// Make the staged file visible under `relative`.
     fn publish(&self, staged: &Path, relative: &str) -> Result<()>;
 }
-
-/// How shards' column chunks are checksummed (the loader checks every byte
-/// it reads against them; see [`ChunkHash`]).
-const CHUNK_HASH: ChunkHash = ChunkHash::Xxh3;
 
 /// A shard being written.
 pub(crate) struct OpenShard {
@@ -263,19 +285,27 @@ impl OpenShard {
         let result = (|| {
             let mut at = self.writer.bytes_written() as u64;
             let mut row_group = self.writer.next_row_group()?;
-            for chunk in group.chunks {
+            for (chunk, sums) in group.chunks.into_iter().zip(group.sums) {
                 let len = chunk.bytes_written();
-                lock(&self.tally).register(at, len);
-                match chunk.into_parts() {
-                    ChunkParts::Own { parts, close } => {
+                lock(&self.tally).register(at, len, sums.as_ref().map(|s| s.chunk));
+                match (chunk.into_parts(), sums) {
+                    (ChunkParts::Own { parts, close }, Some(sums)) => {
                         lock(&self.splices).push_back(Splice {
                             at,
                             len,
                             parts: Some(parts),
+                            crc: sums.crc,
                         });
                         row_group.append_column(&Placeholder(len), close)?;
                     }
-                    ChunkParts::Parquet(chunk) => chunk.append_to_row_group(&mut row_group)?,
+                    (ChunkParts::Parquet(chunk), None) => {
+                        chunk.append_to_row_group(&mut row_group)?
+                    }
+                    _ => {
+                        return Err(ParquetError::General(
+                            "a column chunk's sums do not match how it was encoded".into(),
+                        ));
+                    }
                 }
                 at += len;
             }
@@ -419,8 +449,13 @@ mod tests {
             // Some registered before any byte passes, the rest as the
             // bytes before them pass, as `append` registers a row group's.
             let early = round % chunks.len();
+            // Odd rounds: the chunks' sums taken already (by their
+            // encoders), passed over as their bytes pass.
+            let taken = |s: u64, l: u64| {
+                (round % 2 == 1).then(|| CHUNK_HASH.of(&file[s as usize..(s + l) as usize]).value)
+            };
             for &(s, l) in &chunks[..early] {
-                tally.register(s, l);
+                tally.register(s, l, taken(s, l));
             }
             let mut late = chunks[early..].iter().peekable();
             let mut at = 0usize;
@@ -433,7 +468,7 @@ mod tests {
                 while let Some(&&(s, l)) = late.peek()
                     && s < end as u64
                 {
-                    tally.register(s, l);
+                    tally.register(s, l, taken(s, l));
                     late.next();
                 }
                 tally.pass(&file[at..end]);
@@ -592,7 +627,7 @@ mod tests {
     fn a_chunk_registered_behind_the_bytes_is_left_out() {
         let mut tally = ChunkTally::default();
         tally.pass(&[1; 100]);
-        tally.register(50, 100);
+        tally.register(50, 100, None);
         tally.pass(&[2; 100]);
         assert!(tally.done.is_empty() && tally.pending.is_empty());
     }
