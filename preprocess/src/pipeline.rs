@@ -742,7 +742,7 @@ fn write_shards(
                         Some(t) => task_shard_path(t, shards.len()),
                         None => shard_path(shards.len()),
                     };
-                    open = Some(OpenShard::create(path, publish, schema, props)?);
+                    open = Some(OpenShard::create(path, publish, schema, props, shard_size)?);
                 }
                 let shard = open.as_mut().expect("opened above");
                 shard.append(group)?;

@@ -225,6 +225,33 @@ pub(crate) trait Publish: Send + Sync {
     fn publish(&self, staged: &Path, relative: &str) -> Result<()>;
 }
 
+/// Disk reserved for a shard when it is created: its target size, at most
+/// this much (past it, the file system allocates as the bytes come).
+const PREALLOCATE_MAX: u64 = 256 << 20;
+
+/// Reserve `len` bytes of disk for `file` without changing its size
+/// (`fallocate` with `FALLOC_FL_KEEP_SIZE`): written into blocks already
+/// allocated, ext4 no longer reserves and maps every page as it comes (its
+/// delayed allocation was a third of the shard writer's system time; blobs'
+/// `shard --no-shuffle` 9% less CPU). Whether it was done: a file system
+/// without it, or without the space, writes as before.
+fn preallocate(file: &File, len: u64) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let Ok(len) = libc::off_t::try_from(len) else {
+            return false;
+        };
+        // SAFETY: an open file's descriptor; no memory is passed.
+        unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, len) == 0 }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, len);
+        false
+    }
+}
+
 /// A shard being written.
 pub(crate) struct OpenShard {
     relative: String,
@@ -235,17 +262,23 @@ pub(crate) struct OpenShard {
     splices: Arc<Mutex<VecDeque<Splice>>>,
     row_groups: Vec<u64>,
     bytes: u64,
+    /// Disk was reserved past what is written ([`preallocate`]): given back
+    /// when the shard is finished.
+    preallocated: bool,
 }
 
 impl OpenShard {
+    /// A new shard staged for `relative`, about `target` bytes long.
     pub(crate) fn create(
         relative: String,
         publish: &dyn Publish,
         schema: &SchemaRef,
         props: &WriterPropertiesPtr,
+        target: u64,
     ) -> Result<Self> {
         let staged = publish.staging_path(&relative);
         let file = File::create(&staged).map_err(|e| PreprocessError::io("create", &staged, e))?;
+        let preallocated = preallocate(&file, target.min(PREALLOCATE_MAX));
         let tally = Arc::new(Mutex::new(ChunkTally::default()));
         let splices = Arc::new(Mutex::new(VecDeque::new()));
         let sink = HashingWriter {
@@ -273,6 +306,7 @@ impl OpenShard {
             splices,
             row_groups: Vec::new(),
             bytes: 0,
+            preallocated,
         })
     }
 
@@ -390,6 +424,13 @@ impl OpenShard {
         let mut sink = self.writer.into_inner().map_err(encode_err)?;
         sink.flush().map_err(|e| io_err("write", e))?;
         let bytes = lock(&self.tally).passed;
+        if self.preallocated {
+            // Truncated to its own length, the file gives back the blocks
+            // reserved past its end.
+            let file = sink.inner.get_ref();
+            let len = file.metadata().map_err(|e| io_err("write", e))?.len();
+            file.set_len(len).map_err(|e| io_err("write", e))?;
+        }
         let crc32 = Crc32(sink.hasher.finalize());
 
         let mut tail = [0u8; 8];
@@ -568,12 +609,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let publish = Folder(dir.path().to_path_buf());
         let relative = "a.parquet".to_string();
-        let mut shard = OpenShard::create(relative.clone(), &publish, &schema, &props).unwrap();
+        let mut shard =
+            OpenShard::create(relative.clone(), &publish, &schema, &props, 64 << 20).unwrap();
         for seq in 0..groups.len() {
             shard.append(encode(seq)).unwrap();
         }
         let entry = shard.finish(&publish).unwrap();
         let file = std::fs::read(dir.path().join(&relative)).unwrap();
+        // The 64 MiB reserved when it was created were given back.
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let meta = std::fs::metadata(dir.path().join(&relative)).unwrap();
+            assert!(
+                meta.blocks() * 512 < meta.len() + (1 << 20),
+                "{} bytes allocated for {}",
+                meta.blocks() * 512,
+                meta.len()
+            );
+        }
 
         let options = ArrowWriterOptions::new().with_properties((*props).clone());
         let mut appended = Vec::new();
