@@ -43,6 +43,7 @@ pub mod panic;
 pub mod permute;
 pub mod redact;
 pub mod retry;
+pub mod share;
 pub mod size;
 pub mod thrift;
 

@@ -366,7 +366,7 @@ impl<'a> Collation<'a> {
             .workers
             .min((rows.len() * fixed_count / MIN_SHARE).max(1));
         let regions = fixed_regions(slab, columns, &fixed)?;
-        crate::share::share_out(
+        shardfeed_format::share::share_out(
             regions,
             workers,
             "shardfeed-collate",
@@ -483,7 +483,7 @@ impl<'a> Collation<'a> {
                         runs.push((first..last, run));
                         (rest, first) = (tail, last);
                     }
-                    crate::share::share_out(
+                    shardfeed_format::share::share_out(
                         runs,
                         workers,
                         "shardfeed-collate",

@@ -81,7 +81,6 @@ mod pipeline;
 mod plan;
 mod select;
 mod shard;
-mod share;
 mod shuffle;
 mod stage;
 mod state;

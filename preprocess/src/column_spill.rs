@@ -270,24 +270,6 @@ fn joined<'a>(parts: &[&'a [u8]], scratch: &'a mut Vec<u8>) -> &'a [u8] {
     scratch
 }
 
-/// Column boundaries that cut columns of `widths` bytes a row into at most
-/// `workers` runs of about equal bytes: `[0, ..., widths.len()]`.
-fn shares(widths: &[usize], workers: usize) -> Vec<usize> {
-    let total: usize = widths.iter().map(|w| w.max(&1)).sum();
-    let workers = workers.clamp(1, widths.len().max(1));
-    let mut cuts = vec![0];
-    let mut so_far = 0;
-    for (c, w) in widths.iter().enumerate() {
-        so_far += w.max(&1);
-        // Cut after this column once its run reached its share.
-        if cuts.len() < workers && so_far * workers >= total * cuts.len() && c + 1 < widths.len() {
-            cuts.push(c + 1);
-        }
-    }
-    cuts.push(widths.len());
-    cuts
-}
-
 /// Where a bucket's bytes are.
 pub(crate) enum Source<'a> {
     /// Never written: the one flush is still in memory.
@@ -307,7 +289,8 @@ impl Source<'_> {
 }
 
 /// The bucket's rows in `order` (a permutation of them) as one batch, its
-/// columns shared among `workers` threads (this one and `workers - 1` more).
+/// columns shared among `workers` threads (this one and `workers - 1`
+/// helpers; a panic on one resumes here).
 pub(crate) fn take(
     layout: &Layout,
     source: Source<'_>,
@@ -384,68 +367,47 @@ pub(crate) fn take(
         }
     }
     // A column of more than one flush is made one first, in scratch
-    // buffers reused by every column of a thread (hot in the caches), then
-    // taken from.
-    let column = |c: usize, scratch: &mut Vec<u8>, scratch_valid: &mut Vec<u8>| {
-        let width = layout.widths[c];
-        let src = joined(&values[c], scratch);
-        let buffer = if layout.boolean[c] {
-            BooleanBuffer::collect_bool(n, |k| src[order[k] as usize] != 0).into_inner()
-        } else {
-            let mut out = Vec::with_capacity(n * width);
-            gather(src, order, width, &mut out);
-            Buffer::from_vec(out)
-        };
-        let nulls = if layout.nullable[c] {
-            let v = joined(&valid[c], scratch_valid);
-            let bits = BooleanBuffer::collect_bool(n, |k| v[order[k] as usize] != 0);
-            Some(NullBuffer::new(bits)).filter(|nulls| nulls.null_count() > 0)
-        } else {
-            None
-        };
-        let data = ArrayData::builder(layout.schema.field(c).data_type().clone())
-            .len(n)
-            .add_buffer(buffer)
-            .nulls(nulls)
-            .build()
-            .map_err(|e| PreprocessError::read(path, None, e))?;
-        Ok(make_array(data))
+    // buffers reused by every column a thread takes (hot in the caches),
+    // then taken from.
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = Default::default();
+    }
+    let column = |c: usize| -> Result<ArrayRef> {
+        SCRATCH.with_borrow_mut(|(scratch, scratch_valid)| {
+            let width = layout.widths[c];
+            let src = joined(&values[c], scratch);
+            let buffer = if layout.boolean[c] {
+                BooleanBuffer::collect_bool(n, |k| src[order[k] as usize] != 0).into_inner()
+            } else {
+                let mut out = Vec::with_capacity(n * width);
+                gather(src, order, width, &mut out);
+                Buffer::from_vec(out)
+            };
+            let nulls = if layout.nullable[c] {
+                let v = joined(&valid[c], scratch_valid);
+                let bits = BooleanBuffer::collect_bool(n, |k| v[order[k] as usize] != 0);
+                Some(NullBuffer::new(bits)).filter(|nulls| nulls.null_count() > 0)
+            } else {
+                None
+            };
+            let data = ArrayData::builder(layout.schema.field(c).data_type().clone())
+                .len(n)
+                .add_buffer(buffer)
+                .nulls(nulls)
+                .build()
+                .map_err(|e| PreprocessError::read(path, None, e))?;
+            Ok(make_array(data))
+        })
     };
-    let columns_in = |range: std::ops::Range<usize>| -> Result<Vec<ArrayRef>> {
-        let (mut scratch, mut scratch_valid) = (Vec::new(), Vec::new());
-        range
-            .map(|c| column(c, &mut scratch, &mut scratch_valid))
-            .collect()
-    };
-    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(columns);
-    let cuts = shares(&layout.widths, workers);
-    // Every thread is joined before an error is returned (its own panic
-    // then becomes this bucket's error, not the scope's panic).
-    std::thread::scope(|scope| -> Result<()> {
-        let others: Vec<_> = (cuts.windows(2).skip(1))
-            .map(|w| {
-                let range = w[0]..w[1];
-                scope.spawn(move || columns_in(range))
-            })
-            .collect();
-        let first = columns_in(cuts[0]..cuts[1]);
-        let rest: Vec<Result<Vec<ArrayRef>>> = (others.into_iter())
-            .map(|other| {
-                other.join().unwrap_or_else(|_| {
-                    Err(PreprocessError::read(
-                        path,
-                        None,
-                        "a thread taking its columns panicked",
-                    ))
-                })
-            })
-            .collect();
-        arrays.extend(first?);
-        for taken in rest {
-            arrays.extend(taken?);
-        }
-        Ok(())
-    })?;
+    let arrays = shardfeed_format::share::share_out(
+        (0..columns).collect(),
+        workers,
+        "shardfeed-gather",
+        &column,
+        &|| (),
+    )
+    .into_iter()
+    .collect::<Result<Vec<ArrayRef>>>()?;
     RecordBatch::try_new(layout.schema.clone(), arrays)
         .map_err(|e| PreprocessError::read(path, None, e))
 }
@@ -499,25 +461,6 @@ mod tests {
             .unwrap_err()
             .to_string();
             assert!(err.contains("bucket"), "{err}");
-        }
-    }
-
-    /// Columns are cut into runs of about equal bytes, one a worker, each
-    /// column in exactly one run, in order.
-    #[test]
-    fn columns_are_shared_in_runs_of_about_equal_bytes() {
-        assert_eq!(shares(&[8, 8, 8, 8], 2), vec![0, 2, 4]);
-        assert_eq!(shares(&[8, 8, 8, 8], 1), vec![0, 4]);
-        assert_eq!(shares(&[8, 1, 1, 1, 1, 1, 1, 8], 2), vec![0, 4, 8]);
-        // More workers than columns: a column each.
-        assert_eq!(shares(&[4, 4], 5), vec![0, 1, 2]);
-        assert_eq!(shares(&[4], 3), vec![0, 1]);
-        for workers in 1..6 {
-            let widths = [1, 2, 4, 8, 16, 1, 1, 8, 4];
-            let cuts = shares(&widths, workers);
-            assert!(cuts.windows(2).all(|w| w[0] < w[1]), "{cuts:?}");
-            assert_eq!((cuts[0], *cuts.last().unwrap()), (0, widths.len()));
-            assert!(cuts.len() - 1 <= workers);
         }
     }
 }

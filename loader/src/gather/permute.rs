@@ -643,7 +643,8 @@ pub(crate) fn permute(
     // for starting it.
     const MIN_SHARE: usize = 1 << 20;
     let workers = workers.min((order.len() * n / MIN_SHARE).max(1));
-    let results = crate::share::share_out(work, workers, "shardfeed-shuffle", &run, &|| ());
+    let results =
+        shardfeed_format::share::share_out(work, workers, "shardfeed-shuffle", &run, &|| ());
     let mut permuted: Vec<Option<(ArrayRef, Option<KeyBound>)>> = vec![None; n];
     for (c, array, bound) in results
         .into_iter()

@@ -8,7 +8,7 @@
 /// keys) keep every thread busy to the end. Returns the results in item
 /// order. A panic on a helper resumes on the calling thread, where the stage
 /// reports it as its error.
-pub(crate) fn share_out<T: Send, R: Send>(
+pub fn share_out<T: Send, R: Send>(
     items: Vec<T>,
     workers: usize,
     name: &str,
