@@ -45,12 +45,14 @@ use parquet::schema::types::ColumnDescPtr;
 
 use crate::delta::varint;
 use crate::pages::{Written, write_pages};
+use crate::sums::ChunkSums;
 
 /// A column chunk encoded here, to be spliced into a row group as parquet's
 /// own chunks are.
 pub(crate) struct DictionaryChunk {
     parts: Vec<Bytes>,
     close: ColumnCloseResult,
+    sums: ChunkSums,
 }
 
 impl DictionaryChunk {
@@ -59,14 +61,9 @@ impl DictionaryChunk {
         self.close.bytes_written
     }
 
-    /// Its bytes, in order.
-    pub(crate) fn parts(&self) -> &[Bytes] {
-        &self.parts
-    }
-
     /// Its bytes and what parquet's writer needs to splice them.
-    pub(crate) fn into_parts(self) -> (Vec<Bytes>, ColumnCloseResult) {
-        (self.parts, self.close)
+    pub(crate) fn into_parts(self) -> (Vec<Bytes>, ColumnCloseResult, ChunkSums) {
+        (self.parts, self.close, self.sums)
     }
 }
 
@@ -1013,6 +1010,7 @@ impl Chunk<'_> {
         }
         let metadata = builder.build()?;
         Ok(DictionaryChunk {
+            sums: ChunkSums::of(&parts),
             close: ColumnCloseResult {
                 bytes_written: parts.iter().map(|p| p.len() as u64).sum(),
                 rows_written: rows as u64,

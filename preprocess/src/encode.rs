@@ -19,10 +19,9 @@ use parquet::file::properties::{
 };
 use parquet::schema::types::{ColumnDescPtr, ColumnPath};
 
-use shardfeed_format::ChunkHash;
-
 use crate::dictionary::{self, DictionaryChunk};
 use crate::plain::{self, PlainChunk};
+use crate::sums::ChunkSums;
 
 /// A data page is stored compressed only if zstd makes it smaller than
 /// this fraction of its size: decompressing a page zstd shrinks by a few
@@ -245,7 +244,7 @@ impl EncodedChunk {
         row_group: &mut parquet::file::writer::SerializedRowGroupWriter<'_, W>,
     ) -> Result<(), ParquetError> {
         match self.into_parts() {
-            ChunkParts::Own { parts, close } => {
+            ChunkParts::Own { parts, close, .. } => {
                 let bytes = match parts.as_slice() {
                     [one] => one.clone(),
                     _ => parts.concat().into(),
@@ -256,75 +255,34 @@ impl EncodedChunk {
         }
     }
 
-    /// The bytes of a chunk encoded here (`None`: parquet's writer's).
-    fn own_parts(&self) -> Option<&[Bytes]> {
-        match self {
-            EncodedChunk::Parquet(_) => None,
-            EncodedChunk::Dictionary(c) => Some(c.parts()),
-            EncodedChunk::Plain(c) => Some(c.parts()),
-        }
-    }
-
     /// The chunk as the shard writer appends it.
     pub(crate) fn into_parts(self) -> ChunkParts {
-        let (parts, close) = match self {
+        let (parts, close, sums) = match self {
             EncodedChunk::Parquet(c) => return ChunkParts::Parquet(c),
             EncodedChunk::Dictionary(c) => c.into_parts(),
             EncodedChunk::Plain(c) => c.into_parts(),
         };
-        ChunkParts::Own { parts, close }
+        ChunkParts::Own { parts, close, sums }
     }
 }
 
 /// An [`EncodedChunk`] as the shard writer appends it.
 pub(crate) enum ChunkParts {
-    /// Encoded here: its bytes, in order, and what parquet's writer needs to
-    /// splice them.
+    /// Encoded here: its bytes, in order, what parquet's writer needs to
+    /// splice them, and their sums.
     Own {
         parts: Vec<Bytes>,
         close: ColumnCloseResult,
+        sums: ChunkSums,
     },
     /// Encoded by parquet's writer, which appends it.
     Parquet(ArrowColumnChunk),
-}
-
-/// How shards' column chunks are checksummed (the loader checks every byte
-/// it reads against them; see [`ChunkHash`]).
-pub(crate) const CHUNK_HASH: ChunkHash = ChunkHash::Xxh3;
-
-/// The sums of a chunk encoded here, taken on the encoder's thread: the
-/// file's CRC-32 over its bytes and its [`CHUNK_HASH`] checksum. The shard
-/// writer, one thread, only combines them: summing every byte there made it
-/// the one busy thread of a shuffle's gather phase, where every row group is
-/// written after the scatter.
-pub(crate) struct ChunkSums {
-    pub crc: crc32fast::Hasher,
-    pub chunk: u64,
-}
-
-impl ChunkSums {
-    /// The sums of `parts`, one after another (each block of them read by
-    /// both hashers while it is in the cache).
-    fn of(parts: &[Bytes]) -> ChunkSums {
-        let mut crc = crc32fast::Hasher::new();
-        let mut chunk = CHUNK_HASH.hasher();
-        for block in parts.iter().flat_map(|p| p.chunks(64 << 10)) {
-            crc.update(block);
-            chunk.update(block);
-        }
-        ChunkSums {
-            crc,
-            chunk: chunk.finish().value,
-        }
-    }
 }
 
 /// A row group encoded and compressed, ready to be appended to a shard.
 pub(crate) struct EncodedRowGroup {
     pub seq: u64,
     pub chunks: Vec<EncodedChunk>,
-    /// For each chunk encoded here, its sums ([`ChunkSums`]).
-    pub sums: Vec<Option<ChunkSums>>,
     pub rows: u64,
     /// Uncompressed Arrow bytes of the rows.
     pub raw_bytes: u64,
@@ -488,13 +446,9 @@ impl Encoder {
             }
         }
         let encoded_bytes = chunks.iter().map(EncodedChunk::bytes_written).sum();
-        let sums = (chunks.iter())
-            .map(|c| c.own_parts().map(ChunkSums::of))
-            .collect();
         Ok(EncodedRowGroup {
             seq,
             chunks,
-            sums,
             rows: rows as u64,
             raw_bytes,
             encoded_bytes,

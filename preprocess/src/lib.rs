@@ -38,6 +38,7 @@ mod plain;
 mod remote;
 mod run;
 mod shuffle;
+mod sums;
 mod task;
 mod tokenize;
 mod view;

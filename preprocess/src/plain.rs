@@ -40,12 +40,14 @@ use parquet::schema::types::ColumnDescPtr;
 
 use crate::dictionary::{Hybrid, compress, page_count};
 use crate::pages::{Written, write_pages};
+use crate::sums::ChunkSums;
 
 /// A column chunk encoded here: its bytes as its pages' headers and data, in
 /// file order, to be handed on to the file as they are.
 pub(crate) struct PlainChunk {
     parts: Vec<Bytes>,
     close: ColumnCloseResult,
+    sums: ChunkSums,
 }
 
 impl PlainChunk {
@@ -54,14 +56,9 @@ impl PlainChunk {
         self.close.bytes_written
     }
 
-    /// Its bytes, in order.
-    pub(crate) fn parts(&self) -> &[Bytes] {
-        &self.parts
-    }
-
     /// Its bytes (in order) and what parquet's writer needs to splice them.
-    pub(crate) fn into_parts(self) -> (Vec<Bytes>, ColumnCloseResult) {
-        (self.parts, self.close)
+    pub(crate) fn into_parts(self) -> (Vec<Bytes>, ColumnCloseResult, ChunkSums) {
+        (self.parts, self.close, self.sums)
     }
 }
 
@@ -386,6 +383,7 @@ impl Chunk<'_> {
                 }));
         }
         Ok(PlainChunk {
+            sums: ChunkSums::of(&parts),
             parts,
             close: ColumnCloseResult {
                 bytes_written,

@@ -18,7 +18,8 @@ use parquet::file::properties::WriterPropertiesPtr;
 use parquet::file::writer::SerializedFileWriter;
 use shardfeed_format::{ChunkChecksums, ChunkHasher, Crc32, ShardEntry};
 
-use crate::encode::{CHUNK_HASH, ChunkParts, EncodedRowGroup};
+use crate::encode::{ChunkParts, EncodedRowGroup};
+use crate::sums::CHUNK_HASH;
 use crate::{PreprocessError, Result};
 
 /// A `Write` that keeps a running CRC-32 of everything written, and hands
@@ -319,11 +320,11 @@ impl OpenShard {
         let result = (|| {
             let mut at = self.writer.bytes_written() as u64;
             let mut row_group = self.writer.next_row_group()?;
-            for (chunk, sums) in group.chunks.into_iter().zip(group.sums) {
+            for chunk in group.chunks {
                 let len = chunk.bytes_written();
-                lock(&self.tally).register(at, len, sums.as_ref().map(|s| s.chunk));
-                match (chunk.into_parts(), sums) {
-                    (ChunkParts::Own { parts, close }, Some(sums)) => {
+                match chunk.into_parts() {
+                    ChunkParts::Own { parts, close, sums } => {
+                        lock(&self.tally).register(at, len, Some(sums.chunk));
                         lock(&self.splices).push_back(Splice {
                             at,
                             len,
@@ -332,13 +333,9 @@ impl OpenShard {
                         });
                         row_group.append_column(&Placeholder(len), close)?;
                     }
-                    (ChunkParts::Parquet(chunk), None) => {
+                    ChunkParts::Parquet(chunk) => {
+                        lock(&self.tally).register(at, len, None);
                         chunk.append_to_row_group(&mut row_group)?
-                    }
-                    _ => {
-                        return Err(ParquetError::General(
-                            "a column chunk's sums do not match how it was encoded".into(),
-                        ));
                     }
                 }
                 at += len;
