@@ -230,14 +230,17 @@ pub(crate) fn scatter(
     // Column buffers come back from the writer to be filled again.
     let (back_tx, back_rx) = bounded::<Pending>(count as usize);
     let mut spill = SpillWriter::new(schema)?;
+    // Disk reserved for a bucket file of raw columns when it is created: its
+    // share of the input, at most the shard writer's cap.
+    let reserve = (estimated_bytes / count.max(1)).min(crate::writer::PREALLOCATE_MAX);
     let writer = std::thread::Builder::new()
         .name("shardfeed-spill".into())
         .spawn(move || -> Result<()> {
             for job in rx {
                 match job {
-                    Spill::Parts(path, parts) => spill.append(&path, &parts)?,
+                    Spill::Parts(path, parts) => spill.append(&path, &parts, reserve)?,
                     Spill::Columns(path, mut pending) => {
-                        pending.append_to(&path)?;
+                        pending.append_to(&path, reserve)?;
                         pending.clear();
                         let _ = back_tx.try_send(pending);
                     }
@@ -442,14 +445,16 @@ impl SpillWriter {
         })
     }
 
-    /// Append `parts` to the stream in `path`.
-    fn append(&mut self, path: &Path, parts: &[Part]) -> Result<()> {
+    /// Append `parts` to the stream in `path`; a new file gets `reserve`
+    /// bytes of disk reserved ([`crate::writer::preallocate`]).
+    fn append(&mut self, path: &Path, parts: &[Part], reserve: u64) -> Result<()> {
         let err = |e: arrow_schema::ArrowError| PreprocessError::read(path, None, e);
         let io = |e: std::io::Error| PreprocessError::io("write", path, e);
         let file = column_spill::open_append(path)?;
         let new = file.metadata().map_err(io)?.len() == 0;
         if new {
             self.created.push(path.to_path_buf());
+            crate::writer::preallocate(&file, reserve);
         }
         let sink = SkipHeader {
             inner: BufWriter::with_capacity(64 << 10, file),
@@ -559,7 +564,7 @@ impl Spilled {
             }
             if let Stored::Memory(parts) = &stored {
                 let mut writer = SpillWriter::new(&self.schema)?;
-                writer.append(&path, parts)?;
+                writer.append(&path, parts, 0)?;
                 writer.finish()?;
             }
             files.push(path);

@@ -228,7 +228,7 @@ pub(crate) trait Publish: Send + Sync {
 
 /// Disk reserved for a shard when it is created: its target size, at most
 /// this much (past it, the file system allocates as the bytes come).
-const PREALLOCATE_MAX: u64 = 256 << 20;
+pub(crate) const PREALLOCATE_MAX: u64 = 256 << 20;
 
 /// Reserve `len` bytes of disk for `file` without changing its size
 /// (`fallocate` with `FALLOC_FL_KEEP_SIZE`): written into blocks already
@@ -236,7 +236,7 @@ const PREALLOCATE_MAX: u64 = 256 << 20;
 /// delayed allocation was a third of the shard writer's system time; blobs'
 /// `shard --no-shuffle` 9% less CPU). Whether it was done: a file system
 /// without it, or without the space, writes as before.
-fn preallocate(file: &File, len: u64) -> bool {
+pub(crate) fn preallocate(file: &File, len: u64) -> bool {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd;
