@@ -9,8 +9,12 @@ read by a fresh process, interleaved:
     Python as LLM training scripts do: numpy concatenate (with an eos after each document)
     and cut into [B, L] rows (input_ids only: less work than the packed loader does);
   * packed-single: the largest source alone, packed (`bench URL --pack-to L`);
-  * plain: the same source through the plain loader (`bench URL`): packed-single / plain is
-    what packing itself costs, packed / plain what the mixture of three adds.
+  * plain: the same source through the plain loader (`bench URL`, batches of 64 documents):
+    packed-single / plain is what packing itself costs, packed / plain what the mixture of
+    three adds;
+  * plain-matched: the plain loader again, its batches holding about as many tokens as a
+    packed batch (B x L over the source's mean document length): a loader's cost per batch
+    (the hand-over to the consumer) is then the same on both sides of the ratio.
 
 Reports tokens per second (medians of --repeat runs, the order rotated each time) and the
 ratios.
@@ -94,6 +98,12 @@ def main():
     pack_stop = stop + (["--max-batches", str(a.epochs * probe["batches"])] if stop else [])
     unpack_stop = stop + (["--max-batches", str(a.epochs * unprobe["batches"])] if stop else [])
     epochs = ["--epochs", str(a.epochs)]
+    # The largest source's mean document length, for the plain loader's matched batches.
+    one = run([a.bin, "bench", urls[0], "--batch-size", "64", *common])
+    mean_doc = (one["bytes"] - 8 * one["rows"]) / 4 / one["rows"]
+    matched = max(1, round(a.batch_size * a.pack_to / mean_doc))
+    print(f"mean document: {mean_doc:.0f} tokens; plain-matched batches of {matched}",
+          file=sys.stderr)
     runs = {
         "packed": lambda: run([a.bin, "bench", *mix, "--pack-to", str(a.pack_to), "--eos-id",
                                str(eos), "--batch-size", str(a.batch_size), *pack_stop,
@@ -108,6 +118,8 @@ def main():
                                       *epochs, *common]),
         "plain": lambda: run([a.bin, "bench", urls[0], "--batch-size", "64", *epochs,
                               *common]),
+        "plain-matched": lambda: run([a.bin, "bench", urls[0], "--batch-size", str(matched),
+                                      *epochs, *common]),
     }
     results = {k: [] for k in runs}
     names = list(runs)
@@ -130,6 +142,8 @@ def main():
     print(f"packed / python packing:   {med['packed'] / med['python-packing']:.2f}")
     print(f"packed-single / plain:     {med['packed-single'] / med['plain']:.2f}")
     print(f"packed / plain loader:     {med['packed'] / med['plain']:.2f}")
+    print(f"packed-single / plain-matched: {med['packed-single'] / med['plain-matched']:.2f}")
+    print(f"packed / plain-matched:        {med['packed'] / med['plain-matched']:.2f}")
 
 
 if __name__ == "__main__":
