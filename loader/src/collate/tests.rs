@@ -499,6 +499,39 @@ fn keys_outside_their_dictionary_are_refused_when_gathered() {
     assert_eq!(KeySlice::U16(&[]).max_index(0..0), None);
 }
 
+/// The largest key of a range, whichever width and however the vector loop
+/// (AVX2 where the CPU has it) cuts the range: a key's maximum anywhere in
+/// it, negative `i32` keys the largest.
+#[test]
+fn max_index_finds_the_largest_key_anywhere_in_the_range() {
+    for len in 0..80usize {
+        for at in 0..len {
+            for start in [0, at.min(3), at] {
+                let end = len;
+                let u8s: Vec<u8> = (0..len)
+                    .map(|i| if i == at { 200 } else { (i % 7) as u8 })
+                    .collect();
+                let u16s: Vec<u16> = (0..len)
+                    .map(|i| if i == at { 60_000 } else { (i % 9) as u16 })
+                    .collect();
+                let i32s: Vec<i32> = (0..len)
+                    .map(|i| if i == at { -2 } else { (i % 11) as i32 })
+                    .collect();
+                assert_eq!(
+                    KeySlice::U8(&u8s).max_index(start..end),
+                    Some(200),
+                    "{len} {at}"
+                );
+                assert_eq!(KeySlice::U16(&u16s).max_index(start..end), Some(60_000));
+                assert_eq!(
+                    KeySlice::I32(&i32s).max_index(start..end),
+                    Some((-2i32) as u32 as usize)
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn large_binary_columns_copied_by_several_threads_land_whole_and_in_order() {
     use arrow_array::BinaryArray;

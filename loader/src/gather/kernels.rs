@@ -224,6 +224,24 @@ impl KeySlice<'_> {
     /// `u32` bit pattern (a negative key is larger than any valid one): what
     /// [`lookup`] needs. One vectorised pass.
     pub(crate) fn max_index(&self, range: std::ops::Range<usize>) -> Option<usize> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: runs only where the CPU has AVX2 (checked above).
+            return unsafe { self.max_index_avx2(range) };
+        }
+        self.max_index_portable(range)
+    }
+
+    /// [`KeySlice::max_index`] compiled for AVX2, whose unsigned maxima
+    /// (`vpmaxud`, `vpmaxuw`) the baseline's SSE2 lacks.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn max_index_avx2(&self, range: std::ops::Range<usize>) -> Option<usize> {
+        self.max_index_portable(range)
+    }
+
+    #[inline(always)]
+    fn max_index_portable(&self, range: std::ops::Range<usize>) -> Option<usize> {
         match self {
             KeySlice::U8(k) => k[range].iter().copied().max().map(usize::from),
             KeySlice::U16(k) => k[range].iter().copied().max().map(usize::from),
