@@ -507,7 +507,6 @@ fn max_index_finds_the_largest_key_anywhere_in_the_range() {
     for len in 0..80usize {
         for at in 0..len {
             for start in [0, at.min(3), at] {
-                let end = len;
                 let u8s: Vec<u8> = (0..len)
                     .map(|i| if i == at { 200 } else { (i % 7) as u8 })
                     .collect();
@@ -518,13 +517,13 @@ fn max_index_finds_the_largest_key_anywhere_in_the_range() {
                     .map(|i| if i == at { -2 } else { (i % 11) as i32 })
                     .collect();
                 assert_eq!(
-                    KeySlice::U8(&u8s).max_index(start..end),
+                    KeySlice::U8(&u8s).max_index(start..len),
                     Some(200),
                     "{len} {at}"
                 );
-                assert_eq!(KeySlice::U16(&u16s).max_index(start..end), Some(60_000));
+                assert_eq!(KeySlice::U16(&u16s).max_index(start..len), Some(60_000));
                 assert_eq!(
-                    KeySlice::I32(&i32s).max_index(start..end),
+                    KeySlice::I32(&i32s).max_index(start..len),
                     Some((-2i32) as u32 as usize)
                 );
             }
